@@ -1,0 +1,248 @@
+"""The Python client: send messages to sessions, decide approvals, read state.
+
+    client = await HermesClient.connect()
+    result = await client.send_message("s-1", "What time is it in Shanghai?", user_id="alice")
+    print(result.reply)
+
+A session is created by its first message (update-with-start). Messages that the
+server cannot take right now (more than Temporal's 10 in-flight updates, or a session
+continuing as new) are retried here with backoff and, past ``busy_timeout_seconds``,
+refused with :class:`SessionBusyError`: never silently dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import Any
+
+from temporalio.api.enums.v1 import WorkflowExecutionStatus  # noqa: F401 - re-exported for callers
+from temporalio.client import (
+    Client,
+    WithStartWorkflowOperation,
+    WorkflowHandle,
+    WorkflowUpdateFailedError,
+)
+from temporalio.common import SearchAttributePair, TypedSearchAttributes, WorkflowIDConflictPolicy, WorkflowIDReusePolicy
+from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
+from temporalio.service import RPCError, RPCStatusCode
+
+from hermes import names
+from hermes.errors import MessageRejectedError, SessionBusyError, SessionClosedError
+from hermes.models import (
+    ApprovalDecision,
+    Message,
+    PendingApproval,
+    SendMessageInput,
+    SessionConfig,
+    SessionIndexEntry,
+    SessionInput,
+    SessionState,
+    TraceStep,
+    TurnResult,
+)
+from hermes.settings import Settings, get_settings
+
+
+class HermesClient:
+    """Talks to session workflows.
+
+    Args:
+        client: a Temporal client using ``pydantic_data_converter``.
+        task_queue: where new sessions are started.
+        redis: optional ``redis.asyncio.Redis`` for the session index.
+        config: the :class:`SessionConfig` given to sessions this client creates.
+    """
+
+    def __init__(
+        self,
+        client: Client,
+        *,
+        task_queue: str = names.DEFAULT_TASK_QUEUE,
+        redis: Any = None,
+        config: SessionConfig | None = None,
+    ):
+        self.client = client
+        self.task_queue = task_queue
+        self.redis = redis
+        self.config = config or SessionConfig()
+
+    @classmethod
+    async def connect(cls, settings: Settings | None = None, **kwargs: Any) -> HermesClient:
+        """Connect with the settings' Temporal address, namespace, task queue and Redis."""
+        from worker import connect_client, connect_redis
+
+        settings = settings or get_settings()
+        client = await connect_client(settings)
+        return cls(
+            client,
+            task_queue=settings.task_queue,
+            redis=kwargs.pop("redis", None) or connect_redis(settings.resolved_redis_url),
+            config=kwargs.pop("config", None)
+            or SessionConfig(
+                model_timeout_seconds=settings.model_timeout_seconds,
+                model_max_attempts=settings.model_max_attempts,
+            ),
+        )
+
+    def handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
+        return self.client.get_workflow_handle(session_id)
+
+    # ----------------------------------------------------------- messages
+
+    async def send_message(
+        self,
+        session_id: str,
+        text: str,
+        *,
+        user_id: str = "anonymous",
+        channel: str = "cli",
+        client_message_id: str | None = None,
+        config: SessionConfig | None = None,
+        busy_timeout_seconds: float = 60.0,
+    ) -> TurnResult:
+        """Send one user message and wait for the reply; creates the session if needed.
+
+        Args:
+            session_id: the session (workflow id).
+            text: the user's message, non-empty, at most ``config.max_message_bytes`` UTF-8 bytes.
+            user_id: owner of a new session (ignored for an existing one).
+            channel: where the conversation happens, e.g. ``cli``, ``web``.
+            client_message_id: id for de-duplication; a resend with the same id returns
+                the first reply. Generated when not given.
+            config: settings of a new session (default: the client's).
+            busy_timeout_seconds: how long to keep retrying while the session is busy.
+
+        Returns:
+            The reply and the tool calls made for it.
+
+        Raises:
+            MessageRejectedError: empty or too large; nothing was recorded.
+            SessionClosedError: the session is closed.
+            SessionBusyError: the session stayed too busy to take the message.
+        """
+        config = config or self.config
+        if not text or not text.strip():
+            raise MessageRejectedError("the message is empty")
+        size = len(text.encode("utf-8"))
+        if size > config.max_message_bytes:
+            raise MessageRejectedError(
+                f"the message is {size} bytes; the limit is {config.max_message_bytes} bytes "
+                "(send large content as a file or a link)"
+            )
+        cid = client_message_id or f"msg-{uuid.uuid4()}"
+        delay = 0.05
+        deadline = asyncio.get_running_loop().time() + busy_timeout_seconds
+        while True:
+            start = WithStartWorkflowOperation(
+                names.SESSION_WORKFLOW,
+                SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config),
+                id=session_id,
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(names.SA_USER_ID, user_id),
+                        SearchAttributePair(names.SA_CHANNEL, channel),
+                        SearchAttributePair(names.SA_STATUS, "active"),
+                    ]
+                ),
+                static_summary=f"session of {user_id} ({channel})",
+            )
+            try:
+                return await self.client.execute_update_with_start_workflow(
+                    names.SEND_MESSAGE,
+                    SendMessageInput(text=text, client_message_id=cid),
+                    start_workflow_operation=start,
+                    id=cid,
+                    result_type=TurnResult,
+                )
+            except WorkflowUpdateFailedError as err:
+                cause = err.cause
+                kind = cause.type if isinstance(cause, ApplicationError) else None
+                message = cause.message if isinstance(cause, ApplicationError) else str(err)
+                if kind == "MessageRejectedError":
+                    raise MessageRejectedError(message) from None
+                if kind == "SessionClosedError":
+                    raise SessionClosedError(f"session {session_id!r} is closed") from None
+                if kind != "SessionBusyError":
+                    raise
+                reason = message
+            except WorkflowAlreadyStartedError:
+                raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
+            except RPCError as err:
+                if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                    raise
+                reason = err.message
+            if asyncio.get_running_loop().time() + delay > deadline:
+                raise SessionBusyError(
+                    f"session {session_id!r} is busy ({reason}); the message was not taken, retry later"
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    # ----------------------------------------------------------- signals
+
+    async def approve(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
+        """Approve a pending tool call (a no-op for unknown or settled ids; see ``decisions``)."""
+        await self.handle(session_id).signal(
+            names.APPROVE_TOOL_CALL, ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
+        )
+
+    async def reject(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
+        """Reject a pending tool call; the model is told it was denied."""
+        await self.handle(session_id).signal(
+            names.REJECT_TOOL_CALL, ApprovalDecision(tool_call_id=tool_call_id, approved=False, approver=approver, reason=reason)
+        )
+
+    async def set_system_prompt(self, session_id: str, system_prompt: str) -> None:
+        await self.handle(session_id).signal(names.SET_SYSTEM_PROMPT, system_prompt)
+
+    async def cancel_turn(self, session_id: str) -> None:
+        await self.handle(session_id).signal(names.CANCEL_TURN)
+
+    async def close(self, session_id: str) -> None:
+        await self.handle(session_id).signal(names.CLOSE_SESSION)
+
+    # ----------------------------------------------------------- queries
+
+    async def get_state(self, session_id: str) -> SessionState:
+        return await self.handle(session_id).query(names.GET_STATE, result_type=SessionState)
+
+    async def get_transcript(self, session_id: str) -> list[Message]:
+        return await self.handle(session_id).query(names.GET_TRANSCRIPT, result_type=list[Message])
+
+    async def get_pending_approvals(self, session_id: str) -> list[PendingApproval]:
+        return await self.handle(session_id).query(names.GET_PENDING_APPROVALS, result_type=list[PendingApproval])
+
+    async def get_trace(self, session_id: str) -> list[TraceStep]:
+        return await self.handle(session_id).query(names.GET_TRACE, result_type=list[TraceStep])
+
+    async def wait_for_approval(self, session_id: str, *, timeout_seconds: float = 30.0, poll_seconds: float = 0.1) -> PendingApproval:
+        """Wait until the session has a pending approval and return the oldest.
+
+        Raises:
+            asyncio.TimeoutError: none appeared in time.
+        """
+
+        async def poll() -> PendingApproval:
+            while True:
+                pending = await self.get_pending_approvals(session_id)
+                if pending:
+                    return pending[0]
+                await asyncio.sleep(poll_seconds)
+
+        return await asyncio.wait_for(poll(), timeout_seconds)
+
+    async def list_sessions(self, user_id: str, *, limit: int = 50) -> list[SessionIndexEntry]:
+        """The user's sessions, newest activity first, from the Redis index; rebuilt
+        from Temporal visibility when the index is empty (e.g. Redis was flushed)."""
+        from hermes.session_index import list_entries, rebuild_index
+
+        if self.redis is None:
+            raise RuntimeError("list_sessions needs a Redis connection")
+        entries = await list_entries(self.redis, user_id, limit=limit)
+        if not entries and await rebuild_index(self.client, self.redis, user_id):
+            entries = await list_entries(self.redis, user_id, limit=limit)
+        return entries

@@ -1,0 +1,281 @@
+"""Payloads that cross the workflow boundary.
+
+Every type here is a pydantic model carried by ``pydantic_data_converter``; new fields
+always get defaults so that running sessions keep decoding. Types of openai, redis or
+any other client library never appear here.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import IntEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+Role = Literal["system", "user", "assistant", "tool"]
+Permission = Literal["read", "write", "admin"]
+Tier = Literal["query", "external", "batch"]
+SessionStatus = Literal["active", "closed"]
+TurnStatus = Literal["completed", "cancelled", "max_iterations", "model_error", "closed"]
+
+
+class ToolResultCode(IntEnum):
+    """The ``code`` of every tool result the model sees (DESIGN.md, seed 002 §3.3)."""
+
+    OK = 0
+    BAD_ARGUMENTS = 1
+    DEPENDENCY_UNAVAILABLE = 2
+    PERMISSION_DENIED = 3
+    OUTCOME_UNKNOWN = 4
+    DENIED_BY_HUMAN = 5
+
+
+class ToolResult(BaseModel):
+    """What a tool call produced, in the one shape the model sees: ``{code, message, data}``."""
+
+    code: ToolResultCode = ToolResultCode.OK
+    message: str = "ok"
+    data: Any = None
+
+    @property
+    def ok(self) -> bool:
+        return self.code == ToolResultCode.OK
+
+
+class ToolCall(BaseModel):
+    """One tool call requested by the model."""
+
+    tool_call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    arguments_error: str | None = None
+    """Set when the model's raw arguments were not a JSON object; the call is then not run."""
+
+
+class Message(BaseModel):
+    """One message of the transcript, in chat-completions roles."""
+
+    role: Role
+    content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+    """For ``role="tool"``: the call this message answers."""
+    name: str | None = None
+    """For ``role="tool"``: the tool's name."""
+    turn: int = 0
+    created_at: datetime | None = None
+
+
+class ToolSpec(BaseModel):
+    """A tool as the workflow and the model see it (no code, only metadata)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """JSON Schema of the arguments object."""
+    tier: Tier = "query"
+    idempotent: bool = True
+    permission: Permission = "read"
+    timeout_seconds: float = 15.0
+    """Start-to-close timeout of one attempt, from the tier unless overridden."""
+    heartbeat_timeout_seconds: float = 5.0
+    """A running call that stops heartbeating for this long is treated as crashed."""
+
+    def to_openai(self) -> dict[str, Any]:
+        """The tool in the chat-completions ``tools`` format."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class CallModelInput(BaseModel):
+    session_id: str
+    turn: int
+    messages: list[Message]
+    tools: list[ToolSpec] = Field(default_factory=list)
+    model: str | None = None
+    """Overrides the worker's configured model name, if set."""
+
+
+class CallModelResult(BaseModel):
+    message: Message
+    usage: Usage = Field(default_factory=Usage)
+    provider: str = ""
+    model: str = ""
+
+
+class ListToolsResult(BaseModel):
+    tools: list[ToolSpec]
+
+
+class RunToolInput(BaseModel):
+    session_id: str
+    user_id: str
+    turn: int
+    tool_call: ToolCall
+    idempotent: bool = True
+
+
+class SessionIndexEntry(BaseModel):
+    """One row of the per-user session index kept in Redis for fast listing."""
+
+    session_id: str
+    user_id: str
+    channel: str = "cli"
+    status: str = "active"
+    title: str = ""
+    created_at: datetime
+    last_active_at: datetime
+    turn_count: int = 0
+
+
+class SessionConfig(BaseModel):
+    """Per-session settings, fixed at creation (defaults from DESIGN.md)."""
+
+    system_prompt: str = (
+        "You are Hermes, a helpful assistant. Use the tools when they help; "
+        "answer in the user's language."
+    )
+    model: str | None = None
+    max_iterations: int = 10
+    model_timeout_seconds: float = 120.0
+    """Start-to-close timeout of one model call attempt."""
+    model_max_attempts: int = 5
+    """Model/tool iterations per turn (seed 000 §2.2: 10)."""
+    approval_timeout_seconds: float = 600.0
+    """How long a tool call waits for a human decision before it is denied."""
+    max_message_bytes: int = 256 * 1024
+    """Largest user message taken, in UTF-8 bytes; Temporal's payload cap is 2 MB."""
+    max_updates_per_run: int = 500
+    """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
+    max_completed_ids: int = 256
+    """How many client message ids are remembered for de-duplication of resends."""
+
+
+class SendMessageInput(BaseModel):
+    text: str
+    client_message_id: str | None = None
+    """A resend with the same id returns the first reply and runs no second turn."""
+
+
+class ToolCallRecord(BaseModel):
+    """What happened to one tool call within a turn."""
+
+    tool_call_id: str
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    result: ToolResult
+    approval: Literal["not_required", "approved", "rejected", "expired", "cancelled"] = "not_required"
+    approver: str | None = None
+
+
+class TurnResult(BaseModel):
+    """The reply to one user message, with the tool calls made to produce it."""
+
+    session_id: str
+    turn: int
+    reply: str
+    status: TurnStatus = "completed"
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list)
+    client_message_id: str | None = None
+
+
+class PendingApproval(BaseModel):
+    """A tool call waiting for a human decision."""
+
+    tool_call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    permission: Permission
+    turn: int
+    requested_at: datetime
+    expires_at: datetime
+
+
+class ApprovalDecision(BaseModel, frozen=True):
+    """A human's verdict on one pending tool call."""
+
+    tool_call_id: str
+    """Id listed by `get_pending_approvals`; unknown or already settled ids are ignored."""
+    approved: bool = True
+    approver: str = "user"
+    reason: str | None = None
+
+
+class DecisionRecord(BaseModel):
+    """Audit record of a decision signal and what it did."""
+
+    tool_call_id: str
+    approved: bool
+    approver: str
+    reason: str | None = None
+    outcome: Literal["applied", "unknown_tool_call", "already_decided"]
+    at: datetime
+
+
+class TraceStep(BaseModel):
+    """One step of a turn (seed 002 §7.3): model call, tool call or approval wait."""
+
+    session_id: str
+    turn: int
+    step: int
+    action_type: Literal["model", "tool", "approval"]
+    provider: str = ""
+    tool_name: str | None = None
+    latency_ms: float = 0.0
+    tokens: int = 0
+    status: str = "ok"
+
+
+class SessionCarry(BaseModel):
+    """State carried across continue-as-new."""
+
+    messages: list[Message] = Field(default_factory=list)
+    turn_count: int = 0
+    created_at: datetime | None = None
+    last_active_at: datetime | None = None
+    token_estimate: int = 0
+    completed: dict[str, TurnResult] = Field(default_factory=dict)
+    trace: list[TraceStep] = Field(default_factory=list)
+    decisions: list[DecisionRecord] = Field(default_factory=list)
+    title: str = ""
+    run_index: int = 0
+    system_prompt: str | None = None
+    settled_tool_call_ids: list[str] = Field(default_factory=list)
+
+
+class SessionInput(BaseModel):
+    session_id: str
+    user_id: str = "anonymous"
+    channel: str = "cli"
+    config: SessionConfig = Field(default_factory=SessionConfig)
+    carry: SessionCarry | None = None
+
+
+class SessionState(BaseModel):
+    """Answer of the ``get_state`` query."""
+
+    session_id: str
+    user_id: str
+    channel: str
+    status: SessionStatus
+    title: str
+    created_at: datetime
+    last_active_at: datetime
+    turn_count: int
+    token_estimate: int
+    system_prompt: str
+    busy: bool
+    queued_messages: int
+    pending_approvals: list[PendingApproval]
+    decisions: list[DecisionRecord]
+    run_index: int
+    updates_this_run: int
+    history_length: int

@@ -1,0 +1,48 @@
+"""Wire names: workflow, activity, signal, update and query names, search attributes.
+
+These strings are in workflow histories and in clients; changing one breaks running
+sessions. An incompatible payload change gets a new ``..._v2`` name instead.
+"""
+
+from temporalio.common import SearchAttributeKey
+
+DEFAULT_TASK_QUEUE = "hermes-sessions"
+
+# Workflows
+SESSION_WORKFLOW = "SessionWorkflow"
+
+# Activities
+CALL_MODEL = "call_model"
+RUN_TOOL = "run_tool"
+LIST_TOOLS = "list_tools"
+UPDATE_SESSION_INDEX = "update_session_index"
+
+# Updates
+SEND_MESSAGE = "send_message"
+
+# Signals
+APPROVE_TOOL_CALL = "approve_tool_call"
+REJECT_TOOL_CALL = "reject_tool_call"
+SET_SYSTEM_PROMPT = "set_system_prompt"
+CANCEL_TURN = "cancel_turn"
+CLOSE_SESSION = "close_session"
+
+# Queries
+GET_STATE = "get_state"
+GET_TRANSCRIPT = "get_transcript"
+GET_PENDING_APPROVALS = "get_pending_approvals"
+GET_TRACE = "get_trace"
+
+# Search attributes (registered by `hermes dev` and by the test fixtures).
+SA_USER_ID = SearchAttributeKey.for_keyword("HermesUserId")
+SA_CHANNEL = SearchAttributeKey.for_keyword("HermesChannel")
+SA_STATUS = SearchAttributeKey.for_keyword("HermesSessionStatus")
+SA_PENDING_APPROVALS = SearchAttributeKey.for_int("HermesPendingApprovals")
+
+SEARCH_ATTRIBUTES: dict[str, str] = {
+    SA_USER_ID.name: "Keyword",
+    SA_CHANNEL.name: "Keyword",
+    SA_STATUS.name: "Keyword",
+    SA_PENDING_APPROVALS.name: "Int",
+}
+"""Name -> Temporal indexed value type, for registration on a server."""

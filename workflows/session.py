@@ -1,0 +1,642 @@
+"""SessionWorkflow: one durable conversation per ``session_id``.
+
+User turns arrive as the ``send_message`` update and run one at a time in arrival
+order; approvals, cancel, system-prompt changes and close are signals; state,
+transcript, pending approvals and trace are queries. Each turn is the agent loop:
+model call -> tool calls -> tool results -> model, until a final answer or
+``max_iterations``. The workflow continues as new (carrying its state) when Temporal
+suggests it or after ``max_updates_per_run`` messages, only when no handler is running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
+
+with workflow.unsafe.imports_passed_through():
+    from hermes import names
+    from hermes.models import (
+        ApprovalDecision,
+        CallModelInput,
+        CallModelResult,
+        DecisionRecord,
+        ListToolsResult,
+        Message,
+        PendingApproval,
+        RunToolInput,
+        SendMessageInput,
+        SessionCarry,
+        SessionIndexEntry,
+        SessionInput,
+        SessionState,
+        ToolCall,
+        ToolCallRecord,
+        ToolResult,
+        ToolResultCode,
+        ToolSpec,
+        TraceStep,
+        TurnResult,
+    )
+
+_MAX_TRACE = 500
+_MAX_DECISIONS = 200
+_MAX_SETTLED = 1000
+_MAX_RESULT_CHARS = 16_000
+"""Largest tool-result text handed back to the model (the full result stays in the record)."""
+
+
+class _TurnCancelled(Exception):
+    pass
+
+
+class _ModelFailed(Exception):
+    pass
+
+
+def _failure_text(err: BaseException) -> str:
+    """The most specific human-readable reason inside an activity failure chain."""
+    cause: BaseException | None = err
+    text = str(err)
+    while cause is not None:
+        if isinstance(cause, TimeoutError):
+            return f"timed out ({cause.type.name.lower().replace('_', '-')})" if cause.type else "timed out"
+        if isinstance(cause, ApplicationError):
+            return cause.message or text
+        text = str(cause) or text
+        cause = cause.__cause__
+    return text
+
+
+@workflow.defn(name=names.SESSION_WORKFLOW)
+class SessionWorkflow:
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        carry = inp.carry or SessionCarry()
+        self._inp = inp
+        self._cfg = inp.config
+        self._messages: list[Message] = list(carry.messages)
+        self._turn_count = carry.turn_count
+        self._created_at = carry.created_at or workflow.now()
+        self._last_active_at = carry.last_active_at or self._created_at
+        self._token_estimate = carry.token_estimate
+        self._completed: dict[str, TurnResult] = dict(carry.completed)
+        self._trace: list[TraceStep] = list(carry.trace)
+        self._decisions: list[DecisionRecord] = list(carry.decisions)
+        self._settled: list[str] = list(carry.settled_tool_call_ids)
+        self._title = carry.title
+        self._run_index = carry.run_index
+        self._system_prompt = carry.system_prompt or self._cfg.system_prompt
+
+        self._status = "active"
+        self._lock = asyncio.Lock()
+        self._in_flight_ids: set[str] = set()
+        self._queued = 0
+        self._updates_this_run = 0
+        self._draining = False
+        self._current_turn: int | None = None
+        self._cancel_requested = False
+        self._pending: dict[str, PendingApproval] = {}
+        self._verdicts: dict[str, ApprovalDecision] = {}
+        self._background: list[asyncio.Task[None]] = []
+
+    # ------------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionState:
+        workflow.upsert_search_attributes(
+            [
+                names.SA_USER_ID.value_set(inp.user_id),
+                names.SA_CHANNEL.value_set(inp.channel),
+                names.SA_STATUS.value_set("active"),
+                names.SA_PENDING_APPROVALS.value_set(0),
+            ]
+        )
+        while True:
+            await workflow.wait_condition(
+                lambda: self._status == "closed" or self._must_roll_over() or (self._should_roll_over() and self._idle())
+            )
+            self._draining = True
+            await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._idle())
+            if self._status == "closed":
+                workflow.upsert_search_attributes([names.SA_STATUS.value_set("closed")])
+                self._schedule_index_update()
+                await self._drain_background()
+                return self._state()
+            await self._drain_background()
+            workflow.continue_as_new(
+                SessionInput(
+                    session_id=inp.session_id,
+                    user_id=inp.user_id,
+                    channel=inp.channel,
+                    config=self._cfg,
+                    carry=self._carry(),
+                )
+            )
+
+    def _idle(self) -> bool:
+        return not self._lock.locked() and self._queued == 0
+
+    def _should_roll_over(self) -> bool:
+        return (
+            self._updates_this_run >= self._cfg.max_updates_per_run
+            or workflow.info().is_continue_as_new_suggested()
+        )
+
+    def _must_roll_over(self) -> bool:
+        # Under constant load the session is never idle; stop taking messages well before
+        # Temporal's hard caps (2,000 updates, 51,200 events per run).
+        return self._updates_this_run >= min(3 * self._cfg.max_updates_per_run, 1500) or (
+            workflow.info().get_current_history_length() >= 30_000
+        )
+
+    def _carry(self) -> SessionCarry:
+        return SessionCarry(
+            messages=self._messages,
+            turn_count=self._turn_count,
+            created_at=self._created_at,
+            last_active_at=self._last_active_at,
+            token_estimate=self._token_estimate,
+            completed=self._completed,
+            trace=self._trace[-_MAX_TRACE:],
+            decisions=self._decisions[-_MAX_DECISIONS:],
+            title=self._title,
+            run_index=self._run_index + 1,
+            system_prompt=self._system_prompt,
+            settled_tool_call_ids=self._settled[-_MAX_SETTLED:],
+        )
+
+    async def _drain_background(self) -> None:
+        while self._background:
+            task = self._background.pop()
+            await task
+
+    # ------------------------------------------------------------- updates
+
+    @workflow.update(name=names.SEND_MESSAGE)
+    async def send_message(self, inp: SendMessageInput) -> TurnResult:
+        """Run one user turn and return the reply.
+
+        Args:
+            inp: the user's text and an optional client message id; a resend with an id
+                already answered returns that answer and runs no second turn.
+
+        Returns:
+            The assistant's reply with the tool calls it made.
+        """
+        self._updates_this_run += 1
+        cid = inp.client_message_id
+        if cid is not None:
+            if cid in self._completed:
+                return self._completed[cid]
+            if cid in self._in_flight_ids:
+                await workflow.wait_condition(lambda: cid in self._completed)
+                return self._completed[cid]
+            self._in_flight_ids.add(cid)
+        self._queued += 1
+        try:
+            async with self._lock:
+                self._queued -= 1
+                result = await self._run_turn(inp)
+        finally:
+            if cid is not None:
+                self._in_flight_ids.discard(cid)
+        if cid is not None:
+            result.client_message_id = cid
+            self._completed[cid] = result
+            while len(self._completed) > self._cfg.max_completed_ids:
+                self._completed.pop(next(iter(self._completed)))
+        return result
+
+    @send_message.validator
+    def _validate_send_message(self, inp: SendMessageInput) -> None:
+        if inp.client_message_id is not None and inp.client_message_id in self._completed:
+            return  # a resend: always answerable, even while closing or rolling over
+        if self._status == "closed":
+            raise ApplicationError("the session is closed", type="SessionClosedError", non_retryable=True)
+        if not inp.text or not inp.text.strip():
+            raise ApplicationError("the message is empty", type="MessageRejectedError", non_retryable=True)
+        size = len(inp.text.encode("utf-8"))
+        if size > self._cfg.max_message_bytes:
+            raise ApplicationError(
+                f"the message is {size} bytes; the limit is {self._cfg.max_message_bytes} bytes",
+                type="MessageRejectedError",
+                non_retryable=True,
+            )
+        if self._draining:
+            raise ApplicationError(
+                "the session is continuing as new; retry in a moment", type="SessionBusyError"
+            )
+
+    # ------------------------------------------------------------- signals
+
+    @workflow.signal(name=names.APPROVE_TOOL_CALL)
+    def approve_tool_call(self, decision: ApprovalDecision) -> None:
+        """Approve a pending tool call. Unknown or already settled ids change nothing."""
+        self._decide(decision.model_copy(update={"approved": True}))
+
+    @workflow.signal(name=names.REJECT_TOOL_CALL)
+    def reject_tool_call(self, decision: ApprovalDecision) -> None:
+        """Reject a pending tool call; the model is told it was denied."""
+        self._decide(decision.model_copy(update={"approved": False}))
+
+    @workflow.signal(name=names.SET_SYSTEM_PROMPT)
+    def set_system_prompt(self, system_prompt: str) -> None:
+        """Replace the system prompt from the next model call on."""
+        self._system_prompt = system_prompt
+
+    @workflow.signal(name=names.CANCEL_TURN)
+    def cancel_turn(self) -> None:
+        """Stop the current turn at once; queued messages still run."""
+        if self._current_turn is not None:
+            self._cancel_requested = True
+
+    @workflow.signal(name=names.CLOSE_SESSION)
+    def close_session(self) -> None:
+        """Close the session: pending approvals are denied, new messages refused."""
+        self._status = "closed"
+
+    def _decide(self, decision: ApprovalDecision) -> None:
+        tcid = decision.tool_call_id
+        if tcid in self._verdicts or tcid in self._settled:
+            outcome = "already_decided"
+        elif tcid not in self._pending:
+            outcome = "unknown_tool_call"
+        else:
+            outcome = "applied"
+            self._verdicts[tcid] = decision
+        self._decisions.append(
+            DecisionRecord(
+                tool_call_id=tcid,
+                approved=decision.approved,
+                approver=decision.approver,
+                reason=decision.reason,
+                outcome=outcome,
+                at=workflow.now(),
+            )
+        )
+        del self._decisions[:-_MAX_DECISIONS]
+
+    # ------------------------------------------------------------- queries
+
+    @workflow.query(name=names.GET_STATE)
+    def get_state(self) -> SessionState:
+        return self._state()
+
+    @workflow.query(name=names.GET_TRANSCRIPT)
+    def get_transcript(self) -> list[Message]:
+        return self._messages
+
+    @workflow.query(name=names.GET_PENDING_APPROVALS)
+    def get_pending_approvals(self) -> list[PendingApproval]:
+        return list(self._pending.values())
+
+    @workflow.query(name=names.GET_TRACE)
+    def get_trace(self) -> list[TraceStep]:
+        return self._trace
+
+    def _state(self) -> SessionState:
+        return SessionState(
+            session_id=self._inp.session_id,
+            user_id=self._inp.user_id,
+            channel=self._inp.channel,
+            status=self._status,  # type: ignore[arg-type]
+            title=self._title,
+            created_at=self._created_at,
+            last_active_at=self._last_active_at,
+            turn_count=self._turn_count,
+            token_estimate=self._token_estimate,
+            system_prompt=self._system_prompt,
+            busy=self._current_turn is not None,
+            queued_messages=self._queued,
+            pending_approvals=list(self._pending.values()),
+            decisions=self._decisions,
+            run_index=self._run_index,
+            updates_this_run=self._updates_this_run,
+            history_length=workflow.info().get_current_history_length(),
+        )
+
+    # ---------------------------------------------------------- the turn
+
+    async def _run_turn(self, inp: SendMessageInput) -> TurnResult:
+        self._turn_count += 1
+        turn = self._turn_count
+        now = workflow.now()
+        self._last_active_at = now
+        self._messages.append(Message(role="user", content=inp.text, turn=turn, created_at=now))
+        if not self._title:
+            self._title = " ".join(inp.text.split())[:60]
+        if self._status == "closed":
+            reply = "The session was closed before this message could be answered."
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=now))
+            return TurnResult(session_id=self._inp.session_id, turn=turn, reply=reply, status="closed")
+
+        self._current_turn = turn
+        self._cancel_requested = False
+        records: list[ToolCallRecord] = []
+        status = "completed"
+        try:
+            specs = await self._list_tools()
+            for _ in range(self._cfg.max_iterations):
+                result = await self._call_model(turn, list(specs.values()))
+                assistant = result.message.model_copy(update={"turn": turn, "created_at": workflow.now()})
+                self._messages.append(assistant)
+                if not assistant.tool_calls:
+                    reply = assistant.content or ""
+                    break
+                for call in assistant.tool_calls:
+                    record = await self._handle_tool_call(turn, call, specs)
+                    records.append(record)
+                    self._append_tool_result(turn, call, record.result)
+            else:
+                status = "max_iterations"
+                reply = (
+                    f"I stopped after {self._cfg.max_iterations} model/tool steps without reaching "
+                    "a final answer. Tell me how to continue, or ask a narrower question."
+                )
+                self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now()))
+        except _TurnCancelled:
+            status = "cancelled"
+            reply = "This turn was cancelled."
+            self._close_open_tool_calls(turn, records)
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now()))
+        except _ModelFailed as err:
+            status = "model_error"
+            reply = f"The model could not answer ({err}). Your message is kept; send it again to retry."
+            self._close_open_tool_calls(turn, records)
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now()))
+        finally:
+            self._current_turn = None
+            self._cancel_requested = False
+
+        self._last_active_at = workflow.now()
+        self._schedule_index_update()
+        return TurnResult(
+            session_id=self._inp.session_id,
+            turn=turn,
+            reply=reply,
+            status=status,  # type: ignore[arg-type]
+            tool_calls=records,
+        )
+
+    def _append_tool_result(self, turn: int, call: ToolCall, result: ToolResult) -> None:
+        content = result.model_dump_json()
+        if len(content) > _MAX_RESULT_CHARS:
+            content = content[:_MAX_RESULT_CHARS] + "... [truncated]"
+        self._messages.append(
+            Message(
+                role="tool",
+                content=content,
+                tool_call_id=call.tool_call_id,
+                name=call.name,
+                turn=turn,
+                created_at=workflow.now(),
+            )
+        )
+
+    def _close_open_tool_calls(self, turn: int, records: list[ToolCallRecord]) -> None:
+        """Give every tool call of the last assistant message a result: never an orphan."""
+        last = next((m for m in reversed(self._messages) if m.role == "assistant"), None)
+        if last is None or last.turn != turn:
+            return
+        answered = {m.tool_call_id for m in self._messages if m.role == "tool" and m.turn == turn}
+        for call in last.tool_calls:
+            if call.tool_call_id in answered:
+                continue
+            result = ToolResult(
+                code=ToolResultCode.DENIED_BY_HUMAN,
+                message="the turn ended before this tool call ran; it was not run",
+            )
+            records.append(ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=result, approval="cancelled"))
+            self._append_tool_result(turn, call, result)
+
+    async def _cancellable(self, task: asyncio.Task[Any]) -> Any:
+        await workflow.wait_condition(lambda: task.done() or self._cancel_requested)
+        if not task.done():
+            task.cancel()
+            try:
+                await task
+            except BaseException:  # noqa: BLE001 - the turn is cancelled whatever the task did
+                pass
+            raise _TurnCancelled()
+        return await task
+
+    async def _list_tools(self) -> dict[str, ToolSpec]:
+        # Recorded in history once per turn, so replay never depends on a worker's registry.
+        result = await workflow.execute_local_activity(
+            names.LIST_TOOLS,
+            result_type=ListToolsResult,
+            start_to_close_timeout=timedelta(seconds=10),
+        )
+        return {spec.name: spec for spec in result.tools}
+
+    async def _call_model(self, turn: int, tools: list[ToolSpec]) -> CallModelResult:
+        started = workflow.now()
+        messages = [Message(role="system", content=self._system_prompt), *self._messages]
+        handle = workflow.start_activity(
+            names.CALL_MODEL,
+            CallModelInput(session_id=self._inp.session_id, turn=turn, messages=messages, tools=tools, model=self._cfg.model),
+            result_type=CallModelResult,
+            start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+            retry_policy=RetryPolicy(
+                initial_interval=timedelta(seconds=1),
+                backoff_coefficient=2.0,
+                maximum_interval=timedelta(seconds=30),
+                maximum_attempts=self._cfg.model_max_attempts,
+                non_retryable_error_types=["ModelRequestError", "ScriptExhaustedError"],
+            ),
+            summary=f"model, turn {turn}",
+        )
+        try:
+            result: CallModelResult = await self._cancellable(handle)
+        except ActivityError as err:
+            self._add_trace(turn, "model", started, status="error")
+            raise _ModelFailed(_failure_text(err)) from None
+        self._token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
+        self._add_trace(
+            turn, "model", started, provider=result.provider, tokens=self._token_estimate
+        )
+        return result
+
+    async def _handle_tool_call(self, turn: int, call: ToolCall, specs: dict[str, ToolSpec]) -> ToolCallRecord:
+        spec = specs.get(call.name)
+        record = ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=ToolResult())
+        if spec is None:
+            record.result = ToolResult(
+                code=ToolResultCode.BAD_ARGUMENTS,
+                message=f"unknown tool {call.name!r}; available tools: {', '.join(sorted(specs)) or 'none'}",
+            )
+            self._add_trace(turn, "tool", workflow.now(), tool_name=call.name, status="unknown_tool")
+            return record
+        if call.arguments_error is not None:
+            record.result = ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=call.arguments_error)
+            self._add_trace(turn, "tool", workflow.now(), tool_name=call.name, status="bad_arguments")
+            return record
+        if spec.permission in ("write", "admin"):
+            verdict, decision = await self._await_approval(turn, call, spec)
+            record.approval = verdict  # type: ignore[assignment]
+            record.approver = decision.approver if decision else None
+            if verdict != "approved":
+                why = {
+                    "rejected": "the user rejected this tool call",
+                    "expired": "nobody approved this tool call in time",
+                    "cancelled": "the session closed before this tool call was approved",
+                }[verdict]
+                reason = f": {decision.reason}" if decision and decision.reason else ""
+                record.result = ToolResult(code=ToolResultCode.DENIED_BY_HUMAN, message=f"{why}{reason}; it was not run")
+                return record
+        record.result = await self._run_tool(turn, call, spec)
+        return record
+
+    async def _await_approval(
+        self, turn: int, call: ToolCall, spec: ToolSpec
+    ) -> tuple[str, ApprovalDecision | None]:
+        started = workflow.now()
+        tcid = call.tool_call_id
+        self._pending[tcid] = PendingApproval(
+            tool_call_id=tcid,
+            tool_name=call.name,
+            arguments=call.arguments,
+            permission=spec.permission,
+            turn=turn,
+            requested_at=started,
+            expires_at=started + timedelta(seconds=self._cfg.approval_timeout_seconds),
+        )
+        workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(self._pending))])
+        verdict = "expired"
+        try:
+            await workflow.wait_condition(
+                lambda: tcid in self._verdicts or self._cancel_requested or self._status == "closed",
+                timeout=timedelta(seconds=self._cfg.approval_timeout_seconds),
+                timeout_summary=f"approval of {call.name}",
+            )
+            if tcid in self._verdicts:
+                verdict = "approved" if self._verdicts[tcid].approved else "rejected"
+            elif self._cancel_requested:
+                raise _TurnCancelled()
+            else:
+                verdict = "cancelled"
+        except asyncio.TimeoutError:
+            verdict = "expired"
+        finally:
+            del self._pending[tcid]
+            self._settled.append(tcid)
+            del self._settled[:-_MAX_SETTLED]
+            workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(self._pending))])
+        decision = self._verdicts.pop(tcid, None)
+        self._add_trace(turn, "approval", started, tool_name=call.name, status=verdict)
+        return verdict, decision
+
+    async def _run_tool(self, turn: int, call: ToolCall, spec: ToolSpec) -> ToolResult:
+        started = workflow.now()
+        if spec.idempotent:
+            retry = RetryPolicy(
+                initial_interval=timedelta(milliseconds=200),
+                backoff_coefficient=2.0,
+                maximum_attempts=3,
+                non_retryable_error_types=["ToolArgumentsError"],
+            )
+        else:
+            # Retries are safe: the activity keeps a record per session_id:tool_call_id in
+            # Redis and reports "outcome unknown" instead of running a started call again.
+            retry = RetryPolicy(initial_interval=timedelta(milliseconds=200), backoff_coefficient=2.0, maximum_attempts=3)
+        handle = workflow.start_activity(
+            names.RUN_TOOL,
+            RunToolInput(
+                session_id=self._inp.session_id,
+                user_id=self._inp.user_id,
+                turn=turn,
+                tool_call=call,
+                idempotent=spec.idempotent,
+            ),
+            result_type=ToolResult,
+            start_to_close_timeout=timedelta(seconds=spec.timeout_seconds),
+            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
+            retry_policy=retry,
+            summary=f"tool {call.name}",
+        )
+        try:
+            result: ToolResult = await self._cancellable(handle)
+        except _TurnCancelled:
+            self._add_trace(turn, "tool", started, tool_name=call.name, status="cancelled")
+            result = ToolResult(
+                code=ToolResultCode.OUTCOME_UNKNOWN,
+                message="the turn was cancelled while this tool call ran; its outcome is unknown",
+            )
+            self._append_tool_result(turn, call, result)
+            raise
+        except ActivityError as err:
+            text = _failure_text(err)
+            timed_out = isinstance(err.cause, TimeoutError)
+            if timed_out and not spec.idempotent:
+                result = ToolResult(
+                    code=ToolResultCode.OUTCOME_UNKNOWN,
+                    message=f"the tool did not report back ({text}); its outcome is unknown and it was not run again",
+                )
+            elif timed_out:
+                result = ToolResult(code=ToolResultCode.OUTCOME_UNKNOWN, message=f"the tool {text}")
+            else:
+                result = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=text[:2000])
+        self._add_trace(turn, "tool", started, tool_name=call.name, status="ok" if result.ok else f"code_{int(result.code)}")
+        return result
+
+    # ------------------------------------------------------------ helpers
+
+    def _add_trace(
+        self,
+        turn: int,
+        action_type: str,
+        started: Any,
+        *,
+        provider: str = "",
+        tool_name: str | None = None,
+        tokens: int = 0,
+        status: str = "ok",
+    ) -> None:
+        self._trace.append(
+            TraceStep(
+                session_id=self._inp.session_id,
+                turn=turn,
+                step=(self._trace[-1].step + 1) if self._trace else 1,
+                action_type=action_type,  # type: ignore[arg-type]
+                provider=provider,
+                tool_name=tool_name,
+                latency_ms=(workflow.now() - started).total_seconds() * 1000,
+                tokens=tokens,
+                status=status,
+            )
+        )
+        del self._trace[:-_MAX_TRACE]
+
+    def _schedule_index_update(self) -> None:
+        entry = SessionIndexEntry(
+            session_id=self._inp.session_id,
+            user_id=self._inp.user_id,
+            channel=self._inp.channel,
+            status=self._status,
+            title=self._title,
+            created_at=self._created_at,
+            last_active_at=self._last_active_at,
+            turn_count=self._turn_count,
+        )
+
+        async def update() -> None:
+            try:
+                await workflow.execute_activity(
+                    names.UPDATE_SESSION_INDEX,
+                    entry,
+                    start_to_close_timeout=timedelta(seconds=5),
+                    retry_policy=RetryPolicy(maximum_attempts=3),
+                    summary="session index",
+                )
+            except ActivityError:
+                # The index is a cache: Temporal stays the source of truth, `hermes sessions`
+                # rebuilds it. A Redis outage must not fail a turn.
+                workflow.logger.warning("session index update failed", exc_info=True)
+
+        self._background = [t for t in self._background if not t.done()]
+        self._background.append(asyncio.create_task(update()))
