@@ -237,22 +237,6 @@ def _rotate_if_large(path: Path, max_bytes: int = _LOG_ROTATE_BYTES) -> None:
         pass
 
 
-def _is_running(pid: int) -> bool:
-    """True if ``pid`` exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        return True
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
 def _run_coroutine(make_coro: Callable[[], Coroutine[Any, Any, _T]]) -> _T:
     """Run a coroutine to completion from sync code, even inside a running event loop.
 
@@ -629,7 +613,7 @@ class EmbeddedStack:
         if self.start_redis:
             wanted.append((self.redis_port, "set REDIS_URL to use an existing Redis"))
         for port, hint in wanted:
-            if False:
+            if _port_in_use(self.ip, port):
                 raise StackError(
                     f"port {port} is in use: is another `hermes dev` running? {hint}"
                 )
