@@ -228,7 +228,13 @@ class HermesClient:
 
         async def poll() -> PendingApproval:
             while True:
-                pending = await self.get_pending_approvals(session_id)
+                try:
+                    pending = await self.get_pending_approvals(session_id)
+                except RPCError as err:
+                    # The message that creates the session may still be on its way.
+                    if err.status != RPCStatusCode.NOT_FOUND:
+                        raise
+                    pending = []
                 if pending:
                     return pending[0]
                 await asyncio.sleep(poll_seconds)

@@ -9,6 +9,7 @@ other 4xx are not; ``Retry-After`` becomes the next retry delay.
 from __future__ import annotations
 
 import email.utils
+import math
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -24,8 +25,25 @@ if TYPE_CHECKING:
 RETRYABLE_STATUS = frozenset({408, 409, 429})
 
 
+MAX_RETRY_AFTER_SECONDS = 60.0
+"""Longer hints are ignored and the retry policy's backoff applies (the openai SDK does
+the same): a bogus header must not park a session for hours."""
+
+
 def retry_after_seconds(headers: Any) -> float | None:
-    """Seconds to wait from ``retry-after-ms`` / ``Retry-After`` (seconds or HTTP date)."""
+    """Seconds to wait from ``retry-after-ms`` / ``Retry-After`` (seconds or HTTP date).
+
+    Returns:
+        The delay in seconds (at least 0), or None when there is no usable hint: absent,
+        unparsable, not finite, or above ``MAX_RETRY_AFTER_SECONDS``.
+    """
+    seconds = _raw_retry_after_seconds(headers)
+    if seconds is None or not math.isfinite(seconds) or seconds > MAX_RETRY_AFTER_SECONDS:
+        return None
+    return max(seconds, 0.0)
+
+
+def _raw_retry_after_seconds(headers: Any) -> float | None:
     if headers is None:
         return None
     ms = headers.get("retry-after-ms")
@@ -40,8 +58,11 @@ def retry_after_seconds(headers: Any) -> float | None:
     try:
         return max(float(value), 0.0)
     except ValueError:
-        parsed = email.utils.parsedate_to_datetime(value) if value else None
-        return max(parsed.timestamp() - time.time(), 0.0) if parsed else None
+        try:
+            parsed = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
+            return None
+        return max(parsed.timestamp() - time.time(), 0.0)
 
 
 def is_retryable_status(status: int) -> bool:

@@ -180,7 +180,7 @@ class ToolRegistry:
         Raises:
             ToolRegistrationError: a duplicate or invalid name, or an unusable signature.
         """
-        tool_name = name or fn.__name__
+        tool_name = fn.__name__ if name is None else name
         if not _NAME_RE.match(tool_name):
             raise ToolRegistrationError(
                 f"tool name {tool_name!r} must be 1-64 characters of letters, digits, '_' or '-'"

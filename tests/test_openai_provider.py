@@ -1,0 +1,343 @@
+"""The OpenAI-compatible provider against a local server speaking the chat-completions wire.
+
+The server (stdlib ``http.server`` in a thread, on 127.0.0.1) answers from a list of
+scripted responses and records every request, so a test can count HTTP requests per
+activity attempt and read exactly what was sent. Temporal owns retries: the SDK's own are
+off, 5xx / 429 are retried by the activity's retry policy (honouring ``Retry-After``), and
+other 4xx are not retried at all.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import pytest
+from temporalio.exceptions import ApplicationError
+
+from activities.model import ModelActivities
+from hermes.errors import ConfigError, ModelRequestError, ModelUnavailableError
+from hermes.models import CallModelInput, Message, ToolResultCode
+from hermes.providers import make_provider
+from hermes.providers.openai import OpenAIProvider
+from hermes.settings import Settings
+from hermes.stack import free_port
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry
+
+MODEL = "fake-model"
+
+
+def completion(content: str | None = None, tool_calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A chat-completions response body."""
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    return {
+        "id": "chatcmpl-test",
+        "object": "chat.completion",
+        "created": 1_700_000_000,
+        "model": MODEL,
+        "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if tool_calls else "stop"}],
+        "usage": {"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+    }
+
+
+def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": None}}
+
+
+class FakeOpenAI:
+    """A chat-completions endpoint that plays scripted responses and records requests.
+
+    Responses are ``(status, headers, body)``; when the list is used up every further
+    request gets ``default``.
+    """
+
+    def __init__(self) -> None:
+        self.responses: list[tuple[int, dict[str, str], dict[str, Any]]] = []
+        self.default = completion("default reply")
+        self.requests: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+                length = int(self.headers.get("Content-Length") or 0)
+                raw = self.rfile.read(length)
+                with fake._lock:
+                    fake.requests.append(
+                        {
+                            "path": self.path,
+                            "headers": {k.lower(): v for k, v in self.headers.items()},
+                            "body": json.loads(raw or b"{}"),
+                            "at": time.monotonic(),
+                        }
+                    )
+                    status, headers, body = fake.responses.pop(0) if fake.responses else (200, {}, fake.default)
+                data = json.dumps(body).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.base_url = f"http://127.0.0.1:{self.port}/v1"
+        self._thread = threading.Thread(
+            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai", daemon=True
+        )
+
+    def start(self) -> FakeOpenAI:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+    def then(self, status: int, body: dict[str, Any], **headers: str) -> FakeOpenAI:
+        self.responses.append((status, {k.replace("_", "-"): v for k, v in headers.items()}, body))
+        return self
+
+
+@pytest.fixture
+def fake_openai() -> Iterator[FakeOpenAI]:
+    server = FakeOpenAI().start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def provider_for(server: FakeOpenAI) -> OpenAIProvider:
+    return OpenAIProvider(model=MODEL, base_url=server.base_url, api_key="test")
+
+
+def request(text: str = "hi") -> CallModelInput:
+    return CallModelInput(
+        session_id="s-openai",
+        turn=1,
+        messages=[Message(role="system", content="be brief"), Message(role="user", content=text)],
+    )
+
+
+# ------------------------------------------------------- provider, directly
+
+
+async def test_a_plain_answer_is_parsed_with_usage_and_the_request_is_on_the_wire(fake_openai):
+    fake_openai.then(200, completion("你好 👋"))
+    result = await provider_for(fake_openai).complete(request("你好"))
+    assert result.message.role == "assistant" and result.message.content == "你好 👋"
+    assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (11, 7)
+    assert (result.provider, result.model) == ("openai", MODEL)
+    [sent] = fake_openai.requests
+    assert sent["path"] == "/v1/chat/completions"
+    assert sent["headers"]["authorization"] == "Bearer test"
+    assert sent["body"]["model"] == MODEL
+    assert sent["body"]["messages"] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "你好"}]
+    assert "tools" not in sent["body"]
+
+
+async def test_the_sdk_does_not_retry_on_its_own(fake_openai):
+    fake_openai.then(500, error_body("boom", "server_error")).then(429, error_body("slow down"), retry_after="1")
+    provider = provider_for(fake_openai)
+    with pytest.raises(ModelUnavailableError) as first:
+        await provider.complete(request())
+    assert first.value.status_code == 500
+    assert len(fake_openai.requests) == 1, "the SDK retried a 500 by itself"
+    with pytest.raises(ModelUnavailableError) as second:
+        await provider.complete(request())
+    assert second.value.status_code == 429 and second.value.retry_after_seconds == 1.0
+    assert len(fake_openai.requests) == 2, "the SDK retried a 429 by itself"
+    assert (await provider.complete(request())).message.content == "default reply"
+    assert len(fake_openai.requests) == 3
+
+
+async def test_a_refused_request_is_a_model_request_error_with_the_status_and_reason(fake_openai):
+    fake_openai.then(401, error_body("Incorrect API key provided", "invalid_api_key"))
+    with pytest.raises(ModelRequestError) as info:
+        await provider_for(fake_openai).complete(request())
+    assert info.value.status_code == 401
+    assert "401" in str(info.value) and "Incorrect API key provided" in str(info.value)
+    assert len(fake_openai.requests) == 1
+
+
+async def test_an_unreachable_endpoint_is_a_retryable_error_without_sdk_retries():
+    provider = OpenAIProvider(model=MODEL, base_url=f"http://127.0.0.1:{free_port()}/v1", api_key="test")
+    with pytest.raises(ModelUnavailableError, match="cannot reach"):
+        await provider.complete(request())
+
+
+@pytest.mark.parametrize(
+    ("status", "headers", "error_type", "retryable", "delay"),
+    [
+        (429, {"retry_after": "1"}, "ModelUnavailableError", True, timedelta(seconds=1)),
+        (429, {"retry_after_ms": "1500"}, "ModelUnavailableError", True, timedelta(seconds=1.5)),
+        (503, {}, "ModelUnavailableError", True, None),
+        (408, {}, "ModelUnavailableError", True, None),
+        (409, {}, "ModelUnavailableError", True, None),
+        (401, {}, "ModelRequestError", False, None),
+        (400, {}, "ModelRequestError", False, None),
+        (404, {}, "ModelRequestError", False, None),
+    ],
+)
+async def test_the_activity_maps_http_status_to_retryable_or_not_and_honours_retry_after(
+    fake_openai, status, headers, error_type, retryable, delay
+):
+    fake_openai.then(status, error_body(f"status {status}"), **headers)
+    activities = ModelActivities(provider_for(fake_openai))
+    with pytest.raises(ApplicationError) as info:
+        await activities.call_model(request())
+    err = info.value
+    assert err.type == error_type
+    assert err.non_retryable is (not retryable)
+    assert err.next_retry_delay == delay
+    assert str(status) in err.message
+    assert len(fake_openai.requests) == 1
+
+
+@pytest.mark.parametrize("hint", ["soon", "nan", "inf", "86400"])
+async def test_an_unusable_retry_after_leaves_the_backoff_to_the_retry_policy(fake_openai, hint):
+    # Unparsable, non-finite or absurdly long hints must not break the error mapping
+    # nor park the session: the call stays retryable with the policy's own backoff.
+    fake_openai.then(429, error_body("rate limited"), retry_after=hint)
+    with pytest.raises(ApplicationError) as info:
+        await ModelActivities(provider_for(fake_openai)).call_model(request())
+    assert info.value.type == "ModelUnavailableError"
+    assert info.value.non_retryable is False
+    assert info.value.next_retry_delay is None
+
+
+async def test_a_retry_after_http_date_becomes_the_delay_until_that_date(fake_openai):
+    fake_openai.then(429, error_body("rate limited"), retry_after=email.utils.formatdate(time.time() + 10, usegmt=True))
+    with pytest.raises(ModelUnavailableError) as info:
+        await provider_for(fake_openai).complete(request())
+    assert info.value.retry_after_seconds is not None and 8 <= info.value.retry_after_seconds <= 10
+
+
+async def test_tool_calls_on_the_wire_are_parsed_with_their_json_string_arguments(fake_openai):
+    fake_openai.then(
+        200,
+        completion(
+            None,
+            tool_calls=[
+                {"id": "call_ok", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6 * 7"}'}},
+                {"id": "call_bad", "type": "function", "function": {"name": "calculate", "arguments": "{not json"}},
+                {"id": "call_empty", "type": "function", "function": {"name": "current_time", "arguments": ""}},
+            ],
+        ),
+    )
+    message = (await provider_for(fake_openai).complete(request())).message
+    ok, bad, empty = message.tool_calls
+    assert (ok.tool_call_id, ok.name, ok.arguments, ok.arguments_error) == ("call_ok", "calculate", {"expression": "6 * 7"}, None)
+    assert bad.tool_call_id == "call_bad" and bad.arguments == {}
+    assert bad.arguments_error is not None and "expected a JSON object" in bad.arguments_error
+    assert (empty.arguments, empty.arguments_error) == ({}, None)
+
+
+def test_the_openai_provider_without_key_or_base_url_is_a_config_error(monkeypatch, tmp_path):
+    for name in ("OPENAI_API_KEY", "HERMES_OPENAI_API_KEY", "OPENAI_BASE_URL", "HERMES_OPENAI_BASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.chdir(tmp_path)  # no stray .env file
+    with pytest.raises(ConfigError) as info:
+        make_provider(Settings(model_provider="openai"))
+    assert info.value.key == "openai_api_key"
+    assert "OPENAI_API_KEY" in str(info.value)
+    # Either one is enough: a local server needs no key.
+    assert isinstance(make_provider(Settings(model_provider="openai", openai_base_url="http://127.0.0.1:1/v1")), OpenAIProvider)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert isinstance(make_provider(Settings(model_provider="openai")), OpenAIProvider)
+
+
+# ------------------------------------------------------ through a session
+
+
+async def test_a_500_then_200_is_retried_by_temporal_and_the_turn_succeeds(run_worker, fake_openai, session_id):
+    fake_openai.then(500, error_body("upstream hiccup", "server_error")).then(200, completion("Hello from the model"))
+    async with run_worker(provider_for(fake_openai)) as hermes:
+        result = await hermes.send_message(session_id, "hello")
+    assert result.status == "completed"
+    assert result.reply == "Hello from the model"
+    assert len(fake_openai.requests) == 2
+    assert fake_openai.requests[0]["body"] == fake_openai.requests[1]["body"]
+
+
+async def test_a_401_is_not_retried_and_the_session_stays_usable(run_worker, fake_openai, session_id):
+    fake_openai.then(401, error_body("Incorrect API key provided", "invalid_api_key"))
+    async with run_worker(provider_for(fake_openai)) as hermes:
+        failed = await hermes.send_message(session_id, "first question")
+        assert len(fake_openai.requests) == 1, "a 401 was retried"
+        assert failed.status == "model_error"
+        assert failed.reply.startswith("The model could not answer")
+        assert "401" in failed.reply and "Incorrect API key" in failed.reply
+
+        fake_openai.default = completion("Second answer")
+        ok = await hermes.send_message(session_id, "second question")
+        state = await hermes.get_state(session_id)
+
+    assert ok.status == "completed" and ok.reply == "Second answer"
+    assert len(fake_openai.requests) == 2
+    assert state.turn_count == 2 and not state.busy
+    sent = fake_openai.requests[1]["body"]["messages"]
+    assert [m["content"] for m in sent if m["role"] == "user"] == ["first question", "second question"]
+
+
+async def test_a_429_is_retried_after_its_retry_after_delay(run_worker, fake_openai, session_id):
+    # 2 s: longer than the policy's own first interval (1 s), so the gap shows which one won.
+    fake_openai.then(429, error_body("rate limited", "rate_limit_exceeded"), retry_after="2").then(200, completion("done"))
+    async with run_worker(provider_for(fake_openai)) as hermes:
+        result = await hermes.send_message(session_id, "hi")
+    assert result.reply == "done"
+    first, second = fake_openai.requests
+    assert second["at"] - first["at"] >= 1.9
+
+
+async def test_a_tool_call_from_the_model_runs_and_its_result_goes_back_with_the_same_id(
+    run_worker, fake_openai, session_id
+):
+    fake_openai.then(
+        200,
+        completion(
+            None,
+            tool_calls=[{"id": "call_abc123", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6 * 7"}'}}],
+        ),
+    ).then(200, completion("6 × 7 = 42"))
+    async with run_worker(provider_for(fake_openai), registry=register_builtins(ToolRegistry())) as hermes:
+        result = await hermes.send_message(session_id, "what is 6 times 7?")
+
+    assert result.reply == "6 × 7 = 42"
+    [record] = result.tool_calls
+    assert (record.tool_call_id, record.name, record.arguments) == ("call_abc123", "calculate", {"expression": "6 * 7"})
+    assert record.result.code == ToolResultCode.OK and record.result.data["value"] == 42
+
+    first, second = (r["body"] for r in fake_openai.requests)
+    tools = {t["function"]["name"]: t for t in first["tools"]}
+    assert set(tools) >= {"calculate", "current_time", "save_note", "list_notes"}
+    assert tools["calculate"]["type"] == "function"
+    assert tools["calculate"]["function"]["parameters"]["required"] == ["expression"]
+    assert second["tools"] == first["tools"]
+
+    assistant = next(m for m in second["messages"] if m["role"] == "assistant")
+    [wire_call] = assistant["tool_calls"]
+    assert wire_call["id"] == "call_abc123"
+    assert wire_call["function"] == {"name": "calculate", "arguments": '{"expression": "6 * 7"}'}
+    [tool_message] = [m for m in second["messages"] if m["role"] == "tool"]
+    assert tool_message["tool_call_id"] == "call_abc123"
+    content = json.loads(tool_message["content"])
+    assert content["code"] == 0 and content["data"]["value"] == 42
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]

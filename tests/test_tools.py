@@ -1,0 +1,386 @@
+"""Unit tests of the tool registry, the built-in tools and the scripted model.
+
+No server is needed: these exercise the pure parts that the activities are built on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from hermes.errors import ConfigError, ScriptExhaustedError, ToolArgumentsError, ToolRegistrationError
+from hermes.models import CallModelInput, Message, ToolResult, ToolResultCode
+from hermes.providers.scripted import ScriptedModel
+from hermes.tools.builtin import calculate, current_time, register_builtins
+from hermes.tools.registry import ToolContext, ToolRegistry
+
+
+def _registry_with_book_flight() -> ToolRegistry:
+    registry = ToolRegistry()
+
+    def book_flight(
+        origin: str,
+        destination: str,
+        context: ToolContext,
+        passengers: int = 1,
+        refundable: bool = False,
+    ) -> dict:
+        """Book a flight between two airports.
+
+        Use it only after the user confirmed the dates.
+
+        Args:
+            origin: IATA code of the departure airport, e.g. "PEK".
+            destination: IATA code of the arrival airport,
+                e.g. "CDG"; never the same as origin.
+            passengers: how many seats, 1 to 9.
+            refundable: whether to buy a refundable fare.
+
+        Returns:
+            The booking reference.
+        """
+        return {"origin": origin, "destination": destination, "passengers": passengers, "refundable": refundable}
+
+    registry.register(book_flight, tier="external", idempotent=False, permission="write")
+    return registry
+
+
+# ---------------------------------------------------------------- schema
+
+
+def test_schema_comes_from_the_signature_and_the_google_docstring():
+    tool = _registry_with_book_flight().get("book_flight")
+    assert tool is not None
+    schema = tool.parameters_schema
+    assert schema["type"] == "object"
+    assert schema["additionalProperties"] is False
+    props = schema["properties"]
+    assert set(props) == {"origin", "destination", "passengers", "refundable"}
+    assert schema["required"] == ["origin", "destination"]
+    assert props["origin"] == {"type": "string", "description": 'IATA code of the departure airport, e.g. "PEK".'}
+    # A continuation line belongs to the parameter it continues.
+    assert props["destination"]["description"] == (
+        'IATA code of the arrival airport, e.g. "CDG"; never the same as origin.'
+    )
+    assert props["passengers"] == {"type": "integer", "default": 1, "description": "how many seats, 1 to 9."}
+    assert props["refundable"] == {"type": "boolean", "default": False, "description": "whether to buy a refundable fare."}
+    # The summary is the description; Args/Returns sections are not.
+    assert tool.description == "Book a flight between two airports.\n\nUse it only after the user confirmed the dates."
+    assert "Returns" not in tool.description and "IATA" not in tool.description
+
+
+def test_tool_context_parameter_is_excluded_from_the_schema_and_passed_at_call_time():
+    registry = ToolRegistry()
+    seen: list[ToolContext] = []
+
+    async def whoami(ctx: ToolContext, shout: bool = False) -> str:
+        """Say which user is asking.
+
+        Args:
+            shout: upper-case the answer.
+        """
+        seen.append(ctx)
+        return ctx.user_id.upper() if shout else ctx.user_id
+
+    tool = registry.register(whoami)
+    assert set(tool.parameters_schema["properties"]) == {"shout"}
+    assert "ctx" not in json.dumps(tool.parameters_schema)
+    assert "required" not in tool.parameters_schema
+    context = ToolContext(session_id="s-1", user_id="alice", tool_call_id="call_1", turn=3)
+    assert asyncio.run(tool.call(tool.validate({"shout": "true"}), context)) == "ALICE"
+    assert seen == [context]
+    assert context.idempotency_key == "s-1:call_1"
+    with pytest.raises(ToolArgumentsError) as info:
+        tool.validate({"ctx": "forged"})
+    assert info.value.problems[0]["field"] == "ctx"
+
+
+def test_spec_carries_tier_timeout_idempotency_and_permission():
+    tool = _registry_with_book_flight().get("book_flight")
+    assert tool is not None
+    spec = tool.spec(tier_seconds={"query": 15.0, "external": 30.0, "batch": 60.0}.__getitem__, heartbeat_timeout_seconds=4.0)
+    assert (spec.tier, spec.timeout_seconds, spec.heartbeat_timeout_seconds) == ("external", 30.0, 4.0)
+    assert (spec.idempotent, spec.permission) == (False, "write")
+    assert spec.to_openai()["function"]["parameters"] == tool.parameters_schema
+
+
+# ----------------------------------------------------------- validation
+
+
+def test_arguments_are_coerced_by_pydantic():
+    tool = _registry_with_book_flight().get("book_flight")
+    assert tool is not None
+    args = tool.validate({"origin": "PEK", "destination": "CDG", "passengers": "5", "refundable": "true"})
+    assert args.passengers == 5 and isinstance(args.passengers, int)
+    assert args.refundable is True
+    defaults = tool.validate({"origin": "PEK", "destination": "CDG"})
+    assert (defaults.passengers, defaults.refundable) == (1, False)
+
+
+def test_invalid_arguments_name_each_field_what_was_expected_and_what_was_received():
+    tool = _registry_with_book_flight().get("book_flight")
+    assert tool is not None
+    with pytest.raises(ToolArgumentsError) as info:
+        tool.validate({"origin": "PEK", "passengers": "many", "seats": 2})
+    err = info.value
+    assert err.tool_name == "book_flight"
+    by_field = {p["field"]: p for p in err.problems}
+    assert set(by_field) == {"destination", "passengers", "seats"}
+    assert by_field["destination"]["received"] == "nothing (missing)"
+    assert "required" in by_field["destination"]["expected"].lower()
+    assert by_field["passengers"]["received"] == "'many'"
+    assert "integer" in by_field["passengers"]["expected"]
+    assert by_field["seats"]["received"] == "2"
+    assert "not permitted" in by_field["seats"]["expected"]
+    text = str(err)
+    assert "book_flight" in text and "passengers: expected" in text and "received 'many'" in text
+
+
+def test_a_duplicate_tool_name_is_refused():
+    registry = register_builtins(ToolRegistry())
+
+    def calculate(expression: str) -> int:
+        """Another calculator."""
+        return 0
+
+    with pytest.raises(ToolRegistrationError, match="already registered"):
+        registry.register(calculate)
+    with pytest.raises(ToolRegistrationError, match="already registered"):
+        registry.register(current_time, name="current_time")
+    assert registry.get("calculate").fn is not calculate  # the first one stays
+
+
+@pytest.mark.parametrize("bad_name", ["", "has space", "dots.not.allowed", "x" * 65, "emoji_🙂"])
+def test_an_invalid_tool_name_is_refused(bad_name):
+    def fn() -> None:
+        """Does nothing."""
+
+    registry = ToolRegistry()
+    with pytest.raises(ToolRegistrationError, match="must be 1-64 characters"):
+        registry.register(fn, name=bad_name)
+    assert len(registry) == 0
+
+
+def test_unusable_definitions_are_refused():
+    registry = ToolRegistry()
+
+    def undocumented(x: int) -> int:
+        return x
+
+    def variadic(*values: int) -> int:
+        """Sum of values."""
+        return sum(values)
+
+    with pytest.raises(ToolRegistrationError, match="needs a description"):
+        registry.register(undocumented)
+    with pytest.raises(ToolRegistrationError, match=r"\*args"):
+        registry.register(variadic)
+    with pytest.raises(ToolRegistrationError, match="permission"):
+        registry.register(undocumented, description="x", permission="root")  # type: ignore[arg-type]
+    with pytest.raises(ToolRegistrationError, match="tier"):
+        registry.register(undocumented, description="x", tier="slow")  # type: ignore[arg-type]
+
+
+def test_the_decorator_registers_bare_or_with_options():
+    registry = ToolRegistry()
+
+    @registry.tool
+    def ping() -> str:
+        """Answer pong."""
+        return "pong"
+
+    @registry.tool(name="wipe", permission="admin", idempotent=False)
+    def wipe_everything() -> None:
+        """Delete everything."""
+
+    assert registry.names() == ["ping", "wipe"]
+    assert ping() == "pong"  # the function itself is returned unchanged
+    wipe = registry.get("wipe")
+    assert wipe is not None and (wipe.permission, wipe.idempotent) == ("admin", False)
+
+
+# ------------------------------------------------------------ built-ins
+
+
+@pytest.mark.parametrize(
+    ("expression", "value"),
+    [
+        ("(17 + 25) * 3", 126),
+        ("2 ** 10", 1024),
+        ("7 / 2", 3.5),
+        ("6 / 3", 2),
+        ("7 // 2", 3),
+        ("-7 % 3", 2),
+        ("0.1 + 0.2", 0.1 + 0.2),
+        ("3 × 4 ÷ 2", 6),
+    ],
+)
+def test_calculate_evaluates_arithmetic(expression, value):
+    result = calculate(expression)
+    assert result.code == ToolResultCode.OK
+    assert result.data == {"expression": expression, "value": value}
+    assert type(result.data["value"]) is type(value)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    ["__import__('os')", "().__class__", "open('/etc/passwd')", "x + 1", "[1, 2]", "'a' * 3", "True + 1", "1 +", "9 ** 9 ** 9", "1 / 0"],
+)
+def test_calculate_rejects_anything_but_arithmetic_with_code_1(expression):
+    result = calculate(expression)
+    assert result.code == ToolResultCode.BAD_ARGUMENTS
+    assert result.data is None
+    assert result.message.startswith("expression:")
+
+
+def test_current_time_answers_for_a_valid_zone_and_rejects_a_bad_one_with_code_1():
+    ok = current_time("Asia/Shanghai")
+    assert ok.code == ToolResultCode.OK
+    assert ok.data["iso"].endswith("+08:00")
+    assert ok.data["timezone"] == "Asia/Shanghai"
+    for bad in ("Mars/Olympus_Mons", "../../etc/passwd", ""):
+        result = current_time(bad)
+        assert result.code == ToolResultCode.BAD_ARGUMENTS, bad
+        assert "IANA time zone" in result.message and repr(bad) in result.message
+
+
+# -------------------------------------------------------- scripted model
+
+
+def _request(*messages: Message, turn: int = 1) -> CallModelInput:
+    return CallModelInput(session_id="s", turn=turn, messages=list(messages))
+
+
+def user(text: str) -> Message:
+    return Message(role="user", content=text)
+
+
+def assistant(text: str) -> Message:
+    return Message(role="assistant", content=text)
+
+
+MATCH_AND_ORDER = {
+    "turns": [
+        {"steps": [{"reply": "first in order"}]},
+        {"match": "(?i)weather|天气", "steps": [{"reply": "sunny"}]},
+        {"steps": [{"reply": "second in order"}]},
+    ]
+}
+
+
+def test_scripted_turns_are_chosen_by_match_first_then_in_order():
+    model = ScriptedModel.from_dict(MATCH_AND_ORDER)
+    # A matching message takes the matched turn wherever it is in the script...
+    assert model.next_message(_request(user("What's the WEATHER like?"))).content == "sunny"
+    # ...and does not use up an ordered turn.
+    convo = [user("hello"), assistant("first in order"), user("今天天气怎么样"), assistant("sunny")]
+    assert model.next_message(_request(*convo, user("and then?"))).content == "second in order"
+    assert model.next_message(_request(user("hello"))).content == "first in order"
+
+
+def test_the_step_is_the_number_of_assistant_messages_since_the_user_message():
+    model = ScriptedModel.from_dict(
+        {
+            "turns": [
+                {
+                    "steps": [
+                        {"tool_calls": [{"name": "calculate", "arguments": {"expression": "1+1"}}]},
+                        {"tool_calls": [{"name": "calculate", "arguments": "{not json"}]},
+                        {"reply": "done"},
+                    ]
+                }
+            ]
+        }
+    )
+    first = model.next_message(_request(user("go"), turn=4))
+    assert [c.tool_call_id for c in first.tool_calls] == ["call_4_0_0"]
+    assert first.tool_calls[0].arguments == {"expression": "1+1"}
+    tool_msg = Message(role="tool", content=ToolResult(data={"value": 2}).model_dump_json(), tool_call_id="call_4_0_0")
+    second = model.next_message(_request(user("go"), first, tool_msg, turn=4))
+    assert second.tool_calls[0].tool_call_id == "call_4_1_0"
+    assert second.tool_calls[0].arguments_error is not None and "JSON object" in second.tool_calls[0].arguments_error
+    third = model.next_message(_request(user("go"), first, tool_msg, second, tool_msg, turn=4))
+    assert third.content == "done" and third.tool_calls == []
+
+
+def test_templates_render_tool_results_and_the_user_text_with_cjk_and_emoji_intact():
+    model = ScriptedModel.from_dict(
+        {
+            "turns": [
+                {
+                    "steps": [
+                        {"tool_calls": [{"name": "lookup", "arguments": {}}]},
+                        {
+                            "reply": "你说「{{ user }}」🎉 城市：{{ last_tool_result.data.city }}；"
+                            "全部：{{ tool_results[-1].data }}；{{ last_tool_result.data.nope }}"
+                        },
+                    ]
+                }
+            ]
+        }
+    )
+    result = ToolResult(data={"city": "上海 🌆", "temp": 21})
+    messages = [
+        user("天气如何？☔"),
+        Message(role="assistant", tool_calls=[{"tool_call_id": "c1", "name": "lookup"}]),
+        Message(role="tool", content=result.model_dump_json(), tool_call_id="c1"),
+    ]
+    reply = model.next_message(_request(*messages)).content
+    assert reply == (
+        '你说「天气如何？☔」🎉 城市：上海 🌆；全部：{"city": "上海 🌆", "temp": 21}；'
+        "<last_tool_result.data.nope: not available>"
+    )
+
+
+def test_an_unscripted_point_raises_script_exhausted_unless_there_is_a_fallback():
+    script = {"turns": [{"match": "hi", "steps": [{"reply": "hello"}]}]}
+    strict = ScriptedModel.from_dict(script, source="strict.yaml")
+    with pytest.raises(ScriptExhaustedError, match="strict.yaml: no scripted turn"):
+        strict.next_message(_request(user("what now?")))
+    with pytest.raises(ScriptExhaustedError, match="no step 2"):
+        strict.next_message(_request(user("hi"), assistant("hello")))
+    lenient = ScriptedModel.from_dict({**script, "fallback": "I have no line for that."})
+    assert lenient.next_message(_request(user("what now?"))).content == "I have no line for that."
+
+
+def test_scripted_complete_reports_usage_and_provider():
+    model = ScriptedModel.from_dict({"turns": [{"steps": [{"reply": "hello there"}]}]})
+    result = asyncio.run(model.complete(_request(user("hi"))))
+    assert result.provider == "scripted"
+    assert result.message.content == "hello there"
+    assert result.usage.prompt_tokens > 0 and result.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "expected"),
+    [
+        ("turns:\n  - steps:\n      - {}\n", "turns.0.steps.0", "reply"),
+        ("turns:\n  - match: '(unclosed'\n    steps: [{reply: x}]\n", "turns.0.match", "regular expression"),
+        ("fallback: x\n", "turns", "required"),
+    ],
+)
+def test_an_invalid_script_file_is_a_config_error_naming_the_file_and_key(tmp_path: Path, text, key, expected):
+    path = tmp_path / "bad.yaml"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ConfigError) as info:
+        ScriptedModel.from_file(path)
+    assert info.value.source == str(path)
+    assert info.value.key == key
+    assert expected in str(info.value) and str(path) in str(info.value)
+
+
+def test_a_missing_or_malformed_script_file_is_a_config_error(tmp_path: Path):
+    with pytest.raises(ConfigError, match="not found") as missing:
+        ScriptedModel.from_file(tmp_path / "absent.yaml")
+    assert missing.value.source == str(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("turns: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        ScriptedModel.from_file(broken)
+    listing = tmp_path / "list.yaml"
+    listing.write_text("- reply: hi\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match="mapping"):
+        ScriptedModel.from_file(listing)
