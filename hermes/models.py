@@ -65,6 +65,9 @@ class Message(BaseModel):
     """For ``role="tool"``: the tool's name."""
     turn: int = 0
     created_at: datetime | None = None
+    internal: bool = False
+    """Written by Hermes, not the model (e.g. "the model could not answer"): shown to the
+    user and kept in the transcript, never sent to the model as if it had said it."""
 
 
 class ToolSpec(BaseModel):

@@ -39,6 +39,9 @@ SA_CHANNEL = SearchAttributeKey.for_keyword("HermesChannel")
 SA_STATUS = SearchAttributeKey.for_keyword("HermesSessionStatus")
 SA_PENDING_APPROVALS = SearchAttributeKey.for_int("HermesPendingApprovals")
 
+# Memo keys (not indexed; read back when the Redis session index is rebuilt).
+MEMO_TITLE = "title"
+
 SEARCH_ATTRIBUTES: dict[str, str] = {
     SA_USER_ID.name: "Keyword",
     SA_CHANNEL.name: "Keyword",

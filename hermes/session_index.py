@@ -67,7 +67,7 @@ async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, 
             user_id=uid,
             channel=sa.get(names.SA_CHANNEL) or "",
             status=status,
-            title="",
+            title=await wf.memo_value(names.MEMO_TITLE, ""),
             created_at=started,
             last_active_at=wf.close_time or started,
         )

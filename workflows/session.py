@@ -330,9 +330,11 @@ class SessionWorkflow:
         self._messages.append(Message(role="user", content=inp.text, turn=turn, created_at=now))
         if not self._title:
             self._title = " ".join(inp.text.split())[:60]
+            # In the memo too, so a session index rebuilt from visibility keeps the title.
+            workflow.upsert_memo({names.MEMO_TITLE: self._title})
         if self._status == "closed":
             reply = "The session was closed before this message could be answered."
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=now))
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=now, internal=True))
             return TurnResult(session_id=self._inp.session_id, turn=turn, reply=reply, status="closed")
 
         self._current_turn = turn
@@ -358,17 +360,17 @@ class SessionWorkflow:
                     f"I stopped after {self._cfg.max_iterations} model/tool steps without reaching "
                     "a final answer. Tell me how to continue, or ask a narrower question."
                 )
-                self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now()))
+                self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
         except _TurnCancelled:
             status = "cancelled"
             reply = "This turn was cancelled."
             self._close_open_tool_calls(turn, records)
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now()))
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
         except _ModelFailed as err:
             status = "model_error"
             reply = f"The model could not answer ({err}). Your message is kept; send it again to retry."
             self._close_open_tool_calls(turn, records)
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now()))
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
         finally:
             self._current_turn = None
             self._cancel_requested = False
@@ -436,7 +438,10 @@ class SessionWorkflow:
 
     async def _call_model(self, turn: int, tools: list[ToolSpec]) -> CallModelResult:
         started = workflow.now()
-        messages = [Message(role="system", content=self._system_prompt), *self._messages]
+        messages = [
+            Message(role="system", content=self._system_prompt),
+            *(m for m in self._messages if not m.internal),
+        ]
         handle = workflow.start_activity(
             names.CALL_MODEL,
             CallModelInput(session_id=self._inp.session_id, turn=turn, messages=messages, tools=tools, model=self._cfg.model),
@@ -453,6 +458,9 @@ class SessionWorkflow:
         )
         try:
             result: CallModelResult = await self._cancellable(handle)
+        except _TurnCancelled:
+            self._add_trace(turn, "model", started, status="cancelled")
+            raise
         except ActivityError as err:
             self._add_trace(turn, "model", started, status="error")
             raise _ModelFailed(_failure_text(err)) from None
