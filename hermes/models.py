@@ -148,6 +148,10 @@ class SessionConfig(BaseModel):
     )
     model: str | None = None
     max_iterations: int = 10
+    context_window_turns: int = 20
+    """The model is sent the system prompt and the messages of the last this-many turns
+    (sliding window, seeds 000 §5.2 and 002 §2.2); a turn is never split, so a tool call
+    and its result stay together. The full transcript stays in the session."""
     model_timeout_seconds: float = 120.0
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5

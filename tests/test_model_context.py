@@ -34,3 +34,39 @@ async def test_a_model_error_notice_is_in_the_transcript_but_never_sent_to_the_m
         sent = [(m.role, m.content) for m in model.calls[-1]]
         assert ("assistant", failed.reply) not in sent
         assert sent[1:] == [("user", "first question"), ("user", "second question")]
+
+
+class Recorder:
+    """Calls `calculate` once per turn, then answers; records every context it is sent."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.calls: list[CallModelInput] = []
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        from hermes.models import ToolCall
+
+        self.calls.append(request)
+        if request.messages[-1].role == "user":
+            call = ToolCall(tool_call_id=f"c{request.turn}", name="calculate", arguments={"expression": "1+1"})
+            return CallModelResult(message=Message(role="assistant", tool_calls=[call]), provider=self.name)
+        return CallModelResult(message=Message(role="assistant", content=f"reply {request.turn}"), provider=self.name)
+
+
+async def test_the_model_is_sent_only_the_last_turns_of_the_context_window_with_tool_pairs_whole(
+    run_worker, session_id
+):
+    from hermes.models import SessionConfig
+
+    model = Recorder()
+    async with run_worker(model, config=SessionConfig(context_window_turns=2)) as hermes:
+        for i in range(1, 5):
+            await hermes.send_message(session_id, f"question {i}")
+        sent = model.calls[-1].messages
+        assert sent[0].role == "system"
+        assert [m.content for m in sent if m.role == "user"] == ["question 3", "question 4"]
+        call_ids = [c.tool_call_id for m in sent for c in m.tool_calls]
+        result_ids = [m.tool_call_id for m in sent if m.role == "tool"]
+        assert call_ids == result_ids == ["c3", "c4"]
+        assert len(await hermes.get_transcript(session_id)) == 16  # nothing dropped from the session

@@ -295,15 +295,24 @@ def test_the_step_is_the_number_of_assistant_messages_since_the_user_message():
             ]
         }
     )
-    first = model.next_message(_request(user("go"), turn=4))
-    assert [c.tool_call_id for c in first.tool_calls] == ["call_4_0_0"]
+    first = model.next_message(_request(user("go"), turn=1))
+    assert [c.tool_call_id for c in first.tool_calls] == ["call_1_0_0"]
     assert first.tool_calls[0].arguments == {"expression": "1+1"}
-    tool_msg = Message(role="tool", content=ToolResult(data={"value": 2}).model_dump_json(), tool_call_id="call_4_0_0")
-    second = model.next_message(_request(user("go"), first, tool_msg, turn=4))
-    assert second.tool_calls[0].tool_call_id == "call_4_1_0"
+    tool_msg = Message(role="tool", content=ToolResult(data={"value": 2}).model_dump_json(), tool_call_id="call_1_0_0")
+    second = model.next_message(_request(user("go"), first, tool_msg, turn=1))
+    assert second.tool_calls[0].tool_call_id == "call_1_1_0"
     assert second.tool_calls[0].arguments_error is not None and "JSON object" in second.tool_calls[0].arguments_error
-    third = model.next_message(_request(user("go"), first, tool_msg, second, tool_msg, turn=4))
+    third = model.next_message(_request(user("go"), first, tool_msg, second, tool_msg, turn=1))
     assert third.content == "done" and third.tool_calls == []
+
+
+def test_ordered_turns_count_user_messages_older_than_the_context_window():
+    model = ScriptedModel.from_dict({"turns": [{"steps": [{"reply": f"turn {i}"}]} for i in range(1, 31)]})
+    # Turn 25 of a session whose model is sent only the last 20 turns: 24 earlier user
+    # messages, of which 19 are visible.
+    earlier = [user(f"m{i}") for i in range(6, 25)]
+    reply = model.next_message(_request(*earlier, user("m25"), turn=25))
+    assert reply.content == "turn 25"
 
 
 def test_templates_render_tool_results_and_the_user_text_with_cjk_and_emoji_intact():

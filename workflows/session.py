@@ -440,7 +440,11 @@ class SessionWorkflow:
         started = workflow.now()
         messages = [
             Message(role="system", content=self._system_prompt),
-            *(m for m in self._messages if not m.internal),
+            *(
+                m
+                for m in self._messages
+                if not m.internal and m.turn > turn - self._cfg.context_window_turns
+            ),
         ]
         handle = workflow.start_activity(
             names.CALL_MODEL,
@@ -634,7 +638,9 @@ class SessionWorkflow:
 
         async def update() -> None:
             try:
-                await workflow.execute_activity(
+                # A local activity: a cheap, idempotent Redis write that needs no task of
+                # its own (DESIGN.md: cache writes fit local activities).
+                await workflow.execute_local_activity(
                     names.UPDATE_SESSION_INDEX,
                     entry,
                     start_to_close_timeout=timedelta(seconds=5),

@@ -15,7 +15,8 @@ understand anything. A script is YAML (or JSON)::
           - reply: "Hello!"
 
 Which turn answers a user message: the first turn whose ``match`` is found in it;
-otherwise the next unused turn without ``match``, in file order. Which step: the
+otherwise the next unused turn without ``match``, in file order (user messages older
+than the context the model is sent count as having used one each). Which step: the
 number of assistant messages since that user message. The script is stateless: the
 position comes from the conversation itself, so retries and replays agree. With no
 turn or no step left and no ``fallback``, it raises :class:`ScriptExhaustedError`
@@ -129,7 +130,7 @@ class ScriptedModel:
         text = resources.files("hermes").joinpath("scripts/demo.yaml").read_text(encoding="utf-8")
         return cls.from_dict(yaml.safe_load(text), source="hermes/scripts/demo.yaml")
 
-    def _choose_turn(self, messages: list[Message]) -> tuple[ScriptedTurn | None, str]:
+    def _choose_turn(self, messages: list[Message], turn_number: int = 0) -> tuple[ScriptedTurn | None, str]:
         user_texts = [m.content or "" for m in messages if m.role == "user"]
         if not user_texts:
             raise ScriptExhaustedError("the scripted model was called with no user message")
@@ -143,7 +144,9 @@ class ScriptedModel:
         hit = find_match(current)
         if hit is not None:
             return hit, current
-        position = sum(1 for text in user_texts[:-1] if find_match(text) is None)
+        # Earlier turns outside the context window the model was sent count as unmatched.
+        unseen = max(0, turn_number - 1 - len(user_texts[:-1]))
+        position = unseen + sum(1 for text in user_texts[:-1] if find_match(text) is None)
         return (ordered[position] if position < len(ordered) else None), current
 
     def next_message(self, request: CallModelInput) -> Message:
@@ -154,7 +157,7 @@ class ScriptedModel:
         """
         messages = request.messages
         last_user = max(i for i, m in enumerate(messages) if m.role == "user") if any(m.role == "user" for m in messages) else -1
-        turn, user_text = self._choose_turn(messages)
+        turn, user_text = self._choose_turn(messages, request.turn)
         step_index = sum(1 for m in messages[last_user + 1 :] if m.role == "assistant")
         if turn is None or step_index >= len(turn.steps):
             if self.script.fallback is not None:

