@@ -1,0 +1,785 @@
+"""The ``hermes`` command line.
+
+    hermes demo                  # offline demo: embedded stack + scripted model, checked
+    hermes dev                   # embedded Temporal (with Web UI) + Redis + a worker
+    hermes worker                # just the worker, against configured servers
+    hermes chat [--session ID]   # talk to a session; approve tool calls inline
+    hermes send ID TEXT          # one message, prints the reply (--json: the TurnResult)
+    hermes sessions [--user U]   # the user's sessions (Redis index)
+    hermes show ID               # state, pending approvals, transcript, trace
+    hermes approve ID TOOL_CALL_ID / hermes reject ID TOOL_CALL_ID
+
+Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
+``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
+``error:`` on stderr, never a traceback, and exit with:
+
+* 1: Hermes refused the request or a check failed (empty or too large message, closed
+  or busy session, unknown session, a decision that was not applied, a demo step);
+* 2: the servers could not be reached or started, or the configuration is wrong;
+* 130: interrupted (Ctrl-C) before the command finished. ``hermes dev``, ``hermes
+  worker`` and ``hermes demo --keep`` treat Ctrl-C / SIGTERM as their normal stop (0).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import getpass
+import json
+import logging
+import os
+import re
+import signal
+import sys
+import uuid
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Annotated, Any, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.prompt import Confirm
+from rich.table import Table
+from temporalio.client import (
+    WorkflowQueryFailedError,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+)
+from temporalio.service import RPCError, RPCStatusCode
+
+from hermes import names
+from hermes.client import HermesClient
+from hermes.demo import (
+    ConsoleTurnView,
+    DemoFailed,
+    Verdict,
+    decide,
+    local_servers,
+    print_message,
+    print_reply,
+    run_demo,
+    send_watched,
+    wait_until_interrupted,
+)
+from hermes.errors import (
+    ConfigError,
+    MessageRejectedError,
+    SessionBusyError,
+    SessionClosedError,
+)
+from hermes.models import PendingApproval, TurnResult
+from hermes.settings import Settings
+from hermes.stack import StackAlreadyRunning, StackError, ensure_search_attributes
+
+__all__ = ["app", "main"]
+
+EXIT_REFUSED = 1
+EXIT_UNAVAILABLE = 2
+EXIT_INTERRUPTED = 130
+
+_QUERY_TIMEOUT_SECONDS = 15.0
+"""How long a command waits for a session to answer a query (a worker must be running)."""
+
+_T = TypeVar("_T")
+
+log = logging.getLogger("hermes.cli")
+
+class _HermesTyper(typer.Typer):
+    """A Typer app whose process exit skips interpreter finalization.
+
+    The Temporal SDK's Rust threads can call into Python while CPython finalizes and
+    abort the process ("Fatal Python error: PyGILState_Release", exit -6) after the
+    command has succeeded: temporalio/sdk-python#300, seen here in about one run in
+    twenty. So, like other short-lived Temporal clients, the CLI runs the ``atexit``
+    handlers, flushes its output and leaves with ``os._exit``. Only the process entry
+    point (``hermes`` / ``python -m hermes.cli``) goes through here; Typer's test
+    runner calls the command directly.
+    """
+
+    def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
+        try:
+            super().__call__(*args, **kwargs)
+            code: Any = 0
+        except SystemExit as exit_:
+            code = exit_.code
+        except BaseException:  # noqa: BLE001 - printed like an uncaught exception
+            sys.excepthook(*sys.exc_info())
+            code = 1
+        _exit_now(code)
+
+
+def _exit_now(code: Any) -> NoReturn:
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+app = _HermesTyper(
+    name="hermes",
+    help="Hermes Agent: durable AI agent sessions on Temporal.",
+    no_args_is_help=True,
+    add_completion=False,
+    # Locals may hold API keys; never print them in a traceback.
+    pretty_exceptions_show_locals=False,
+)
+
+out = Console(highlight=False)
+err_console = Console(stderr=True, highlight=False)
+
+
+def _default_user() -> str:
+    try:
+        return getpass.getuser() or "anonymous"
+    except Exception:  # noqa: BLE001 - no login name in some containers
+        return "anonymous"
+
+
+UserOption = Annotated[
+    str,
+    typer.Option("--user", "-u", envvar="HERMES_USER", help="User id (default: $HERMES_USER or your login name)."),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class CliError(Exception):
+    """An expected failure: printed as one line, exits with ``code``."""
+
+    def __init__(self, message: str, code: int = EXIT_REFUSED):
+        self.message = message
+        self.code = code
+        super().__init__(message)
+
+
+def _hide_password(url: str) -> str:
+    return re.sub(r"://[^@/]*@", "://***@", url)
+
+
+def _connect_reason(text: str) -> str:
+    if "Connection refused" in text or "ConnectionRefused" in text:
+        return "connection refused"
+    if "timed out" in text.lower() or "deadline" in text.lower():
+        return "timed out"
+    return text.split(": ", 1)[-1][:200]
+
+
+def _explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
+    """The one-line message and exit code of an expected failure, or None."""
+    import redis.exceptions
+
+    temporal = settings.resolved_temporal_address
+    if isinstance(err, CliError):
+        return err.message, err.code
+    if isinstance(err, MessageRejectedError):
+        return f"message rejected: {err}", EXIT_REFUSED
+    if isinstance(err, (SessionClosedError, SessionBusyError)):
+        return str(err), EXIT_REFUSED
+    if isinstance(err, DemoFailed):
+        return f"demo failed: {err}", EXIT_REFUSED
+    if isinstance(err, StackAlreadyRunning):
+        return (
+            f"{err}. Stop it first (Ctrl-C in its terminal), use it (it serves the same addresses), "
+            "or set HERMES_DATA_DIR to another directory.",
+            EXIT_UNAVAILABLE,
+        )
+    if isinstance(err, StackError):
+        return f"cannot start the embedded stack: {err}", EXIT_UNAVAILABLE
+    if isinstance(err, ConfigError):
+        return f"configuration error: {err}", EXIT_UNAVAILABLE
+    if isinstance(err, RuntimeError) and str(err).startswith("Failed client connect"):
+        return (
+            f"cannot connect to Temporal at {temporal} ({_connect_reason(str(err))}): start the embedded "
+            "stack with `hermes dev`, or set TEMPORAL_ADDRESS to your server",
+            EXIT_UNAVAILABLE,
+        )
+    if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
+        return (
+            f"cannot connect to Redis at {_hide_password(settings.resolved_redis_url)} "
+            f"({_connect_reason(str(err))}): start the embedded stack with `hermes dev`, or set REDIS_URL",
+            EXIT_UNAVAILABLE,
+        )
+    if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
+        return (
+            f"the session did not take the message in time: is a worker running for task queue "
+            f"{settings.task_queue!r}? Start one with `hermes dev` or `hermes worker`",
+            EXIT_UNAVAILABLE,
+        )
+    if isinstance(err, RPCError):
+        if "no mapping defined for search attribute" in err.message:
+            return (
+                f"{err.message}: the Hermes search attributes are not registered on {temporal}; "
+                "`hermes dev` and `hermes worker` register them on start",
+                EXIT_UNAVAILABLE,
+            )
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return f"no such session ({err.message})", EXIT_REFUSED
+        if err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
+            return f"Temporal at {temporal} did not answer ({err.status.name}): {err.message}", EXIT_UNAVAILABLE
+        return f"Temporal refused the request ({err.status.name}): {err.message}", EXIT_REFUSED
+    if isinstance(err, WorkflowUpdateFailedError):
+        return f"the session failed the message: {err.cause}", EXIT_REFUSED
+    if isinstance(err, WorkflowQueryFailedError):
+        return f"the session failed the query: {err}", EXIT_REFUSED
+    if isinstance(err, ConnectionRefusedError):
+        return f"connection refused: {err}", EXIT_UNAVAILABLE
+    return None
+
+
+def _fail(message: str, code: int) -> typer.Exit:
+    typer.echo(f"error: {message}", err=True)
+    return typer.Exit(code)
+
+
+@contextlib.contextmanager
+def _reported_errors(settings: Settings) -> Iterator[None]:
+    """Turn expected failures into one line on stderr and an exit code."""
+    try:
+        yield
+    except (typer.Exit, typer.Abort):
+        raise
+    except Exception as err:  # noqa: BLE001 - unknown ones are re-raised below
+        explained = _explain(err, settings)
+        if explained is None:
+            raise
+        raise _fail(*explained) from None
+
+
+def _quiet_orphaned_futures(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Loop exception handler: the Temporal SDK leaves the update future of a failed
+    update-with-start (e.g. a closed session) unretrieved; the error was already reported
+    to the user, so asyncio's "exception was never retrieved" traceback is only noise."""
+    if "never retrieved" in str(context.get("message", "")):
+        log.debug("unretrieved future: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
+
+
+def _run(main: Callable[[], Awaitable[_T]], settings: Settings) -> _T:
+    """Run ``main()`` in a fresh event loop. SIGINT and SIGTERM cancel it (once: a second
+    signal does not interrupt the clean-up); cancellation exits with 130 unless ``main``
+    handled it (see :func:`hermes.demo.wait_until_interrupted`)."""
+    signals: list[int] = []
+
+    async def guarded() -> _T:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(_quiet_orphaned_futures)
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_signal(sig: int) -> None:
+            if signals:
+                err_console.print("still stopping...", style="dim")
+                return
+            signals.append(sig)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal, sig)
+        return await main()
+
+    with _reported_errors(settings):
+        try:
+            return asyncio.run(guarded())
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise _fail("interrupted", EXIT_INTERRUPTED) from None
+
+
+async def _answer(awaitable: Awaitable[_T], settings: Settings) -> _T:
+    """Await a query; a session only answers while a worker serves its task queue."""
+    try:
+        return await asyncio.wait_for(awaitable, _QUERY_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError:
+        raise CliError(
+            f"the session did not answer within {_QUERY_TIMEOUT_SECONDS:.0f} s: is a worker running "
+            f"for task queue {settings.task_queue!r}? Start one with `hermes dev` or `hermes worker`",
+            EXIT_UNAVAILABLE,
+        ) from None
+
+
+async def _connect(settings: Settings) -> HermesClient:
+    return await HermesClient.connect(settings)
+
+
+def _describe_model(settings: Settings, provider: Any) -> str:
+    if getattr(provider, "name", "") == "scripted":
+        return f"scripted stand-in ({getattr(provider, 'source', 'script')})"
+    base = settings.openai_base_url or "api.openai.com"
+    return f"{settings.model} via {base}"
+
+
+# --------------------------------------------------------------------------- dev / worker / demo
+
+
+@app.command()
+def dev() -> None:
+    """Run the embedded Temporal server (with Web UI), Redis and a worker until Ctrl-C.
+
+    With TEMPORAL_ADDRESS / REDIS_URL set, those servers are used instead of starting them.
+    Data stays in HERMES_DATA_DIR (default .hermes/).
+    """
+    settings = Settings()
+    _run(lambda: _dev(settings), settings)
+
+
+async def _dev(settings: Settings) -> None:
+    from hermes.providers import make_provider
+    from worker import build_worker, connect_client, connect_redis, load_registry
+
+    # Configuration mistakes fail before anything is started.
+    provider = make_provider(settings)
+    registry = load_registry(settings)
+    async with local_servers(settings, ui=True) as servers:
+        resolved = settings.model_copy(
+            update={"temporal_address": servers.temporal_address, "redis_url": servers.redis_url}
+        )
+        client = await connect_client(resolved)
+        await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
+        redis = connect_redis(servers.redis_url)
+        try:
+            await redis.ping()
+            worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis)
+            async with worker:
+                _print_dev_banner(settings, servers, _describe_model(settings, provider))
+                await wait_until_interrupted()
+                out.print("Stopping the worker" + (" and the embedded stack..." if servers.stack else "..."))
+        finally:
+            await redis.aclose()
+    out.print("Stopped.")
+
+
+def _print_dev_banner(settings: Settings, servers: Any, model: str) -> None:
+    table = Table.grid(padding=(0, 2))
+    table.add_column(style="bold")
+    table.add_column()
+    mine = "embedded" if servers.stack is not None else "yours"
+    temporal_is_mine = servers.stack is not None and settings.temporal_address is None
+    redis_is_mine = servers.stack is not None and settings.redis_url is None
+    table.add_row(
+        "Temporal",
+        f"{servers.temporal_address} (namespace {servers.namespace}, {'embedded' if temporal_is_mine else 'yours'})",
+    )
+    table.add_row("Web UI", servers.ui_url or "(your Temporal's Web UI)")
+    table.add_row(
+        "Redis", f"{_hide_password(servers.redis_url)} ({'embedded' if redis_is_mine else 'yours'})"
+    )
+    table.add_row("Worker", f"task queue {settings.task_queue}, model {model}")
+    if servers.stack is not None:
+        table.add_row("Data", str(servers.stack.data_dir))
+    out.rule(f"hermes dev ({mine} servers)")
+    out.print(table)
+    out.print("Ready. In another terminal: hermes chat · hermes demo · hermes sessions. Ctrl-C to stop.")
+
+
+@app.command("worker")
+def worker_command() -> None:
+    """Run just the worker against the configured servers until Ctrl-C.
+
+    Uses TEMPORAL_ADDRESS / REDIS_URL, or the embedded addresses of `hermes dev`.
+    """
+    settings = Settings()
+
+    async def main() -> None:
+        from worker import connect_redis, run_worker
+
+        redis = connect_redis(settings.resolved_redis_url)
+        try:
+            await redis.ping()
+        finally:
+            await redis.aclose()
+        out.print(
+            f"Worker: task queue {settings.task_queue} · Temporal {settings.resolved_temporal_address} · "
+            f"Redis {_hide_password(settings.resolved_redis_url)} · model provider {settings.model_provider}. "
+            "Ctrl-C to stop."
+        )
+        await run_worker(settings)
+        out.print("Stopped.")
+
+    _run(main, settings)
+
+
+@app.command()
+def demo(
+    keep: Annotated[bool, typer.Option("--keep", help="Keep the stack and worker running until Ctrl-C.")] = False,
+) -> None:
+    """Play a checked multi-turn conversation on the embedded stack, offline, no API key.
+
+    Uses the packaged scripted model (a stand-in that understands nothing); exits
+    non-zero if any reply or tool result is not the expected one.
+    """
+    settings = Settings()
+    _run(lambda: run_demo(settings, console=out, keep=keep), settings)
+
+
+# --------------------------------------------------------------------------- conversations
+
+
+class _ChatView(ConsoleTurnView):
+    """Asks the person at the terminal to approve or reject pending tool calls."""
+
+    def __init__(self, console: Console, session_id: str, user_id: str):
+        super().__init__(console, session_id)
+        self.user_id = user_id
+
+    async def approval_needed(self, pending: PendingApproval) -> Verdict | None:
+        self.print_pending(pending)
+        # The event loop's SIGINT handler only cancels the turn, which a blocking prompt
+        # never notices; while asking, Ctrl-C interrupts the prompt at once.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            approved = Confirm.ask(
+                f"    Run [bold]{escape(pending.tool_name)}[/] with these arguments?", console=self.console
+            )
+        except EOFError:
+            return await super().approval_needed(pending)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        reason = None if approved else f"rejected by {self.user_id} in chat"
+        return Verdict(approved=approved, approver=self.user_id, reason=reason)
+
+
+@app.command()
+def chat(
+    session: Annotated[
+        str | None, typer.Option("--session", "-s", help="Continue this session (default: a new one).")
+    ] = None,
+    user: UserOption = _default_user(),
+) -> None:
+    """Talk to a session interactively. /quit exits, /close closes the session."""
+    settings = Settings()
+    with _reported_errors(settings), asyncio.Runner() as runner:
+        runner.get_loop().set_exception_handler(_quiet_orphaned_futures)
+        hermes = runner.run(_connect(settings))
+        try:
+            _chat_loop(runner, hermes, settings, session, user)
+        finally:
+            if hermes.redis is not None:
+                runner.run(hermes.redis.aclose())
+
+
+def _chat_loop(
+    runner: asyncio.Runner, hermes: HermesClient, settings: Settings, session: str | None, user: str
+) -> None:
+    session_id = session or f"chat-{uuid.uuid4().hex[:12]}"
+    existing = False
+    if session:
+        try:
+            transcript = runner.run(_answer(hermes.get_transcript(session_id), settings))
+            existing = True
+        except RPCError as err:
+            if err.status != RPCStatusCode.NOT_FOUND:
+                raise
+    if existing:
+        out.rule(f"session {session_id}")
+        for message in transcript:
+            print_message(out, message)
+        state = runner.run(_answer(hermes.get_state(session_id), settings))
+        if state.status == "closed":
+            raise CliError(f"session {session_id!r} is closed; start a new one with `hermes chat`")
+        for pending in state.pending_approvals:
+            view = ConsoleTurnView(out, session_id)
+            view.print_pending(pending)
+        if state.pending_approvals:
+            out.print("    (your next message asks for a decision; or use hermes approve / hermes reject)", style="dim")
+        out.rule()
+    else:
+        out.print(f"New session [bold]{escape(session_id)}[/] (continue later with: hermes chat --session {escape(session_id)})")
+    out.print("Type a message. /quit exits, /close closes the session.", style="dim")
+    view = _ChatView(out, session_id, user)
+    while True:
+        try:
+            text = out.input("[bold cyan]you › [/]").strip()
+        except (EOFError, KeyboardInterrupt):
+            out.print()
+            return
+        if not text:
+            continue
+        if text == "/quit":
+            return
+        if text == "/close":
+            runner.run(hermes.close(session_id))
+            out.print(f"Session {escape(session_id)} closed.")
+            return
+        try:
+            result = runner.run(send_watched(hermes, session_id, text, view, user_id=user))
+        except KeyboardInterrupt:
+            out.print(
+                "(interrupted: the session finishes this turn on its own; "
+                f"see it with `hermes show {escape(session_id)}`)",
+                style="yellow",
+            )
+            continue
+        except (MessageRejectedError, SessionBusyError) as err:
+            err_console.print(f"error: {escape(str(err))}", style="red")
+            continue
+        print_reply(out, result)
+
+
+@app.command()
+def send(
+    session_id: Annotated[str, typer.Argument(help="The session (created if new).")],
+    text: Annotated[str, typer.Argument(help="The message.")],
+    user: UserOption = _default_user(),
+    as_json: JsonOption = False,
+    message_id: Annotated[
+        str | None, typer.Option("--message-id", help="De-duplication id: a resend returns the first reply.")
+    ] = None,
+) -> None:
+    """Send one message and print the reply (exit 1 if the turn did not complete).
+
+    Tool calls and approval hints go to stderr; stdout has only the reply (or JSON).
+    """
+    settings = Settings()
+
+    async def main() -> TurnResult:
+        if not text.strip():
+            raise MessageRejectedError("the message is empty")
+        hermes = await _connect(settings)
+        try:
+            view = ConsoleTurnView(err_console, session_id)
+            return await send_watched(hermes, session_id, text, view, user_id=user, client_message_id=message_id)
+        finally:
+            await hermes.redis.aclose()
+
+    result = _run(main, settings)
+    if as_json:
+        typer.echo(result.model_dump_json(indent=2))
+    else:
+        typer.echo(result.reply)
+    if result.status != "completed":
+        raise typer.Exit(EXIT_REFUSED)
+
+
+# --------------------------------------------------------------------------- reading
+
+
+@app.command()
+def sessions(
+    user: UserOption = _default_user(),
+    as_json: JsonOption = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many.")] = 50,
+) -> None:
+    """List a user's sessions, most recently active first (from the Redis index)."""
+    settings = Settings()
+
+    async def main() -> list[Any]:
+        hermes = await _connect(settings)
+        try:
+            return await hermes.list_sessions(user, limit=limit)
+        finally:
+            await hermes.redis.aclose()
+
+    entries = _run(main, settings)
+    if as_json:
+        typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], ensure_ascii=False, indent=2))
+        return
+    if not entries:
+        out.print(f"No sessions for user {escape(user)}.")
+        return
+    table = Table(title=f"sessions of {escape(user)}", title_justify="left")
+    table.add_column("session id", overflow="fold", no_wrap=True)
+    table.add_column("status")
+    table.add_column("turns", justify="right")
+    table.add_column("last active (UTC)")
+    table.add_column("title", overflow="ellipsis")
+    for entry in entries:
+        table.add_row(
+            escape(entry.session_id),
+            entry.status,
+            str(entry.turn_count),
+            f"{entry.last_active_at:%Y-%m-%d %H:%M:%S}",
+            escape(entry.title),
+        )
+    out.print(table)
+
+
+@app.command()
+def show(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Show a session: state, pending approvals, decisions, transcript and trace."""
+    settings = Settings()
+
+    async def main() -> tuple[Any, Any, Any]:
+        hermes = await _connect(settings)
+        try:
+            state = await _answer(hermes.get_state(session_id), settings)
+            transcript = await _answer(hermes.get_transcript(session_id), settings)
+            trace = await _answer(hermes.get_trace(session_id), settings)
+            return state, transcript, trace
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
+            raise
+        finally:
+            await hermes.redis.aclose()
+
+    state, transcript, trace = _run(main, settings)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "state": state.model_dump(mode="json"),
+                    "transcript": [m.model_dump(mode="json") for m in transcript],
+                    "trace": [t.model_dump(mode="json") for t in trace],
+                },
+                ensure_ascii=False,
+                indent=2,
+            )
+        )
+        return
+    out.rule(f"session {escape(session_id)}")
+    info = Table.grid(padding=(0, 2))
+    info.add_column(style="bold")
+    info.add_column()
+    info.add_row("user", escape(state.user_id))
+    info.add_row("channel", escape(state.channel))
+    info.add_row("status", state.status + (" (turn running)" if state.busy else ""))
+    info.add_row("title", escape(state.title))
+    info.add_row("created", f"{state.created_at:%Y-%m-%d %H:%M:%S} UTC")
+    info.add_row("last active", f"{state.last_active_at:%Y-%m-%d %H:%M:%S} UTC")
+    info.add_row("turns", str(state.turn_count))
+    info.add_row("context tokens", f"~{state.token_estimate}")
+    info.add_row("history", f"{state.history_length} events (run {state.run_index})")
+    out.print(info)
+
+    out.print()
+    if state.pending_approvals:
+        table = Table(title="pending approvals", title_justify="left")
+        for column in ("tool_call_id", "tool", "permission", "arguments", "expires (UTC)"):
+            table.add_column(column, overflow="fold")
+        for p in state.pending_approvals:
+            table.add_row(
+                escape(p.tool_call_id),
+                escape(p.tool_name),
+                p.permission,
+                escape(json.dumps(p.arguments, ensure_ascii=False)),
+                f"{p.expires_at:%H:%M:%S}",
+            )
+        out.print(table)
+        out.print(f"decide with: hermes approve {escape(session_id)} TOOL_CALL_ID  (or hermes reject)", style="dim")
+    else:
+        out.print("pending approvals: none")
+    if state.decisions:
+        table = Table(title="decisions", title_justify="left")
+        for column in ("tool_call_id", "verdict", "approver", "outcome", "at (UTC)"):
+            table.add_column(column, overflow="fold")
+        for d in state.decisions:
+            table.add_row(
+                escape(d.tool_call_id),
+                "approved" if d.approved else "rejected",
+                escape(d.approver),
+                d.outcome,
+                f"{d.at:%H:%M:%S}",
+            )
+        out.print(table)
+
+    out.rule("transcript")
+    for message in transcript:
+        print_message(out, message)
+
+    out.rule("trace")
+    table = Table()
+    for column in ("step", "turn", "action", "tool", "provider", "latency ms", "tokens", "status"):
+        table.add_column(column, justify="right" if column in ("step", "turn", "latency ms", "tokens") else "left")
+    for t in trace:
+        table.add_row(
+            str(t.step),
+            str(t.turn),
+            t.action_type,
+            escape(t.tool_name or ""),
+            escape(t.provider),
+            f"{t.latency_ms:.0f}",
+            str(t.tokens),
+            escape(t.status),
+        )
+    out.print(table)
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, approver: str, reason: str | None) -> None:
+    settings = Settings()
+
+    async def main() -> tuple[Any, list[str]]:
+        hermes = await _connect(settings)
+        try:
+            try:
+                record = await decide(
+                    hermes, session_id, tool_call_id, approved=approved, approver=approver, reason=reason,
+                    timeout_seconds=_QUERY_TIMEOUT_SECONDS,
+                )
+            except asyncio.TimeoutError:
+                raise CliError(
+                    f"the session did not record the decision within {_QUERY_TIMEOUT_SECONDS:.0f} s: is a worker "
+                    f"running for task queue {settings.task_queue!r}?",
+                    EXIT_UNAVAILABLE,
+                ) from None
+            pending = [p.tool_call_id for p in await _answer(hermes.get_pending_approvals(session_id), settings)]
+            return record, pending
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
+            raise
+        finally:
+            await hermes.redis.aclose()
+
+    record, pending = _run(main, settings)
+    verb = "approved" if approved else "rejected"
+    if record.outcome == "applied":
+        typer.echo(f"applied: {verb} tool call {tool_call_id} of session {session_id} (by {record.approver})")
+        return
+    if record.outcome == "unknown_tool_call":
+        detail = f"session {session_id} has no pending tool call {tool_call_id!r} (pending: {', '.join(pending) or 'none'})"
+    else:
+        detail = f"tool call {tool_call_id!r} of session {session_id} was already decided; nothing changed"
+    raise _fail(f"{record.outcome}: {detail}", EXIT_REFUSED)
+
+
+ApproverOption = Annotated[
+    str, typer.Option("--approver", "-a", envvar="HERMES_USER", help="Who decides (for the audit record).")
+]
+ReasonOption = Annotated[str | None, typer.Option("--reason", "-r", help="Why (shown to the model on a rejection).")]
+
+
+@app.command()
+def approve(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    tool_call_id: Annotated[str, typer.Argument(help="From `hermes show` or the chat prompt.")],
+    approver: ApproverOption = _default_user(),
+    reason: ReasonOption = None,
+) -> None:
+    """Approve a pending tool call and report what the session did with the decision."""
+    _decide_command(session_id, tool_call_id, approved=True, approver=approver, reason=reason)
+
+
+@app.command()
+def reject(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    tool_call_id: Annotated[str, typer.Argument(help="From `hermes show` or the chat prompt.")],
+    approver: ApproverOption = _default_user(),
+    reason: ReasonOption = None,
+) -> None:
+    """Reject a pending tool call (the model is told) and report the outcome."""
+    _decide_command(session_id, tool_call_id, approved=False, approver=approver, reason=reason)
+
+
+def main() -> None:
+    """Entry point for ``python -m hermes.cli``."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
