@@ -59,9 +59,10 @@ async def connect_client(settings: Settings) -> Client:
 
 
 def connect_redis(url: str) -> Any:
+    """A ``redis.asyncio.Redis`` with timeouts, so an unreachable Redis fails fast."""
     import redis.asyncio as aioredis
 
-    return aioredis.Redis.from_url(url)
+    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
 
 
 def build_worker(

@@ -3,6 +3,9 @@ status / title, in Redis, so that `hermes sessions` lists them fast."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import time
 from typing import Any
 
 from temporalio import activity
@@ -11,13 +14,42 @@ from hermes import names
 from hermes.models import SessionIndexEntry
 from hermes.session_index import write_entry
 
+log = logging.getLogger("hermes.session_index")
+
 
 class SessionIndexActivities:
-    def __init__(self, redis: Any):
+    """Writes index rows; while Redis is unreachable it skips writes for a while.
+
+    The index is a cache (Temporal is the source of truth and `hermes sessions` rebuilds
+    it), and the write runs as a local activity before a reply is delivered: so an outage
+    must cost a reply at most ``timeout_seconds`` once per ``backoff_seconds``, not a
+    wait on every turn, and never a failed session.
+
+    Args:
+        redis: a ``redis.asyncio.Redis``, or None to keep no index.
+        timeout_seconds: longest wait for one write.
+        backoff_seconds: how long writes are skipped after a failure.
+    """
+
+    def __init__(self, redis: Any, *, timeout_seconds: float = 1.0, backoff_seconds: float = 15.0):
         self.redis = redis
+        self.timeout_seconds = timeout_seconds
+        self.backoff_seconds = backoff_seconds
+        self._skip_until = 0.0
 
     @activity.defn(name=names.UPDATE_SESSION_INDEX)
-    async def update_session_index(self, entry: SessionIndexEntry) -> None:
-        """Upsert one session's row. Idempotent: a retry writes the same values."""
-        if self.redis is not None:
-            await write_entry(self.redis, entry)
+    async def update_session_index(self, entry: SessionIndexEntry) -> bool:
+        """Upsert one session's row. Idempotent: a retry writes the same values.
+
+        Returns:
+            True if written, False if skipped or failed (Redis unreachable).
+        """
+        if self.redis is None or time.monotonic() < self._skip_until:
+            return False
+        try:
+            await asyncio.wait_for(write_entry(self.redis, entry), self.timeout_seconds)
+        except Exception as err:  # noqa: BLE001 - any Redis failure: skip, the index is rebuilt later
+            self._skip_until = time.monotonic() + self.backoff_seconds
+            log.warning("session index not updated (%s: %s); skipping writes for %.0f s", type(err).__name__, err, self.backoff_seconds)
+            return False
+        return True

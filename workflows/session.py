@@ -16,7 +16,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from hermes import names
@@ -128,6 +128,8 @@ class SessionWorkflow:
                 await self._drain_background()
                 return self._state()
             await self._drain_background()
+            if self._status == "closed":
+                continue  # closed while the index writes drained: close, do not roll over
             workflow.continue_as_new(
                 SessionInput(
                     session_id=inp.session_id,
@@ -647,9 +649,10 @@ class SessionWorkflow:
                     retry_policy=RetryPolicy(maximum_attempts=3),
                     summary="session index",
                 )
-            except ActivityError:
+            except FailureError:
                 # The index is a cache: Temporal stays the source of truth, `hermes sessions`
-                # rebuilds it. A Redis outage must not fail a turn.
+                # rebuilds it. A Redis outage must not fail a turn. (A local activity's final
+                # failure arrives as the ApplicationError itself, not wrapped in ActivityError.)
                 workflow.logger.warning("session index update failed", exc_info=True)
 
         self._background = [t for t in self._background if not t.done()]

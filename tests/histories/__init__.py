@@ -1,0 +1,1 @@
+"""Recorded workflow histories for replay tests, and the script that records them."""

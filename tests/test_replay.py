@@ -1,0 +1,141 @@
+"""Replay tests: SessionWorkflow must keep replaying the histories it produced.
+
+``tests/histories/session_with_tools_and_approval.json`` stands for a session already
+running in production (tool calls, an approved and a rejected write, a system-prompt
+signal, close); ``tests/histories/record.py`` regenerates it. A change to the workflow
+that alters the commands it emits for that history fails here with a
+nondeterminism error: such a change needs ``workflow.patched()``, not a new recording.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from temporalio import workflow
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHistory
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from hermes import names
+from hermes.models import SessionConfig, SessionInput, SessionState, ToolSpec
+from tests.histories.record import HISTORY_PATH, SCRIPT, record
+from workflows.session import SessionWorkflow
+
+
+def replayer(*workflows: type) -> Replayer:
+    return Replayer(workflows=list(workflows) or [SessionWorkflow], data_converter=pydantic_data_converter)
+
+
+def committed_history() -> WorkflowHistory:
+    return WorkflowHistory.from_json("session-recorded", HISTORY_PATH.read_text(encoding="utf-8"))
+
+
+def event_counts(history: WorkflowHistory) -> Counter[str]:
+    return Counter(EventType.Name(e.event_type).removeprefix("EVENT_TYPE_") for e in history.events)
+
+
+@workflow.defn(name=names.SESSION_WORKFLOW, sandboxed=False)
+class SessionWorkflowThatSkipsToolListing(SessionWorkflow):
+    """An incompatible change: tools no longer listed by a local activity each turn."""
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionState:
+        return await super().run(inp)
+
+    async def _list_tools(self) -> dict[str, ToolSpec]:
+        return {}
+
+
+@workflow.defn(name=names.SESSION_WORKFLOW, sandboxed=False)
+class SessionWorkflowWithLongerModelTimeout(SessionWorkflow):
+    """A compatible change: only an activity option differs, the commands are the same."""
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionState:
+        self._cfg = self._cfg.model_copy(update={"model_timeout_seconds": 300.0})
+        return await super().run(inp)
+
+
+def test_the_committed_history_records_tool_calls_approvals_signals_and_close():
+    history = committed_history()
+    counts = event_counts(history)
+    # Six user turns, each an accepted and completed update; two approval decisions, a
+    # prompt change and the close as signals; local activities (tool listing, index) as markers.
+    assert counts["WORKFLOW_EXECUTION_UPDATE_ACCEPTED"] == 6
+    assert counts["WORKFLOW_EXECUTION_UPDATE_COMPLETED"] == 6
+    assert counts["WORKFLOW_EXECUTION_SIGNALED"] == 4
+    assert counts["MARKER_RECORDED"] >= 6
+    assert counts["WORKFLOW_EXECUTION_COMPLETED"] == 1
+    scheduled = Counter(
+        e.activity_task_scheduled_event_attributes.activity_type.name
+        for e in history.events
+        if e.HasField("activity_task_scheduled_event_attributes")
+    )
+    # 11 model calls; 5 tool runs (the rejected save_note never runs).
+    assert scheduled == {names.CALL_MODEL: 11, names.RUN_TOOL: 5}
+
+
+async def test_the_committed_session_history_replays_without_nondeterminism():
+    result = await replayer().replay_workflow(committed_history())
+    assert result.replay_failure is None
+
+
+async def test_replaying_the_committed_history_fails_when_the_workflow_emits_different_commands():
+    with pytest.raises(workflow.NondeterminismError):
+        await replayer(SessionWorkflowThatSkipsToolListing).replay_workflow(committed_history())
+
+
+async def test_replaying_the_committed_history_passes_when_only_activity_options_change():
+    result = await replayer(SessionWorkflowWithLongerModelTimeout).replay_workflow(committed_history())
+    assert result.replay_failure is None
+
+
+async def test_a_freshly_recorded_session_history_replays_without_nondeterminism(run_worker, session_id):
+    async with run_worker(SCRIPT) as hermes:
+        history, results = await record(hermes, session_id, f"alice-{uuid.uuid4().hex[:8]}")
+    assert [r.status for r in results] == ["completed"] * 6
+    assert results[2].tool_calls[0].approval == "approved"
+    assert results[3].tool_calls[0].approval == "rejected"
+    assert results[4].reply == "You have 1 note(s)."
+    assert results[5].reply == "1024 and 2048."
+
+    # Through JSON, as the committed file is stored.
+    roundtrip = WorkflowHistory.from_json(session_id, history.to_json())
+    assert event_counts(roundtrip) == event_counts(history)
+    result = await replayer().replay_workflow(roundtrip)
+    assert result.replay_failure is None
+
+
+async def test_every_run_of_a_session_that_continued_as_new_replays(run_worker, session_id, temporal_client: Client):
+    config = SessionConfig(max_updates_per_run=2)
+    async with run_worker(SCRIPT, config=config) as hermes:
+        await hermes.send_message(session_id, "hi", user_id="bob")
+        first_run_id = (await temporal_client.get_workflow_handle(session_id).describe()).run_id
+        await hermes.send_message(session_id, "what time is it?", user_id="bob")
+        await hermes.send_message(session_id, "what are 2 ** 10 and 2 ** 11?", user_id="bob")
+        await hermes.send_message(session_id, "list my notes", user_id="bob")
+        await hermes.close(session_id)
+        final = await temporal_client.get_workflow_handle(session_id, result_type=SessionState).result(
+            rpc_timeout=timedelta(seconds=30)
+        )
+        assert final.turn_count == 4 and final.status == "closed"
+
+        histories: list[WorkflowHistory] = []
+        run_id: str | None = first_run_id
+        while run_id:
+            history = await temporal_client.get_workflow_handle(session_id, run_id=run_id).fetch_history()
+            histories.append(history)
+            last = history.events[-1]
+            run_id = (
+                last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+                if last.HasField("workflow_execution_continued_as_new_event_attributes")
+                else None
+            )
+    assert len(histories) == final.run_index + 1 >= 2
+    for history in histories:
+        result = await replayer().replay_workflow(history)
+        assert result.replay_failure is None
