@@ -568,6 +568,9 @@ def sessions(
     user: UserOption = _default_user(),
     as_json: JsonOption = False,
     limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many.")] = 50,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="First add sessions that Temporal knows and the Redis index lacks.")
+    ] = False,
 ) -> None:
     """List a user's sessions, most recently active first (from the Redis index)."""
     settings = Settings()
@@ -575,7 +578,7 @@ def sessions(
     async def main() -> list[Any]:
         hermes = await _connect(settings)
         try:
-            return await hermes.list_sessions(user, limit=limit)
+            return await hermes.list_sessions(user, limit=limit, rebuild=rebuild)
         finally:
             await hermes.redis.aclose()
 

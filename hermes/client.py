@@ -241,13 +241,21 @@ class HermesClient:
 
         return await asyncio.wait_for(poll(), timeout_seconds)
 
-    async def list_sessions(self, user_id: str, *, limit: int = 50) -> list[SessionIndexEntry]:
-        """The user's sessions, newest activity first, from the Redis index; rebuilt
-        from Temporal visibility when the index is empty (e.g. Redis was flushed)."""
+    async def list_sessions(self, user_id: str, *, limit: int = 50, rebuild: bool = False) -> list[SessionIndexEntry]:
+        """The user's sessions, newest activity first, from the Redis index.
+
+        Args:
+            user_id: whose sessions.
+            limit: at most this many.
+            rebuild: first add the sessions Temporal knows and the index lacks. Done
+                anyway when the index has none for the user (e.g. Redis was flushed).
+        """
         from hermes.session_index import list_entries, rebuild_index
 
         if self.redis is None:
             raise RuntimeError("list_sessions needs a Redis connection")
+        if rebuild:
+            await rebuild_index(self.client, self.redis, user_id)
         entries = await list_entries(self.redis, user_id, limit=limit)
         if not entries and await rebuild_index(self.client, self.redis, user_id):
             entries = await list_entries(self.redis, user_id, limit=limit)

@@ -36,12 +36,15 @@ async def list_entries(redis: Any, user_id: str, *, limit: int = 50) -> list[Ses
 
 
 async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, limit: int = 1000) -> int:
-    """Write index rows for session workflows found in Temporal visibility.
+    """Write index rows for session workflows found in Temporal visibility that the
+    index lacks. Rows already present are left alone: they are fresher than what
+    visibility knows (turn count, last activity).
 
     Args:
         client: a ``temporalio.client.Client``.
         redis: a ``redis.asyncio.Redis``.
         user_id: only this user's sessions, or all users'.
+        limit: at most this many workflow executions are read.
 
     Returns:
         How many rows were written.
@@ -56,6 +59,8 @@ async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, 
         if wf.id in seen:
             continue  # runs of one session (continue-as-new); the newest comes first
         seen.add(wf.id)
+        if await redis.exists(_ROW.format(session_id=wf.id)):
+            continue
         sa = wf.typed_search_attributes
         uid = sa.get(names.SA_USER_ID)
         if uid is None:

@@ -635,7 +635,9 @@ async def test_list_sessions_shows_a_users_sessions_with_titles_and_survives_a_r
         assert await redis.dbsize() == 0
 
         async def listed_after_flush() -> dict[str, str] | None:
-            entries = await hermes.list_sessions(user)
+            # The first call rebuilds on its own (the index is empty); later polls ask for
+            # it, since visibility may have shown only one session the first time.
+            entries = await hermes.list_sessions(user, rebuild=True)
             found = {e.session_id: e.title for e in entries}
             return found if set(found) == set(sessions) else None
 
@@ -644,6 +646,18 @@ async def test_list_sessions_shows_a_users_sessions_with_titles_and_survives_a_r
         assert rebuilt == sessions
         entries = await hermes.list_sessions(user)
         assert all(e.user_id == user and e.status == "active" for e in entries)
+
+
+async def test_a_rebuild_of_the_session_index_keeps_rows_that_are_fresher_than_visibility(run_worker, redis):
+    user = f"u2-{uuid.uuid4().hex[:8]}"
+    sid = f"session-{uuid.uuid4()}"
+    async with run_worker(EchoModel()) as hermes:
+        for text in ("one", "two", "three"):
+            await hermes.send_message(sid, text, user_id=user)
+        before = await hermes.list_sessions(user)
+        assert [(e.session_id, e.turn_count) for e in before] == [(sid, 3)]
+        after = await hermes.list_sessions(user, rebuild=True)
+        assert after == before
 
 
 # ------------------------------------------------------------ failing tools
