@@ -410,13 +410,22 @@ def worker_command() -> None:
 
 @app.command()
 def demo(
-    keep: Annotated[bool, typer.Option("--keep", help="Keep the stack and worker running until Ctrl-C.")] = False,
+    keep: Annotated[
+        bool | None,
+        typer.Option(
+            "--keep/--no-keep",
+            help="Keep the stack and worker running until Ctrl-C, so the Web UI link works. "
+            "Default: keep when run in a terminal, stop when not (CI, scripts).",
+        ),
+    ] = None,
 ) -> None:
     """Play a checked multi-turn conversation on the embedded stack, offline, no API key.
 
     Uses the packaged scripted model (a stand-in that understands nothing); exits
     non-zero if any reply or tool result is not the expected one.
     """
+    if keep is None:
+        keep = sys.stdin.isatty() and sys.stdout.isatty()
     settings = Settings()
     _run(lambda: run_demo(settings, console=out, keep=keep), settings)
 
