@@ -22,6 +22,7 @@ from temporalio.worker import Worker
 from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
+from activities.transcript import TranscriptActivities
 from hermes.errors import ConfigError
 from hermes.providers import ModelProvider, make_provider
 from hermes.settings import Settings, get_settings
@@ -96,13 +97,21 @@ def build_worker(
         redis,
         tier_seconds=settings.tier_seconds,
         heartbeat_timeout_seconds=settings.tool_heartbeat_seconds,
+        max_result_bytes=settings.tool_result_max_bytes,
     )
     index = SessionIndexActivities(redis)
+    transcript = TranscriptActivities(redis)
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
         workflows=[SessionWorkflow],
-        activities=[model.call_model, tools.list_tools, tools.run_tool, index.update_session_index],
+        activities=[
+            model.call_model,
+            tools.list_tools,
+            tools.run_tool,
+            index.update_session_index,
+            transcript.archive_messages,
+        ],
         max_cached_workflows=max_cached_workflows,
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),

@@ -32,6 +32,27 @@ def idempotency_key(session_id: str, tool_call_id: str) -> str:
     return f"hermes:toolcall:{session_id}:{tool_call_id}"
 
 
+def cap_result(result: ToolResult, max_bytes: int) -> ToolResult:
+    """``result`` with its data cut to a preview when its JSON exceeds ``max_bytes``.
+
+    A tool result is an activity result, stored in history and sent to the model:
+    above Temporal's 2 MB payload limit it would fail the call, and well below it, it
+    would still fill the context window.
+    """
+    text = result.model_dump_json()
+    size = len(text.encode("utf-8"))
+    if size <= max_bytes:
+        return result
+    data_text = json.dumps(result.data, ensure_ascii=False, default=str)
+    preview = data_text.encode("utf-8")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
+    return result.model_copy(
+        update={
+            "message": f"{result.message[:500]} (result truncated: {size} bytes, limit {max_bytes}; the data is a preview)",
+            "data": {"truncated": True, "preview": preview},
+        }
+    )
+
+
 def to_tool_result(value: Any) -> ToolResult:
     """Whatever a tool returned, in the ``{code, message, data}`` shape."""
     if isinstance(value, ToolResult):
@@ -47,13 +68,23 @@ class ToolActivities:
     Args:
         registry: the tools this worker serves.
         redis: a ``redis.asyncio.Redis``; needed for non-idempotent tools.
+        max_result_bytes: larger tool results are cut to a preview (see :func:`cap_result`).
         tier_seconds: tier name -> timeout in seconds.
         heartbeat_timeout_seconds: heartbeat timeout the workflow sets on tool calls.
     """
 
-    def __init__(self, registry: ToolRegistry, redis: Any, *, tier_seconds, heartbeat_timeout_seconds: float = 5.0):
+    def __init__(
+        self,
+        registry: ToolRegistry,
+        redis: Any,
+        *,
+        tier_seconds,
+        heartbeat_timeout_seconds: float = 5.0,
+        max_result_bytes: int = 64_000,
+    ):
         self.registry = registry
         self.redis = redis
+        self.max_result_bytes = max_result_bytes
         self.tier_seconds = tier_seconds
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
 
@@ -100,7 +131,7 @@ class ToolActivities:
         )
         if tool.idempotent:
             try:
-                return to_tool_result(await self._with_heartbeat(tool.call(arguments, context)))
+                return cap_result(to_tool_result(await self._with_heartbeat(tool.call(arguments, context))), self.max_result_bytes)
             except ApplicationError:
                 raise
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
@@ -129,7 +160,7 @@ class ToolActivities:
                 ),
             )
         try:
-            result = to_tool_result(await self._with_heartbeat(tool.call(arguments, context)))
+            result = cap_result(to_tool_result(await self._with_heartbeat(tool.call(arguments, context))), self.max_result_bytes)
         except Exception as err:  # noqa: BLE001 - the tool said it failed; record and report
             result = ToolResult(
                 code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS]

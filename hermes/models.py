@@ -17,7 +17,7 @@ Role = Literal["system", "user", "assistant", "tool"]
 Permission = Literal["read", "write", "admin"]
 Tier = Literal["query", "external", "batch"]
 SessionStatus = Literal["active", "closed"]
-TurnStatus = Literal["completed", "cancelled", "max_iterations", "model_error", "closed"]
+TurnStatus = Literal["completed", "cancelled", "max_iterations", "model_error", "closed", "context_too_large"]
 
 
 class ToolResultCode(IntEnum):
@@ -114,6 +114,14 @@ class CallModelResult(BaseModel):
     model: str = ""
 
 
+class ArchiveMessagesInput(BaseModel):
+    """Messages ``first_index ..`` of a session's transcript, to keep outside the workflow."""
+
+    session_id: str
+    first_index: int
+    messages: list[Message]
+
+
 class ListToolsResult(BaseModel):
     tools: list[ToolSpec]
 
@@ -164,6 +172,13 @@ class SessionConfig(BaseModel):
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
     max_completed_ids: int = 256
     """How many client message ids are remembered for de-duplication of resends."""
+    max_model_input_bytes: int = 1_500_000
+    """Byte budget of one model call's input, under Temporal's 2 MB payload limit: older
+    turns of the window are left out (whole) to fit; a turn that alone exceeds it ends
+    with status ``context_too_large`` instead of a payload the server would refuse."""
+    max_carry_bytes: int = 1_000_000
+    """Byte budget of the transcript carried across continue-as-new; older turns beyond it
+    are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
 
 
 class SendMessageInput(BaseModel):
@@ -256,6 +271,8 @@ class SessionCarry(BaseModel):
     run_index: int = 0
     system_prompt: str | None = None
     settled_tool_call_ids: list[str] = Field(default_factory=list)
+    archived_messages: int = 0
+    """Messages moved to the transcript archive; the carried ones follow them."""
 
 
 class SessionInput(BaseModel):
@@ -286,3 +303,5 @@ class SessionState(BaseModel):
     run_index: int
     updates_this_run: int
     history_length: int
+    archived_messages: int = 0
+    """Oldest messages kept in the transcript archive instead of the workflow state."""

@@ -16,6 +16,7 @@ CALL_MODEL = "call_model"
 RUN_TOOL = "run_tool"
 LIST_TOOLS = "list_tools"
 UPDATE_SESSION_INDEX = "update_session_index"
+ARCHIVE_MESSAGES = "archive_messages"
 
 # Updates
 SEND_MESSAGE = "send_message"

@@ -56,6 +56,8 @@ class Settings(BaseSettings):
     tier_external_seconds: float = 30.0
     tier_batch_seconds: float = 60.0
     """Tool timeout tiers (seed 002 §3.3: 15 s / 30 s / 60 s)."""
+    tool_result_max_bytes: int = 64_000
+    """Tool results larger than this (JSON) are cut to a preview before they enter history."""
     tool_heartbeat_seconds: float = 5.0
     """A tool activity that has not heartbeated for this long is treated as crashed."""
 

@@ -11,6 +11,7 @@ suggests it or after ``max_updates_per_run`` messages, only when no handler is r
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import timedelta
 from typing import Any
 
@@ -22,6 +23,7 @@ with workflow.unsafe.imports_passed_through():
     from hermes import names
     from hermes.models import (
         ApprovalDecision,
+        ArchiveMessagesInput,
         CallModelInput,
         CallModelResult,
         DecisionRecord,
@@ -52,6 +54,23 @@ _MAX_RESULT_CHARS = 16_000
 
 class _TurnCancelled(Exception):
     pass
+
+
+class _ContextTooLarge(Exception):
+    pass
+
+
+_ARCHIVE_CHUNK_BYTES = 1_000_000
+_MAX_CACHED_RESULT_BYTES = 64_000
+_MAX_CACHE_BYTES = 512_000
+
+
+def _message_bytes(m: Message) -> int:
+    """Approximate serialized size of a message, in bytes (payload limits are in bytes)."""
+    size = 96 + len((m.content or "").encode("utf-8", "surrogatepass"))
+    for call in m.tool_calls:
+        size += 96 + len(call.name) + len(json.dumps(call.arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+    return size
 
 
 class _ModelFailed(Exception):
@@ -91,6 +110,8 @@ class SessionWorkflow:
         self._title = carry.title
         self._run_index = carry.run_index
         self._system_prompt = carry.system_prompt or self._cfg.system_prompt
+        self._archived = carry.archived_messages
+        self._completed_bytes: dict[str, int] = {cid: len(r.model_dump_json()) for cid, r in self._completed.items()}
 
         self._status = "active"
         self._lock = asyncio.Lock()
@@ -130,6 +151,13 @@ class SessionWorkflow:
             await self._drain_background()
             if self._status == "closed":
                 continue  # closed while the index writes drained: close, do not roll over
+            if not await self._archive_for_carry():
+                # The transcript is too large to carry and could not be archived: keep this
+                # run going (messages are taken again) and try later, rather than emit a
+                # continue-as-new the server would refuse.
+                self._draining = False
+                await workflow.sleep(timedelta(seconds=60))
+                continue
             workflow.continue_as_new(
                 SessionInput(
                     session_id=inp.session_id,
@@ -139,6 +167,57 @@ class SessionWorkflow:
                     carry=self._carry(),
                 )
             )
+
+    async def _archive_for_carry(self) -> bool:
+        """Move the oldest whole turns out of the state until the transcript fits
+        ``max_carry_bytes / 2`` (half, so that not every continue-as-new archives).
+
+        Returns:
+            False if the transcript is over budget and archiving failed.
+        """
+        sizes = [_message_bytes(m) for m in self._messages]
+        total = sum(sizes)
+        if total <= self._cfg.max_carry_bytes:
+            return True
+        target = self._cfg.max_carry_bytes // 2
+        cut = 0
+        remaining = total
+        for index, message in enumerate(self._messages):
+            if remaining <= target and message.role == "user":
+                break  # cut only at the start of a turn: a tool call and its result stay together
+            remaining -= sizes[index]
+            cut = index + 1
+        # never archive the newest turn
+        last_user = max((i for i, m in enumerate(self._messages) if m.role == "user"), default=0)
+        cut = min(cut, last_user)
+        chunk_start = 0
+        try:
+            while chunk_start < cut:
+                chunk_end, chunk_bytes = chunk_start, 0
+                while chunk_end < cut and (chunk_end == chunk_start or chunk_bytes + sizes[chunk_end] <= _ARCHIVE_CHUNK_BYTES):
+                    chunk_bytes += sizes[chunk_end]
+                    chunk_end += 1
+                await workflow.execute_activity(
+                    names.ARCHIVE_MESSAGES,
+                    ArchiveMessagesInput(
+                        session_id=self._inp.session_id,
+                        first_index=self._archived + chunk_start,
+                        messages=self._messages[chunk_start:chunk_end],
+                    ),
+                    start_to_close_timeout=timedelta(seconds=30),
+                    retry_policy=RetryPolicy(maximum_attempts=5),
+                    summary="archive transcript",
+                )
+                chunk_start = chunk_end
+        except ActivityError:
+            workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
+            if chunk_start:
+                self._archived += chunk_start
+                del self._messages[:chunk_start]
+            return False
+        self._archived += cut
+        del self._messages[:cut]
+        return True
 
     def _idle(self) -> bool:
         return not self._lock.locked() and self._queued == 0
@@ -170,6 +249,7 @@ class SessionWorkflow:
             run_index=self._run_index + 1,
             system_prompt=self._system_prompt,
             settled_tool_call_ids=self._settled[-_MAX_SETTLED:],
+            archived_messages=self._archived,
         )
 
     async def _drain_background(self) -> None:
@@ -209,10 +289,32 @@ class SessionWorkflow:
                 self._in_flight_ids.discard(cid)
         if cid is not None:
             result.client_message_id = cid
-            self._completed[cid] = result
-            while len(self._completed) > self._cfg.max_completed_ids:
-                self._completed.pop(next(iter(self._completed)))
+            self._remember(cid, result)
         return result
+
+    def _remember(self, cid: str, result: TurnResult) -> None:
+        """Keep a reply for resends, within a count and a byte budget (it is carried
+        across continue-as-new, so it must stay far below the 2 MB payload limit)."""
+        cached = result
+        size = len(cached.model_dump_json())
+        if size > _MAX_CACHED_RESULT_BYTES:
+            cached = result.model_copy(
+                update={
+                    "tool_calls": [
+                        r.model_copy(update={"result": r.result.model_copy(update={"data": None})})
+                        for r in result.tool_calls
+                    ]
+                }
+            )
+            size = len(cached.model_dump_json())
+        self._completed[cid] = cached
+        self._completed_bytes[cid] = size
+        while len(self._completed) > self._cfg.max_completed_ids or (
+            len(self._completed) > 1 and sum(self._completed_bytes.values()) > _MAX_CACHE_BYTES
+        ):
+            oldest = next(iter(self._completed))
+            self._completed.pop(oldest)
+            self._completed_bytes.pop(oldest, None)
 
     @send_message.validator
     def _validate_send_message(self, inp: SendMessageInput) -> None:
@@ -264,13 +366,16 @@ class SessionWorkflow:
 
     def _decide(self, decision: ApprovalDecision) -> None:
         tcid = decision.tool_call_id
-        if tcid in self._verdicts or tcid in self._settled:
+        if tcid in self._pending:
+            if tcid in self._verdicts:
+                outcome = "already_decided"
+            else:
+                outcome = "applied"
+                self._verdicts[tcid] = decision
+        elif tcid in self._settled:
             outcome = "already_decided"
-        elif tcid not in self._pending:
-            outcome = "unknown_tool_call"
         else:
-            outcome = "applied"
-            self._verdicts[tcid] = decision
+            outcome = "unknown_tool_call"
         self._decisions.append(
             DecisionRecord(
                 tool_call_id=tcid,
@@ -320,6 +425,7 @@ class SessionWorkflow:
             run_index=self._run_index,
             updates_this_run=self._updates_this_run,
             history_length=workflow.info().get_current_history_length(),
+            archived_messages=self._archived,
         )
 
     # ---------------------------------------------------------- the turn
@@ -345,9 +451,15 @@ class SessionWorkflow:
         status = "completed"
         try:
             specs = await self._list_tools()
-            for _ in range(self._cfg.max_iterations):
+            for iteration in range(self._cfg.max_iterations):
                 result = await self._call_model(turn, list(specs.values()))
-                assistant = result.message.model_copy(update={"turn": turn, "created_at": workflow.now()})
+                assistant = result.message.model_copy(
+                    update={
+                        "turn": turn,
+                        "created_at": workflow.now(),
+                        "tool_calls": self._unique_tool_call_ids(result.message.tool_calls, turn, iteration),
+                    }
+                )
                 self._messages.append(assistant)
                 if not assistant.tool_calls:
                     reply = assistant.content or ""
@@ -368,6 +480,11 @@ class SessionWorkflow:
             reply = "This turn was cancelled."
             self._close_open_tool_calls(turn, records)
             self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
+        except _ContextTooLarge as err:
+            status = "context_too_large"
+            reply = f"I cannot send this to the model: {err}. Ask for less at once, or start a new session."
+            self._close_open_tool_calls(turn, records)
+            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
         except _ModelFailed as err:
             status = "model_error"
             reply = f"The model could not answer ({err}). Your message is kept; send it again to retry."
@@ -386,6 +503,27 @@ class SessionWorkflow:
             status=status,  # type: ignore[arg-type]
             tool_calls=records,
         )
+
+    def _unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int) -> list[ToolCall]:
+        """The model's tool calls, each with an id unique in this session.
+
+        Some OpenAI-compatible servers send the same id (``call_0``) in every response, or
+        an empty one; approvals, results and the exactly-once record are keyed by the id,
+        so a reused id is replaced by one minted here (and the model sees that id from
+        then on, with its result)."""
+        used = {c.tool_call_id for m in self._messages for c in m.tool_calls}
+        used.update(self._settled)
+        unique: list[ToolCall] = []
+        for index, call in enumerate(calls):
+            tcid = call.tool_call_id
+            if not tcid or len(tcid) > 128 or tcid in used:
+                tcid = f"hc_{turn}_{iteration}_{index}"
+                while tcid in used:
+                    tcid += "_"
+                call = call.model_copy(update={"tool_call_id": tcid})
+            used.add(tcid)
+            unique.append(call)
+        return unique
 
     def _append_tool_result(self, turn: int, call: ToolCall, result: ToolResult) -> None:
         content = result.model_dump_json()
@@ -440,14 +578,7 @@ class SessionWorkflow:
 
     async def _call_model(self, turn: int, tools: list[ToolSpec]) -> CallModelResult:
         started = workflow.now()
-        messages = [
-            Message(role="system", content=self._system_prompt),
-            *(
-                m
-                for m in self._messages
-                if not m.internal and m.turn > turn - self._cfg.context_window_turns
-            ),
-        ]
+        messages = self._context(turn)
         handle = workflow.start_activity(
             names.CALL_MODEL,
             CallModelInput(session_id=self._inp.session_id, turn=turn, messages=messages, tools=tools, model=self._cfg.model),
@@ -475,6 +606,35 @@ class SessionWorkflow:
             turn, "model", started, provider=result.provider, tokens=self._token_estimate
         )
         return result
+
+    def _context(self, turn: int) -> list[Message]:
+        """System prompt + the last ``context_window_turns`` turns, whole turns only, newest
+        first within ``max_model_input_bytes``.
+
+        Raises:
+            _ContextTooLarge: the current turn alone does not fit.
+        """
+        system = Message(role="system", content=self._system_prompt)
+        by_turn: dict[int, list[Message]] = {}
+        for m in self._messages:
+            if not m.internal and m.turn > turn - self._cfg.context_window_turns:
+                by_turn.setdefault(m.turn, []).append(m)
+        budget = self._cfg.max_model_input_bytes - _message_bytes(system)
+        current = by_turn.pop(turn, [])
+        used = sum(_message_bytes(m) for m in current)
+        if used > budget:
+            raise _ContextTooLarge(
+                f"this turn's context is about {used + _message_bytes(system)} bytes, more than the "
+                f"{self._cfg.max_model_input_bytes} bytes one model call may carry"
+            )
+        kept: list[list[Message]] = []
+        for number in sorted(by_turn, reverse=True):
+            size = sum(_message_bytes(m) for m in by_turn[number])
+            if used + size > budget:
+                break
+            used += size
+            kept.append(by_turn[number])
+        return [system, *(m for group in reversed(kept) for m in group), *current]
 
     async def _handle_tool_call(self, turn: int, call: ToolCall, specs: dict[str, ToolSpec]) -> ToolCallRecord:
         spec = specs.get(call.name)

@@ -1,0 +1,49 @@
+"""The transcript archive: the oldest messages of a long session, kept in Redis so that
+the state carried across continue-as-new stays under Temporal's payload limit.
+
+Layout: ``hermes:transcript_archive:{session_id}`` is a hash from message index (its
+position in the whole transcript) to the message's JSON; writes by index are idempotent,
+so a retried activity never duplicates a message. Run Redis with AOF (as `hermes dev`
+and `docker-compose.yml` do) so the archive survives a restart.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import activity
+
+from hermes import names
+from hermes.models import ArchiveMessagesInput, Message
+
+ARCHIVE_KEY = "hermes:transcript_archive:{session_id}"
+
+
+class TranscriptActivities:
+    def __init__(self, redis: Any):
+        self.redis = redis
+
+    @activity.defn(name=names.ARCHIVE_MESSAGES)
+    async def archive_messages(self, request: ArchiveMessagesInput) -> int:
+        """Store messages ``first_index ..`` of the transcript.
+
+        Returns:
+            How many messages were written.
+
+        Raises:
+            RuntimeError: no Redis is configured (retried; the session keeps its state).
+        """
+        if self.redis is None:
+            raise RuntimeError("the transcript archive needs Redis")
+        if not request.messages:
+            return 0
+        mapping = {str(request.first_index + i): m.model_dump_json() for i, m in enumerate(request.messages)}
+        await self.redis.hset(ARCHIVE_KEY.format(session_id=request.session_id), mapping=mapping)
+        return len(mapping)
+
+
+async def read_archive(redis: Any, session_id: str) -> list[Message]:
+    """The archived messages of a session, in transcript order."""
+    raw = await redis.hgetall(ARCHIVE_KEY.format(session_id=session_id))
+    items = sorted((int(k), v) for k, v in raw.items())
+    return [Message.model_validate_json(v) for _, v in items]

@@ -1,0 +1,176 @@
+"""Limits that keep a session usable: tool-call ids a model reuses, payload budgets,
+the transcript archive that keeps continue-as-new under Temporal's 2 MB payload limit."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from activities.transcript import read_archive
+from hermes.models import (
+    CallModelInput,
+    CallModelResult,
+    Message,
+    SessionConfig,
+    ToolCall,
+    ToolResultCode,
+)
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry
+
+
+class ReusesIds:
+    """A model like some OpenAI-compatible servers: every tool call is `call_0`."""
+
+    name = "test"
+
+    def __init__(self, tool: str, arguments: dict[str, Any], calls_per_step: int = 1) -> None:
+        self.tool, self.arguments, self.calls_per_step = tool, arguments, calls_per_step
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        if request.messages[-1].role == "user":
+            calls = [ToolCall(tool_call_id="call_0", name=self.tool, arguments=self.arguments)] * self.calls_per_step
+            return CallModelResult(message=Message(role="assistant", tool_calls=calls), provider=self.name)
+        results = [json.loads(m.content or "{}") for m in request.messages if m.role == "tool"]
+        return CallModelResult(message=Message(role="assistant", content=json.dumps(results[-1])), provider=self.name)
+
+
+def counting_registry(runs: list[int]) -> ToolRegistry:
+    registry = register_builtins(ToolRegistry())
+
+    def bump() -> dict[str, int]:
+        """Count a side effect.
+
+        Args: none.
+        """
+        runs.append(1)
+        return {"n": len(runs)}
+
+    registry.register(bump, idempotent=False, permission="read")
+    return registry
+
+
+async def test_a_tool_call_id_the_model_reuses_across_turns_still_runs_the_call_again(run_worker, session_id):
+    runs: list[int] = []
+    async with run_worker(ReusesIds("bump", {}), registry=counting_registry(runs)) as hermes:
+        first = await hermes.send_message(session_id, "bump")
+        second = await hermes.send_message(session_id, "bump again")
+        assert [r.result.data for r in first.tool_calls + second.tool_calls] == [{"n": 1}, {"n": 2}]
+        assert len(runs) == 2
+        ids = [c.tool_call_id for m in await hermes.get_transcript(session_id) for c in m.tool_calls]
+        assert len(ids) == len(set(ids)) == 2
+
+
+async def test_duplicate_tool_call_ids_in_one_step_each_run_and_each_get_one_result(run_worker, session_id):
+    runs: list[int] = []
+    async with run_worker(ReusesIds("bump", {}, calls_per_step=3), registry=counting_registry(runs)) as hermes:
+        result = await hermes.send_message(session_id, "bump thrice")
+        assert [r.result.data for r in result.tool_calls] == [{"n": 1}, {"n": 2}, {"n": 3}]
+        transcript = await hermes.get_transcript(session_id)
+        call_ids = [c.tool_call_id for m in transcript for c in m.tool_calls]
+        result_ids = [m.tool_call_id for m in transcript if m.role == "tool"]
+        assert call_ids == result_ids and len(set(call_ids)) == 3
+
+
+async def test_a_write_call_with_a_reused_id_can_be_approved_in_every_turn(run_worker, session_id, redis):
+    import asyncio
+
+    model = ReusesIds("save_note", {"title": "t", "text": "x"})
+    async with run_worker(model) as hermes:
+        for n in (1, 2):
+            turn = asyncio.create_task(hermes.send_message(session_id, f"note {n}", user_id="reuser"))
+            pending = await hermes.wait_for_approval(session_id)
+            await hermes.approve(session_id, pending.tool_call_id, approver="me")
+            result = await turn
+            assert result.tool_calls[0].approval == "approved"
+            assert result.tool_calls[0].result.code == ToolResultCode.OK
+        state = await hermes.get_state(session_id)
+        assert [d.outcome for d in state.decisions] == ["applied", "applied"]
+        assert await redis.llen("hermes:notes:reuser") == 2
+
+
+class BigResults:
+    """Calls `fetch_page` (300 KB result) once per turn, then answers with a short text."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.largest_request_bytes = 0
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.largest_request_bytes = max(self.largest_request_bytes, len(request.model_dump_json()))
+        if request.messages[-1].role == "user":
+            call = ToolCall(tool_call_id=f"f{request.turn}", name="fetch_page", arguments={})
+            return CallModelResult(message=Message(role="assistant", tool_calls=[call]), provider=self.name)
+        return CallModelResult(message=Message(role="assistant", content=f"read page {request.turn}"), provider=self.name)
+
+
+def page_registry() -> ToolRegistry:
+    registry = register_builtins(ToolRegistry())
+
+    def fetch_page() -> dict[str, str]:
+        """Fetch a large web page.
+
+        Args: none.
+        """
+        return {"html": "<p>网页 🌏</p>" * 20_000}
+
+    registry.register(fetch_page)
+    return registry
+
+
+async def test_large_tool_results_are_cut_to_a_preview_and_the_session_keeps_continuing_as_new(
+    run_worker, session_id, redis, temporal_client
+):
+    model = BigResults()
+    config = SessionConfig(max_updates_per_run=2, max_carry_bytes=100_000)
+    async with run_worker(model, registry=page_registry(), config=config) as hermes:
+        for n in range(1, 9):
+            result = await hermes.send_message(session_id, f"read page {n}")
+            assert result.reply == f"read page {n}"
+            data = result.tool_calls[0].result
+            assert data.data["truncated"] is True and "truncated" in data.message
+        state = await hermes.get_state(session_id)
+        assert state.run_index >= 3 and state.turn_count == 8
+        assert state.archived_messages > 0
+        archived = await read_archive(redis, session_id)
+        live = await hermes.get_transcript(session_id)
+        # Whole turns are archived, so turn numbers join the two without overlap (the
+        # archive may run ahead of a state read just before a continue-as-new).
+        assert len(archived) >= state.archived_messages
+        whole = [m for m in archived if m.turn < live[0].turn] + live
+        assert [m.content for m in whole if m.role == "user"] == [f"read page {n}" for n in range(1, 9)]
+        assert model.largest_request_bytes < config.max_model_input_bytes + 50_000
+
+
+class Echo:
+    name = "test"
+
+    def __init__(self) -> None:
+        self.largest_request_bytes = 0
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.largest_request_bytes = max(self.largest_request_bytes, len(request.model_dump_json().encode()))
+        text = request.messages[-1].content or ""
+        return CallModelResult(message=Message(role="assistant", content=f"got {len(text)} chars"), provider=self.name)
+
+
+async def test_many_large_messages_never_make_a_model_call_exceed_the_payload_limit(run_worker, session_id):
+    model = Echo()
+    async with run_worker(model) as hermes:
+        for n in range(9):
+            text = f"{n}" + "长" * 80_000  # 240 KB of UTF-8, under the 256 KB message limit
+            result = await hermes.send_message(session_id, text)
+            assert result.reply == f"got {len(text)} chars"
+        assert model.largest_request_bytes < 2_000_000
+        assert (await hermes.get_state(session_id)).turn_count == 9
+
+
+async def test_a_turn_too_large_for_one_model_call_ends_clearly_and_the_session_goes_on(run_worker, session_id):
+    config = SessionConfig(max_model_input_bytes=20_000)
+    async with run_worker(Echo(), config=config) as hermes:
+        too_big = await hermes.send_message(session_id, "x" * 30_000)
+        assert too_big.status == "context_too_large"
+        assert "20000 bytes" in too_big.reply
+        ok = await hermes.send_message(session_id, "small")
+        assert (ok.status, ok.reply) == ("completed", "got 5 chars")
