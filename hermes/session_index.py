@@ -8,11 +8,11 @@ workflows by their ``HermesUserId`` search attribute and writes the rows again.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 from hermes import names
-from hermes.models import SessionIndexEntry
+from hermes.models import SessionIndexEntry, SessionState
 
 _ROW = "hermes:session:{session_id}"
 _USER = "hermes:user_sessions:{user_id}"
@@ -33,6 +33,16 @@ async def list_entries(redis: Any, user_id: str, *, limit: int = 50) -> list[Ses
         return []
     rows = await redis.mget([_ROW.format(session_id=i.decode() if isinstance(i, bytes) else i) for i in ids])
     return [SessionIndexEntry.model_validate_json(r) for r in rows if r]
+
+
+async def _query_state(client: Any, session_id: str) -> SessionState | None:
+    """The session's own state (turns, last activity), if a worker answers in time."""
+    try:
+        return await client.get_workflow_handle(session_id).query(
+            names.GET_STATE, result_type=SessionState, rpc_timeout=timedelta(seconds=2)
+        )
+    except Exception:  # noqa: BLE001 - no worker, or an old run: fall back to visibility
+        return None
 
 
 async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, limit: int = 1000) -> int:
@@ -65,7 +75,26 @@ async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, 
         uid = sa.get(names.SA_USER_ID)
         if uid is None:
             continue
-        status = "active" if wf.status is not None and wf.status.name == "RUNNING" else "closed"
+        running = wf.status is not None and wf.status.name == "RUNNING"
+        if running:
+            state = await _query_state(client, wf.id)
+            if state is not None:
+                await write_entry(
+                    redis,
+                    SessionIndexEntry(
+                        session_id=wf.id,
+                        user_id=state.user_id,
+                        channel=state.channel,
+                        status=state.status,
+                        title=state.title,
+                        created_at=state.created_at,
+                        last_active_at=state.last_active_at,
+                        turn_count=state.turn_count,
+                    ),
+                )
+                written += 1
+                continue
+        status = "active" if running else "closed"
         started = wf.start_time or datetime.now(timezone.utc)
         entry = SessionIndexEntry(
             session_id=wf.id,

@@ -70,3 +70,18 @@ async def test_the_model_is_sent_only_the_last_turns_of_the_context_window_with_
         result_ids = [m.tool_call_id for m in sent if m.role == "tool"]
         assert call_ids == result_ids == ["c3", "c4"]
         assert len(await hermes.get_transcript(session_id)) == 16  # nothing dropped from the session
+
+
+class SaysNothing:
+    name = "test"
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        return CallModelResult(message=Message(role="assistant", content=None), provider=self.name)
+
+
+async def test_an_empty_model_answer_is_reported_plainly_not_as_an_empty_reply(run_worker, session_id):
+    async with run_worker(SaysNothing()) as hermes:
+        result = await hermes.send_message(session_id, "hello?")
+        assert result.reply.startswith("The model returned an empty answer")
+        transcript = await hermes.get_transcript(session_id)
+        assert [(m.role, m.internal) for m in transcript] == [("user", False), ("assistant", False), ("assistant", True)]

@@ -153,6 +153,20 @@ async def test_a_plain_answer_is_parsed_with_usage_and_the_request_is_on_the_wir
     assert "tools" not in sent["body"]
 
 
+async def test_lone_surrogates_from_the_wire_become_replacement_characters_not_a_failing_retry(fake_openai):
+    fake_openai.then(
+        200,
+        completion(
+            "half \ud800 a pair",
+            tool_calls=[{"id": "c1", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "1\udfff"}'}}],
+        ),
+    )
+    message = (await provider_for(fake_openai).complete(request())).message
+    assert message.content == "half \ufffd a pair"
+    assert message.tool_calls[0].arguments == {"expression": "1\ufffd"}
+    message.model_dump_json().encode("utf-8")  # storable: no lone surrogate left
+
+
 async def test_the_sdk_does_not_retry_on_its_own(fake_openai):
     fake_openai.then(500, error_body("boom", "server_error")).then(429, error_body("slow down"), retry_after="1")
     provider = provider_for(fake_openai)

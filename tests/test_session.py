@@ -646,6 +646,8 @@ async def test_list_sessions_shows_a_users_sessions_with_titles_and_survives_a_r
         assert rebuilt == sessions
         entries = await hermes.list_sessions(user)
         assert all(e.user_id == user and e.status == "active" for e in entries)
+        # Running sessions answer for themselves: turns and last activity are not lost.
+        assert all(e.turn_count == 1 and e.last_active_at > e.created_at for e in entries)
 
 
 async def test_a_rebuild_of_the_session_index_keeps_rows_that_are_fresher_than_visibility(run_worker, redis):

@@ -463,6 +463,11 @@ class SessionWorkflow:
                 self._messages.append(assistant)
                 if not assistant.tool_calls:
                     reply = assistant.content or ""
+                    if not reply.strip():
+                        reply = "The model returned an empty answer. Ask again, or rephrase the question."
+                        self._messages.append(
+                            Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True)
+                        )
                     break
                 for call in assistant.tool_calls:
                     record = await self._handle_tool_call(turn, call, specs)

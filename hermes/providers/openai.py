@@ -120,7 +120,7 @@ class OpenAIProvider:
             raise ModelUnavailableError(f"{model} returned no choices")
         choice = response.choices[0].message
         calls = [
-            parse_tool_call(c.id, c.function.name, c.function.arguments)
+            parse_tool_call(c.id or "", _clean(c.function.name) or "", _clean(c.function.arguments))
             for c in (choice.tool_calls or [])
             if getattr(c, "function", None) is not None
         ]
@@ -131,11 +131,21 @@ class OpenAIProvider:
                 completion_tokens=response.usage.completion_tokens or 0,
             )
         return CallModelResult(
-            message=Message(role="assistant", content=choice.content, tool_calls=calls),
+            message=Message(role="assistant", content=_clean(choice.content), tool_calls=calls),
             usage=usage,
             provider=self.name,
             model=response.model or model,
         )
+
+
+def _clean(text: str | None) -> str | None:
+    """``text`` with lone surrogates (invalid in UTF-8, so unstorable) replaced by U+FFFD.
+
+    Some servers send them in broken escapes; left in, every retry of the call would
+    fail the same way when the result is serialized."""
+    if text is None:
+        return None
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _short(text: str, limit: int = 500) -> str:
