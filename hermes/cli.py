@@ -25,16 +25,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import functools
 import getpass
 import json
 import logging
 import os
 import re
+import shlex
 import signal
 import sys
 import uuid
 from collections.abc import Awaitable, Callable, Iterator
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -49,7 +51,7 @@ from temporalio.client import (
 from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import names
-from hermes.client import HermesClient
+from hermes.client import HermesClient, check_message_text
 from hermes.demo import (
     ConsoleTurnView,
     DemoFailed,
@@ -71,6 +73,9 @@ from hermes.errors import (
 from hermes.models import PendingApproval, TurnResult
 from hermes.settings import Settings
 from hermes.stack import StackAlreadyRunning, StackError, ensure_search_attributes
+
+if TYPE_CHECKING:
+    from temporalio.runtime import Runtime
 
 __all__ = ["app", "main"]
 
@@ -235,6 +240,67 @@ def _explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
     return None
 
 
+_UNCERTAIN_STATUSES = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,
+        RPCStatusCode.UNKNOWN,
+        RPCStatusCode.INTERNAL,
+    }
+)
+"""Statuses of a request that may have reached the server before it failed."""
+
+
+def _may_have_been_taken(err: BaseException) -> bool:
+    """Whether a send that failed with ``err`` may still have been recorded by the session."""
+    if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
+        return True
+    return isinstance(err, RPCError) and err.status in _UNCERTAIN_STATUSES
+
+
+def _resend_command(session_id: str, text: str, message_id: str, *, user: str, as_json: bool) -> str:
+    """The ``hermes send`` command that resends a message under the same message id.
+
+    A message that cannot be shown on one line (a line break, a control character, more
+    than 200 characters) is written as ``<the same message>``.
+    """
+    shown = shlex.quote(text) if text.isprintable() and len(text) <= 200 else "<the same message>"
+    parts = ["hermes", "send", shlex.quote(session_id), shown, "--message-id", shlex.quote(message_id)]
+    parts += ["--user", shlex.quote(user)]
+    if as_json:
+        parts.append("--json")
+    return " ".join(parts)
+
+
+def _uncertain_send_message(err: BaseException | None, settings: Settings, resend: str) -> tuple[str, int]:
+    """The error line of a send cut off after the message may have reached the session.
+
+    Args:
+        err: what cut it off; None: the user interrupted it.
+        settings: for the addresses in the message.
+        resend: the command that resends it under the same message id (``_resend_command``).
+
+    Returns:
+        The message and the exit code.
+    """
+    if err is None:
+        cause, code = "interrupted", EXIT_INTERRUPTED
+    elif isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
+        cause, code = (
+            f"the session did not confirm the message in time: is a worker running for task queue "
+            f"{settings.task_queue!r}? Start one with `hermes dev` or `hermes worker`",
+            EXIT_UNAVAILABLE,
+        )
+    else:
+        cause, code = _explain(err, settings) or (str(err), EXIT_UNAVAILABLE)
+    return (
+        f"{cause}. The message may have been taken: to get its reply without starting a second "
+        f"turn, rerun with the same message id: {resend}",
+        code,
+    )
+
+
 def _fail(message: str, code: int) -> typer.Exit:
     typer.echo(f"error: {message}", err=True)
     return typer.Exit(code)
@@ -307,8 +373,23 @@ async def _answer(awaitable: Awaitable[_T], settings: Settings) -> _T:
         ) from None
 
 
+@functools.cache
+def _quiet_runtime() -> Runtime:
+    """The Temporal runtime of the commands' client connections: the SDK's Rust core logs
+    only errors. By default it prints a ``WARN ... gRPC call ... retried N times`` line on
+    stderr for every retry while a server is unreachable; a command reports the failure
+    itself, in one line. ``hermes dev`` and ``hermes worker`` keep the default runtime."""
+    from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
+    return Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+        )
+    )
+
+
 async def _connect(settings: Settings) -> HermesClient:
-    return await HermesClient.connect(settings)
+    return await HermesClient.connect(settings, runtime=_quiet_runtime())
 
 
 def _describe_model(settings: Settings, provider: Any) -> str:
@@ -466,6 +547,7 @@ def chat(
 ) -> None:
     """Talk to a session interactively. /quit exits, /close closes the session."""
     settings = Settings()
+    _keep_undecodable_input()
     with _reported_errors(settings), asyncio.Runner() as runner:
         runner.get_loop().set_exception_handler(_quiet_orphaned_futures)
         hermes = runner.run(_connect(settings))
@@ -474,6 +556,16 @@ def chat(
         finally:
             if hermes.redis is not None:
                 runner.run(hermes.redis.aclose())
+
+
+def _keep_undecodable_input() -> None:
+    """Read stdin with ``surrogateescape``: a line with a byte that is not UTF-8 then
+    arrives as text that :func:`check_message_text` refuses in one error line, and the
+    chat goes on, instead of a ``UnicodeDecodeError`` ending it."""
+    reconfigure = getattr(sys.stdin, "reconfigure", None)
+    if reconfigure is not None:
+        with contextlib.suppress(Exception):
+            reconfigure(errors="surrogateescape")
 
 
 def _chat_loop(
@@ -520,6 +612,7 @@ def _chat_loop(
             out.print(f"Session {escape(session_id)} closed.")
             return
         try:
+            check_message_text(text)
             result = runner.run(send_watched(hermes, session_id, text, view, user_id=user))
         except KeyboardInterrupt:
             out.print(
@@ -547,16 +640,31 @@ def send(
     """Send one message and print the reply (exit 1 if the turn did not complete).
 
     Tool calls and approval hints go to stderr; stdout has only the reply (or JSON).
+    If the connection is lost or the command is interrupted after the message was
+    sent, the error line gives the command that resends it with the same
+    ``--message-id``: that returns the first reply instead of starting a second turn.
     """
     settings = Settings()
+    # Known before sending, so that a send cut off by an outage can be repeated safely.
+    client_message_id = message_id or f"msg-{uuid.uuid4()}"
 
     async def main() -> TurnResult:
-        if not text.strip():
-            raise MessageRejectedError("the message is empty")
+        check_message_text(text)
         hermes = await _connect(settings)
         try:
             view = ConsoleTurnView(err_console, session_id)
-            return await send_watched(hermes, session_id, text, view, user_id=user, client_message_id=message_id)
+            try:
+                return await send_watched(
+                    hermes, session_id, text, view, user_id=user, client_message_id=client_message_id
+                )
+            except asyncio.CancelledError:
+                uncertain: BaseException | None = None
+            except Exception as err:  # noqa: BLE001 - only uncertain outcomes are rewritten
+                if not _may_have_been_taken(err):
+                    raise
+                uncertain = err
+            resend = _resend_command(session_id, text, client_message_id, user=user, as_json=as_json)
+            raise CliError(*_uncertain_send_message(uncertain, settings, resend))
         finally:
             await hermes.redis.aclose()
 

@@ -13,8 +13,9 @@ refused with :class:`SessionBusyError`: never silently dropped.
 from __future__ import annotations
 
 import asyncio
+import unicodedata
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.api.enums.v1 import WorkflowExecutionStatus  # noqa: F401 - re-exported for callers
 from temporalio.client import (
@@ -43,6 +44,47 @@ from hermes.models import (
 )
 from hermes.settings import Settings, get_settings
 
+if TYPE_CHECKING:
+    from temporalio.runtime import Runtime
+
+_INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
+"""Unicode categories that show nothing: controls, format characters (U+200B zero width
+space, U+200D zero width joiner, U+FEFF byte order mark), spaces and separators."""
+
+
+def check_message_text(text: str, *, max_message_bytes: int | None = None) -> None:
+    """Refuse a message that a session should not take, before anything is sent.
+
+    Args:
+        text: the user's message.
+        max_message_bytes: the largest size taken, in UTF-8 bytes; None: no size check.
+
+    Raises:
+        MessageRejectedError: the message is empty (nothing but whitespace, control or
+            invisible format characters), is not valid UTF-8 text (a lone surrogate, e.g.
+            an undecodable byte of the command line or a terminal kept by Python's
+            ``surrogateescape``), or is larger than ``max_message_bytes``.
+    """
+    if not text or all(unicodedata.category(char) in _INVISIBLE_CATEGORIES for char in text):
+        raise MessageRejectedError("the message is empty")
+    try:
+        size = len(text.encode("utf-8"))
+    except UnicodeEncodeError as err:
+        code = ord(text[err.start])
+        what = f"U+{code:04X}"
+        if 0xDC80 <= code <= 0xDCFF:
+            # Python's surrogateescape keeps an undecodable byte b as U+DC00 + b.
+            what += f", the undecodable byte 0x{code - 0xDC00:02X}"
+        raise MessageRejectedError(
+            f"the message is not valid UTF-8 text: it contains a lone surrogate ({what}) "
+            f"at position {err.start}; check the encoding of your terminal or input"
+        ) from None
+    if max_message_bytes is not None and size > max_message_bytes:
+        raise MessageRejectedError(
+            f"the message is {size} bytes; the limit is {max_message_bytes} bytes "
+            "(send large content as a file or a link)"
+        )
+
 
 class HermesClient:
     """Talks to session workflows.
@@ -68,12 +110,31 @@ class HermesClient:
         self.config = config or SessionConfig()
 
     @classmethod
-    async def connect(cls, settings: Settings | None = None, **kwargs: Any) -> HermesClient:
-        """Connect with the settings' Temporal address, namespace, task queue and Redis."""
+    async def connect(
+        cls, settings: Settings | None = None, *, runtime: Runtime | None = None, **kwargs: Any
+    ) -> HermesClient:
+        """Connect with the settings' Temporal address, namespace, task queue and Redis.
+
+        Args:
+            settings: default: :func:`hermes.settings.get_settings`.
+            runtime: the Temporal runtime of the connection (its logging and metrics);
+                default: the SDK's process-wide one.
+            **kwargs: ``redis`` and ``config`` override what the settings give.
+        """
         from worker import connect_client, connect_redis
 
         settings = settings or get_settings()
-        client = await connect_client(settings)
+        if runtime is None:
+            client = await connect_client(settings)
+        else:
+            from temporalio.contrib.pydantic import pydantic_data_converter
+
+            client = await Client.connect(
+                settings.resolved_temporal_address,
+                namespace=settings.temporal_namespace,
+                data_converter=pydantic_data_converter,
+                runtime=runtime,
+            )
         return cls(
             client,
             task_queue=settings.task_queue,
@@ -105,7 +166,9 @@ class HermesClient:
 
         Args:
             session_id: the session (workflow id).
-            text: the user's message, non-empty, at most ``config.max_message_bytes`` UTF-8 bytes.
+            text: the user's message: valid UTF-8 text (no lone surrogates), not only
+                whitespace or invisible characters, at most ``config.max_message_bytes``
+                UTF-8 bytes.
             user_id: owner of a new session (ignored for an existing one).
             channel: where the conversation happens, e.g. ``cli``, ``web``.
             client_message_id: id for de-duplication; a resend with the same id returns
@@ -117,19 +180,12 @@ class HermesClient:
             The reply and the tool calls made for it.
 
         Raises:
-            MessageRejectedError: empty or too large; nothing was recorded.
+            MessageRejectedError: empty, not valid text, or too large; nothing was sent.
             SessionClosedError: the session is closed.
             SessionBusyError: the session stayed too busy to take the message.
         """
         config = config or self.config
-        if not text or not text.strip():
-            raise MessageRejectedError("the message is empty")
-        size = len(text.encode("utf-8"))
-        if size > config.max_message_bytes:
-            raise MessageRejectedError(
-                f"the message is {size} bytes; the limit is {config.max_message_bytes} bytes "
-                "(send large content as a file or a link)"
-            )
+        check_message_text(text, max_message_bytes=config.max_message_bytes)
         cid = client_message_id or f"msg-{uuid.uuid4()}"
         delay = 0.05
         deadline = asyncio.get_running_loop().time() + busy_timeout_seconds

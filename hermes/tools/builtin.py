@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 import operator
 from datetime import datetime, timezone as dt_timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
@@ -59,20 +60,58 @@ _BIN_OPS = {
 }
 _UNARY_OPS = {ast.UAdd: operator.pos, ast.USub: operator.neg}
 
+_MAX_EXPRESSION_CHARS = 1000
+"""Longest expression taken: a sum of hundreds of numbers fits, and parsing stays cheap."""
+_MAX_INTEGER_DIGITS = 1000
+"""Largest exact integer, in decimal digits, of a result or any intermediate value."""
+_INTEGER_LIMIT = 10**_MAX_INTEGER_DIGITS
 
-def _evaluate(node: ast.AST) -> float | int:
-    if isinstance(node, ast.Expression):
-        return _evaluate(node.body)
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS:
-        left, right = _evaluate(node.left), _evaluate(node.right)
-        if isinstance(node.op, ast.Pow) and (abs(right) > 1000 or abs(left) > 1e6):
-            raise ValueError("exponent too large")
-        return _BIN_OPS[type(node.op)](left, right)
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
-        return _UNARY_OPS[type(node.op)](_evaluate(node.operand))
-    raise ValueError(f"unsupported element {type(node).__name__}")
+
+def _checked(value: float | int) -> float | int:
+    if isinstance(value, int) and abs(value) >= _INTEGER_LIMIT:
+        raise OverflowError(f"more than {_MAX_INTEGER_DIGITS} digits")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OverflowError("beyond the float range")  # 1e308 * 10 is inf, not an error
+    return value
+
+
+def _evaluate(tree: ast.AST) -> float | int:
+    """Evaluate an arithmetic syntax tree with an explicit stack, so that a deeply nested
+    expression (``- - - ... 1``) cannot exhaust the interpreter's recursion limit.
+
+    Raises:
+        ValueError: an element that is not a number or an arithmetic operator, or a
+            power too large to compute.
+        OverflowError: an integer beyond ``_MAX_INTEGER_DIGITS`` or a float out of range
+            (also one that Python's arithmetic would turn into ``inf`` or ``nan``).
+        ZeroDivisionError, TypeError: as Python's arithmetic.
+    """
+    values: list[float | int] = []
+    pending: list[tuple[ast.AST, bool]] = [(tree, False)]
+    while pending:
+        node, operands_done = pending.pop()
+        if isinstance(node, ast.Expression):
+            pending.append((node.body, False))
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+            values.append(_checked(node.value))
+        elif isinstance(node, ast.BinOp) and type(node.op) in _BIN_OPS:
+            if not operands_done:
+                # Popped in reverse: the left operand is evaluated first.
+                pending.extend([(node, True), (node.right, False), (node.left, False)])
+                continue
+            right = values.pop()
+            left = values.pop()
+            if isinstance(node.op, ast.Pow) and (abs(right) > 1000 or abs(left) > 1e6):
+                raise ValueError("exponent too large")
+            values.append(_checked(_BIN_OPS[type(node.op)](left, right)))
+        elif isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY_OPS:
+            if not operands_done:
+                pending.extend([(node, True), (node.operand, False)])
+                continue
+            values.append(_UNARY_OPS[type(node.op)](values.pop()))
+        else:
+            raise ValueError(f"unsupported element {type(node).__name__}")
+    return values.pop()
 
 
 def calculate(expression: str) -> ToolResult:
@@ -80,12 +119,28 @@ def calculate(expression: str) -> ToolResult:
     Use it for any arithmetic instead of computing in your head.
 
     Args:
-        expression: the expression, e.g. "(17 + 25) * 3" or "2 ** 10".
+        expression: the expression, e.g. "(17 + 25) * 3" or "2 ** 10"; at most 1000 characters.
     """
+    if len(expression) > _MAX_EXPRESSION_CHARS:
+        return ToolResult(
+            code=ToolResultCode.BAD_ARGUMENTS,
+            message=f"expression: expected at most {_MAX_EXPRESSION_CHARS} characters, received "
+            f"{len(expression)} characters; split the calculation into smaller steps",
+        )
     try:
         value = _evaluate(ast.parse(expression.replace("×", "*").replace("÷", "/"), mode="eval"))
     except ZeroDivisionError:
         return ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message="expression: division by zero")
+    except OverflowError:
+        return _too_large(expression)
+    except (RecursionError, MemoryError):
+        # ast.parse builds the tree recursively; how deep it can go depends on the stack
+        # left to the calling thread.
+        return ToolResult(
+            code=ToolResultCode.BAD_ARGUMENTS,
+            message=f"expression: nested too deeply to evaluate, received {expression!r}; "
+            "split the calculation into smaller steps",
+        )
     except (SyntaxError, ValueError, TypeError) as err:
         return ToolResult(
             code=ToolResultCode.BAD_ARGUMENTS,
@@ -94,6 +149,14 @@ def calculate(expression: str) -> ToolResult:
     if isinstance(value, float) and value.is_integer() and abs(value) < 2**53:
         value = int(value)
     return ToolResult(data={"expression": expression, "value": value})
+
+
+def _too_large(expression: str) -> ToolResult:
+    return ToolResult(
+        code=ToolResultCode.BAD_ARGUMENTS,
+        message=f"expression: the result or a value on the way is too large (integers up to "
+        f"{_MAX_INTEGER_DIGITS} digits, decimals up to about 1.8e308), received {expression!r}",
+    )
 
 
 async def save_note(title: str, text: str, context: ToolContext) -> ToolResult:
