@@ -575,7 +575,7 @@ def _chat_loop(
     existing = False
     if session:
         try:
-            transcript = runner.run(_answer(hermes.get_transcript(session_id), settings))
+            transcript = runner.run(_answer(hermes.get_transcript(session_id, include_archived=True), settings))
             existing = True
         except RPCError as err:
             if err.status != RPCStatusCode.NOT_FOUND:
@@ -735,7 +735,7 @@ def show(
         hermes = await _connect(settings)
         try:
             state = await _answer(hermes.get_state(session_id), settings)
-            transcript = await _answer(hermes.get_transcript(session_id), settings)
+            transcript = await _answer(hermes.get_transcript(session_id, include_archived=True), settings)
             trace = await _answer(hermes.get_trace(session_id), settings)
             return state, transcript, trace
         except RPCError as err:

@@ -266,8 +266,26 @@ class HermesClient:
     async def get_state(self, session_id: str) -> SessionState:
         return await self.handle(session_id).query(names.GET_STATE, result_type=SessionState)
 
-    async def get_transcript(self, session_id: str) -> list[Message]:
-        return await self.handle(session_id).query(names.GET_TRANSCRIPT, result_type=list[Message])
+    async def get_transcript(self, session_id: str, *, include_archived: bool = False) -> list[Message]:
+        """The session's messages in order.
+
+        Args:
+            session_id: the session.
+            include_archived: also the oldest messages that a long session moved to the
+                transcript archive in Redis (see ``SessionConfig.max_carry_bytes``);
+                without it, only those the workflow still holds.
+        """
+        live = await self.handle(session_id).query(names.GET_TRANSCRIPT, result_type=list[Message])
+        if not include_archived or self.redis is None:
+            return live
+        from activities.transcript import read_archive
+
+        archived = await read_archive(self.redis, session_id)
+        if not live:
+            return archived
+        # Whole turns are archived, so turn numbers join the two without overlap, even if
+        # the archive was written just before a continue-as-new that this query missed.
+        return [m for m in archived if m.turn < live[0].turn] + live
 
     async def get_pending_approvals(self, session_id: str) -> list[PendingApproval]:
         return await self.handle(session_id).query(names.GET_PENDING_APPROVALS, result_type=list[PendingApproval])

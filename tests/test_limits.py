@@ -140,6 +140,7 @@ async def test_large_tool_results_are_cut_to_a_preview_and_the_session_keeps_con
         assert len(archived) >= state.archived_messages
         whole = [m for m in archived if m.turn < live[0].turn] + live
         assert [m.content for m in whole if m.role == "user"] == [f"read page {n}" for n in range(1, 9)]
+        assert await hermes.get_transcript(session_id, include_archived=True) == whole
         assert model.largest_request_bytes < config.max_model_input_bytes + 50_000
 
 
