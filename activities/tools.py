@@ -14,6 +14,7 @@ import json
 import logging
 from typing import Any
 
+from pydantic_core import to_jsonable_python
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -54,12 +55,19 @@ def cap_result(result: ToolResult, max_bytes: int) -> ToolResult:
 
 
 def to_tool_result(value: Any) -> ToolResult:
-    """Whatever a tool returned, in the ``{code, message, data}`` shape."""
-    if isinstance(value, ToolResult):
-        if len(value.message) > _MAX_MESSAGE_CHARS:
-            value = value.model_copy(update={"message": value.message[:_MAX_MESSAGE_CHARS] + "..."})
-        return value
-    return ToolResult(data=value)
+    """Whatever a tool returned, in the ``{code, message, data}`` shape, JSON-safe.
+
+    Data that JSON cannot carry (datetimes, sets, bytes, arbitrary objects) is converted
+    here, with ``str`` as the last resort, so that a tool which did its work is never
+    reported as failed because its return value could not be serialized.
+    """
+    if not isinstance(value, ToolResult):
+        value = ToolResult(data=value)
+    message = str(value.message)
+    if len(message) > _MAX_MESSAGE_CHARS:
+        message = message[:_MAX_MESSAGE_CHARS] + "..."
+    data = to_jsonable_python(value.data, fallback=str, bytes_mode="base64")
+    return ToolResult(code=value.code, message=message, data=data)
 
 
 class ToolActivities:

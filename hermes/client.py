@@ -13,6 +13,7 @@ refused with :class:`SessionBusyError`: never silently dropped.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import unicodedata
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -226,6 +227,10 @@ class HermesClient:
                     raise
                 reason = message
             except WorkflowAlreadyStartedError:
+                # The start operation holds the same error in a future of its own; read it
+                # so asyncio does not print "Future exception was never retrieved".
+                with contextlib.suppress(Exception):
+                    await start.workflow_handle()
                 raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
             except RPCError as err:
                 if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:

@@ -175,3 +175,30 @@ async def test_a_turn_too_large_for_one_model_call_ends_clearly_and_the_session_
         assert "20000 bytes" in too_big.reply
         ok = await hermes.send_message(session_id, "small")
         assert (ok.status, ok.reply) == ("completed", "got 5 chars")
+
+
+async def test_a_tool_returning_data_json_cannot_carry_is_reported_as_done_and_runs_once(run_worker, session_id):
+    import datetime
+
+    runs: list[int] = []
+    registry = register_builtins(ToolRegistry())
+
+    class Receipt:
+        def __str__(self) -> str:
+            return "receipt #7"
+
+    def pay() -> dict[str, Any]:
+        """Pay an invoice.
+
+        Args: none.
+        """
+        runs.append(1)
+        return {"at": datetime.datetime(2026, 1, 2, 3, 4, 5), "ids": {7}, "raw": b"\xff", "receipt": Receipt()}
+
+    registry.register(pay, idempotent=False, permission="read")
+    async with run_worker(ReusesIds("pay", {}), registry=registry) as hermes:
+        result = await hermes.send_message(session_id, "pay it")
+        record = result.tool_calls[0].result
+        assert record.code == ToolResultCode.OK
+        assert record.data == {"at": "2026-01-02T03:04:05", "ids": [7], "raw": "_w==", "receipt": "receipt #7"}
+        assert runs == [1]
