@@ -29,8 +29,9 @@ IDEMPOTENCY_TTL_SECONDS = 30 * 24 * 3600
 _MAX_MESSAGE_CHARS = 2000
 
 
-def idempotency_key(session_id: str, tool_call_id: str) -> str:
-    return f"hermes:toolcall:{session_id}:{tool_call_id}"
+def idempotency_key(call_key: str) -> str:
+    """Redis key of the exactly-once record of one tool call (see ``RunToolInput.call_key``)."""
+    return f"hermes:toolcall:{call_key}"
 
 
 def cap_result(result: ToolResult, max_bytes: int) -> ToolResult:
@@ -136,6 +137,7 @@ class ToolActivities:
             turn=request.turn,
             attempt=info.attempt,
             redis=self.redis,
+            call_key=request.call_key,
         )
         if tool.idempotent:
             try:
@@ -147,7 +149,7 @@ class ToolActivities:
         return await self._run_at_most_once(request, tool, arguments, context)
 
     async def _run_at_most_once(self, request: RunToolInput, tool, arguments, context: ToolContext) -> ToolResult:
-        key = idempotency_key(request.session_id, request.tool_call.tool_call_id)
+        key = idempotency_key(request.call_key)
         if self.redis is None:
             return ToolResult(
                 code=ToolResultCode.DEPENDENCY_UNAVAILABLE,

@@ -1,7 +1,7 @@
 """The transcript archive: the oldest messages of a long session, kept in Redis so that
 the state carried across continue-as-new stays under Temporal's payload limit.
 
-Layout: ``hermes:transcript_archive:{session_id}`` is a hash from message index (its
+Layout: ``hermes:transcript_archive:{session_id}:{chain_id}`` is a hash from message index (its
 position in the whole transcript) to the message's JSON; writes by index are idempotent,
 so a retried activity never duplicates a message. Run Redis with AOF (as `hermes dev`
 and `docker-compose.yml` do) so the archive survives a restart.
@@ -16,7 +16,7 @@ from temporalio import activity
 from hermes import names
 from hermes.models import ArchiveMessagesInput, Message
 
-ARCHIVE_KEY = "hermes:transcript_archive:{session_id}"
+ARCHIVE_KEY = "hermes:transcript_archive:{session_id}:{chain_id}"
 
 
 class TranscriptActivities:
@@ -38,12 +38,13 @@ class TranscriptActivities:
         if not request.messages:
             return 0
         mapping = {str(request.first_index + i): m.model_dump_json() for i, m in enumerate(request.messages)}
-        await self.redis.hset(ARCHIVE_KEY.format(session_id=request.session_id), mapping=mapping)
+        key = ARCHIVE_KEY.format(session_id=request.session_id, chain_id=request.chain_id)
+        await self.redis.hset(key, mapping=mapping)
         return len(mapping)
 
 
-async def read_archive(redis: Any, session_id: str) -> list[Message]:
-    """The archived messages of a session, in transcript order."""
-    raw = await redis.hgetall(ARCHIVE_KEY.format(session_id=session_id))
+async def read_archive(redis: Any, session_id: str, chain_id: str) -> list[Message]:
+    """The archived messages of a session (``chain_id``: its state's ``chain_id``), in order."""
+    raw = await redis.hgetall(ARCHIVE_KEY.format(session_id=session_id, chain_id=chain_id))
     items = sorted((int(k), v) for k, v in raw.items())
     return [Message.model_validate_json(v) for _, v in items]

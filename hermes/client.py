@@ -285,7 +285,8 @@ class HermesClient:
             return live
         from activities.transcript import read_archive
 
-        archived = await read_archive(self.redis, session_id)
+        state = await self.get_state(session_id)
+        archived = await read_archive(self.redis, session_id, state.chain_id)
         if not live:
             return archived
         # Whole turns are archived, so turn numbers join the two without overlap, even if

@@ -65,6 +65,8 @@ class Message(BaseModel):
     """For ``role="tool"``: the tool's name."""
     turn: int = 0
     created_at: datetime | None = None
+    client_message_id: str | None = None
+    """For ``role="user"``: the id the client sent it with (resends are answered from it)."""
     internal: bool = False
     """Written by Hermes, not the model (e.g. "the model could not answer"): shown to the
     user and kept in the transcript, never sent to the model as if it had said it."""
@@ -120,6 +122,7 @@ class ArchiveMessagesInput(BaseModel):
     session_id: str
     first_index: int
     messages: list[Message]
+    chain_id: str = ""
 
 
 class ListToolsResult(BaseModel):
@@ -132,6 +135,14 @@ class RunToolInput(BaseModel):
     turn: int
     tool_call: ToolCall
     idempotent: bool = True
+    chain_id: str = ""
+    """The session's first run id (stable across continue-as-new, new if the id is reused
+    after a termination), so that exactly-once records never alias across sessions."""
+
+    @property
+    def call_key(self) -> str:
+        """Unique per tool call for the life of a session id: a model may reuse its ids."""
+        return ":".join(p for p in (self.session_id, self.chain_id, str(self.turn), self.tool_call.tool_call_id) if p)
 
 
 class SessionIndexEntry(BaseModel):
@@ -176,6 +187,8 @@ class SessionConfig(BaseModel):
     """Byte budget of one model call's input, under Temporal's 2 MB payload limit: older
     turns of the window are left out (whole) to fit; a turn that alone exceeds it ends
     with status ``context_too_large`` instead of a payload the server would refuse."""
+    max_system_prompt_bytes: int = 100_000
+    """Larger system prompts sent by signal are refused (listed in the state's notices)."""
     max_carry_bytes: int = 1_000_000
     """Byte budget of the transcript carried across continue-as-new; older turns beyond it
     are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
@@ -305,3 +318,7 @@ class SessionState(BaseModel):
     history_length: int
     archived_messages: int = 0
     """Oldest messages kept in the transcript archive instead of the workflow state."""
+    chain_id: str = ""
+    """First run id of this session (stable across continue-as-new); keys its archive."""
+    notices: list[str] = Field(default_factory=list)
+    """Signals the session refused, and why (e.g. a system prompt over the size limit)."""

@@ -140,7 +140,10 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
 
     notes = [json.loads(n) for n in await redis.lrange(notes_key, 0, -1)]
     assert len(notes) == 1
-    assert notes[0]["note_id"] == f"{session_id}:{pending.tool_call_id}"
+    # The idempotency key: session id, session chain (first run id), turn, tool-call id.
+    key = notes[0]["note_id"]
+    assert key.startswith(f"{session_id}:") and key.endswith(f":1:{pending.tool_call_id}")
+    assert len(key.split(":")) == 4
     assert (notes[0]["title"], notes[0]["text"]) == (NOTE_ARGUMENTS["title"], NOTE_ARGUMENTS["text"])
 
     [decision] = [d for d in state.decisions if d.tool_call_id == pending.tool_call_id]

@@ -133,7 +133,7 @@ async def test_large_tool_results_are_cut_to_a_preview_and_the_session_keeps_con
         state = await hermes.get_state(session_id)
         assert state.run_index >= 3 and state.turn_count == 8
         assert state.archived_messages > 0
-        archived = await read_archive(redis, session_id)
+        archived = await read_archive(redis, session_id, state.chain_id)
         live = await hermes.get_transcript(session_id)
         # Whole turns are archived, so turn numbers join the two without overlap (the
         # archive may run ahead of a state read just before a continue-as-new).
@@ -202,3 +202,97 @@ async def test_a_tool_returning_data_json_cannot_carry_is_reported_as_done_and_r
         assert record.code == ToolResultCode.OK
         assert record.data == {"at": "2026-01-02T03:04:05", "ids": [7], "raw": "_w==", "receipt": "receipt #7"}
         assert runs == [1]
+
+
+class ArgsOnce:
+    """Turn 2 calls `bump` with ~1.3 MB of arguments; otherwise answers plainly."""
+
+    name = "test"
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        last = request.messages[-1]
+        if last.role == "user" and last.content == "big":
+            call = ToolCall(tool_call_id="big_1", name="echo_size", arguments={"blob": "x" * 1_300_000})
+            return CallModelResult(message=Message(role="assistant", tool_calls=[call]), provider=self.name)
+        return CallModelResult(message=Message(role="assistant", content=f"ok {request.turn}"), provider=self.name)
+
+
+async def test_a_turn_with_huge_tool_arguments_does_not_wedge_the_next_continue_as_new(run_worker, session_id):
+    registry = register_builtins(ToolRegistry())
+
+    def echo_size(blob: str) -> int:
+        """Size of a blob.
+
+        Args:
+            blob: any text.
+        """
+        return len(blob)
+
+    registry.register(echo_size)
+    async with run_worker(ArgsOnce(), registry=registry, config=SessionConfig(max_updates_per_run=2)) as hermes:
+        await hermes.send_message(session_id, "one")
+        await hermes.send_message(session_id, "big")
+        for n in range(3, 7):
+            assert (await hermes.send_message(session_id, f"msg {n}")).reply == f"ok {n}"
+        state = await hermes.get_state(session_id)
+        assert state.run_index >= 2 and state.archived_messages > 0
+
+
+async def test_messages_whose_json_escapes_are_six_times_larger_never_wedge_the_session(run_worker, session_id):
+    text = "colored build log:\n" + "\x1b[0m" * 62_000  # 248 KB raw, ~560 KB as JSON
+    async with run_worker(Echo()) as hermes:
+        for _ in range(5):
+            result = await hermes.send_message(session_id, text)
+            assert result.reply == f"got {len(text)} chars"
+        assert (await hermes.get_state(session_id)).turn_count == 5
+
+
+async def test_a_tool_call_id_reused_after_its_turn_was_archived_still_runs(run_worker, session_id):
+    runs: list[int] = []
+    config = SessionConfig(max_updates_per_run=2, max_carry_bytes=3000)
+    async with run_worker(ReusesIds("bump", {}), registry=counting_registry(runs), config=config) as hermes:
+        for n in range(1, 8):
+            result = await hermes.send_message(session_id, f"bump {n}")
+            assert result.tool_calls[0].result.data == {"n": n}
+        assert len(runs) == 7
+
+
+async def test_a_session_id_reused_after_a_termination_does_not_inherit_exactly_once_records(
+    run_worker, session_id, temporal_client
+):
+    runs: list[int] = []
+    async with run_worker(ReusesIds("bump", {}), registry=counting_registry(runs)) as hermes:
+        assert (await hermes.send_message(session_id, "bump")).tool_calls[0].result.data == {"n": 1}
+        await temporal_client.get_workflow_handle(session_id).terminate("operator reset")
+        again = await hermes.send_message(session_id, "bump again")
+        assert again.turn == 1 and again.tool_calls[0].result.data == {"n": 2}
+        assert len(runs) == 2
+
+
+class LongReplies:
+    name = "test"
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        return CallModelResult(message=Message(role="assistant", content=f"{request.turn}:" + "r" * 100_000), provider=self.name)
+
+
+async def test_a_resend_after_its_cached_reply_was_evicted_is_answered_from_the_transcript(run_worker, session_id):
+    # 100 KB replies: the resend cache (512 KB) keeps ~5 of them; the transcript keeps all 8.
+    config = SessionConfig(max_updates_per_run=2, max_carry_bytes=1_500_000)
+    async with run_worker(LongReplies(), config=config) as hermes:
+        first = await hermes.send_message(session_id, "m0", client_message_id="m0")
+        for n in range(1, 8):
+            await hermes.send_message(session_id, f"m{n}", client_message_id=f"m{n}")
+        again = await hermes.send_message(session_id, "m0", client_message_id="m0")
+        assert (again.turn, again.reply) == (first.turn, first.reply)
+        assert (await hermes.get_state(session_id)).turn_count == 8
+
+
+async def test_a_system_prompt_over_the_limit_is_refused_and_said_so_in_the_state(run_worker, session_id):
+    async with run_worker(Echo()) as hermes:
+        await hermes.send_message(session_id, "hi")
+        await hermes.set_system_prompt(session_id, "p" * 200_000)
+        await hermes.set_system_prompt(session_id, "be brief")
+        state = await hermes.get_state(session_id)
+        assert state.system_prompt == "be brief"
+        assert len(state.notices) == 1 and "200000 bytes refused" in state.notices[0]

@@ -92,7 +92,7 @@ def test_tool_context_parameter_is_excluded_from_the_schema_and_passed_at_call_t
     context = ToolContext(session_id="s-1", user_id="alice", tool_call_id="call_1", turn=3)
     assert asyncio.run(tool.call(tool.validate({"shout": "true"}), context)) == "ALICE"
     assert seen == [context]
-    assert context.idempotency_key == "s-1:call_1"
+    assert context.idempotency_key == "s-1:3:call_1"  # no chain id outside a session run
     with pytest.raises(ToolArgumentsError) as info:
         tool.validate({"ctx": "forged"})
     assert info.value.problems[0]["field"] == "ctx"

@@ -61,15 +61,22 @@ class _ContextTooLarge(Exception):
 
 
 _ARCHIVE_CHUNK_BYTES = 1_000_000
+_MAX_CARRY_PAYLOAD_BYTES = 1_800_000
+"""Continue-as-new is not attempted with a larger state: Temporal refuses inputs over 2 MB."""
 _MAX_CACHED_RESULT_BYTES = 64_000
 _MAX_CACHE_BYTES = 512_000
 
 
+def _json_bytes(value: Any) -> int:
+    return len(json.dumps(value, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+
+
 def _message_bytes(m: Message) -> int:
-    """Approximate serialized size of a message, in bytes (payload limits are in bytes)."""
-    size = 96 + len((m.content or "").encode("utf-8", "surrogatepass"))
+    """Serialized size of a message in bytes, as JSON with its escapes (a control
+    character takes 6 bytes), since payload limits apply to the JSON."""
+    size = 160 + _json_bytes(m.content or "")
     for call in m.tool_calls:
-        size += 96 + len(call.name) + len(json.dumps(call.arguments, ensure_ascii=False).encode("utf-8", "surrogatepass"))
+        size += 160 + _json_bytes(call.name) + _json_bytes(call.arguments) + _json_bytes(call.tool_call_id)
     return size
 
 
@@ -111,6 +118,8 @@ class SessionWorkflow:
         self._run_index = carry.run_index
         self._system_prompt = carry.system_prompt or self._cfg.system_prompt
         self._archived = carry.archived_messages
+        self._chain_id = workflow.info().first_execution_run_id
+        self._notices: list[str] = []
         self._completed_bytes: dict[str, int] = {cid: len(r.model_dump_json()) for cid, r in self._completed.items()}
 
         self._status = "active"
@@ -169,55 +178,70 @@ class SessionWorkflow:
             )
 
     async def _archive_for_carry(self) -> bool:
-        """Move the oldest whole turns out of the state until the transcript fits
-        ``max_carry_bytes / 2`` (half, so that not every continue-as-new archives).
+        """Make the state carried across continue-as-new fit ``max_carry_bytes``.
+
+        Moves the oldest whole turns (all of them if needed: no turn runs now) to the
+        transcript archive until the messages fit half the budget, and trims the resend
+        cache and the trace if the rest is still too large. Sizes are measured as the
+        JSON the payload will be, escapes included.
 
         Returns:
-            False if the transcript is over budget and archiving failed.
+            False if the state is still over Temporal's payload limit (archiving failed):
+            the caller must not continue as new yet.
         """
-        sizes = [_message_bytes(m) for m in self._messages]
-        total = sum(sizes)
-        if total <= self._cfg.max_carry_bytes:
+        budget = self._cfg.max_carry_bytes
+        if self._carry_bytes() <= budget:
             return True
-        target = self._cfg.max_carry_bytes // 2
+        sizes = [_message_bytes(m) for m in self._messages]
+        starts = [i for i, m in enumerate(self._messages) if m.role == "user"] + [len(self._messages)]
+        remaining = sum(sizes)
         cut = 0
-        remaining = total
-        for index, message in enumerate(self._messages):
-            if remaining <= target and message.role == "user":
-                break  # cut only at the start of a turn: a tool call and its result stay together
-            remaining -= sizes[index]
-            cut = index + 1
-        # never archive the newest turn
-        last_user = max((i for i, m in enumerate(self._messages) if m.role == "user"), default=0)
-        cut = min(cut, last_user)
-        chunk_start = 0
+        for boundary in starts:
+            if remaining <= budget // 2:
+                break
+            remaining -= sum(sizes[cut:boundary])
+            cut = boundary
+        archived_upto = 0
         try:
-            while chunk_start < cut:
-                chunk_end, chunk_bytes = chunk_start, 0
-                while chunk_end < cut and (chunk_end == chunk_start or chunk_bytes + sizes[chunk_end] <= _ARCHIVE_CHUNK_BYTES):
-                    chunk_bytes += sizes[chunk_end]
-                    chunk_end += 1
+            while archived_upto < cut:
+                end, size = archived_upto, 0
+                while end < cut and (end == archived_upto or size + sizes[end] <= _ARCHIVE_CHUNK_BYTES):
+                    size += sizes[end]
+                    end += 1
                 await workflow.execute_activity(
                     names.ARCHIVE_MESSAGES,
                     ArchiveMessagesInput(
                         session_id=self._inp.session_id,
-                        first_index=self._archived + chunk_start,
-                        messages=self._messages[chunk_start:chunk_end],
+                        chain_id=self._chain_id,
+                        first_index=self._archived + archived_upto,
+                        messages=self._messages[archived_upto:end],
                     ),
                     start_to_close_timeout=timedelta(seconds=30),
                     retry_policy=RetryPolicy(maximum_attempts=5),
                     summary="archive transcript",
                 )
-                chunk_start = chunk_end
+                archived_upto = end
         except ActivityError:
             workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
-            if chunk_start:
-                self._archived += chunk_start
-                del self._messages[:chunk_start]
-            return False
-        self._archived += cut
-        del self._messages[:cut]
-        return True
+        # Drop only whole archived turns (a failed chunk may have ended mid-turn; its
+        # messages are written again, by index, next time).
+        drop = max((b for b in starts if b <= archived_upto), default=0)
+        if drop:
+            self._archived += drop
+            del self._messages[:drop]
+        excess = self._carry_bytes() - budget
+        while excess > 0 and self._completed:
+            oldest = next(iter(self._completed))
+            self._completed.pop(oldest)
+            excess -= self._completed_bytes.pop(oldest, 0)
+        if excess > 0:
+            del self._trace[:-50]
+        return self._carry_bytes() <= _MAX_CARRY_PAYLOAD_BYTES
+
+    def _carry_bytes(self) -> int:
+        return len(self._carry().model_dump_json().encode("utf-8", "surrogatepass")) + len(
+            self._cfg.model_dump_json()
+        )
 
     def _idle(self) -> bool:
         return not self._lock.locked() and self._queued == 0
@@ -250,6 +274,8 @@ class SessionWorkflow:
             system_prompt=self._system_prompt,
             settled_tool_call_ids=self._settled[-_MAX_SETTLED:],
             archived_messages=self._archived,
+            chain_id=self._chain_id,
+            notices=self._notices,
         )
 
     async def _drain_background(self) -> None:
@@ -278,6 +304,9 @@ class SessionWorkflow:
             if cid in self._in_flight_ids:
                 await workflow.wait_condition(lambda: cid in self._completed)
                 return self._completed[cid]
+            answered = self._answer_from_transcript(cid)
+            if answered is not None:
+                return answered
             self._in_flight_ids.add(cid)
         self._queued += 1
         try:
@@ -292,6 +321,31 @@ class SessionWorkflow:
             self._remember(cid, result)
         return result
 
+    def _answer_from_transcript(self, cid: str) -> TurnResult | None:
+        """The reply to a message already answered whose cached reply was evicted:
+        rebuilt from the transcript, so a late resend never runs a second turn."""
+        turn = next((m.turn for m in self._messages if m.role == "user" and m.client_message_id == cid), None)
+        if turn is None:
+            return None
+        in_turn = [m for m in self._messages if m.turn == turn]
+        results = {m.tool_call_id: m.content or "" for m in in_turn if m.role == "tool"}
+        records = []
+        for m in in_turn:
+            for call in m.tool_calls:
+                try:
+                    result = ToolResult.model_validate_json(results.get(call.tool_call_id, ""))
+                except ValueError:
+                    result = ToolResult(message=results.get(call.tool_call_id, "")[:500])
+                records.append(ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=result))
+        replies = [m for m in in_turn if m.role == "assistant" and not m.tool_calls]
+        return TurnResult(
+            session_id=self._inp.session_id,
+            turn=turn,
+            reply=(replies[-1].content or "") if replies else "",
+            tool_calls=records,
+            client_message_id=cid,
+        )
+
     def _remember(self, cid: str, result: TurnResult) -> None:
         """Keep a reply for resends, within a count and a byte budget (it is carried
         across continue-as-new, so it must stay far below the 2 MB payload limit)."""
@@ -301,7 +355,7 @@ class SessionWorkflow:
             cached = result.model_copy(
                 update={
                     "tool_calls": [
-                        r.model_copy(update={"result": r.result.model_copy(update={"data": None})})
+                        r.model_copy(update={"arguments": {}, "result": r.result.model_copy(update={"data": None})})
                         for r in result.tool_calls
                     ]
                 }
@@ -350,7 +404,16 @@ class SessionWorkflow:
 
     @workflow.signal(name=names.SET_SYSTEM_PROMPT)
     def set_system_prompt(self, system_prompt: str) -> None:
-        """Replace the system prompt from the next model call on."""
+        """Replace the system prompt from the next model call on; one over
+        ``max_system_prompt_bytes`` is refused and listed in the state's ``notices``."""
+        size = len(system_prompt.encode("utf-8", "surrogatepass"))
+        if size > self._cfg.max_system_prompt_bytes:
+            self._notices.append(
+                f"{workflow.now().isoformat(timespec='seconds')}: system prompt of {size} bytes refused "
+                f"(limit {self._cfg.max_system_prompt_bytes}); the previous one stays"
+            )
+            del self._notices[:-20]
+            return
         self._system_prompt = system_prompt
 
     @workflow.signal(name=names.CANCEL_TURN)
@@ -426,6 +489,8 @@ class SessionWorkflow:
             updates_this_run=self._updates_this_run,
             history_length=workflow.info().get_current_history_length(),
             archived_messages=self._archived,
+            chain_id=self._chain_id,
+            notices=self._notices,
         )
 
     # ---------------------------------------------------------- the turn
@@ -435,7 +500,9 @@ class SessionWorkflow:
         turn = self._turn_count
         now = workflow.now()
         self._last_active_at = now
-        self._messages.append(Message(role="user", content=inp.text, turn=turn, created_at=now))
+        self._messages.append(
+            Message(role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id)
+        )
         if not self._title:
             self._title = " ".join(inp.text.split())[:60]
             # In the memo too, so a session index rebuilt from visibility keeps the title.
@@ -731,6 +798,7 @@ class SessionWorkflow:
                 turn=turn,
                 tool_call=call,
                 idempotent=spec.idempotent,
+                chain_id=self._chain_id,
             ),
             result_type=ToolResult,
             start_to_close_timeout=timedelta(seconds=spec.timeout_seconds),

@@ -45,11 +45,14 @@ class ToolContext:
     attempt: int = 1
     redis: Any = None
     """The worker's ``redis.asyncio.Redis`` client, for tools that keep state there."""
+    call_key: str = ""
 
     @property
     def idempotency_key(self) -> str:
-        """Stable across retries of this call: ``session_id:tool_call_id``."""
-        return f"{self.session_id}:{self.tool_call_id}"
+        """Stable across retries of this call and unique to it for the life of the session
+        id: ``session_id:chain:turn:tool_call_id`` (models reuse their tool-call ids, and a
+        session id may be reused after a termination). Pass it to backends that dedupe."""
+        return self.call_key or f"{self.session_id}:{self.turn}:{self.tool_call_id}"
 
 
 @dataclass
