@@ -296,3 +296,14 @@ async def test_a_system_prompt_over_the_limit_is_refused_and_said_so_in_the_stat
         state = await hermes.get_state(session_id)
         assert state.system_prompt == "be brief"
         assert len(state.notices) == 1 and "200000 bytes refused" in state.notices[0]
+
+
+async def test_a_run_whose_transcript_outgrows_the_budget_continues_as_new_and_archives(run_worker, session_id):
+    config = SessionConfig(max_carry_bytes=300_000)  # rolls over past 450 KB of transcript
+    async with run_worker(LongReplies(), config=config) as hermes:
+        for n in range(1, 8):
+            await hermes.send_message(session_id, f"m{n}")
+        state = await hermes.get_state(session_id)
+        assert state.run_index >= 1 and state.archived_messages > 0
+        whole = await hermes.get_transcript(session_id, include_archived=True)
+        assert [m.content for m in whole if m.role == "user"] == [f"m{n}" for n in range(1, 8)]

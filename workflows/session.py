@@ -119,6 +119,8 @@ class SessionWorkflow:
         self._system_prompt = carry.system_prompt or self._cfg.system_prompt
         self._archived = carry.archived_messages
         self._chain_id = workflow.info().first_execution_run_id
+        self._live_bytes = sum(_message_bytes(m) for m in self._messages)
+        """Size of the transcript held in the state, kept up to date once per turn."""
         self._notices: list[str] = []
         self._completed_bytes: dict[str, int] = {cid: len(r.model_dump_json()) for cid, r in self._completed.items()}
 
@@ -228,6 +230,7 @@ class SessionWorkflow:
         drop = max((b for b in starts if b <= archived_upto), default=0)
         if drop:
             self._archived += drop
+            self._live_bytes -= sum(sizes[:drop])
             del self._messages[:drop]
         excess = self._carry_bytes() - budget
         while excess > 0 and self._completed:
@@ -247,9 +250,12 @@ class SessionWorkflow:
         return not self._lock.locked() and self._queued == 0
 
     def _should_roll_over(self) -> bool:
+        # The transcript too: past it, archiving at the next continue-as-new keeps the
+        # state (and the transcript query's answer) well under the 2 MB payload limit.
         return (
             self._updates_this_run >= self._cfg.max_updates_per_run
             or workflow.info().is_continue_as_new_suggested()
+            or self._live_bytes > self._cfg.max_carry_bytes * 3 // 2
         )
 
     def _must_roll_over(self) -> bool:
@@ -496,6 +502,13 @@ class SessionWorkflow:
     # ---------------------------------------------------------- the turn
 
     async def _run_turn(self, inp: SendMessageInput) -> TurnResult:
+        first_new = len(self._messages)
+        try:
+            return await self._run_turn_inner(inp)
+        finally:
+            self._live_bytes += sum(_message_bytes(m) for m in self._messages[first_new:])
+
+    async def _run_turn_inner(self, inp: SendMessageInput) -> TurnResult:
         self._turn_count += 1
         turn = self._turn_count
         now = workflow.now()
