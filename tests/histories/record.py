@@ -2,7 +2,7 @@
 
 Regenerate the committed file with::
 
-    cd /work/main && source /work/venv/bin/activate
+    # from the repository root, in the environment of the README's test command
     python -m tests.histories.record            # writes tests/histories/session_with_tools_and_approval.json
     python -m tests.histories.record OUT.json   # or somewhere else
 
