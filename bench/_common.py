@@ -29,13 +29,10 @@ if str(_ROOT) not in sys.path:  # `python bench/x.py` puts only bench/ on the pa
 
 import redis.asyncio as aioredis  # noqa: E402
 from temporalio.client import Client  # noqa: E402
-from temporalio.contrib.pydantic import pydantic_data_converter  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
-from hermes import names  # noqa: E402
-from hermes.stack import EmbeddedStack, find_binary, free_port  # noqa: E402
+from hermes.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
 
-SEARCH_ATTRIBUTE_KEYS = [names.SA_USER_ID, names.SA_CHANNEL, names.SA_STATUS, names.SA_PENDING_APPROVALS]
 
 
 @dataclass
@@ -56,13 +53,7 @@ async def bench_stack() -> AsyncIterator[BenchStack]:
     Raises:
         hermes.stack.StackError: a binary is missing or a server did not start.
     """
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(find_binary("temporal")),
-        search_attributes=SEARCH_ATTRIBUTE_KEYS,
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-        ui=False,
-    )
+    env = await start_dev_environment()
     try:
         with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp:
             stack = EmbeddedStack(Path(tmp), start_temporal=False, redis_port=free_port(), ui=False)

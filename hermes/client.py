@@ -18,7 +18,6 @@ import unicodedata
 import uuid
 from typing import TYPE_CHECKING, Any
 
-from temporalio.api.enums.v1 import WorkflowExecutionStatus  # noqa: F401 - re-exported for callers
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,

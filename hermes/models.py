@@ -157,6 +157,19 @@ class SessionIndexEntry(BaseModel):
     last_active_at: datetime
     turn_count: int = 0
 
+    @classmethod
+    def from_state(cls, state: SessionState) -> SessionIndexEntry:
+        return cls(
+            session_id=state.session_id,
+            user_id=state.user_id,
+            channel=state.channel,
+            status=state.status,
+            title=state.title,
+            created_at=state.created_at,
+            last_active_at=state.last_active_at,
+            turn_count=state.turn_count,
+        )
+
 
 class SessionConfig(BaseModel):
     """Per-session settings, fixed at creation (defaults from DESIGN.md)."""

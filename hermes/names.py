@@ -43,10 +43,10 @@ SA_PENDING_APPROVALS = SearchAttributeKey.for_int("HermesPendingApprovals")
 # Memo keys (not indexed; read back when the Redis session index is rebuilt).
 MEMO_TITLE = "title"
 
+SEARCH_ATTRIBUTE_KEYS = [SA_USER_ID, SA_CHANNEL, SA_STATUS, SA_PENDING_APPROVALS]
+"""Every search attribute the product uses (for ``WorkflowEnvironment.start_local``)."""
+
 SEARCH_ATTRIBUTES: dict[str, str] = {
-    SA_USER_ID.name: "Keyword",
-    SA_CHANNEL.name: "Keyword",
-    SA_STATUS.name: "Keyword",
-    SA_PENDING_APPROVALS.name: "Int",
+    key.name: key.indexed_value_type.name.title() for key in SEARCH_ATTRIBUTE_KEYS
 }
 """Name -> Temporal indexed value type, for registration on a server."""

