@@ -28,16 +28,20 @@ from hermes.providers import ModelProvider, make_provider
 from hermes.settings import Settings, get_settings
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry, default_registry
+from workflows.composite import CompositeToolWorkflow
 from workflows.session import SessionWorkflow
 
 log = logging.getLogger("hermes.worker")
 
 
 def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> ToolRegistry:
-    """The default registry with the built-in tools and those of ``settings.tool_modules``.
+    """The default registry with the built-in tools, those of ``settings.tool_modules``
+    and those of ``settings.tool_files``, checked as a whole.
 
     Raises:
-        ConfigError: a tool module that cannot be imported.
+        ConfigError: a tool module that cannot be imported, or a wrong tool file.
+        ToolRegistrationError: a duplicate name, or a fallback / next tool / composite
+            step naming a tool that does not exist.
     """
     registry = registry if registry is not None else default_registry
     if "current_time" not in registry:
@@ -47,6 +51,10 @@ def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> T
             importlib.import_module(module)
         except ImportError as err:
             raise ConfigError(f"cannot import tool module: {err}", source="HERMES_TOOL_MODULES", key=module) from err
+    for path in settings.tool_files:
+        if not any(t.source == str(path) for t in registry):
+            registry.load_file(path)
+    registry.check_references()
     return registry
 
 
@@ -89,7 +97,10 @@ def build_worker(
     """
     settings = settings or get_settings()
     provider = provider or make_provider(settings)
-    registry = registry if registry is not None else load_registry(settings)
+    if registry is None:
+        registry = load_registry(settings)
+    else:
+        registry.check_references()
     redis = redis if redis is not None else connect_redis(settings.resolved_redis_url)
     model = ModelActivities(provider)
     tools = ToolActivities(
@@ -104,10 +115,11 @@ def build_worker(
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
-        workflows=[SessionWorkflow],
+        workflows=[SessionWorkflow, CompositeToolWorkflow],
         activities=[
             model.call_model,
             tools.list_tools,
+            tools.validate_tool_call,
             tools.run_tool,
             index.update_session_index,
             transcript.archive_messages,

@@ -1,4 +1,8 @@
-"""Tool activities: list the registry, run one tool call.
+"""Tool activities: list the registry, validate a call, run one tool call.
+
+Every call goes through the same layers: the tool exists; its arguments are coerced
+and validated (structure, format); its checks pass (business rules, permission); then
+it runs, with heartbeats. Whatever happens becomes a ``{code, message, data}`` result.
 
 A non-idempotent tool runs at most once per ``session_id:tool_call_id``: before it
 runs, a record is set in Redis with ``SET NX``; a later attempt that finds the record
@@ -19,9 +23,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.errors import ToolArgumentsError
-from hermes.models import ListToolsResult, RunToolInput, ToolResult, ToolResultCode
-from hermes.tools.registry import ToolContext, ToolRegistry
+from hermes.errors import ToolArgumentsError, ToolFailure
+from hermes.models import ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
+from hermes.tools.registry import Tool, ToolContext, ToolRegistry
 
 log = logging.getLogger("hermes.tools")
 
@@ -53,6 +57,49 @@ def cap_result(result: ToolResult, max_bytes: int) -> ToolResult:
             "data": {"truncated": True, "preview": preview},
         }
     )
+
+
+def arguments_result(err: ToolArgumentsError, tool: Tool | None = None) -> ToolResult:
+    """Code 1 with every problem: which field, what was expected, what was received.
+
+    When required arguments are missing the message tells the model to ask the user
+    for them (described from the schema) rather than guess or send null."""
+    problems = err.problems
+    missing = [p["field"] for p in problems if p.get("missing")]
+    message = str(err)
+    data: dict[str, Any] = {"problems": problems}
+    if missing:
+        props = (tool.parameters_schema.get("properties", {}) if tool else {}) or {}
+        described = [
+            f"{name} ({props[name]['description']})" if isinstance(props.get(name), dict) and props[name].get("description") else name
+            for name in missing
+        ]
+        message = (
+            f"missing required argument(s) for {err.tool_name}: {', '.join(described)}. Do not guess and do not "
+            "send null: ask the user for them, then call again."
+            + (f" Also: {message}" if len(missing) < len(problems) else "")
+        )
+        data.update(missing=missing, ask_user=True)
+    return ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=message[:_MAX_MESSAGE_CHARS], data=data)
+
+
+def failure_result(err: BaseException, *, in_check: bool = False) -> ToolResult:
+    """A raised error as a result: ``ToolFailure`` keeps its code; from a check, a
+    ``ValueError`` is code 1 and a ``PermissionError`` code 3; anything else is code 2."""
+    text = str(err) or type(err).__name__
+    if isinstance(err, ToolFailure):
+        code, data = ToolResultCode(err.code), err.data
+    elif isinstance(err, ToolArgumentsError):
+        return arguments_result(err)
+    elif isinstance(err, PermissionError):
+        code, data = ToolResultCode.PERMISSION_DENIED, None
+    elif in_check and isinstance(err, ValueError):
+        code, data = ToolResultCode.BAD_ARGUMENTS, None
+    else:
+        code, data = ToolResultCode.DEPENDENCY_UNAVAILABLE, None
+        text = f"{type(err).__name__}: {text}"
+    data = to_jsonable_python(data, fallback=str, bytes_mode="base64")
+    return ToolResult(code=code, message=text[:_MAX_MESSAGE_CHARS], data=data)
 
 
 def to_tool_result(value: Any) -> ToolResult:
@@ -103,78 +150,106 @@ class ToolActivities:
             tools=[
                 t.spec(tier_seconds=self.tier_seconds, heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
                 for t in self.registry
-            ]
+            ],
+            groups=self.registry.groups,
         )
 
-    @activity.defn(name=names.RUN_TOOL)
-    async def run_tool(self, request: RunToolInput) -> ToolResult:
-        """Validate the arguments and run one tool call.
-
-        Returns:
-            The tool's result; bad arguments are a result with code 1, not an error.
-
-        Raises:
-            ApplicationError: an idempotent tool raised (retried by Temporal); the
-                workflow reports the final failure to the model as code 2.
-        """
+    async def _prepare(self, request: RunToolInput) -> tuple[Tool, Any, ToolContext] | ToolResult:
+        """Layers one to three: the tool exists, its arguments are valid, its checks pass."""
         call = request.tool_call
         tool = self.registry.get(call.name)
         if tool is None:
-            return ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=f"unknown tool {call.name!r}")
+            return ToolResult(
+                code=ToolResultCode.BAD_ARGUMENTS,
+                message=f"unknown tool {call.name!r}; available tools: {', '.join(self.registry.names())}",
+            )
         try:
             arguments = tool.validate(call.arguments)
         except ToolArgumentsError as err:
-            return ToolResult(
-                code=ToolResultCode.BAD_ARGUMENTS,
-                message=str(err)[:_MAX_MESSAGE_CHARS],
-                data={"problems": err.problems},
-            )
-        info = activity.info()
+            return arguments_result(err, tool)
+        info = activity.info() if activity.in_activity() else None
         context = ToolContext(
             session_id=request.session_id,
             user_id=request.user_id,
             tool_call_id=call.tool_call_id,
             turn=request.turn,
-            attempt=info.attempt,
+            attempt=info.attempt if info else 1,
             redis=self.redis,
             call_key=request.call_key,
         )
+        try:
+            await tool.run_checks(arguments, context)
+        except Exception as err:  # noqa: BLE001 - every check failure becomes a result
+            return failure_result(err, in_check=True)
+        return tool, arguments, context
+
+    @activity.defn(name=names.VALIDATE_TOOL_CALL)
+    async def validate_tool_call(self, request: RunToolInput) -> ValidateToolCallResult:
+        """Check a call before a human is asked about it (a local activity: cheap, no I/O
+        beyond the tool's own checks). Returns the coerced arguments or the error result."""
+        prepared = await self._prepare(request)
+        if isinstance(prepared, ToolResult):
+            return ValidateToolCallResult(arguments=request.tool_call.arguments, error=prepared)
+        tool, arguments, _ = prepared
+        return ValidateToolCallResult(arguments=tool.dump_arguments(arguments))
+
+    @activity.defn(name=names.RUN_TOOL)
+    async def run_tool(self, request: RunToolInput) -> ToolResult:
+        """Validate the arguments, run the checks, and run one tool call.
+
+        Returns:
+            The tool's result in the ``{code, message, data}`` shape: bad arguments are
+            code 1, a failed check code 1 or 3, a ``ToolFailure`` its own code, and a
+            non-idempotent tool's exception code 2 (never an error of the workflow).
+
+        Raises:
+            ApplicationError: a retry-safe (idempotent or keyed) tool raised; Temporal
+                retries it and the workflow reports the final failure as code 2.
+        """
+        prepared = await self._prepare(request)
+        if isinstance(prepared, ToolResult):
+            return prepared
+        tool, arguments, context = prepared
         if tool.idempotent:
             try:
-                return cap_result(to_tool_result(await self._with_heartbeat(tool.call(arguments, context))), self.max_result_bytes)
-            except ApplicationError:
-                raise
+                value = await self._with_heartbeat(tool.invoke(arguments, context))
+            except ToolFailure as err:
+                return failure_result(err)
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
                 raise ApplicationError(f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__) from err
+            return cap_result(to_tool_result(value), self.max_result_bytes)
         return await self._run_at_most_once(request, tool, arguments, context)
 
-    async def _run_at_most_once(self, request: RunToolInput, tool, arguments, context: ToolContext) -> ToolResult:
+    async def _run_at_most_once(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
         key = idempotency_key(request.call_key)
         if self.redis is None:
             return ToolResult(
                 code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
                 message="no idempotency store (Redis) is configured; a non-idempotent tool is not run without one",
             )
-        started = json.dumps({"state": "started", "attempt": context.attempt})
+        started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
         claimed = await self.redis.set(key, started, nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
         if not claimed:
             record = json.loads(await self.redis.get(key) or "{}")
             if record.get("state") == "done":
                 return ToolResult.model_validate(record["result"])
             log.warning("tool call %s started before and never finished; not running it again", key)
+            if record.get("state") == "started":
+                record["state"] = "unknown"
+                await self.redis.set(key, json.dumps(record), ex=IDEMPOTENCY_TTL_SECONDS)
             return ToolResult(
                 code=ToolResultCode.OUTCOME_UNKNOWN,
                 message=(
                     f"{tool.name} started on attempt {record.get('attempt', '?')} but its worker stopped before "
-                    "reporting; its outcome is unknown and it was not run again. Check before retrying."
+                    "reporting; its outcome is unknown and it was not run again. Check before retrying: "
+                    "running it again needs a human's approval."
                 ),
+                data={"outcome": "unknown", "ledger_key": key},
             )
         try:
-            result = cap_result(to_tool_result(await self._with_heartbeat(tool.call(arguments, context))), self.max_result_bytes)
+            result = cap_result(to_tool_result(await self._with_heartbeat(tool.invoke(arguments, context))), self.max_result_bytes)
         except Exception as err:  # noqa: BLE001 - the tool said it failed; record and report
-            result = ToolResult(
-                code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS]
-            )
+            result = failure_result(err)
         await self.redis.set(
             key, json.dumps({"state": "done", "result": result.model_dump(mode="json")}), ex=IDEMPOTENCY_TTL_SECONDS
         )

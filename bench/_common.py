@@ -12,16 +12,17 @@ both stopped at the end. Nothing is downloaded.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
 import statistics
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:  # `python bench/x.py` puts only bench/ on the path
@@ -31,6 +32,7 @@ import redis.asyncio as aioredis  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
+from hermes.process import exit_now  # noqa: E402
 from hermes.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
 
 
@@ -130,3 +132,24 @@ def cpu_seconds(pid: int) -> float:
 def headline(name: str, value: str) -> None:
     """Print the benchmark's headline figure: the last line of its output, ``name=value``."""
     print(f"{name}={value}", flush=True)
+
+
+def run(main: Callable[[], Coroutine[Any, Any, None]]) -> NoReturn:
+    """Run a benchmark's ``async main()`` and leave the process without finalizing Python.
+
+    The Temporal SDK's Rust threads can call into Python while CPython finalizes and
+    abort the process ("Fatal Python error: PyGILState_Release") after the benchmark has
+    printed its headline: temporalio/sdk-python#300, as in ``hermes/cli.py``. So the
+    ``atexit`` handlers run, the output is flushed and the process leaves with
+    ``os._exit``: exit code 0, 1 on an uncaught exception (printed as usual), or the
+    ``SystemExit`` code (argparse errors: 2).
+    """
+    code: Any = 0
+    try:
+        asyncio.run(main())
+    except SystemExit as exit_:
+        code = exit_.code
+    except BaseException:  # noqa: BLE001 - printed like an uncaught exception
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    exit_now(code)

@@ -8,6 +8,8 @@
     hermes sessions [--user U]   # the user's sessions (Redis index)
     hermes show ID               # state, pending approvals, transcript, trace
     hermes approve ID TOOL_CALL_ID / hermes reject ID TOOL_CALL_ID
+    hermes approvals             # every pending approval across sessions
+    hermes tools                 # the tools a worker would serve (checks tool files)
 
 Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
 ``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
@@ -23,13 +25,11 @@ Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_
 from __future__ import annotations
 
 import asyncio
-import atexit
 import contextlib
 import functools
 import getpass
 import json
 import logging
-import os
 import re
 import shlex
 import signal
@@ -66,11 +66,13 @@ from hermes.demo import (
 )
 from hermes.errors import (
     ConfigError,
+    HermesError,
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
 )
 from hermes.models import PendingApproval, TurnResult
+from hermes.process import exit_now
 from hermes.settings import Settings
 from hermes.stack import StackAlreadyRunning, StackError, ensure_search_attributes
 
@@ -115,16 +117,7 @@ class _HermesTyper(typer.Typer):
 
 
 def _exit_now(code: Any) -> NoReturn:
-    if code is None:
-        code = 0
-    elif not isinstance(code, int):
-        print(code, file=sys.stderr)
-        code = 1
-    atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    os._exit(code)
+    exit_now(code)
 
 
 app = _HermesTyper(
@@ -863,6 +856,8 @@ def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, appro
         return
     if record.outcome == "unknown_tool_call":
         detail = f"session {session_id} has no pending tool call {tool_call_id!r} (pending: {', '.join(pending) or 'none'})"
+    elif record.outcome == "not_allowed":
+        detail = f"{record.detail}; tool call {tool_call_id!r} is still pending"
     else:
         detail = f"tool call {tool_call_id!r} of session {session_id} was already decided; nothing changed"
     raise _fail(f"{record.outcome}: {detail}", EXIT_REFUSED)
@@ -894,6 +889,85 @@ def reject(
 ) -> None:
     """Reject a pending tool call (the model is told) and report the outcome."""
     _decide_command(session_id, tool_call_id, approved=False, approver=approver, reason=reason)
+
+
+@app.command()
+def approvals(
+    user: Annotated[str | None, typer.Option("--user", "-u", help="Only sessions of this user (the requester).")] = None,
+    approver: Annotated[
+        str | None, typer.Option("--approver", "-a", help="Mark which approvals this person may decide.")
+    ] = None,
+    as_json: JsonOption = False,
+) -> None:
+    """List every pending approval across sessions (Temporal visibility), oldest first."""
+    settings = Settings()
+
+    async def main() -> list[Any]:
+        hermes = await _connect(settings)
+        try:
+            return await _answer(hermes.list_pending_approvals(user_id=user), settings)
+        finally:
+            await hermes.redis.aclose()
+
+    pending = _run(main, settings)
+    if as_json:
+        typer.echo(json.dumps([p.model_dump(mode="json") for p in pending], ensure_ascii=False, indent=2))
+        return
+    if not pending:
+        out.print("No pending approvals.")
+        return
+    table = Table(title="pending approvals", title_justify="left")
+    for column in ("session", "tool call id", "tool", "permission", "requester", "expires (UTC)", "arguments"):
+        table.add_column(column, overflow="fold")
+    if approver is not None:
+        table.add_column("you may decide")
+    for p in pending:
+        expires = f"{p.expires_at:%Y-%m-%d %H:%M:%S}" + (" (expired: session halted)" if p.expired else "")
+        row = [
+            escape(p.session_id),
+            escape(p.tool_call_id),
+            escape(p.tool_name),
+            f"{p.permission} ({p.action})",
+            escape(p.requester),
+            expires,
+            escape(json.dumps(p.arguments, ensure_ascii=False)[:200]),
+        ]
+        if approver is not None:
+            why_not = p.may_decide(approver)
+            row.append("yes" if why_not is None else escape(f"no: {why_not}"))
+        table.add_row(*row)
+    out.print(table)
+
+
+@app.command("tools")
+def tools_command(as_json: JsonOption = False) -> None:
+    """List the tools a worker started with these settings would serve (built-ins,
+    HERMES_TOOL_MODULES, HERMES_TOOL_FILES), with tier, idempotency and permission."""
+    from worker import load_registry
+
+    settings = Settings()
+    try:
+        registry = load_registry(settings)
+    except HermesError as err:
+        raise _fail(str(err), EXIT_UNAVAILABLE) from None
+    specs = [t.spec(tier_seconds=settings.tier_seconds, heartbeat_timeout_seconds=settings.tool_heartbeat_seconds) for t in registry]
+    if as_json:
+        typer.echo(json.dumps([s.model_dump(mode="json", exclude_none=True) for s in specs], ensure_ascii=False, indent=2))
+        return
+    table = Table(title="tools", title_justify="left")
+    for column in ("name", "group", "tier", "timeout s", "idempotency", "permission", "description"):
+        table.add_column(column, overflow="fold")
+    for spec in specs:
+        table.add_row(
+            escape(spec.name),
+            escape(spec.group or "-"),
+            spec.tier,
+            f"{spec.timeout_seconds:g}",
+            spec.idempotency or "",
+            spec.permission,
+            escape(spec.description.splitlines()[0][:100]),
+        )
+    out.print(table)
 
 
 def main() -> None:

@@ -295,6 +295,39 @@ class HermesClient:
     async def get_pending_approvals(self, session_id: str) -> list[PendingApproval]:
         return await self.handle(session_id).query(names.GET_PENDING_APPROVALS, result_type=list[PendingApproval])
 
+    async def list_pending_approvals(self, *, user_id: str | None = None, limit: int = 200) -> list[PendingApproval]:
+        """Every pending approval across running sessions, oldest first.
+
+        Found through Temporal visibility (search attribute ``HermesPendingApprovals > 0``),
+        then each session is asked for its own list, which is authoritative: visibility
+        lags by a moment, so a just-settled approval is not listed and a just-requested one
+        may appear a moment later.
+
+        Args:
+            user_id: only sessions of this user (the requester).
+            limit: at most this many sessions are asked.
+        """
+        query = (
+            f"WorkflowType = '{names.SESSION_WORKFLOW}' AND ExecutionStatus = 'Running' "
+            f"AND {names.SA_PENDING_APPROVALS.name} > 0"
+        )
+        if user_id is not None:
+            escaped = user_id.replace("\\", "\\\\").replace("'", "\\'")
+            query += f" AND {names.SA_USER_ID.name} = '{escaped}'"
+        session_ids: list[str] = []
+        async for execution in self.client.list_workflows(query, limit=limit):
+            session_ids.append(execution.id)
+
+        async def pending_of(session_id: str) -> list[PendingApproval]:
+            try:
+                found = await self.get_pending_approvals(session_id)
+            except RPCError:
+                return []  # it ended between the listing and the query
+            return [p if p.session_id else p.model_copy(update={"session_id": session_id}) for p in found]
+
+        lists = await asyncio.gather(*(pending_of(sid) for sid in session_ids))
+        return sorted((p for found in lists for p in found), key=lambda p: (p.requested_at, p.session_id, p.tool_call_id))
+
     async def get_trace(self, session_id: str) -> list[TraceStep]:
         return await self.handle(session_id).query(names.GET_TRACE, result_type=list[TraceStep])
 

@@ -6,7 +6,9 @@ Exception tree::
     ├── ConfigError            a mistake found at start-up (file, key, what was expected)
     ├── ToolError
     │   ├── ToolRegistrationError   a tool definition that cannot be used
-    │   └── ToolArgumentsError      arguments that fail validation (fields, expected, received)
+    │   ├── ToolArgumentsError      arguments that fail validation (fields, expected, received)
+    │   └── ToolFailure             raised by a tool to choose its result code
+    │       └── ToolPermissionError     the caller may not do this (code 3)
     ├── ModelError
     │   ├── ModelUnavailableError   provider answered 5xx / timed out / rate limited (retryable)
     │   ├── ModelRequestError       provider refused the request: 4xx such as 401 (not retryable)
@@ -64,6 +66,33 @@ class ToolArgumentsError(ToolError):
             f"{p['field']}: expected {p['expected']}, received {p['received']}" for p in problems
         )
         super().__init__(f"invalid arguments for tool {tool_name!r}: {detail}")
+
+
+class ToolFailure(ToolError):
+    """Raised by a tool (or a tool's check) to fail with a given result code.
+
+    Args:
+        message: what went wrong, for the model and the user (capped at 2,000 chars).
+        code: a ``ToolResultCode`` value; 2 (dependency unavailable) by default.
+        data: optional JSON-serializable details.
+
+    A plain exception from a tool is reported as code 2 with its message; a
+    ``ValueError`` from a check as code 1 and a ``PermissionError`` as code 3.
+    """
+
+    code: int = 2
+
+    def __init__(self, message: str, *, code: int | None = None, data: object = None):
+        if code is not None:
+            self.code = code
+        self.data = data
+        super().__init__(message)
+
+
+class ToolPermissionError(ToolFailure):
+    """The caller may not do this (result code 3, permission denied)."""
+
+    code = 3
 
 
 class ModelError(HermesError):

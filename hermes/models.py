@@ -11,13 +11,23 @@ from datetime import datetime
 from enum import IntEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, model_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
 Permission = Literal["read", "write", "admin"]
 Tier = Literal["query", "external", "batch"]
-SessionStatus = Literal["active", "closed"]
-TurnStatus = Literal["completed", "cancelled", "max_iterations", "model_error", "closed", "context_too_large"]
+Idempotency = Literal["idempotent", "keyed", "none"]
+"""How a tool may be retried (seed 004 §4.3, DESIGN.md "Tool"):
+
+- ``idempotent``: running it twice is harmless; retried with backoff (200 ms x2, 3 attempts).
+- ``keyed``: retried; the tool receives a stable key per call (``ToolContext.idempotency_key``)
+  and passes it to a backend that de-duplicates (a payment API's idempotency key).
+- ``none``: executed at most once; after a timeout or a crash its outcome is "unknown"."""
+OnExpiry = Literal["deny", "halt"]
+SessionStatus = Literal["active", "halted", "closed"]
+TurnStatus = Literal[
+    "completed", "cancelled", "max_iterations", "model_error", "closed", "context_too_large", "invalid_arguments"
+]
 
 
 class ToolResultCode(IntEnum):
@@ -72,20 +82,54 @@ class Message(BaseModel):
     user and kept in the transcript, never sent to the model as if it had said it."""
 
 
+class CompositeStep(BaseModel):
+    """One step of a composite tool: a registered tool and its arguments.
+
+    Argument values may reference the composite's arguments and earlier steps' results:
+    a string ``"$args.order_id"`` or ``"$steps.lookup.data.amount"`` is replaced by that
+    value (whole strings only, so types are kept); anything else is taken literally.
+    """
+
+    name: str
+    """Step id, unique within the composite (default: the tool's name)."""
+    tool: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+
+
 class ToolSpec(BaseModel):
     """A tool as the workflow and the model see it (no code, only metadata)."""
 
     name: str
     description: str
+    """What it does, when to use it and when not; the text the model reads."""
     parameters: dict[str, Any]
     """JSON Schema of the arguments object."""
     tier: Tier = "query"
     idempotent: bool = True
+    """Safe to retry (``idempotency`` is ``idempotent`` or ``keyed``)."""
+    idempotency: Idempotency | None = None
     permission: Permission = "read"
     timeout_seconds: float = 15.0
     """Start-to-close timeout of one attempt, from the tier unless overridden."""
     heartbeat_timeout_seconds: float = 5.0
     """A running call that stops heartbeating for this long is treated as crashed."""
+    group: str | None = None
+    """Tool group for per-turn routing; ``None``: always offered."""
+    next_possible_tools: list[str] = Field(default_factory=list)
+    """Tools that usually follow this one (a hint to the model, and offered after it runs)."""
+    fallback: str | None = None
+    """Tool run with the same arguments when this one fails with code 2 (or 4, if retry-safe)."""
+    returns: dict[str, Any] | None = None
+    """JSON Schema (or ``{"description": ...}``) of the ``data`` of a successful result."""
+    composite: list[CompositeStep] | None = None
+    """Set for a composite tool: its steps, run in order by a child workflow."""
+
+    @model_validator(mode="after")
+    def _idempotency(self) -> ToolSpec:
+        if self.idempotency is None:
+            self.idempotency = "idempotent" if self.idempotent else "none"
+        self.idempotent = self.idempotency != "none"
+        return self
 
     def to_openai(self) -> dict[str, Any]:
         """The tool in the chat-completions ``tools`` format."""
@@ -93,6 +137,15 @@ class ToolSpec(BaseModel):
             "type": "function",
             "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
         }
+
+
+class ToolGroup(BaseModel):
+    """A group of tools offered together when a turn is about its subject."""
+
+    name: str
+    description: str = ""
+    keywords: list[str] = Field(default_factory=list)
+    """Words (any language) that route a user message to this group."""
 
 
 class Usage(BaseModel):
@@ -127,6 +180,7 @@ class ArchiveMessagesInput(BaseModel):
 
 class ListToolsResult(BaseModel):
     tools: list[ToolSpec]
+    groups: list[ToolGroup] = Field(default_factory=list)
 
 
 class RunToolInput(BaseModel):
@@ -143,6 +197,28 @@ class RunToolInput(BaseModel):
     def call_key(self) -> str:
         """Unique per tool call for the life of a session id: a model may reuse its ids."""
         return ":".join(p for p in (self.session_id, self.chain_id, str(self.turn), self.tool_call.tool_call_id) if p)
+
+
+class ValidateToolCallResult(BaseModel):
+    """Outcome of checking a tool call before it is put to a human or a child workflow."""
+
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    """The coerced, validated arguments (what an approval shows and the tool receives)."""
+    error: ToolResult | None = None
+    """Set when the call must not run: code 1 (bad arguments) or 3 (permission)."""
+
+
+class CompositeInput(BaseModel):
+    """Input of the child workflow that runs a composite tool's steps."""
+
+    session_id: str
+    user_id: str
+    turn: int
+    chain_id: str = ""
+    tool_call: ToolCall
+    steps: list[CompositeStep]
+    specs: dict[str, ToolSpec]
+    """Specs of the step tools (from the parent's recorded tool list)."""
 
 
 class SessionIndexEntry(BaseModel):
@@ -169,6 +245,31 @@ class SessionIndexEntry(BaseModel):
             last_active_at=state.last_active_at,
             turn_count=state.turn_count,
         )
+
+
+class ApprovalPolicy(BaseModel):
+    """What a permission requires before a tool call runs (seed 000 §2.3, 002 §3.2).
+
+    ``action``: ``run`` (no approval), ``confirm`` (the user confirms), ``approve`` (a
+    human other than the requester approves), ``deny`` (never runs: code 3).
+    """
+
+    action: Literal["run", "confirm", "approve", "deny"]
+    approvers: list[str] = Field(default_factory=list)
+    """Who may decide; empty: anyone (for ``approve``, anyone but the requester)."""
+    timeout_seconds: float | None = None
+    """How long a decision may take; ``None``: ``SessionConfig.approval_timeout_seconds``."""
+    on_expiry: OnExpiry = "deny"
+    """``deny``: the call is denied (code 5); ``halt``: the session takes no new message
+    and the call keeps waiting until a human decides."""
+
+
+def _default_policies() -> dict[str, ApprovalPolicy]:
+    return {
+        "read": ApprovalPolicy(action="run"),
+        "write": ApprovalPolicy(action="confirm"),
+        "admin": ApprovalPolicy(action="approve"),
+    }
 
 
 class SessionConfig(BaseModel):
@@ -202,6 +303,17 @@ class SessionConfig(BaseModel):
     with status ``context_too_large`` instead of a payload the server would refuse."""
     max_system_prompt_bytes: int = 100_000
     """Larger system prompts sent by signal are refused (listed in the state's notices)."""
+    approval_policies: dict[Permission, ApprovalPolicy] = Field(default_factory=_default_policies)
+    """Per permission: ``read`` runs, ``write`` needs the user's confirmation, ``admin`` an
+    approval by someone other than the requester; expiry denies unless ``halt``."""
+    max_argument_retries: int = 3
+    """A tool call whose arguments fail validation goes back to the model this many
+    times per tool and turn; after that the user is told (seed 004 §4.2: 3)."""
+    tool_routing: Literal["all", "keywords"] = "keywords"
+    """``keywords``: when tools declare groups, offer only the groups the message is about
+    (plus ungrouped tools); ``all``: offer every tool."""
+    max_routed_groups: int = 2
+    """At most this many groups are offered per turn by routing."""
     max_carry_bytes: int = 1_000_000
     """Byte budget of the transcript carried across continue-as-new; older turns beyond it
     are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
@@ -222,6 +334,8 @@ class ToolCallRecord(BaseModel):
     result: ToolResult
     approval: Literal["not_required", "approved", "rejected", "expired", "cancelled"] = "not_required"
     approver: str | None = None
+    fallback: str | None = None
+    """The fallback tool whose result this is, when the primary failed."""
 
 
 class TurnResult(BaseModel):
@@ -233,10 +347,13 @@ class TurnResult(BaseModel):
     status: TurnStatus = "completed"
     tool_calls: list[ToolCallRecord] = Field(default_factory=list)
     client_message_id: str | None = None
+    tool_groups: list[str] | None = None
+    """Groups the routing step offered this turn; ``None``: every tool was offered."""
 
 
 class PendingApproval(BaseModel):
-    """A tool call waiting for a human decision."""
+    """A tool call waiting for a human decision: a durable object in the session state,
+    found across sessions through the ``HermesPendingApprovals`` search attribute."""
 
     tool_call_id: str
     tool_name: str
@@ -245,6 +362,25 @@ class PendingApproval(BaseModel):
     turn: int
     requested_at: datetime
     expires_at: datetime
+    session_id: str = ""
+    requester: str = ""
+    """The session's user, on whose behalf the model asked."""
+    action: Literal["confirm", "approve"] = "confirm"
+    approvers: list[str] = Field(default_factory=list)
+    """Who may decide; empty: anyone (for ``approve``: anyone but the requester)."""
+    on_expiry: OnExpiry = "deny"
+    expired: bool = False
+    """Past ``expires_at`` with ``on_expiry="halt"``: the session is halted on it."""
+    reason: str = ""
+    """Why a human is asked, when not only the permission (e.g. an unknown outcome)."""
+
+    def may_decide(self, approver: str) -> str | None:
+        """``None`` if ``approver`` may decide, else why not."""
+        if self.action == "approve" and approver == self.requester:
+            return f"{approver!r} requested this call; an approval must come from someone else"
+        if self.approvers and approver not in self.approvers:
+            return f"{approver!r} may not decide; allowed: {', '.join(self.approvers)}"
+        return None
 
 
 class ApprovalDecision(BaseModel, frozen=True):
@@ -264,8 +400,10 @@ class DecisionRecord(BaseModel):
     approved: bool
     approver: str
     reason: str | None = None
-    outcome: Literal["applied", "unknown_tool_call", "already_decided"]
+    outcome: Literal["applied", "unknown_tool_call", "already_decided", "not_allowed"]
     at: datetime
+    detail: str = ""
+    """Why a decision was not applied."""
 
 
 class TraceStep(BaseModel):
@@ -299,6 +437,12 @@ class SessionCarry(BaseModel):
     settled_tool_call_ids: list[str] = Field(default_factory=list)
     archived_messages: int = 0
     """Messages moved to the transcript archive; the carried ones follow them."""
+    unknown_outcomes: dict[str, str] = Field(default_factory=dict)
+    """Non-idempotent calls whose outcome is unknown: ``tool + arguments`` fingerprint ->
+    tool call id. The same call again needs a human's approval."""
+    notices: list[str] = Field(default_factory=list)
+    tool_groups: list[str] | None = None
+    """Groups routed in the last turn (a follow-up without keywords keeps them)."""
 
 
 class SessionInput(BaseModel):

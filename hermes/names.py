@@ -15,6 +15,8 @@ SESSION_WORKFLOW = "SessionWorkflow"
 CALL_MODEL = "call_model"
 RUN_TOOL = "run_tool"
 LIST_TOOLS = "list_tools"
+VALIDATE_TOOL_CALL = "validate_tool_call"
+COMPOSITE_TOOL_WORKFLOW = "CompositeToolWorkflow"
 UPDATE_SESSION_INDEX = "update_session_index"
 ARCHIVE_MESSAGES = "archive_messages"
 

@@ -52,6 +52,10 @@ class Settings(BaseSettings):
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Extra modules whose ``@tool`` functions are registered (comma-separated)."""
 
+    tool_files: Annotated[list[Path], NoDecode] = Field(default_factory=list)
+    """Tool files (JSON Schema tools implemented elsewhere, e.g. HTTP endpoints;
+    comma-separated paths); refused at start-up if wrong."""
+
     tier_query_seconds: float = 15.0
     tier_external_seconds: float = 30.0
     tier_batch_seconds: float = 60.0
@@ -66,7 +70,7 @@ class Settings(BaseSettings):
     The SDK default is 10 s; 2 s brings a reply after a worker crash to 2-3.5 s (DESIGN.md)."""
     max_concurrent_activities: int = 100
 
-    @field_validator("tool_modules", mode="before")
+    @field_validator("tool_modules", "tool_files", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

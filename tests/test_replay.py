@@ -12,6 +12,7 @@ from __future__ import annotations
 import uuid
 from collections import Counter
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from temporalio import workflow
@@ -46,8 +47,8 @@ class SessionWorkflowThatSkipsToolListing(SessionWorkflow):
     async def run(self, inp: SessionInput) -> SessionState:
         return await super().run(inp)
 
-    async def _list_tools(self) -> dict[str, ToolSpec]:
-        return {}
+    async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
+        return {}, []
 
 
 @workflow.defn(name=names.SESSION_WORKFLOW, sandboxed=False)

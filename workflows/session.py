@@ -17,12 +17,16 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, FailureError, TimeoutError
+from temporalio.exceptions import ActivityError, ApplicationError, ChildWorkflowError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    import hashlib
+
     from hermes import names
     from hermes.models import (
         ApprovalDecision,
+        ApprovalPolicy,
+        CompositeInput,
         ArchiveMessagesInput,
         CallModelInput,
         CallModelResult,
@@ -43,7 +47,11 @@ with workflow.unsafe.imports_passed_through():
         ToolSpec,
         TraceStep,
         TurnResult,
+        ValidateToolCallResult,
     )
+    from hermes.tools.routing import offered_tools, route_groups
+
+    from workflows.tool_calls import failure_text, result_from_failure, tool_activity_options
 
 _MAX_TRACE = 500
 _MAX_DECISIONS = 200
@@ -84,18 +92,21 @@ class _ModelFailed(Exception):
     pass
 
 
-def _failure_text(err: BaseException) -> str:
-    """The most specific human-readable reason inside an activity failure chain."""
-    cause: BaseException | None = err
-    text = str(err)
-    while cause is not None:
-        if isinstance(cause, TimeoutError):
-            return f"timed out ({cause.type.name.lower().replace('_', '-')})" if cause.type else "timed out"
-        if isinstance(cause, ApplicationError):
-            return cause.message or text
-        text = str(cause) or text
-        cause = cause.__cause__
-    return text
+class _ArgumentsExhausted(Exception):
+    def __init__(self, call: ToolCall, result: ToolResult, spec: ToolSpec | None):
+        self.call, self.result, self.spec = call, result, spec
+        super().__init__(result.message)
+
+
+def _fingerprint(call: ToolCall) -> str:
+    """Identity of a call by tool and arguments, to recognise the same call again."""
+    text = json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+
+
+_MAX_UNKNOWN = 200
+_PATCH_TOOL_LAYER_V2 = "tool-layer-v2"
+"""Checks a gated call before asking, and asks for a whole step's approvals at once."""
 
 
 @workflow.defn(name=names.SESSION_WORKFLOW)
@@ -121,7 +132,10 @@ class SessionWorkflow:
         self._chain_id = workflow.info().first_execution_run_id
         self._live_bytes = sum(_message_bytes(m) for m in self._messages)
         """Size of the transcript held in the state, kept up to date once per turn."""
-        self._notices: list[str] = []
+        self._notices: list[str] = list(carry.notices)
+        self._unknown: dict[str, str] = dict(carry.unknown_outcomes)
+        self._last_groups: list[str] | None = carry.tool_groups
+        self._halted_on: set[str] = set()
         self._completed_bytes: dict[str, int] = {cid: len(r.model_dump_json()) for cid, r in self._completed.items()}
 
         self._status = "active"
@@ -135,6 +149,7 @@ class SessionWorkflow:
         self._pending: dict[str, PendingApproval] = {}
         self._verdicts: dict[str, ApprovalDecision] = {}
         self._background: list[asyncio.Task[None]] = []
+        self._all_specs: dict[str, ToolSpec] = {}
 
     # ------------------------------------------------------------------ run
 
@@ -280,8 +295,9 @@ class SessionWorkflow:
             system_prompt=self._system_prompt,
             settled_tool_call_ids=self._settled[-_MAX_SETTLED:],
             archived_messages=self._archived,
-            chain_id=self._chain_id,
             notices=self._notices,
+            unknown_outcomes=self._unknown,
+            tool_groups=self._last_groups,
         )
 
     async def _drain_background(self) -> None:
@@ -395,6 +411,15 @@ class SessionWorkflow:
             raise ApplicationError(
                 "the session is continuing as new; retry in a moment", type="SessionBusyError"
             )
+        if self._halted_on:
+            waiting = ", ".join(
+                f"{p.tool_name} ({p.tool_call_id})" for p in self._pending.values() if p.tool_call_id in self._halted_on
+            )
+            raise ApplicationError(
+                f"the session is halted until a human approves or rejects: {waiting}",
+                type="SessionHaltedError",
+                non_retryable=True,
+            )
 
     # ------------------------------------------------------------- signals
 
@@ -435,9 +460,13 @@ class SessionWorkflow:
 
     def _decide(self, decision: ApprovalDecision) -> None:
         tcid = decision.tool_call_id
+        detail = ""
         if tcid in self._pending:
+            refusal = self._pending[tcid].may_decide(decision.approver)
             if tcid in self._verdicts:
                 outcome = "already_decided"
+            elif refusal is not None:
+                outcome, detail = "not_allowed", refusal
             else:
                 outcome = "applied"
                 self._verdicts[tcid] = decision
@@ -453,6 +482,7 @@ class SessionWorkflow:
                 reason=decision.reason,
                 outcome=outcome,
                 at=workflow.now(),
+                detail=detail,
             )
         )
         del self._decisions[:-_MAX_DECISIONS]
@@ -480,7 +510,7 @@ class SessionWorkflow:
             session_id=self._inp.session_id,
             user_id=self._inp.user_id,
             channel=self._inp.channel,
-            status=self._status,  # type: ignore[arg-type]
+            status=self._session_status(),  # type: ignore[arg-type]
             title=self._title,
             created_at=self._created_at,
             last_active_at=self._last_active_at,
@@ -498,6 +528,9 @@ class SessionWorkflow:
             chain_id=self._chain_id,
             notices=self._notices,
         )
+
+    def _session_status(self) -> str:
+        return "halted" if self._halted_on and self._status != "closed" else self._status
 
     # ---------------------------------------------------------- the turn
 
@@ -529,10 +562,20 @@ class SessionWorkflow:
         self._cancel_requested = False
         records: list[ToolCallRecord] = []
         status = "completed"
+        groups: list[str] | None = None
         try:
-            specs = await self._list_tools()
+            specs, tool_groups = await self._list_tools()
+            self._all_specs = specs
+            if self._cfg.tool_routing == "keywords":
+                groups = route_groups(
+                    inp.text, tool_groups, specs.values(), max_groups=self._cfg.max_routed_groups, previous=self._last_groups
+                )
+            self._last_groups = groups
+            suggested: set[str] = set()
+            bad_arguments: dict[str, int] = {}
             for iteration in range(self._cfg.max_iterations):
-                result = await self._call_model(turn, list(specs.values()))
+                offered = offered_tools(specs, groups, suggested)
+                result = await self._call_model(turn, offered)
                 assistant = result.message.model_copy(
                     update={
                         "turn": turn,
@@ -547,10 +590,15 @@ class SessionWorkflow:
                         reply = "The model returned an empty answer. Ask again, or rephrase the question."
                         self._add_notice(turn, reply)
                     break
-                for call in assistant.tool_calls:
-                    record = await self._handle_tool_call(turn, call, specs)
-                    records.append(record)
-                    self._append_tool_result(turn, call, record.result)
+                await self._run_step(turn, assistant.tool_calls, specs, records)
+                for call, record in zip(assistant.tool_calls, records[-len(assistant.tool_calls):]):
+                    spec = specs.get(call.name)
+                    if spec is not None and record.result.ok:
+                        suggested.update(spec.next_possible_tools)
+                    if record.result.code == ToolResultCode.BAD_ARGUMENTS:
+                        bad_arguments[call.name] = bad_arguments.get(call.name, 0) + 1
+                        if bad_arguments[call.name] > self._cfg.max_argument_retries:
+                            raise _ArgumentsExhausted(call, record.result, spec)
             else:
                 status = "max_iterations"
                 reply = (
@@ -558,6 +606,11 @@ class SessionWorkflow:
                     "a final answer. Tell me how to continue, or ask a narrower question."
                 )
                 self._add_notice(turn, reply)
+        except _ArgumentsExhausted as err:
+            status = "invalid_arguments"
+            reply = self._ask_user_for_arguments(err)
+            self._close_open_tool_calls(turn, records)
+            self._add_notice(turn, reply)
         except _TurnCancelled:
             status = "cancelled"
             reply = "This turn was cancelled."
@@ -585,6 +638,7 @@ class SessionWorkflow:
             reply=reply,
             status=status,  # type: ignore[arg-type]
             tool_calls=records,
+            tool_groups=groups,
         )
 
     def _unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int) -> list[ToolCall]:
@@ -655,14 +709,14 @@ class SessionWorkflow:
             raise _TurnCancelled()
         return await task
 
-    async def _list_tools(self) -> dict[str, ToolSpec]:
+    async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
         # Recorded in history once per turn, so replay never depends on a worker's registry.
         result = await workflow.execute_local_activity(
             names.LIST_TOOLS,
             result_type=ListToolsResult,
             start_to_close_timeout=timedelta(seconds=10),
         )
-        return {spec.name: spec for spec in result.tools}
+        return {spec.name: spec for spec in result.tools}, result.groups
 
     async def _call_model(self, turn: int, tools: list[ToolSpec]) -> CallModelResult:
         started = workflow.now()
@@ -688,7 +742,7 @@ class SessionWorkflow:
             raise
         except ActivityError as err:
             self._add_trace(turn, "model", started, status="error")
-            raise _ModelFailed(_failure_text(err)) from None
+            raise _ModelFailed(failure_text(err)) from None
         self._token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
         self._add_trace(
             turn, "model", started, provider=result.provider, tokens=self._token_estimate
@@ -724,106 +778,223 @@ class SessionWorkflow:
             kept.append(by_turn[number])
         return [system, *(m for group in reversed(kept) for m in group), *current]
 
-    async def _handle_tool_call(self, turn: int, call: ToolCall, specs: dict[str, ToolSpec]) -> ToolCallRecord:
-        spec = specs.get(call.name)
-        record = ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=ToolResult())
-        if spec is None:
-            record.result = ToolResult(
-                code=ToolResultCode.BAD_ARGUMENTS,
-                message=f"unknown tool {call.name!r}; available tools: {', '.join(sorted(specs)) or 'none'}",
+    def _policy(self, call: ToolCall, spec: ToolSpec) -> tuple[ApprovalPolicy, str]:
+        """What this call needs before it runs, and why (beyond its permission)."""
+        policy = self._cfg.approval_policies.get(spec.permission) or ApprovalPolicy(action="approve")
+        if not spec.idempotent and _fingerprint(call) in self._unknown and policy.action == "run":
+            earlier = self._unknown[_fingerprint(call)]
+            return policy.model_copy(update={"action": "confirm"}), (
+                f"the same call ({earlier}) has an unknown outcome; it may already have happened"
             )
-            self._add_trace(turn, "tool", workflow.now(), tool_name=call.name, status="unknown_tool")
-            return record
-        if call.arguments_error is not None:
-            record.result = ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=call.arguments_error)
-            self._add_trace(turn, "tool", workflow.now(), tool_name=call.name, status="bad_arguments")
-            return record
-        if spec.permission in ("write", "admin"):
-            verdict, decision = await self._await_approval(turn, call, spec)
-            record.approval = verdict  # type: ignore[assignment]
-            record.approver = decision.approver if decision else None
-            if verdict != "approved":
-                why = {
-                    "rejected": "the user rejected this tool call",
-                    "expired": "nobody approved this tool call in time",
-                    "cancelled": "the session closed before this tool call was approved",
-                }[verdict]
-                reason = f": {decision.reason}" if decision and decision.reason else ""
-                record.result = ToolResult(code=ToolResultCode.DENIED_BY_HUMAN, message=f"{why}{reason}; it was not run")
-                return record
-        record.result = await self._run_tool(turn, call, spec)
-        return record
+        return policy, ""
 
-    async def _await_approval(
-        self, turn: int, call: ToolCall, spec: ToolSpec
-    ) -> tuple[str, ApprovalDecision | None]:
-        started = workflow.now()
-        tcid = call.tool_call_id
-        self._pending[tcid] = PendingApproval(
-            tool_call_id=tcid,
+    async def _validate_call(self, turn: int, call: ToolCall) -> ValidateToolCallResult:
+        return await workflow.execute_local_activity(
+            names.VALIDATE_TOOL_CALL,
+            self._run_tool_input(turn, call, True),
+            result_type=ValidateToolCallResult,
+            start_to_close_timeout=timedelta(seconds=10),
+            retry_policy=RetryPolicy(maximum_attempts=3),
+            summary=f"validate {call.name}",
+        )
+
+    async def _run_step(self, turn: int, calls: list[ToolCall], specs: dict[str, ToolSpec], records: list[ToolCallRecord]) -> None:
+        """Run the tool calls of one model step: exactly one result per call, in order.
+
+        Calls that need a human are checked first and all put up for decision at once
+        (the approver sees the whole step); calls that need nobody run in order
+        meanwhile; a denied call is reported, never run."""
+        early: dict[str, ToolResult] = {}
+        gated: dict[str, PendingApproval] = {}
+        prepared: dict[str, ToolCall] = {}
+        lazy: dict[str, ApprovalPolicy] = {}
+        # Sessions that began under the previous tool layer replay its command order:
+        # no check before an approval, and approvals requested one at a time.
+        current = None
+        try:
+            for call in calls:
+                spec = specs.get(call.name)
+                if spec is None:
+                    early[call.tool_call_id] = ToolResult(
+                        code=ToolResultCode.BAD_ARGUMENTS,
+                        message=f"unknown tool {call.name!r}; available tools: {', '.join(sorted(specs)) or 'none'}",
+                    )
+                    continue
+                if call.arguments_error is not None:
+                    early[call.tool_call_id] = ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=call.arguments_error)
+                    continue
+                policy, reason = self._policy(call, spec)
+                if policy.action == "deny":
+                    early[call.tool_call_id] = ToolResult(
+                        code=ToolResultCode.PERMISSION_DENIED,
+                        message=f"tools needing permission {spec.permission!r} are not allowed in this session",
+                    )
+                    continue
+                if policy.action == "run" and spec.composite is None:
+                    continue
+                if current is None:
+                    current = workflow.patched(_PATCH_TOOL_LAYER_V2)
+                if not current:
+                    lazy[call.tool_call_id] = policy
+                    continue
+                checked = await self._validate_call(turn, call)
+                if checked.error is not None:
+                    early[call.tool_call_id] = checked.error
+                    continue
+                prepared[call.tool_call_id] = call.model_copy(update={"arguments": checked.arguments})
+                if policy.action != "run":
+                    gated[call.tool_call_id] = self._request_approval(turn, prepared[call.tool_call_id], spec, policy, reason)
+            for call in calls:
+                tcid = call.tool_call_id
+                record = ToolCallRecord(tool_call_id=tcid, name=call.name, arguments=call.arguments, result=ToolResult())
+                if tcid in early:
+                    record.result = early[tcid]
+                    self._add_trace(turn, "tool", workflow.now(), tool_name=call.name, status=f"code_{int(record.result.code)}")
+                else:
+                    spec = specs[call.name]
+                    run_call = prepared.get(tcid, call)
+                    if tcid in lazy:
+                        gated[tcid] = self._request_approval(turn, call, spec, lazy[tcid], "")
+                    if tcid in gated:
+                        verdict, decision = await self._wait_verdict(turn, gated[tcid])
+                        record.approval = verdict  # type: ignore[assignment]
+                        record.approver = decision.approver if decision else None
+                        if verdict != "approved":
+                            why = {
+                                "rejected": "the user rejected this tool call",
+                                "expired": "nobody approved this tool call in time",
+                                "cancelled": "the session closed before this tool call was approved",
+                            }[verdict]
+                            reason = f": {decision.reason}" if decision and decision.reason else ""
+                            record.result = ToolResult(code=ToolResultCode.DENIED_BY_HUMAN, message=f"{why}{reason}; it was not run")
+                    if record.approval in ("not_required", "approved"):
+                        record.result, record.fallback = await self._run_with_fallback(turn, run_call, spec, specs)
+                records.append(record)
+                self._append_tool_result(turn, call, record.result)
+        finally:
+            for tcid in list(gated):
+                self._settle(tcid)
+
+    async def _run_with_fallback(
+        self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec]
+    ) -> tuple[ToolResult, str | None]:
+        result = await self._run_tool(turn, call, spec)
+        if not spec.idempotent and result.code == ToolResultCode.OUTCOME_UNKNOWN:
+            self._unknown[_fingerprint(call)] = call.tool_call_id
+            while len(self._unknown) > _MAX_UNKNOWN:
+                self._unknown.pop(next(iter(self._unknown)))
+        elif not spec.idempotent and result.ok:
+            self._unknown.pop(_fingerprint(call), None)
+        fallback = specs.get(spec.fallback) if spec.fallback else None
+        retry_safe_failure = result.code == ToolResultCode.DEPENDENCY_UNAVAILABLE or (
+            result.code == ToolResultCode.OUTCOME_UNKNOWN and spec.idempotent
+        )
+        if fallback is None or not retry_safe_failure:
+            return result, None
+        fb_call = call.model_copy(update={"tool_call_id": f"{call.tool_call_id}.fallback", "name": fallback.name})
+        fb_result = await self._run_tool(turn, fb_call, fallback)
+        message = f"{spec.name} failed ({result.message[:300]}); this result is from the fallback {fallback.name}: {fb_result.message}"
+        return fb_result.model_copy(update={"message": message[:2000]}), fallback.name
+
+    def _request_approval(
+        self, turn: int, call: ToolCall, spec: ToolSpec, policy: ApprovalPolicy, reason: str
+    ) -> PendingApproval:
+        now = workflow.now()
+        timeout = policy.timeout_seconds or self._cfg.approval_timeout_seconds
+        pending = PendingApproval(
+            tool_call_id=call.tool_call_id,
             tool_name=call.name,
             arguments=call.arguments,
             permission=spec.permission,
             turn=turn,
-            requested_at=started,
-            expires_at=started + timedelta(seconds=self._cfg.approval_timeout_seconds),
+            requested_at=now,
+            expires_at=now + timedelta(seconds=timeout),
+            session_id=self._inp.session_id,
+            requester=self._inp.user_id,
+            action="approve" if policy.action == "approve" else "confirm",
+            approvers=list(policy.approvers),
+            on_expiry=policy.on_expiry,
+            reason=reason,
         )
+        self._pending[call.tool_call_id] = pending
         workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(self._pending))])
-        verdict = "expired"
+        return pending
+
+    def _settle(self, tcid: str) -> None:
+        if self._pending.pop(tcid, None) is None:
+            return
+        self._settled.append(tcid)
+        del self._settled[:-_MAX_SETTLED]
+        self._verdicts.pop(tcid, None)
+        if tcid in self._halted_on:
+            self._halted_on.discard(tcid)
+        updates = [names.SA_PENDING_APPROVALS.value_set(len(self._pending))]
+        if not self._halted_on and self._status != "closed":
+            updates.append(names.SA_STATUS.value_set("active"))
+        workflow.upsert_search_attributes(updates)
+
+    async def _wait_verdict(self, turn: int, pending: PendingApproval) -> tuple[str, ApprovalDecision | None]:
+        """Wait for a decision on ``pending`` until it expires; then deny, or halt the
+        session (policy ``on_expiry="halt"``) and keep waiting for a human."""
+        started = workflow.now()
+        tcid = pending.tool_call_id
+
+        def decided() -> bool:
+            return tcid in self._verdicts or self._cancel_requested or self._status == "closed"
+
+        remaining = (pending.expires_at - workflow.now()).total_seconds()
         try:
+            if remaining <= 0 and not decided():
+                raise asyncio.TimeoutError()
             await workflow.wait_condition(
-                lambda: tcid in self._verdicts or self._cancel_requested or self._status == "closed",
-                timeout=timedelta(seconds=self._cfg.approval_timeout_seconds),
-                timeout_summary=f"approval of {call.name}",
+                decided, timeout=timedelta(seconds=max(remaining, 0.001)), timeout_summary=f"approval of {pending.tool_name}"
             )
-            if tcid in self._verdicts:
-                verdict = "approved" if self._verdicts[tcid].approved else "rejected"
-            elif self._cancel_requested:
-                raise _TurnCancelled()
-            else:
-                verdict = "cancelled"
         except asyncio.TimeoutError:
-            verdict = "expired"
-        finally:
-            del self._pending[tcid]
-            self._settled.append(tcid)
-            del self._settled[:-_MAX_SETTLED]
-            workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(self._pending))])
-        decision = self._verdicts.pop(tcid, None)
-        self._add_trace(turn, "approval", started, tool_name=call.name, status=verdict)
+            if pending.on_expiry != "halt":
+                self._settle(tcid)
+                self._add_trace(turn, "approval", started, tool_name=pending.tool_name, status="expired")
+                return "expired", None
+            pending.expired = True
+            self._halted_on.add(tcid)
+            workflow.upsert_search_attributes([names.SA_STATUS.value_set("halted")])
+            await workflow.wait_condition(decided)
+        if tcid in self._verdicts:
+            decision = self._verdicts[tcid]
+            verdict = "approved" if decision.approved else "rejected"
+        elif self._cancel_requested:
+            self._settle(tcid)
+            raise _TurnCancelled()
+        else:
+            decision, verdict = None, "cancelled"
+        self._settle(tcid)
+        self._add_trace(turn, "approval", started, tool_name=pending.tool_name, status=verdict)
         return verdict, decision
+
+    def _run_tool_input(self, turn: int, call: ToolCall, idempotent: bool) -> RunToolInput:
+        return RunToolInput(
+            session_id=self._inp.session_id,
+            user_id=self._inp.user_id,
+            turn=turn,
+            tool_call=call,
+            idempotent=idempotent,
+            chain_id=self._chain_id,
+        )
 
     async def _run_tool(self, turn: int, call: ToolCall, spec: ToolSpec) -> ToolResult:
         started = workflow.now()
-        if spec.idempotent:
-            retry = RetryPolicy(
-                initial_interval=timedelta(milliseconds=200),
-                backoff_coefficient=2.0,
-                maximum_attempts=3,
-                non_retryable_error_types=["ToolArgumentsError"],
-            )
+        request = self._run_tool_input(turn, call, spec.idempotent)
+        if spec.composite is not None:
+            task: asyncio.Task[Any] = asyncio.create_task(self._run_composite(request, spec))
         else:
-            # Retries are safe: the activity keeps a record per session_id:tool_call_id in
-            # Redis and reports "outcome unknown" instead of running a started call again.
-            retry = RetryPolicy(initial_interval=timedelta(milliseconds=200), backoff_coefficient=2.0, maximum_attempts=3)
-        handle = workflow.start_activity(
-            names.RUN_TOOL,
-            RunToolInput(
-                session_id=self._inp.session_id,
-                user_id=self._inp.user_id,
-                turn=turn,
-                tool_call=call,
-                idempotent=spec.idempotent,
-                chain_id=self._chain_id,
-            ),
-            result_type=ToolResult,
-            start_to_close_timeout=timedelta(seconds=spec.timeout_seconds),
-            heartbeat_timeout=timedelta(seconds=spec.heartbeat_timeout_seconds),
-            retry_policy=retry,
-            summary=f"tool {call.name}",
-        )
+            task = workflow.start_activity(
+                names.RUN_TOOL,
+                request,
+                result_type=ToolResult,
+                summary=f"tool {call.name}",
+                **tool_activity_options(spec),
+            )
         try:
-            result: ToolResult = await self._cancellable(handle)
+            result: ToolResult = await self._cancellable(task)
         except _TurnCancelled:
             self._add_trace(turn, "tool", started, tool_name=call.name, status="cancelled")
             result = ToolResult(
@@ -833,19 +1004,46 @@ class SessionWorkflow:
             self._append_tool_result(turn, call, result)
             raise
         except ActivityError as err:
-            text = _failure_text(err)
-            timed_out = isinstance(err.cause, TimeoutError)
-            if timed_out and not spec.idempotent:
-                result = ToolResult(
-                    code=ToolResultCode.OUTCOME_UNKNOWN,
-                    message=f"the tool did not report back ({text}); its outcome is unknown and it was not run again",
-                )
-            elif timed_out:
-                result = ToolResult(code=ToolResultCode.OUTCOME_UNKNOWN, message=f"the tool {text}")
-            else:
-                result = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=text[:2000])
+            result = result_from_failure(err, spec)
+        except ChildWorkflowError as err:
+            result = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"composite tool failed: {failure_text(err)}"[:2000])
         self._add_trace(turn, "tool", started, tool_name=call.name, status="ok" if result.ok else f"code_{int(result.code)}")
         return result
+
+    async def _run_composite(self, request: RunToolInput, spec: ToolSpec) -> ToolResult:
+        steps = spec.composite or []
+        return await workflow.execute_child_workflow(
+            names.COMPOSITE_TOOL_WORKFLOW,
+            CompositeInput(
+                session_id=request.session_id,
+                user_id=request.user_id,
+                turn=request.turn,
+                chain_id=request.chain_id,
+                tool_call=request.tool_call,
+                steps=steps,
+                specs={s.tool: self._all_specs[s.tool] for s in steps if s.tool in self._all_specs},
+            ),
+            id=f"{request.session_id}/tool/{request.call_key}",
+            result_type=ToolResult,
+            static_summary=f"composite tool {spec.name}",
+        )
+
+    def _ask_user_for_arguments(self, err: _ArgumentsExhausted) -> str:
+        """What the user is told when the model could not produce valid arguments."""
+        data = err.result.data if isinstance(err.result.data, dict) else {}
+        missing = [m for m in data.get("missing", []) if isinstance(m, str)]
+        tries = self._cfg.max_argument_retries + 1
+        if missing:
+            props = (err.spec.parameters.get("properties", {}) if err.spec else {}) or {}
+            wanted = "; ".join(
+                f"{name}: {props[name].get('description')}" if isinstance(props.get(name), dict) and props[name].get("description") else name
+                for name in missing
+            )
+            return f"To run {err.call.name} I need more information from you. Please tell me: {wanted}."
+        return (
+            f"I could not call {err.call.name} with valid arguments after {tries} tries "
+            f"({err.result.message[:500]}). Could you rephrase or give the exact values?"
+        )
 
     # ------------------------------------------------------------ helpers
 
