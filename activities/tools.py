@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -30,6 +31,7 @@ from hermes.tools.registry import Tool, ToolContext, ToolRegistry
 log = logging.getLogger("hermes.tools")
 
 IDEMPOTENCY_TTL_SECONDS = 30 * 24 * 3600
+_MAX_RETRY_AFTER_SECONDS = 30.0
 _MAX_MESSAGE_CHARS = 2000
 
 
@@ -216,7 +218,13 @@ class ToolActivities:
             except ToolFailure as err:
                 return failure_result(err)
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
-                raise ApplicationError(f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__) from err
+                # An endpoint's Retry-After (HTTP tools: 429/503) paces the next attempt, capped
+                # so that the three attempts stay within the turn's patience.
+                after = getattr(err, "retry_after_seconds", None)
+                delay = timedelta(seconds=min(float(after), _MAX_RETRY_AFTER_SECONDS)) if isinstance(after, (int, float)) and after > 0 else None
+                raise ApplicationError(
+                    f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__, next_retry_delay=delay
+                ) from err
             return cap_result(to_tool_result(value), self.max_result_bytes)
         return await self._run_at_most_once(request, tool, arguments, context)
 

@@ -523,6 +523,8 @@ def print_reply(console: Console, result: TurnResult) -> None:
     style = "bold green" if result.status == "completed" else "bold red"
     status = "" if result.status == "completed" else f" [{result.status}]"
     console.print(Text.assemble((f"hermes{status} › ", style), result.reply))
+    for warning in result.warnings:
+        console.print(Text.assemble(("  ! ", "bold red"), warning))
 
 
 def print_message(console: Console, message: Message) -> None:

@@ -349,6 +349,9 @@ class TurnResult(BaseModel):
     client_message_id: str | None = None
     tool_groups: list[str] | None = None
     """Groups the routing step offered this turn; ``None``: every tool was offered."""
+    warnings: list[str] = Field(default_factory=list)
+    """What the user must know whatever the model says: e.g. a side effect whose outcome
+    is unknown (it may or may not have happened, and will not be repeated unasked)."""
 
 
 class PendingApproval(BaseModel):

@@ -1090,3 +1090,38 @@ def test_check_of_any_json_against_any_subschema_never_raises(value):
             problems = check({**prop, "$defs": schema.get("$defs", {}), "definitions": schema.get("definitions", {})}, value)
             if problems:
                 assert_well_formed(problems)
+
+
+@PROPERTY_SETTINGS
+@given(sent=json_values)
+def test_the_tool_activity_turns_any_json_into_a_call_or_a_code_1_result_never_an_exception(sent):
+    """Through the layer the worker runs (tool lookup, normalisation, coercion,
+    validation, checks) for a Python tool, a schema-only tool and a composite: whatever
+    JSON a model sends as the arguments object, the outcome is runnable arguments or a
+    ``{code: 1}`` result naming the problems."""
+    import asyncio
+
+    from activities.tools import ToolActivities
+    from hermes.models import RunToolInput, ToolCall, ToolResult, ToolResultCode
+    from hermes.tools.registry import Tool
+
+    registry = ToolRegistry()
+    registry.register(book_visit)
+    registry.add(Tool(name="pay", description="Pay.", parameters_schema=FILE_SCHEMA))
+    registry.composite("visit_and_pay", description="Both.", parameters=FILE_SCHEMA, steps=[{"tool": "pay"}])
+    layer = ToolActivities(registry, None, tier_seconds=lambda tier: 15.0)
+
+    async def prepare_all() -> None:
+        for name in ("book_visit", "pay", "visit_and_pay"):
+            call = ToolCall(tool_call_id="c1", name=name, arguments={"value": sent})
+            call.arguments = sent  # what a provider may hand over, unvalidated
+            outcome = await layer._prepare(RunToolInput(session_id="s", user_id="u", turn=1, tool_call=call))
+            if isinstance(outcome, ToolResult):
+                assert outcome.code == ToolResultCode.BAD_ARGUMENTS
+                assert_well_formed(outcome.data["problems"])
+            else:
+                tool, arguments, _ = outcome
+                assert tool.name == name
+                json.dumps(tool.dump_arguments(arguments))
+
+    asyncio.run(prepare_all())

@@ -1,7 +1,8 @@
 """Replay tests: SessionWorkflow must keep replaying the histories it produced.
 
 ``tests/histories/session_with_tools_and_approval.json`` stands for a session already
-running in production (tool calls, an approved and a rejected write, a system-prompt
+running in production (recorded before the ``tool-layer-v2`` patch;
+``session_tool_layer_v2.json`` is the same conversation after it) (tool calls, an approved and a rejected write, a system-prompt
 signal, close); ``tests/histories/record.py`` regenerates it. A change to the workflow
 that alters the commands it emits for that history fails here with a
 nondeterminism error: such a change needs ``workflow.patched()``, not a new recording.
@@ -82,6 +83,19 @@ def test_the_committed_history_records_tool_calls_approvals_signals_and_close():
 
 async def test_the_committed_session_history_replays_without_nondeterminism():
     result = await replayer().replay_workflow(committed_history())
+    assert result.replay_failure is None
+
+
+V2_HISTORY_PATH = HISTORY_PATH.with_name("session_tool_layer_v2.json")
+
+
+async def test_the_history_recorded_under_the_current_tool_layer_replays():
+    """The same conversation recorded after the tool layer's ``tool-layer-v2`` patch
+    (a check before each approval, a step's approvals requested at once)."""
+    history = WorkflowHistory.from_json("session-recorded-v2", V2_HISTORY_PATH.read_text(encoding="utf-8"))
+    markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    assert any(m.marker_recorded_event_attributes.marker_name == "core_patch" for m in markers)
+    result = await replayer().replay_workflow(history)
     assert result.replay_failure is None
 
 

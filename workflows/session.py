@@ -150,6 +150,7 @@ class SessionWorkflow:
         self._verdicts: dict[str, ApprovalDecision] = {}
         self._background: list[asyncio.Task[None]] = []
         self._all_specs: dict[str, ToolSpec] = {}
+        self._warnings: list[str] = []
 
     # ------------------------------------------------------------------ run
 
@@ -560,6 +561,7 @@ class SessionWorkflow:
 
         self._current_turn = turn
         self._cancel_requested = False
+        self._warnings = []
         records: list[ToolCallRecord] = []
         status = "completed"
         groups: list[str] | None = None
@@ -639,6 +641,7 @@ class SessionWorkflow:
             status=status,  # type: ignore[arg-type]
             tool_calls=records,
             tool_groups=groups,
+            warnings=list(self._warnings),
         )
 
     def _unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int) -> list[ToolCall]:
@@ -880,6 +883,10 @@ class SessionWorkflow:
     ) -> tuple[ToolResult, str | None]:
         result = await self._run_tool(turn, call, spec)
         if not spec.idempotent and result.code == ToolResultCode.OUTCOME_UNKNOWN:
+            self._warnings.append(
+                f"{call.name} ({call.tool_call_id}) may or may not have run: {result.message[:300]} "
+                "It will not be run again unless a human approves."
+            )
             self._unknown[_fingerprint(call)] = call.tool_call_id
             while len(self._unknown) > _MAX_UNKNOWN:
                 self._unknown.pop(next(iter(self._unknown)))
