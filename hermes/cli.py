@@ -43,6 +43,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.prompt import Confirm
 from rich.table import Table
+from rich.text import Text
 from temporalio.client import (
     WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
@@ -515,6 +516,11 @@ class _ChatView(ConsoleTurnView):
         self.user_id = user_id
 
     async def approval_needed(self, pending: PendingApproval) -> Verdict | None:
+        refusal = pending.may_decide(self.user_id)
+        if refusal is not None:
+            # e.g. an `admin` call: the requester may not approve it; someone else must.
+            self.console.print(Text(f"    {refusal}.", style="magenta"))
+            return await super().approval_needed(pending)
         self.print_pending(pending)
         # The event loop's SIGINT handler only cancels the turn, which a blocking prompt
         # never notices; while asking, Ctrl-C interrupts the prompt at once.

@@ -466,6 +466,8 @@ class ConsoleTurnView(TurnView):
 
     async def approval_needed(self, pending: PendingApproval) -> Verdict | None:
         self.print_pending(pending)
+        if pending.action == "approve":
+            self.console.print(Text(f"    needs an approver other than {pending.requester}", style="dim"))
         self.console.print(
             Text(
                 f"    decide with: hermes approve {self.session_id} {pending.tool_call_id}"
@@ -494,6 +496,7 @@ class ConsoleTurnView(TurnView):
                 (f"  {'✔' if verdict.approved else '✘'} {word} ", "bold " + style),
                 f"by {verdict.approver} (signal {signal}): ",
                 (record.outcome, style),
+                (f" ({record.detail})" if record.detail else "", style),
             )
         )
 

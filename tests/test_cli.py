@@ -239,6 +239,67 @@ async def test_approve_applies_to_a_pending_tool_call_and_a_second_decision_is_a
         assert_one_line_error(again, "already_decided")
 
 
+async def test_approvals_lists_pending_calls_across_sessions_and_the_requester_cannot_approve_an_admin_call(
+    run_worker, cli_env, session_id, tmp_path
+):
+    from hermes.tools.builtin import register_builtins
+    from hermes.tools.registry import ToolRegistry
+
+    registry = register_builtins(ToolRegistry())
+
+    def purge_cache(region: str) -> str:
+        """Purge the CDN cache of a region.
+
+        Args:
+            region: region code.
+        """
+        return f"purged {region}"
+
+    registry.register(purge_cache, permission="admin")
+    script = {"turns": [{"steps": [{"tool_calls": [{"name": "purge_cache", "arguments": {"region": "eu"}}]},
+                                   {"reply": "{{ last_tool_result.data }}"}]}]}
+    async with run_worker(script, registry=registry) as hermes:
+        turn = asyncio.ensure_future(hermes.send_message(session_id, "purge eu", user_id="dave"))
+        pending = await hermes.wait_for_approval(session_id)
+        listed = None
+        for _ in range(100):  # visibility lags the search attribute by a moment
+            listed = await hermes_cli("approvals", "--json", env=cli_env, cwd=tmp_path)
+            rows = [r for r in json.loads(listed.stdout or "[]") if r["session_id"] == session_id]
+            if rows:
+                break
+            await asyncio.sleep(0.1)
+        assert listed is not None and listed.returncode == 0, listed.stderr
+        assert [(r["tool_call_id"], r["tool_name"], r["requester"], r["action"]) for r in rows] == [
+            (pending.tool_call_id, "purge_cache", "dave", "approve")
+        ]
+        table = await hermes_cli("approvals", "--approver", "dave", env=cli_env, cwd=tmp_path)
+        assert pending.tool_call_id in table.stdout and "no: 'dave' requested this call" in table.stdout
+
+        refused = await hermes_cli("approve", session_id, pending.tool_call_id, "--approver", "dave", env=cli_env, cwd=tmp_path)
+        assert refused.returncode == 1
+        assert_one_line_error(refused, "not_allowed", "someone else", "still pending")
+        applied = await hermes_cli("approve", session_id, pending.tool_call_id, "--approver", "erin", env=cli_env, cwd=tmp_path)
+        assert applied.returncode == 0, applied.stderr
+        result = await asyncio.wait_for(turn, 30)
+    assert result.reply == "purged eu"
+
+
+async def test_tools_lists_the_tools_and_refuses_a_wrong_tool_file_naming_file_and_key(cli_env, tmp_path):
+    listed = await hermes_cli("tools", "--json", env=cli_env, cwd=tmp_path)
+    assert listed.returncode == 0, listed.stderr
+    names_ = {t["name"]: t for t in json.loads(listed.stdout)}
+    assert names_["save_note"]["permission"] == "write" and names_["save_note"]["idempotency"] == "none"
+    bad = tmp_path / "tools.yaml"
+    bad.write_text(
+        "tools:\n  - name: ping\n    description: Ping.\n    parameters: {type: object}\n"
+        "    http: {method: FETCH, url: 'http://example.com'}\n",
+        encoding="utf-8",
+    )
+    refused = await hermes_cli("tools", env={**cli_env, "HERMES_TOOL_FILES": str(bad)}, cwd=tmp_path)
+    assert refused.returncode == 2
+    assert_one_line_error(refused, str(bad), "tools[0].http.method")
+
+
 # --------------------------------------------------------------------------- reading
 
 
