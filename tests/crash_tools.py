@@ -29,6 +29,7 @@ def _record_side_effect(tool_name: str, label: str, context: ToolContext) -> Non
             "label": label,
             "tool_call_id": context.tool_call_id,
             "attempt": context.attempt,
+            "key": context.idempotency_key,
             "pid": os.getpid(),
             "at": time.time(),
         }
@@ -66,3 +67,14 @@ async def slow_idempotent_side_effect(label: str, context: ToolContext) -> ToolR
         label: text recorded with the line.
     """
     return await _slow("slow_idempotent_side_effect", label, context)
+
+
+@tool(tier="batch", idempotency="keyed", permission="read")
+async def slow_keyed_side_effect(label: str, context: ToolContext) -> ToolResult:
+    """Append a line (with the call's idempotency key) to the counter file, then work
+    slowly. Keyed: retried after a crash with the same key, for the backend to de-duplicate.
+
+    Args:
+        label: text recorded with the line.
+    """
+    return await _slow("slow_keyed_side_effect", label, context)

@@ -6,7 +6,8 @@ runs (the tool has already done its side effect: a line in a counter file), star
 fresh worker, and checks what the client gets back:
 
 - a non-idempotent tool is not run again: its outcome is reported as unknown (code 4);
-- an idempotent tool is retried on the new worker and the turn completes normally.
+- an idempotent tool is retried on the new worker and the turn completes normally;
+- a keyed tool is retried on the new worker with the same idempotency key.
 
 The time from the kill to the reply is printed (run with ``-s`` to see it).
 """
@@ -44,6 +45,13 @@ SCRIPT = {
             "match": "(?i)once",
             "steps": [
                 {"tool_calls": [{"name": "slow_side_effect", "arguments": {"label": "once"}}]},
+                {"reply": "code={{ last_tool_result.code }} message={{ last_tool_result.message }}"},
+            ],
+        },
+        {
+            "match": "(?i)keyed",
+            "steps": [
+                {"tool_calls": [{"name": "slow_keyed_side_effect", "arguments": {"label": "keyed"}}]},
                 {"reply": "code={{ last_tool_result.code }} message={{ last_tool_result.message }}"},
             ],
         },
@@ -247,3 +255,28 @@ async def test_an_idempotent_tool_cut_off_by_a_worker_crash_is_retried_and_the_t
     assert record.result.code == ToolResultCode.OK
     assert record.result.data == {"label": "again", "attempt": 2}
     assert result.reply == "code=0 message=slow_idempotent_side_effect done"
+
+
+async def test_a_keyed_tool_cut_off_by_a_worker_crash_is_retried_with_the_same_key(
+    spawn_worker, temporal_client, redis, task_queue, session_id, counter_file, tmp_path
+):
+    result, lines, elapsed, first, second = await crash_during_tool_call(
+        "run the keyed tool",
+        spawn_worker=spawn_worker,
+        temporal_client=temporal_client,
+        redis=redis,
+        task_queue=task_queue,
+        session_id=session_id,
+        counter_file=counter_file,
+        tmp_path=tmp_path,
+    )
+    print(f"\nkill-to-reply (keyed tool): {elapsed:.2f} s")
+    assert [(e["tool"], e["attempt"], e["pid"]) for e in lines] == [
+        ("slow_keyed_side_effect", 1, first.pid),
+        ("slow_keyed_side_effect", 2, second.pid),
+    ]
+    keys = {e["key"] for e in lines}
+    assert len(keys) == 1, "both attempts must carry the same idempotency key"
+    (key,) = keys
+    assert key.startswith(f"{session_id}:") and key.endswith(f":{result.tool_calls[0].tool_call_id}")
+    assert result.status == "completed" and result.tool_calls[0].result.code == ToolResultCode.OK
