@@ -472,7 +472,8 @@ class ToolRegistry:
             steps: each a :class:`~hermes.models.CompositeStep` (or its dict); argument
                 values ``"$args.x"`` and ``"$steps.<step>.data.<path>"`` are references.
             permission: default: the highest permission of its steps (lower is refused).
-            timeout_seconds: of the whole sequence; default: the sum of its steps' timeouts.
+            timeout_seconds: listed only: each step runs with its own tool's timeout and
+                retries, so the sequence is bounded by its steps.
 
         Raises:
             ToolRegistrationError: duplicate step names, or bad schema / names. Step
