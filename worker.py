@@ -49,8 +49,10 @@ def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> T
     for module in settings.tool_modules:
         try:
             importlib.import_module(module)
-        except ImportError as err:
-            raise ConfigError(f"cannot import tool module: {err}", source="HERMES_TOOL_MODULES", key=module) from err
+        except Exception as err:  # noqa: BLE001 - any error while importing it (SyntaxError, a raise)
+            raise ConfigError(
+                f"cannot import tool module: {type(err).__name__}: {err}", source="HERMES_TOOL_MODULES", key=module
+            ) from err
     for path in settings.tool_files:
         if not any(t.source == str(path) for t in registry):
             registry.load_file(path)

@@ -47,11 +47,16 @@ def cap_result(result: ToolResult, max_bytes: int) -> ToolResult:
     above Temporal's 2 MB payload limit it would fail the call, and well below it, it
     would still fill the context window.
     """
-    text = result.model_dump_json()
-    size = len(text.encode("utf-8"))
+    try:
+        size = len(result.model_dump_json().encode("utf-8"))
+    except ValueError:  # nested past the serializer's depth limit: only a preview can go on
+        size = max_bytes + 1
     if size <= max_bytes:
         return result
-    data_text = json.dumps(result.data, ensure_ascii=False, default=str)
+    try:
+        data_text = json.dumps(result.data, ensure_ascii=False, default=str)
+    except (ValueError, RecursionError):
+        data_text = "(the data is nested too deeply to show)"
     preview = data_text.encode("utf-8")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
     return result.model_copy(
         update={
@@ -101,7 +106,7 @@ def failure_result(err: BaseException, *, in_check: bool = False) -> ToolResult:
         code, data = ToolResultCode.DEPENDENCY_UNAVAILABLE, None
         text = f"{type(err).__name__}: {text}"
     data = to_jsonable_python(data, fallback=str, bytes_mode="base64")
-    return ToolResult(code=code, message=text[:_MAX_MESSAGE_CHARS], data=data)
+    return ToolResult(code=code, message=_scrub_surrogates(text[:_MAX_MESSAGE_CHARS]), data=data)
 
 
 def to_tool_result(value: Any) -> ToolResult:
@@ -116,8 +121,33 @@ def to_tool_result(value: Any) -> ToolResult:
     message = str(value.message)
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[:_MAX_MESSAGE_CHARS] + "..."
-    data = to_jsonable_python(value.data, fallback=str, bytes_mode="base64")
-    return ToolResult(code=value.code, message=message, data=data)
+    try:
+        data = _scrub_surrogates(to_jsonable_python(value.data, fallback=str, bytes_mode="base64"))
+    except (ValueError, RecursionError):
+        # Lone surrogates (file names that are not UTF-8, via os.fsdecode) or nesting past
+        # the serializer's depth limit: the tool did its work, so report it, never fail it
+        # (an idempotent tool would be run again).
+        try:
+            data = to_jsonable_python(_scrub_surrogates(value.data), fallback=str, bytes_mode="base64")
+        except (ValueError, RecursionError) as err:
+            data = {"unserializable": True, "reason": f"{type(err).__name__}: {err}"[:300]}
+    return ToolResult(code=value.code, message=_scrub_surrogates(message), data=data)
+
+
+def _scrub_surrogates(value: Any) -> Any:
+    """``value`` with lone surrogates replaced by U+FFFD (the payload converter cannot
+    encode them)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return value
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_scrub_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_scrub_surrogates(k): _scrub_surrogates(v) for k, v in value.items()}
+    return value
 
 
 class ToolActivities:
@@ -256,7 +286,9 @@ class ToolActivities:
             )
         try:
             result = cap_result(to_tool_result(await self._with_heartbeat(tool.invoke(arguments, context))), self.max_result_bytes)
-        except Exception as err:  # noqa: BLE001 - the tool said it failed; record and report
+        except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - the tool failed; record and report
+            # (KeyboardInterrupt / SystemExit raised by tool code, not by this process:
+            # recorded as the tool's failure, never left looking like a crashed worker.)
             result = failure_result(err)
         await self.redis.set(
             key, json.dumps({"state": "done", "result": result.model_dump(mode="json")}), ex=IDEMPOTENCY_TTL_SECONDS

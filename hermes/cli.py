@@ -38,6 +38,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
+from pydantic import ValidationError
 import typer
 from rich.console import Console
 from rich.markup import escape
@@ -111,6 +112,17 @@ class _HermesTyper(typer.Typer):
             code: Any = 0
         except SystemExit as exit_:
             code = exit_.code
+        except ValidationError as err:
+            if err.title != "Settings":
+                sys.excepthook(*sys.exc_info())
+                code = 1
+            else:
+                # A bad setting (HERMES_* variable or .env): say which and why, not a traceback.
+                for problem in err.errors(include_url=False):
+                    where = ".".join(str(p) for p in problem.get("loc", ()))
+                    got = problem.get("input")
+                    print(f"error: setting HERMES_{where.upper()}: {problem.get('msg')} (got {got!r})", file=sys.stderr)
+                code = 2
         except BaseException:  # noqa: BLE001 - printed like an uncaught exception
             sys.excepthook(*sys.exc_info())
             code = 1

@@ -56,9 +56,9 @@ class Settings(BaseSettings):
     """Tool files (JSON Schema tools implemented elsewhere, e.g. HTTP endpoints;
     comma-separated paths); refused at start-up if wrong."""
 
-    tier_query_seconds: float = 15.0
-    tier_external_seconds: float = 30.0
-    tier_batch_seconds: float = 60.0
+    tier_query_seconds: float = Field(default=15.0, gt=0)
+    tier_external_seconds: float = Field(default=30.0, gt=0)
+    tier_batch_seconds: float = Field(default=60.0, gt=0)
     """Tool timeout tiers (seed 002 §3.3: 15 s / 30 s / 60 s)."""
     tool_result_max_bytes: int = 64_000
     """Tool results larger than this (JSON) are cut to a preview before they enter history."""

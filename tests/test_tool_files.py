@@ -562,3 +562,41 @@ async def test_a_session_calls_the_http_tool_and_its_secret_never_enters_workflo
     text = _decoded_history(history.to_json())
     assert "Sunny in Paris" in text and "get_weather" in text  # the search sees payloads
     assert SECRET not in text
+
+
+def test_a_yaml_file_with_exponentially_nested_aliases_is_refused_before_it_is_expanded(tmp_path):
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    for i in range(1, 13):  # 9**12 strings if expanded
+        lines.append(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]")
+    lines.append("tools: [{name: x, description: x, parameters: {type: object, examples: [*a12]}}]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError) as refused:
+        load_tool_file(bomb)
+    assert str(bomb) in str(refused.value) and "aliases" in str(refused.value)
+
+
+def test_a_tool_that_is_not_idempotent_cannot_name_a_fallback():
+    registry = ToolRegistry()
+
+    def pay(amount: int) -> str:
+        """Pay.
+
+        Args:
+            amount: cents.
+        """
+        return "paid"
+
+    def pay_other_way(amount: int) -> str:
+        """Pay another way.
+
+        Args:
+            amount: cents.
+        """
+        return "paid"
+
+    registry.register(pay, idempotency="none", fallback="pay_other_way")
+    registry.register(pay_other_way)
+    with pytest.raises(ToolRegistrationError) as refused:
+        registry.check_references()
+    assert "'pay'" in str(refused.value) and "not idempotent cannot have a fallback" in str(refused.value)

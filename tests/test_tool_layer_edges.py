@@ -34,7 +34,6 @@ from hermes.models import (
     SessionConfig,
     ToolCall,
     ToolGroup,
-    ToolResult,
     ToolResultCode,
     ToolSpec,
 )
@@ -53,20 +52,22 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 class Calls:
-    """A scripted model: the first step of every turn is ``calls`` (ToolCall objects, sent
-    verbatim, so ids can be duplicated or empty); every later step replies with the codes
-    of the turn's tool results."""
+    """A scripted model: the first steps of the first turn are ``steps`` (lists of ToolCall
+    objects, sent verbatim, so ids can be duplicated or empty), those of later turns
+    ``later`` (default: the same); then it replies with the codes of the turn's results."""
 
     name = "calls"
 
-    def __init__(self, *steps: list[ToolCall]) -> None:
+    def __init__(self, *steps: list[ToolCall], later: list[list[ToolCall]] | None = None) -> None:
         self.steps = steps
+        self.later = later
 
     async def complete(self, request: CallModelInput) -> CallModelResult:
         last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
         index = sum(1 for m in request.messages[last_user:] if m.role == "assistant")
-        if index < len(self.steps):
-            calls = [c.model_copy() for c in self.steps[index]]
+        steps = self.steps if self.later is None or request.turn <= 1 else self.later
+        if index < len(steps):
+            calls = [c.model_copy() for c in steps[index]]
             return CallModelResult(message=Message(role="assistant", tool_calls=calls), provider=self.name)
         codes = [json.loads(m.content or "{}").get("code") for m in request.messages[last_user:] if m.role == "tool"]
         return CallModelResult(
@@ -300,7 +301,7 @@ async def test_a_non_idempotent_tool_raising_a_base_exception_runs_once_and_the_
     registry = register_builtins(ToolRegistry())
     registry.register(send_sms, idempotency="none")
     config = SessionConfig(approval_policies={"read": ApprovalPolicy(action="run"), "write": ApprovalPolicy(action="run"), "admin": ApprovalPolicy(action="approve")})
-    model = Calls([call("send_sms", text="hi"), call("calculate", expression="6*7")])
+    model = Calls([call("send_sms", text="hi"), call("calculate", expression="6*7")], later=[[call("calculate", expression="1")]])
     async with run_worker(model, registry=registry, config=config) as hermes:
         result = await bounded(hermes.send_message(session_id, "text", user_id="alice"))
         again = await bounded(hermes.send_message(session_id, "text again", user_id="alice"))
@@ -420,6 +421,42 @@ async def test_close_during_a_pending_approval_denies_it_and_refuses_new_message
     assert [r.approval for r in result.tool_calls] == ["cancelled", "cancelled"]
     assert all(r.result.code == ToolResultCode.DENIED_BY_HUMAN for r in result.tool_calls)
     assert "closed" in str(refused.value.__cause__ or refused.value)
+    one_result_per_call(transcript)
+
+
+async def test_close_while_a_tool_runs_stops_the_turn_before_the_next_call_and_the_next_model_step(
+    run_worker, session_id
+):
+    ran: list[str] = []
+    started = asyncio.Event()
+
+    async def slow_report(title: str) -> str:
+        """Build a report slowly.
+
+        Args:
+            title: report title.
+        """
+        ran.append(title)
+        started.set()
+        await asyncio.sleep(1.0)
+        return "report ready"
+
+    registry = ToolRegistry()
+    registry.register(slow_report)
+    model = Calls(
+        [call("slow_report", title="first"), call("slow_report", title="second")],
+        [call("slow_report", title="third")],
+    )
+    async with run_worker(model, registry=registry) as hermes:
+        reply = asyncio.create_task(hermes.send_message(session_id, "reports", user_id="alice"))
+        await bounded(started.wait())
+        await hermes.close(session_id)
+        result = await bounded(reply)
+        transcript = await hermes.get_transcript(session_id)
+    assert ran == ["first"]
+    assert result.status == "closed"
+    assert [(r.name, int(r.result.code)) for r in result.tool_calls] == [("slow_report", 0), ("slow_report", 5)]
+    assert "closed before this tool call ran" in result.tool_calls[1].result.message
     one_result_per_call(transcript)
 
 
@@ -617,19 +654,20 @@ def test_a_tool_file_with_yaml_anchors_and_a_literal_dollar_brace_loads(tmp_path
         tmp_path,
         "tools.yaml",
         """
-common: &common
-  type: object
-  properties:
-    city: {type: string}
-  required: [city]
 tools:
   - name: weather_a
     description: Weather A.
-    parameters: *common
+    parameters: &common
+      type: object
+      properties:
+        city: {type: string}
+      required: [city]
     http: {method: POST, url: "http://127.0.0.1:1/a", body: {template: "$${not_env}", city: "{city}"}}
   - name: weather_b
     description: Weather B.
-    parameters: {<<: *common}
+    parameters:
+      <<: *common
+      description: the same, merged
     http: {method: GET, url: "http://127.0.0.1:1/b"}
 """,
     )

@@ -92,6 +92,10 @@ class _ModelFailed(Exception):
     pass
 
 
+class _SessionClosedMidTurn(Exception):
+    pass
+
+
 class _ArgumentsExhausted(Exception):
     def __init__(self, call: ToolCall, result: ToolResult, spec: ToolSpec | None):
         self.call, self.result, self.spec = call, result, spec
@@ -105,6 +109,8 @@ def _fingerprint(call: ToolCall) -> str:
 
 
 _MAX_UNKNOWN = 200
+_PATCH_STOP_ON_CLOSE = "stop-turn-on-close"
+"""A close signal stops the running turn at the next tool call or model step."""
 _PATCH_TOOL_LAYER_V2 = "tool-layer-v2"
 """Checks a gated call before asking, and asks for a whole step's approvals at once."""
 
@@ -530,6 +536,10 @@ class SessionWorkflow:
             notices=self._notices,
         )
 
+    def _closed_mid_turn(self) -> bool:
+        # The patch check only once closed: histories without a mid-turn close are unchanged.
+        return self._status == "closed" and workflow.patched(_PATCH_STOP_ON_CLOSE)
+
     def _session_status(self) -> str:
         return "halted" if self._halted_on and self._status != "closed" else self._status
 
@@ -601,6 +611,8 @@ class SessionWorkflow:
                         bad_arguments[call.name] = bad_arguments.get(call.name, 0) + 1
                         if bad_arguments[call.name] > self._cfg.max_argument_retries:
                             raise _ArgumentsExhausted(call, record.result, spec)
+                if self._closed_mid_turn():
+                    raise _SessionClosedMidTurn()
             else:
                 status = "max_iterations"
                 reply = (
@@ -608,6 +620,11 @@ class SessionWorkflow:
                     "a final answer. Tell me how to continue, or ask a narrower question."
                 )
                 self._add_notice(turn, reply)
+        except _SessionClosedMidTurn:
+            status = "closed"
+            reply = "The session was closed while this turn ran; it stopped here."
+            self._close_open_tool_calls(turn, records)
+            self._add_notice(turn, reply)
         except _ArgumentsExhausted as err:
             status = "invalid_arguments"
             reply = self._ask_user_for_arguments(err)
@@ -673,7 +690,18 @@ class SessionWorkflow:
     def _append_tool_result(self, turn: int, call: ToolCall, result: ToolResult) -> None:
         content = result.model_dump_json()
         if len(content) > _MAX_RESULT_CHARS:
-            content = content[:_MAX_RESULT_CHARS] + "... [truncated]"
+            # Still one {code, message, data} object: cut text is not JSON the model can read.
+            preview = json.dumps(result.data, ensure_ascii=False, default=str)
+            keep = _MAX_RESULT_CHARS // 2
+            while True:
+                content = ToolResult(
+                    code=result.code,
+                    message=f"{result.message[:1000]} (shortened for the model: {len(preview)} characters of data)",
+                    data={"truncated": True, "preview": preview[:keep]},
+                ).model_dump_json()
+                if len(content) <= _MAX_RESULT_CHARS or keep == 0:
+                    break
+                keep //= 2
         self._messages.append(
             Message(
                 role="tool",
@@ -852,6 +880,11 @@ class SessionWorkflow:
                 record = ToolCallRecord(tool_call_id=tcid, name=call.name, arguments=call.arguments, result=ToolResult())
                 if tcid in early:
                     record.result = early[tcid]
+                elif tcid not in gated and tcid not in lazy and self._closed_mid_turn():
+                    record.approval = "cancelled"
+                    record.result = ToolResult(
+                        code=ToolResultCode.DENIED_BY_HUMAN, message="the session was closed before this tool call ran; it was not run"
+                    )
                     self._add_trace(turn, "tool", workflow.now(), tool_name=call.name, status=f"code_{int(record.result.code)}")
                 else:
                     spec = specs[call.name]

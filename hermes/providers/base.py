@@ -56,11 +56,13 @@ def parse_tool_call(tool_call_id: str, name: str, raw_arguments: str | dict[str,
     text = (raw_arguments or "").strip() or "{}"
     try:
         value = json.loads(text)
-    except json.JSONDecodeError as err:
+    except (ValueError, RecursionError) as err:
+        # ValueError also covers integers past Python's digit limit; RecursionError, nesting.
+        reason = err.msg if isinstance(err, json.JSONDecodeError) else (str(err)[:100] or "nested too deeply")
         return ToolCall(
             tool_call_id=tool_call_id,
             name=name,
-            arguments_error=f"arguments: expected a JSON object, received {text[:200]!r} ({err.msg})",
+            arguments_error=f"arguments: expected a JSON object, received {text[:200]!r} ({reason})",
         )
     if not isinstance(value, dict):
         return ToolCall(

@@ -259,6 +259,13 @@ def _read(path: Path, source: str) -> Any:
             raise ConfigError(f"duplicate key {err.args[0]!r} in one object; expected each key once", source=source) from None
     else:
         try:
+            aliases = sum(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader))
+            if aliases > _MAX_YAML_ALIASES:
+                raise ConfigError(
+                    f"{aliases} YAML aliases; expected at most {_MAX_YAML_ALIASES} (nested aliases can expand "
+                    "exponentially: a 'billion laughs' file would stall the worker)",
+                    source=source,
+                )
             data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
         except yaml.MarkedYAMLError as err:
             mark = err.problem_mark or err.context_mark
@@ -287,6 +294,10 @@ def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
             raise _DuplicateKey(key)
         out[key] = value
     return out
+
+
+_MAX_YAML_ALIASES = 100
+"""Anchors/aliases are for sharing a few blocks (headers, schemas); more is refused."""
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -25,10 +25,12 @@ Example::
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import re
 import typing
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -181,7 +183,7 @@ class FunctionTool(Tool):
             kwargs[self.context_parameter] = context
         if inspect.iscoroutinefunction(self.fn):
             return await self.fn(**kwargs)
-        return await asyncio.to_thread(self.fn, **kwargs)
+        return await asyncio.get_running_loop().run_in_executor(_sync_tool_pool(), functools.partial(self.fn, **kwargs))
 
 
 @dataclass(kw_only=True)
@@ -197,6 +199,17 @@ class CompositeTool(Tool):
         return self.steps
 
 
+_SYNC_TOOL_THREADS = 128
+"""Threads for synchronous tools. Python cannot stop a thread, so a sync tool that hangs
+past its timeout keeps one until it returns; the default executor (min(32, cores + 4)
+threads, 6 here) would be exhausted by six of them. Threads start on demand."""
+
+
+@functools.lru_cache(maxsize=1)
+def _sync_tool_pool() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=_SYNC_TOOL_THREADS, thread_name_prefix="hermes-tool")
+
+
 def _normalize_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
     """The arguments object: ``None`` is ``{}``, a string holding a JSON object is that object.
 
@@ -209,9 +222,11 @@ def _normalize_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
         import json
 
         try:
-            arguments = json.loads(arguments)
-        except ValueError:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except (ValueError, RecursionError):
             pass
+        if arguments is None:
+            arguments = {}
     if not isinstance(arguments, dict):
         raise ToolArgumentsError(
             tool_name,
@@ -547,6 +562,11 @@ class ToolRegistry:
                     problems.append(f"tool {t.name!r}: fallback names unknown tool {t.fallback!r}")
                 elif fb.name == t.name:
                     problems.append(f"tool {t.name!r}: a tool cannot be its own fallback")
+                elif t.idempotency == "none":
+                    problems.append(
+                        f"tool {t.name!r}: a tool that is not idempotent cannot have a fallback (after it "
+                        "fails, whether it had an effect is unknown); make it keyed or idempotent"
+                    )
                 elif PERMISSION_RANK[fb.permission] > PERMISSION_RANK[t.permission]:
                     problems.append(
                         f"tool {t.name!r}: fallback {fb.name!r} needs permission {fb.permission!r}, "

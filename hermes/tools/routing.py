@@ -19,6 +19,8 @@ called in the turn (the workflow adds them).
 
 from __future__ import annotations
 
+import bisect
+import functools
 import re
 from collections.abc import Iterable
 
@@ -43,16 +45,27 @@ def group_terms(group: ToolGroup, specs: Iterable[ToolSpec]) -> set[str]:
     return terms
 
 
+@functools.lru_cache(maxsize=4)
+def _index(text: str) -> tuple[frozenset[str], tuple[str, ...], str]:
+    # Once per message, not per group: routing runs inside a workflow task, which the SDK
+    # fails as deadlocked after 2 s (a 256 KB message over 30 groups took about 3 s).
+    words = _words(text)
+    return frozenset(words), tuple(sorted(words)), text.lower()
+
+
 def score(text: str, terms: set[str]) -> int:
     """How many of ``terms`` occur in ``text`` (CJK terms as substrings, others as words)."""
-    words = _words(text)
-    lowered = text.lower()
+    words, ordered, lowered = _index(text)
     hits = 0
     for term in terms:
         if _CJK_RE.search(term) or not _WORD_RE.fullmatch(term):
             hits += term in lowered
-        else:
-            hits += term in words or (len(term) > 3 and any(w.startswith(term) for w in words))
+        elif term in words:
+            hits += 1
+        elif len(term) > 3:
+            # A word starting with the term sorts right at or after it.
+            at = bisect.bisect_left(ordered, term)
+            hits += at < len(ordered) and ordered[at].startswith(term)
     return hits
 
 
