@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import IntEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 Role = Literal["system", "user", "assistant", "tool"]
 Permission = Literal["read", "write", "admin"]
@@ -305,7 +305,13 @@ class SessionConfig(BaseModel):
     """Larger system prompts sent by signal are refused (listed in the state's notices)."""
     approval_policies: dict[Permission, ApprovalPolicy] = Field(default_factory=_default_policies)
     """Per permission: ``read`` runs, ``write`` needs the user's confirmation, ``admin`` an
-    approval by someone other than the requester; expiry denies unless ``halt``."""
+    approval by someone other than the requester; expiry denies unless ``halt``. A
+    permission left out keeps its default."""
+
+    @field_validator("approval_policies")
+    @classmethod
+    def _keep_default_policies(cls, value: dict[str, ApprovalPolicy]) -> dict[str, ApprovalPolicy]:
+        return {**_default_policies(), **value}
     max_argument_retries: int = 3
     """A tool call whose arguments fail validation goes back to the model this many
     times per tool and turn; after that the user is told (seed 004 §4.2: 3)."""

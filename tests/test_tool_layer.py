@@ -568,3 +568,12 @@ async def test_a_fallback_answers_when_the_primary_is_unavailable(run_worker, se
     assert result.reply == "codes=0"
     assert record.fallback == "rates_backup" and record.result.data == 7.1
     assert "primary rates API is down" in record.result.message
+
+
+def test_an_approval_policy_given_for_one_permission_keeps_the_defaults_of_the_others():
+    config = SessionConfig(approval_policies={"admin": ApprovalPolicy(action="deny")})
+    assert {p: policy.action for p, policy in config.approval_policies.items()} == {
+        "read": "run",
+        "write": "confirm",
+        "admin": "deny",
+    }
