@@ -207,6 +207,7 @@ def load_tool_file(path: str | Path, *, environ: Mapping[str, str] | None = None
     except ValidationError as err:
         raise _from_validation(err, source) from None
     environ = os.environ if environ is None else environ
+    _check_environment(raw, source, environ)
     groups = _groups(decl, source)
     tools: list[Tool] = []
     seen: dict[str, int] = {}
@@ -228,6 +229,39 @@ def load_tool_file(path: str | Path, *, environ: Mapping[str, str] | None = None
         seen[name] = i
         tools.append(_build_tool(tool_decl, key, source, environ))
     return tools, groups
+
+
+_ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _check_environment(raw: Any, source: str, environ: Mapping[str, str]) -> None:
+    """Refuse the file naming every unset ``${ENV}`` of its ``http`` sections at once
+    (not one per start-up attempt)."""
+    missing: dict[str, str] = {}
+
+    def walk(value: Any, key: str, in_http: bool) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(v, f"{key}.{k}" if key else str(k), in_http or k == "http")
+        elif isinstance(value, list):
+            for i, v in enumerate(value):
+                walk(v, f"{key}[{i}]", in_http)
+        elif in_http and isinstance(value, str):
+            for match in _ENV_REF_RE.finditer(value):
+                name = match.group(1)
+                if name and name not in environ:
+                    missing.setdefault(name, key)
+
+    walk(raw, "", False)
+    if missing:
+        names = ", ".join(missing)
+        first_key = next(iter(missing.values()))
+        raise ConfigError(
+            f"environment variable(s) {names} not set on this worker; expected each to be set for "
+            f"its ${{...}} reference (write $${{ for a literal ${{)",
+            source=source,
+            key=first_key,
+        )
 
 
 def _read(path: Path, source: str) -> Any:

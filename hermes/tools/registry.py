@@ -429,7 +429,10 @@ class ToolRegistry:
         _strip_titles(schema)
         returns: dict[str, Any] | None = None
         ret = hints.get("return")
-        if isinstance(ret, type) and issubclass(ret, BaseModel):
+        from hermes.models import ToolResult
+
+        if isinstance(ret, type) and issubclass(ret, BaseModel) and not issubclass(ret, ToolResult):
+            # (A ToolResult is the envelope every result has; its data is what to describe.)
             returns = ret.model_json_schema()
             _strip_titles(returns)
             if returns_doc:
