@@ -19,6 +19,7 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
+from activities.audit import AuditActivities
 from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
@@ -114,6 +115,7 @@ def build_worker(
     )
     index = SessionIndexActivities(redis)
     transcript = TranscriptActivities(redis)
+    audit = AuditActivities(redis)
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
@@ -125,6 +127,7 @@ def build_worker(
             tools.run_tool,
             index.update_session_index,
             transcript.archive_messages,
+            audit.record_approval_audit,
         ],
         max_cached_workflows=max_cached_workflows,
         max_concurrent_activities=settings.max_concurrent_activities,

@@ -915,18 +915,45 @@ def approvals(
     approver: Annotated[
         str | None, typer.Option("--approver", "-a", help="Mark which approvals this person may decide.")
     ] = None,
+    audit: Annotated[
+        bool, typer.Option("--audit", help="Show the audit log instead: requests, decisions, verdicts.")
+    ] = False,
+    session: Annotated[str | None, typer.Option("--session", "-s", help="With --audit: only this session.")] = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=10000, help="With --audit: the newest this many.")] = 100,
     as_json: JsonOption = False,
 ) -> None:
-    """List every pending approval across sessions (Temporal visibility), oldest first."""
+    """List every pending approval across sessions (Temporal visibility), oldest first;
+    with --audit, who asked for what, who decided and when."""
     settings = Settings()
 
     async def main() -> list[Any]:
         hermes = await _connect(settings)
         try:
+            if audit:
+                return await hermes.get_approval_audit(session_id=session, limit=limit)
             return await _answer(hermes.list_pending_approvals(user_id=user), settings)
         finally:
             await hermes.redis.aclose()
 
+    if audit:
+        entries = _run(main, settings)
+        if as_json:
+            typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], ensure_ascii=False, indent=2))
+            return
+        if not entries:
+            out.print("No approval audit entries.")
+            return
+        log_table = Table(title="approval audit", title_justify="left")
+        for column in ("at (UTC)", "session", "tool call id", "tool", "event", "by", "outcome", "detail"):
+            log_table.add_column(column, overflow="fold")
+        for e in entries:
+            by = e.approver if e.event == "decision" or e.approver else e.requester
+            log_table.add_row(
+                f"{e.at:%Y-%m-%d %H:%M:%S}", escape(e.session_id), escape(e.tool_call_id), escape(e.tool_name),
+                e.event, escape(by or ""), escape(e.outcome), escape(e.detail or e.reason or ""),
+            )
+        out.print(log_table)
+        return
     pending = _run(main, settings)
     if as_json:
         typer.echo(json.dumps([p.model_dump(mode="json") for p in pending], ensure_ascii=False, indent=2))

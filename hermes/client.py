@@ -31,6 +31,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from hermes import names
 from hermes.errors import MessageRejectedError, SessionBusyError, SessionClosedError
 from hermes.models import (
+    ApprovalAuditEntry,
     ApprovalDecision,
     Message,
     PendingApproval,
@@ -327,6 +328,22 @@ class HermesClient:
 
         lists = await asyncio.gather(*(pending_of(sid) for sid in session_ids))
         return sorted((p for found in lists for p in found), key=lambda p: (p.requested_at, p.session_id, p.tool_call_id))
+
+    async def get_approval_audit(self, *, session_id: str | None = None, limit: int = 100) -> list[ApprovalAuditEntry]:
+        """The approval audit log (Redis): requests, decisions and verdicts, oldest first.
+
+        Args:
+            session_id: only this session's entries; default: the newest of all sessions.
+            limit: at most this many (the newest).
+
+        Raises:
+            RuntimeError: the client has no Redis connection.
+        """
+        from activities.audit import read_audit
+
+        if self.redis is None:
+            raise RuntimeError("the approval audit log needs a Redis connection")
+        return await read_audit(self.redis, session_id=session_id, limit=limit)
 
     async def get_trace(self, session_id: str) -> list[TraceStep]:
         return await self.handle(session_id).query(names.GET_TRACE, result_type=list[TraceStep])

@@ -415,6 +415,31 @@ class DecisionRecord(BaseModel):
     """Why a decision was not applied."""
 
 
+class ApprovalAuditEntry(BaseModel):
+    """One line of the approval audit log: who asked for what, who decided, when."""
+
+    entry_id: str
+    """Unique within the session and stable across retries of its write."""
+    session_id: str
+    tool_call_id: str
+    tool_name: str
+    event: Literal["requested", "decision", "halted", "verdict"]
+    """``requested``: a call was put up for decision; ``decision``: a signal arrived (with
+    its ``outcome``); ``halted``: it expired under ``on_expiry="halt"``; ``verdict``: the
+    call was settled (approved, rejected, expired, cancelled)."""
+    at: datetime
+    requester: str = ""
+    permission: Permission = "write"
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    approver: str | None = None
+    approved: bool | None = None
+    outcome: str = ""
+    """For ``decision``: applied / unknown_tool_call / already_decided / not_allowed; for
+    ``verdict``: approved / rejected / expired / cancelled."""
+    detail: str = ""
+    reason: str | None = None
+
+
 class TraceStep(BaseModel):
     """One step of a turn (seed 002 §7.3): model call, tool call or approval wait."""
 

@@ -19,6 +19,7 @@ VALIDATE_TOOL_CALL = "validate_tool_call"
 COMPOSITE_TOOL_WORKFLOW = "CompositeToolWorkflow"
 UPDATE_SESSION_INDEX = "update_session_index"
 ARCHIVE_MESSAGES = "archive_messages"
+RECORD_APPROVAL_AUDIT = "record_approval_audit"
 
 # Updates
 SEND_MESSAGE = "send_message"

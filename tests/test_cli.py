@@ -281,7 +281,16 @@ async def test_approvals_lists_pending_calls_across_sessions_and_the_requester_c
         applied = await hermes_cli("approve", session_id, pending.tool_call_id, "--approver", "erin", env=cli_env, cwd=tmp_path)
         assert applied.returncode == 0, applied.stderr
         result = await asyncio.wait_for(turn, 30)
+        audit = await hermes_cli("approvals", "--audit", "--session", session_id, "--json", env=cli_env, cwd=tmp_path)
     assert result.reply == "purged eu"
+    assert audit.returncode == 0, audit.stderr
+    events = [(e["event"], e["approver"], e["outcome"]) for e in json.loads(audit.stdout)]
+    assert events == [
+        ("requested", None, ""),
+        ("decision", "dave", "not_allowed"),
+        ("decision", "erin", "applied"),
+        ("verdict", "erin", "approved"),
+    ]
 
 
 async def test_tools_lists_the_tools_and_refuses_a_wrong_tool_file_naming_file_and_key(cli_env, tmp_path):

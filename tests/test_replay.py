@@ -90,11 +90,12 @@ V2_HISTORY_PATH = HISTORY_PATH.with_name("session_tool_layer_v2.json")
 
 
 async def test_the_history_recorded_under_the_current_tool_layer_replays():
-    """The same conversation recorded after the tool layer's ``tool-layer-v2`` patch
-    (a check before each approval, a step's approvals requested at once)."""
+    """The same conversation recorded under the current tool layer's patches
+    (``tool-layer-v2``: a check before each approval, a step's approvals requested at
+    once; ``approval-audit-log``; ``stop-turn-on-close``), decided in the first task."""
     history = WorkflowHistory.from_json("session-recorded-v2", V2_HISTORY_PATH.read_text(encoding="utf-8"))
     markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
-    assert any(m.marker_recorded_event_attributes.marker_name == "core_patch" for m in markers)
+    assert sum(m.marker_recorded_event_attributes.marker_name == "core_patch" for m in markers) == 3
     result = await replayer().replay_workflow(history)
     assert result.replay_failure is None
 

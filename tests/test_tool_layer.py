@@ -189,6 +189,23 @@ async def test_an_admin_call_needs_an_approver_other_than_the_requester(run_work
     assert runs == ["acc-42"]
     assert result.tool_calls[0].approval == "approved" and result.tool_calls[0].approver == "bob"
     assert [(d.approver, d.outcome) for d in state.decisions] == [("alice", "not_allowed"), ("bob", "applied")]
+    # The audit log (Redis) keeps who asked for what, who decided, when, and the verdict.
+    audit = await eventually(lambda: _audit_entries(hermes, session_id, 4))
+    assert [(e.event, e.approver, e.outcome) for e in audit] == [
+        ("requested", None, ""),
+        ("decision", "alice", "not_allowed"),
+        ("decision", "bob", "applied"),
+        ("verdict", "bob", "approved"),
+    ]
+    assert audit[0].arguments == {"account_id": "acc-42"} and audit[0].requester == "alice"
+    assert audit[2].reason == "verified by phone"
+    assert all(e.tool_call_id == pending.tool_call_id for e in audit)
+    assert [e.at for e in audit] == sorted(e.at for e in audit)
+
+
+async def _audit_entries(hermes, session_id: str, count: int):
+    entries = await hermes.get_approval_audit(session_id=session_id)
+    return entries if len(entries) >= count else None
 
 
 async def _state_with_decisions(hermes, session_id: str, count: int):

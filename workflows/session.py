@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
 
     from hermes import names
     from hermes.models import (
+        ApprovalAuditEntry,
         ApprovalDecision,
         ApprovalPolicy,
         CompositeInput,
@@ -109,10 +110,13 @@ def _fingerprint(call: ToolCall) -> str:
 
 
 _MAX_UNKNOWN = 200
+_PATCH_AUDIT_LOG = "approval-audit-log"
+"""Approval requests, decisions and verdicts are also written to the audit log in Redis."""
 _PATCH_STOP_ON_CLOSE = "stop-turn-on-close"
 """A close signal stops the running turn at the next tool call or model step."""
 _PATCH_TOOL_LAYER_V2 = "tool-layer-v2"
 """Checks a gated call before asking, and asks for a whole step's approvals at once."""
+_PATCHES = (_PATCH_TOOL_LAYER_V2, _PATCH_STOP_ON_CLOSE, _PATCH_AUDIT_LOG)
 
 
 @workflow.defn(name=names.SESSION_WORKFLOW)
@@ -157,11 +161,17 @@ class SessionWorkflow:
         self._background: list[asyncio.Task[None]] = []
         self._all_specs: dict[str, ToolSpec] = {}
         self._warnings: list[str] = []
+        self._audit_seq = 0
+        self._patches: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ run
 
     @workflow.run
     async def run(self, inp: SessionInput) -> SessionState:
+        # Every patch is decided once, in the run's first workflow task: a run recorded
+        # before a change replays it without the change to its end, and a patch marker's
+        # position never depends on when local activities (validation, audit) resolved.
+        self._patched(_PATCH_TOOL_LAYER_V2)
         workflow.upsert_search_attributes(
             [
                 names.SA_USER_ID.value_set(inp.user_id),
@@ -493,6 +503,14 @@ class SessionWorkflow:
             )
         )
         del self._decisions[:-_MAX_DECISIONS]
+        about = self._pending.get(tcid) or PendingApproval(
+            tool_call_id=tcid, tool_name="", arguments={}, permission="write", turn=0,
+            requested_at=workflow.now(), expires_at=workflow.now(), requester=self._inp.user_id,
+        )
+        self._audit(
+            "decision", about, approver=decision.approver, approved=decision.approved,
+            outcome=outcome, detail=detail, reason=decision.reason,
+        )
 
     # ------------------------------------------------------------- queries
 
@@ -536,9 +554,17 @@ class SessionWorkflow:
             notices=self._notices,
         )
 
+    def _patched(self, patch: str) -> bool:
+        """Whether this run has ``patch``; all patches are decided together, at the first
+        call, which :meth:`run` makes in the first workflow task (a handler that runs
+        before it, in the same first activation, decides the same)."""
+        if not self._patches:
+            self._patches = {name: workflow.patched(name) for name in _PATCHES}
+        return self._patches[patch]
+
     def _closed_mid_turn(self) -> bool:
         # The patch check only once closed: histories without a mid-turn close are unchanged.
-        return self._status == "closed" and workflow.patched(_PATCH_STOP_ON_CLOSE)
+        return self._status == "closed" and self._patched(_PATCH_STOP_ON_CLOSE)
 
     def _session_status(self) -> str:
         return "halted" if self._halted_on and self._status != "closed" else self._status
@@ -841,7 +867,6 @@ class SessionWorkflow:
         lazy: dict[str, ApprovalPolicy] = {}
         # Sessions that began under the previous tool layer replay its command order:
         # no check before an approval, and approvals requested one at a time.
-        current = None
         try:
             for call in calls:
                 spec = specs.get(call.name)
@@ -863,9 +888,7 @@ class SessionWorkflow:
                     continue
                 if policy.action == "run" and spec.composite is None:
                     continue
-                if current is None:
-                    current = workflow.patched(_PATCH_TOOL_LAYER_V2)
-                if not current:
+                if not self._patched(_PATCH_TOOL_LAYER_V2):
                     lazy[call.tool_call_id] = policy
                     continue
                 checked = await self._validate_call(turn, call)
@@ -958,6 +981,7 @@ class SessionWorkflow:
         )
         self._pending[call.tool_call_id] = pending
         workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(self._pending))])
+        self._audit("requested", pending, reason=reason or None)
         return pending
 
     def _settle(self, tcid: str) -> None:
@@ -992,21 +1016,30 @@ class SessionWorkflow:
         except asyncio.TimeoutError:
             if pending.on_expiry != "halt":
                 self._settle(tcid)
+                self._audit("verdict", pending, outcome="expired")
                 self._add_trace(turn, "approval", started, tool_name=pending.tool_name, status="expired")
                 return "expired", None
             pending.expired = True
             self._halted_on.add(tcid)
             workflow.upsert_search_attributes([names.SA_STATUS.value_set("halted")])
+            self._audit("halted", pending, detail="expired with on_expiry=halt: the session waits for a human")
             await workflow.wait_condition(decided)
         if tcid in self._verdicts:
             decision = self._verdicts[tcid]
             verdict = "approved" if decision.approved else "rejected"
         elif self._cancel_requested:
             self._settle(tcid)
+            self._audit("verdict", pending, outcome="cancelled", detail="the turn was cancelled")
             raise _TurnCancelled()
         else:
             decision, verdict = None, "cancelled"
         self._settle(tcid)
+        self._audit(
+            "verdict", pending, outcome=verdict,
+            approver=decision.approver if decision else None,
+            approved=decision.approved if decision else None,
+            reason=decision.reason if decision else None,
+        )
         self._add_trace(turn, "approval", started, tool_name=pending.tool_name, status=verdict)
         return verdict, decision
 
@@ -1113,25 +1146,51 @@ class SessionWorkflow:
         )
         del self._trace[:-_MAX_TRACE]
 
-    def _schedule_index_update(self) -> None:
-        entry = SessionIndexEntry.from_state(self._state())
+    def _audit(self, event: str, pending: PendingApproval, **fields: Any) -> None:
+        """Append to the approval audit log (a background local activity; a failure is
+        logged, never fails the session: the state's decision list stays the record)."""
+        if not self._patched(_PATCH_AUDIT_LOG):
+            return
+        now = workflow.now()
+        self._audit_seq += 1
+        entry = ApprovalAuditEntry(
+            entry_id=f"{pending.tool_call_id}:{event}:{int(now.timestamp() * 1_000_000)}:{self._audit_seq}",
+            session_id=self._inp.session_id,
+            tool_call_id=pending.tool_call_id,
+            tool_name=pending.tool_name,
+            event=event,  # type: ignore[arg-type]
+            at=now,
+            requester=pending.requester or self._inp.user_id,
+            permission=pending.permission,
+            arguments=pending.arguments if event == "requested" else {},
+            **fields,
+        )
 
-        async def update() -> None:
+        self._in_background(names.RECORD_APPROVAL_AUDIT, entry, summary="approval audit", attempts=5)
+
+    def _schedule_index_update(self) -> None:
+        # The index is a cache: Temporal stays the source of truth, `hermes sessions`
+        # rebuilds it. A Redis outage must not fail a turn.
+        entry = SessionIndexEntry.from_state(self._state())
+        self._in_background(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3)
+
+    def _in_background(self, activity: str, arg: Any, *, summary: str, attempts: int) -> None:
+        """Run a cheap, idempotent Redis write as a local activity (DESIGN.md: cache writes
+        fit local activities) without holding up the turn; drained before the run ends.
+        A final failure is logged, never fails the session (a local activity's final
+        failure arrives as the ApplicationError itself, not wrapped in ActivityError)."""
+
+        async def run() -> None:
             try:
-                # A local activity: a cheap, idempotent Redis write that needs no task of
-                # its own (DESIGN.md: cache writes fit local activities).
                 await workflow.execute_local_activity(
-                    names.UPDATE_SESSION_INDEX,
-                    entry,
+                    activity,
+                    arg,
                     start_to_close_timeout=timedelta(seconds=5),
-                    retry_policy=RetryPolicy(maximum_attempts=3),
-                    summary="session index",
+                    retry_policy=RetryPolicy(maximum_attempts=attempts),
+                    summary=summary,
                 )
             except FailureError:
-                # The index is a cache: Temporal stays the source of truth, `hermes sessions`
-                # rebuilds it. A Redis outage must not fail a turn. (A local activity's final
-                # failure arrives as the ApplicationError itself, not wrapped in ActivityError.)
-                workflow.logger.warning("session index update failed", exc_info=True)
+                workflow.logger.warning("%s failed", summary, exc_info=True)
 
         self._background = [t for t in self._background if not t.done()]
-        self._background.append(asyncio.create_task(update()))
+        self._background.append(asyncio.create_task(run()))
