@@ -372,6 +372,11 @@ async def test_a_decision_after_expiry_is_already_decided_and_runs_nothing(run_w
     assert runs == []
 
 
+async def _verdicts(hermes, session_id, count):
+    entries = [e for e in await hermes.get_approval_audit(session_id=session_id) if e.event == "verdict"]
+    return entries if len(entries) >= count else None
+
+
 async def test_cancel_during_a_step_with_several_pending_approvals_settles_all_and_runs_none(run_worker, session_id):
     runs: list[str] = []
     model = Calls(
@@ -390,9 +395,11 @@ async def test_cancel_during_a_step_with_several_pending_approvals_settles_all_a
         transcript = await hermes.get_transcript(session_id)
         state = await hermes.get_state(session_id)
         late = await hermes.list_pending_approvals()
+        audit = await eventually(lambda: _verdicts(hermes, session_id, 3))
         follow = Calls([call("calculate", expression="2+2")])
     assert result.status == "cancelled"
     assert runs == []
+    assert sorted(e.outcome for e in audit) == ["cancelled"] * 3  # every request has its verdict
     assert not state.pending_approvals and state.status == "active"
     assert all(p.session_id != session_id for p in late)
     assert len(result.tool_calls) == 4

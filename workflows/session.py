@@ -931,8 +931,10 @@ class SessionWorkflow:
                 records.append(record)
                 self._append_tool_result(turn, call, record.result)
         finally:
-            for tcid in list(gated):
-                self._settle(tcid)
+            for tcid, waiting in gated.items():
+                if tcid in self._pending:
+                    self._settle(tcid)
+                    self._audit("verdict", waiting, outcome="cancelled", detail="the turn ended before a decision")
 
     async def _run_with_fallback(
         self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec]
