@@ -59,7 +59,6 @@ naming the variable; ``$${`` is a literal ``${``, ``{{`` and ``}}`` literal brac
 from __future__ import annotations
 
 import difflib
-import json
 import os
 import re
 import typing
@@ -67,11 +66,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hermes.config_files import read_document
 from hermes.errors import ConfigError, ToolRegistrationError
 from hermes.models import CompositeStep, Idempotency, Permission, Tier, ToolGroup
 from hermes.tools import arguments as args_layer
@@ -92,7 +91,6 @@ _TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _PATH_RE = re.compile(r"^[^.]+(\.[^.]+)*$")
 _ARGS_REF_RE = re.compile(r"^\$args\.([^.]+)")
-_EXTENSIONS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
 
 
 # ---------------------------------------------------------------- the file's shape
@@ -265,51 +263,7 @@ def _check_environment(raw: Any, source: str, environ: Mapping[str, str]) -> Non
 
 
 def _read(path: Path, source: str) -> Any:
-    kind = _EXTENSIONS.get(path.suffix.lower())
-    if kind is None:
-        raise ConfigError(
-            f"expected a tool file ending in .json, .yaml or .yml; found {path.suffix or 'no extension'!r}", source=source
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError("tool file not found; expected an existing JSON or YAML file", source=source) from None
-    except IsADirectoryError:
-        raise ConfigError("is a directory; expected a JSON or YAML tool file", source=source) from None
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"expected UTF-8 text; found an undecodable byte at offset {err.start}", source=source) from None
-    except OSError as err:
-        raise ConfigError(f"cannot read the tool file: {err.strerror or err}", source=source) from None
-    if kind == "JSON":
-        try:
-            data = json.loads(text, object_pairs_hook=_unique_pairs)
-        except json.JSONDecodeError as err:
-            raise ConfigError(
-                f"not valid JSON at line {err.lineno}, column {err.colno}: {err.msg}; expected a JSON object "
-                "with a `tools` list",
-                source=source,
-            ) from None
-        except _DuplicateKey as err:
-            raise ConfigError(f"duplicate key {err.args[0]!r} in one object; expected each key once", source=source) from None
-    else:
-        try:
-            aliases = sum(isinstance(event, yaml.AliasEvent) for event in yaml.parse(text, Loader=yaml.SafeLoader))
-            if aliases > _MAX_YAML_ALIASES:
-                raise ConfigError(
-                    f"{aliases} YAML aliases; expected at most {_MAX_YAML_ALIASES} (nested aliases can expand "
-                    "exponentially: a 'billion laughs' file would stall the worker)",
-                    source=source,
-                )
-            data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-        except yaml.MarkedYAMLError as err:
-            mark = err.problem_mark or err.context_mark
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-            what = "; ".join(p for p in (err.context, err.problem) if p)
-            if "expected" not in what:
-                what += "; expected a YAML mapping with a `tools` list"
-            raise ConfigError(f"not valid YAML{where}: {what}", source=source) from None
-        except yaml.YAMLError as err:
-            raise ConfigError(f"not valid YAML: {err}; expected a YAML mapping with a `tools` list", source=source) from None
+    data = read_document(path, source, what="tool file", expected="a `tools` list")
     if not isinstance(data, dict):
         raise ConfigError(
             f"expected a mapping with a `tools` list (and optional `groups`); found {_kind(data)}", source=source
@@ -317,45 +271,6 @@ def _read(path: Path, source: str) -> Any:
     return data
 
 
-class _DuplicateKey(Exception):
-    pass
-
-
-def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in out:
-            raise _DuplicateKey(key)
-        out[key] = value
-    return out
-
-
-_MAX_YAML_ALIASES = 100
-"""Anchors/aliases are for sharing a few blocks (headers, schemas); more is refused."""
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """YAML's safe loader, refusing a key written twice in one mapping (a silent
-    override would hide a mistake)."""
-
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        first: dict[Any, int] = {}
-        for key_node, _ in node.value:
-            if key_node.tag == "tag:yaml.org,2002:merge":
-                continue
-            key = self.construct_object(key_node, deep=deep)
-            try:
-                if key in first:
-                    raise yaml.constructor.ConstructorError(
-                        None,
-                        None,
-                        f"duplicate key {key!r} (first at line {first[key] + 1}); expected each key once",
-                        key_node.start_mark,
-                    )
-                first[key] = key_node.start_mark.line
-            except TypeError:
-                pass  # an unhashable key: the base loader reports it
-        return super().construct_mapping(node, deep=deep)
 
 
 def _groups(decl: ToolFileDecl, source: str) -> list[ToolGroup]:
