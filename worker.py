@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import importlib
 import logging
+import os
 import signal
 from datetime import timedelta
 from typing import Any
@@ -86,6 +87,7 @@ def build_worker(
     registry: ToolRegistry | None = None,
     redis: Any = None,
     max_cached_workflows: int = 1000,
+    mcp: Any = None,
 ) -> Worker:
     """A worker for sessions. Arguments left out come from ``settings``.
 
@@ -97,6 +99,8 @@ def build_worker(
         registry: the tools; by default built-ins plus ``settings.tool_modules``.
         redis: a ``redis.asyncio.Redis``; by default one for ``settings.redis_url``.
         max_cached_workflows: 0 makes every workflow task replay from history.
+        mcp: a :class:`hermes.mcp.tools.McpToolset` whose servers' tools are offered too
+            (the caller closes its manager); see :func:`open_mcp`.
     """
     settings = settings or get_settings()
     provider = provider or make_provider(settings)
@@ -112,6 +116,7 @@ def build_worker(
         tier_seconds=settings.tier_seconds,
         heartbeat_timeout_seconds=settings.tool_heartbeat_seconds,
         max_result_bytes=settings.tool_result_max_bytes,
+        mcp=mcp,
     )
     index = SessionIndexActivities(redis)
     transcript = TranscriptActivities(redis)
@@ -136,6 +141,22 @@ def build_worker(
     )
 
 
+def open_mcp(settings: Settings, registry: ToolRegistry) -> Any:
+    """The MCP toolset of ``settings.mcp_config``, or None when none is configured.
+
+    Raises:
+        ConfigError: the file is wrong, or names an unset environment variable.
+    """
+    if settings.mcp_config is None:
+        return None
+    from hermes.mcp.config import load_mcp_config
+    from hermes.mcp.manager import McpManager
+    from hermes.mcp.tools import McpToolset
+
+    config = load_mcp_config(settings.mcp_config, environ=os.environ)
+    return McpToolset(config, McpManager(config), reserved=set(registry.names()))
+
+
 async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | None = None) -> None:
     """Connect, register the search attributes, and serve until ``stop`` is set or a signal."""
     from hermes.names import SEARCH_ATTRIBUTES
@@ -144,7 +165,9 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
     settings = settings or get_settings()
     client = await connect_client(settings)
     await ensure_search_attributes(client, SEARCH_ATTRIBUTES, settings.temporal_namespace)
-    worker = build_worker(client, settings)
+    registry = load_registry(settings)
+    mcp = open_mcp(settings, registry)
+    worker = build_worker(client, settings, registry=registry, mcp=mcp)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -153,8 +176,12 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
         except (NotImplementedError, RuntimeError):
             pass
     log.info("worker serving task queue %s at %s", worker.task_queue, settings.resolved_temporal_address)
-    async with worker:
-        await stop.wait()
+    try:
+        async with worker:
+            await stop.wait()
+    finally:
+        if mcp is not None:
+            await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
 
 
 def main() -> None:

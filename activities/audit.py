@@ -18,7 +18,7 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
-from hermes.models import ApprovalAuditEntry
+from hermes.models import ApprovalAuditBatch, ApprovalAuditEntry
 
 log = logging.getLogger("hermes.audit")
 
@@ -60,8 +60,8 @@ class AuditActivities:
         self.redis = redis
 
     @activity.defn(name=names.RECORD_APPROVAL_AUDIT)
-    async def record_approval_audit(self, entry: ApprovalAuditEntry) -> bool:
-        """Append one entry to the audit log.
+    async def record_approval_audit(self, batch: ApprovalAuditBatch) -> bool:
+        """Append entries to the audit log (idempotent: a retry rewrites the same ones).
 
         Returns:
             False when no Redis is configured (nothing is written).
@@ -71,5 +71,6 @@ class AuditActivities:
         """
         if self.redis is None:
             return False
-        await write_audit(self.redis, entry)
+        for entry in batch.entries:
+            await write_audit(self.redis, entry)
         return True

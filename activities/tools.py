@@ -169,7 +169,10 @@ class ToolActivities:
         tier_seconds,
         heartbeat_timeout_seconds: float = 5.0,
         max_result_bytes: int = 64_000,
+        mcp: Any = None,
     ):
+        self.mcp = mcp
+        """A :class:`hermes.mcp.tools.McpToolset`, when MCP servers are configured."""
         self.registry = registry
         self.redis = redis
         self.max_result_bytes = max_result_bytes
@@ -178,23 +181,49 @@ class ToolActivities:
 
     @activity.defn(name=names.LIST_TOOLS)
     async def list_tools(self) -> ListToolsResult:
+        """Every tool a turn may offer: the registry's, then the MCP servers' (as they
+        list them now; the result is recorded in the turn's history)."""
+        tools: list[Tool] = list(self.registry)
+        groups = self.registry.groups
+        if self.mcp is not None:
+            tools += await self.mcp.discover()
+            known = {g.name for g in groups}
+            groups = groups + [g for g in self.mcp.groups if g.name not in known]
         return ListToolsResult(
             tools=[
                 t.spec(tier_seconds=self.tier_seconds, heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
-                for t in self.registry
+                for t in tools
             ],
-            groups=self.registry.groups,
+            groups=groups,
         )
 
-    async def _prepare(self, request: RunToolInput) -> tuple[Tool, Any, ToolContext] | ToolResult:
-        """Layers one to three: the tool exists, its arguments are valid, its checks pass."""
+    async def _lookup(self, request: RunToolInput) -> Tool | ToolResult:
         call = request.tool_call
+        if request.mcp is not None:
+            found = await self.mcp.tool_for(call.name, request.mcp) if self.mcp is not None else None
+            if found is None:
+                return ToolResult(
+                    code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
+                    message=(
+                        f"the tool {request.mcp.tool!r} of MCP server {request.mcp.server!r} is no longer offered "
+                        "(the server changed its tool list, or is not configured on this worker)"
+                    ),
+                )
+            return found
         tool = self.registry.get(call.name)
         if tool is None:
             return ToolResult(
                 code=ToolResultCode.BAD_ARGUMENTS,
                 message=f"unknown tool {call.name!r}; available tools: {', '.join(self.registry.names())}",
             )
+        return tool
+
+    async def _prepare(self, request: RunToolInput) -> tuple[Tool, Any, ToolContext] | ToolResult:
+        """Layers one to three: the tool exists, its arguments are valid, its checks pass."""
+        call = request.tool_call
+        tool = await self._lookup(request)
+        if isinstance(tool, ToolResult):
+            return tool
         try:
             arguments = tool.validate(call.arguments)
         except ToolArgumentsError as err:

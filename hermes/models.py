@@ -96,6 +96,13 @@ class CompositeStep(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
 
 
+class McpOrigin(BaseModel, frozen=True):
+    """Where an MCP tool lives: the configured server and the tool's own name there."""
+
+    server: str
+    tool: str
+
+
 class ToolSpec(BaseModel):
     """A tool as the workflow and the model see it (no code, only metadata)."""
 
@@ -123,6 +130,8 @@ class ToolSpec(BaseModel):
     """JSON Schema (or ``{"description": ...}``) of the ``data`` of a successful result."""
     composite: list[CompositeStep] | None = None
     """Set for a composite tool: its steps, run in order by a child workflow."""
+    mcp: McpOrigin | None = None
+    """Set for an MCP tool: the server and tool a call goes to (recorded with the list)."""
 
     @model_validator(mode="after")
     def _idempotency(self) -> ToolSpec:
@@ -189,6 +198,8 @@ class RunToolInput(BaseModel):
     turn: int
     tool_call: ToolCall
     idempotent: bool = True
+    mcp: McpOrigin | None = None
+    """For an MCP tool: the server and tool the turn's recorded list named."""
     chain_id: str = ""
     """The session's first run id (stable across continue-as-new, new if the id is reused
     after a termination), so that exactly-once records never alias across sessions."""
@@ -438,6 +449,12 @@ class ApprovalAuditEntry(BaseModel):
     ``verdict``: approved / rejected / expired / cancelled."""
     detail: str = ""
     reason: str | None = None
+
+
+class ApprovalAuditBatch(BaseModel):
+    """Audit entries written together by one local activity."""
+
+    entries: list[ApprovalAuditEntry]
 
 
 class TraceStep(BaseModel):

@@ -56,6 +56,10 @@ class Settings(BaseSettings):
     """Tool files (JSON Schema tools implemented elsewhere, e.g. HTTP endpoints;
     comma-separated paths); refused at start-up if wrong."""
 
+    mcp_config: Path | None = None
+    """An ``mcpServers`` JSON/YAML file (the shape editors use, plus Hermes' keys; see
+    ``hermes/mcp/config.py``); refused at start-up if wrong. Unset: no MCP servers."""
+
     tier_query_seconds: float = Field(default=15.0, gt=0)
     tier_external_seconds: float = Field(default=30.0, gt=0)
     tier_batch_seconds: float = Field(default=60.0, gt=0)

@@ -594,3 +594,39 @@ def test_an_approval_policy_given_for_one_permission_keeps_the_defaults_of_the_o
         "write": "confirm",
         "admin": "deny",
     }
+
+
+async def test_approval_flows_are_deterministic_when_every_workflow_task_replays_from_history(run_worker, session_id):
+    """With no workflow cache every task replays the whole history: approvals requested
+    together, refused and applied decisions, audit writes, a cancel with approvals still
+    pending, and a following turn must emit the same commands as the first time."""
+    runs: list[str] = []
+    model = Steps(
+        [
+            ("delete_account", {"account_id": "acc-1"}),
+            ("calculate", {"expression": "1+1"}),
+            ("save_note", {"title": "t", "text": "x"}),
+            ("delete_account", {"account_id": "acc-2"}),
+        ],
+        tool_results,
+    )
+    async with run_worker(model, registry=_registry_with_admin_tool(runs), max_cached_workflows=0) as hermes:
+        first = asyncio.create_task(hermes.send_message(session_id, "do it", user_id="alice"))
+        pending = await eventually(lambda: _pending_count(hermes, session_id, 3))
+        by_args = {json.dumps(p.arguments, sort_keys=True): p.tool_call_id for p in pending}
+        await hermes.approve(session_id, by_args['{"account_id": "acc-1"}'], approver="alice")  # refused
+        await hermes.approve(session_id, by_args['{"account_id": "acc-1"}'], approver="bob")
+        await hermes.approve(session_id, "no-such-call", approver="bob")
+        await eventually(lambda: _state_with_decisions(hermes, session_id, 3))
+        await hermes.cancel_turn(session_id)
+        cancelled = await first
+        second = asyncio.create_task(hermes.send_message(session_id, "again", user_id="alice"))
+        again = await eventually(lambda: _pending_count(hermes, session_id, 3))
+        for p in again:
+            await hermes.reject(session_id, p.tool_call_id, approver="bob")
+        rejected = await second
+        audit = await eventually(lambda: _audit_entries(hermes, session_id, 14))
+    assert cancelled.status == "cancelled" and runs == ["acc-1"]
+    assert rejected.reply == "codes=5,0,5,5"
+    assert sum(e.event == "requested" for e in audit) == 6
+    assert sum(e.event == "verdict" for e in audit) == 6

@@ -24,6 +24,7 @@ with workflow.unsafe.imports_passed_through():
 
     from hermes import names
     from hermes.models import (
+        ApprovalAuditBatch,
         ApprovalAuditEntry,
         ApprovalDecision,
         ApprovalPolicy,
@@ -162,6 +163,7 @@ class SessionWorkflow:
         self._all_specs: dict[str, ToolSpec] = {}
         self._warnings: list[str] = []
         self._audit_seq = 0
+        self._audit_buffer: list[ApprovalAuditEntry] = []
         self._patches: dict[str, bool] = {}
 
     # ------------------------------------------------------------------ run
@@ -182,15 +184,27 @@ class SessionWorkflow:
         )
         while True:
             await workflow.wait_condition(
-                lambda: self._status == "closed" or self._must_roll_over() or (self._should_roll_over() and self._idle())
+                lambda: self._status == "closed"
+                or self._must_roll_over()
+                or (self._should_roll_over() and self._idle())
+                or (bool(self._audit_buffer) and self._idle())
             )
+            if self._audit_buffer and self._status != "closed" and not self._must_roll_over():
+                # Decisions that arrived between turns; under the turn lock, so this write
+                # never interleaves with a turn's local activities.
+                async with self._lock:
+                    await self._flush_audit()
+                if not (self._should_roll_over() and self._idle()):
+                    continue
             self._draining = True
             await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._idle())
             if self._status == "closed":
                 workflow.upsert_search_attributes([names.SA_STATUS.value_set("closed")])
+                await self._flush_audit()
                 self._schedule_index_update()
                 await self._drain_background()
                 return self._state()
+            await self._flush_audit()
             await self._drain_background()
             if self._status == "closed":
                 continue  # closed while the index writes drained: close, do not roll over
@@ -675,6 +689,7 @@ class SessionWorkflow:
             self._current_turn = None
             self._cancel_requested = False
 
+        await self._flush_audit()
         self._last_active_at = workflow.now()
         self._schedule_index_update()
         return TurnResult(
@@ -845,10 +860,10 @@ class SessionWorkflow:
             )
         return policy, ""
 
-    async def _validate_call(self, turn: int, call: ToolCall) -> ValidateToolCallResult:
+    async def _validate_call(self, turn: int, call: ToolCall, spec: ToolSpec) -> ValidateToolCallResult:
         return await workflow.execute_local_activity(
             names.VALIDATE_TOOL_CALL,
-            self._run_tool_input(turn, call, True),
+            self._run_tool_input(turn, call, spec),
             result_type=ValidateToolCallResult,
             start_to_close_timeout=timedelta(seconds=10),
             retry_policy=RetryPolicy(maximum_attempts=3),
@@ -891,13 +906,14 @@ class SessionWorkflow:
                 if not self._patched(_PATCH_TOOL_LAYER_V2):
                     lazy[call.tool_call_id] = policy
                     continue
-                checked = await self._validate_call(turn, call)
+                checked = await self._validate_call(turn, call, spec)
                 if checked.error is not None:
                     early[call.tool_call_id] = checked.error
                     continue
                 prepared[call.tool_call_id] = call.model_copy(update={"arguments": checked.arguments})
                 if policy.action != "run":
                     gated[call.tool_call_id] = self._request_approval(turn, prepared[call.tool_call_id], spec, policy, reason)
+            await self._flush_audit()
             for call in calls:
                 tcid = call.tool_call_id
                 record = ToolCallRecord(tool_call_id=tcid, name=call.name, arguments=call.arguments, result=ToolResult())
@@ -935,6 +951,7 @@ class SessionWorkflow:
                 if tcid in self._pending:
                     self._settle(tcid)
                     self._audit("verdict", waiting, outcome="cancelled", detail="the turn ended before a decision")
+            await self._flush_audit()
 
     async def _run_with_fallback(
         self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec]
@@ -1008,30 +1025,47 @@ class SessionWorkflow:
         def decided() -> bool:
             return tcid in self._verdicts or self._cancel_requested or self._status == "closed"
 
-        remaining = (pending.expires_at - workflow.now()).total_seconds()
-        try:
+        def woken() -> bool:  # a decision, or audit entries (a refused decision) to write now
+            return decided() or bool(self._audit_buffer)
+
+        expired = False
+        waited = False
+        while not waited or not decided():
+            waited = True
+            remaining = (pending.expires_at - workflow.now()).total_seconds()
             if remaining <= 0 and not decided():
-                raise asyncio.TimeoutError()
-            await workflow.wait_condition(
-                decided, timeout=timedelta(seconds=max(remaining, 0.001)), timeout_summary=f"approval of {pending.tool_name}"
-            )
-        except asyncio.TimeoutError:
+                expired = True
+                break
+            try:
+                await workflow.wait_condition(
+                    woken, timeout=timedelta(seconds=max(remaining, 0.001)), timeout_summary=f"approval of {pending.tool_name}"
+                )
+            except asyncio.TimeoutError:
+                expired = True
+                break
+            await self._flush_audit()
+        if expired:
             if pending.on_expiry != "halt":
                 self._settle(tcid)
                 self._audit("verdict", pending, outcome="expired")
+                await self._flush_audit()
                 self._add_trace(turn, "approval", started, tool_name=pending.tool_name, status="expired")
                 return "expired", None
             pending.expired = True
             self._halted_on.add(tcid)
             workflow.upsert_search_attributes([names.SA_STATUS.value_set("halted")])
             self._audit("halted", pending, detail="expired with on_expiry=halt: the session waits for a human")
-            await workflow.wait_condition(decided)
+            await self._flush_audit()
+            while not decided():
+                await workflow.wait_condition(woken)
+                await self._flush_audit()
         if tcid in self._verdicts:
             decision = self._verdicts[tcid]
             verdict = "approved" if decision.approved else "rejected"
         elif self._cancel_requested:
             self._settle(tcid)
             self._audit("verdict", pending, outcome="cancelled", detail="the turn was cancelled")
+            await self._flush_audit()
             raise _TurnCancelled()
         else:
             decision, verdict = None, "cancelled"
@@ -1042,22 +1076,24 @@ class SessionWorkflow:
             approved=decision.approved if decision else None,
             reason=decision.reason if decision else None,
         )
+        await self._flush_audit()
         self._add_trace(turn, "approval", started, tool_name=pending.tool_name, status=verdict)
         return verdict, decision
 
-    def _run_tool_input(self, turn: int, call: ToolCall, idempotent: bool) -> RunToolInput:
+    def _run_tool_input(self, turn: int, call: ToolCall, spec: ToolSpec | None) -> RunToolInput:
         return RunToolInput(
             session_id=self._inp.session_id,
             user_id=self._inp.user_id,
             turn=turn,
             tool_call=call,
-            idempotent=idempotent,
+            idempotent=spec.idempotent if spec is not None else True,
+            mcp=spec.mcp if spec is not None else None,
             chain_id=self._chain_id,
         )
 
     async def _run_tool(self, turn: int, call: ToolCall, spec: ToolSpec) -> ToolResult:
         started = workflow.now()
-        request = self._run_tool_input(turn, call, spec.idempotent)
+        request = self._run_tool_input(turn, call, spec)
         if spec.composite is not None:
             task: asyncio.Task[Any] = asyncio.create_task(self._run_composite(request, spec))
         else:
@@ -1149,8 +1185,7 @@ class SessionWorkflow:
         del self._trace[:-_MAX_TRACE]
 
     def _audit(self, event: str, pending: PendingApproval, **fields: Any) -> None:
-        """Append to the approval audit log (a background local activity; a failure is
-        logged, never fails the session: the state's decision list stays the record)."""
+        """Buffer an entry for the approval audit log (written by :meth:`_flush_audit`)."""
         if not self._patched(_PATCH_AUDIT_LOG):
             return
         now = workflow.now()
@@ -1168,7 +1203,26 @@ class SessionWorkflow:
             **fields,
         )
 
-        self._in_background(names.RECORD_APPROVAL_AUDIT, entry, summary="approval audit", attempts=5)
+        self._audit_buffer.append(entry)
+
+    async def _flush_audit(self) -> None:
+        """Write the buffered audit entries (one local activity, awaited in line: audit
+        writes never interleave with the turn's other local activities, so the order of
+        commands is the same on replay). A final failure is logged; the state's decision
+        list stays the record."""
+        if not self._audit_buffer:
+            return
+        batch, self._audit_buffer = self._audit_buffer, []
+        try:
+            await workflow.execute_local_activity(
+                names.RECORD_APPROVAL_AUDIT,
+                ApprovalAuditBatch(entries=batch),
+                start_to_close_timeout=timedelta(seconds=5),
+                retry_policy=RetryPolicy(maximum_attempts=5),
+                summary="approval audit",
+            )
+        except FailureError:
+            workflow.logger.warning("approval audit: %d entries not written", len(batch), exc_info=True)
 
     def _schedule_index_update(self) -> None:
         # The index is a cache: Temporal stays the source of truth, `hermes sessions`

@@ -125,6 +125,7 @@ class Tool:
             fallback=self.fallback,
             returns=self.returns,
             composite=self.composite_steps(),
+            mcp=getattr(self, "origin", None),
         )
 
     def composite_steps(self) -> list[CompositeStep] | None:

@@ -1,0 +1,213 @@
+"""MCP tools beside Hermes' own: discovery into tool specs, calls, results.
+
+Every turn the workflow records one tool list (the ``list_tools`` local activity), so a
+replay never depends on what a worker has cached: this module adds the MCP servers'
+tools to that list, named ``<server>_<tool>`` (sanitised for the model, collisions
+resolved deterministically, see :func:`hermes.mcp.config.merge_tool_names`), filtered by
+the server's allow/deny globs, with its permission, idempotency, timeout and
+"service boundary" description suffix. A call goes to the server and tool recorded in
+the spec, so a renamed or vanished tool gets a clean error result, never another tool.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from hermes.errors import ToolArgumentsError, ToolFailure, ToolRegistrationError
+from hermes.mcp.config import McpConfig, merge_tool_names, redact
+from hermes.models import McpOrigin, ToolGroup, ToolResult, ToolResultCode
+from hermes.tools import arguments as args_layer
+from hermes.tools.registry import Tool, ToolContext
+
+log = logging.getLogger("hermes.mcp")
+
+_MAX_LIST_SECONDS = 8.0
+"""Longest wait for one server's tool list while a turn starts (the listing is a local
+activity); a slower server's tools are left out of that turn and retried next turn."""
+
+
+class McpUnavailable(Exception):
+    """The server could not answer (not started, crashed, hung, protocol error).
+
+    Raised, not returned: a retry-safe tool is retried, then reported as code 2; a tool
+    that is not retry-safe is reported at once (code 4 if the call may have reached the
+    server, see ``maybe_ran``, else code 2).
+    """
+
+    def __init__(self, message: str, *, maybe_ran: bool):
+        self.maybe_ran = maybe_ran
+        super().__init__(message)
+
+
+@dataclass(kw_only=True)
+class McpTool(Tool):
+    """A tool of an MCP server, as the model sees it."""
+
+    origin: McpOrigin
+    toolset: McpToolset = field(repr=False)
+    schema_checked: bool = True
+    """False when the server's input schema is not valid JSON Schema: then the arguments
+    are only required to be an object and the server validates them."""
+
+    def validate(self, arguments: Any) -> dict[str, Any]:
+        if self.schema_checked:
+            return args_layer.validate_arguments(self.name, self.parameters_schema, arguments)
+        if arguments is None:
+            return {}
+        if not isinstance(arguments, dict):
+            raise ToolArgumentsError(
+                self.name,
+                [{"field": "(arguments)", "expected": "a JSON object", "received": repr(arguments)[:200], "missing": False}],
+            )
+        return arguments
+
+    async def invoke(self, arguments: Any, context: ToolContext) -> ToolResult:
+        # A little under the activity's own timeout, so the server's silence is reported
+        # by us (with its reason) rather than by Temporal's timer.
+        timeout = self.timeout_seconds * 0.9 if self.timeout_seconds else None
+        try:
+            return await self.toolset.call(self.origin, dict(arguments), timeout_seconds=timeout)
+        except McpUnavailable as err:
+            if not self.idempotent and err.maybe_ran:
+                raise ToolFailure(
+                    f"{err}; the call may have reached the server, so its outcome is unknown and it was not run again",
+                    code=ToolResultCode.OUTCOME_UNKNOWN,
+                ) from None
+            raise
+
+
+def call_result(result: Any) -> ToolResult:
+    """An MCP ``CallToolResult`` in the ``{code, message, data}`` shape.
+
+    Text content comes back byte-identical. ``structured_content``, when the server
+    sends it, is the data; otherwise the text (one part) or the list of parts. A result
+    with ``is_error`` goes to the model as data with code 2 (the tool ran and said it
+    failed), never as an exception.
+    """
+    parts: list[Any] = []
+    texts: list[str] = []
+    for item in getattr(result, "content", None) or []:
+        kind = getattr(item, "type", None)
+        if kind == "text":
+            texts.append(item.text)
+            parts.append(item.text)
+        elif hasattr(item, "model_dump"):
+            parts.append(item.model_dump(mode="json", by_alias=True, exclude_none=True))
+        else:
+            parts.append(item)
+    structured = getattr(result, "structured_content", None)
+    if structured is not None:
+        data: Any = structured
+    elif len(parts) == 1:
+        data = parts[0]
+    else:
+        data = parts or None
+    if getattr(result, "is_error", False):
+        message = "\n".join(texts).strip() or "the MCP tool reported an error"
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=message[:2000], data=data)
+    return ToolResult(message="ok", data=data)
+
+
+class McpToolset:
+    """The MCP side of a worker's tool layer: discovers, names and calls MCP tools.
+
+    Args:
+        config: the validated MCP configuration (``HERMES_MCP_CONFIG``).
+        manager: a :class:`hermes.mcp.manager.McpManager` for ``config``.
+        reserved: names already taken by Hermes' own tools (an MCP tool never shadows one).
+    """
+
+    def __init__(self, config: McpConfig, manager: Any, *, reserved: set[str] | None = None):
+        self.config = config
+        self.manager = manager
+        self.reserved = set(reserved or ())
+        self._tools: dict[str, McpTool] = {}
+
+    @property
+    def groups(self) -> list[ToolGroup]:
+        groups: dict[str, ToolGroup] = {}
+        for name, server in self.config.enabled_servers().items():
+            groups.setdefault(server.group, ToolGroup(name=server.group, description=f"Tools of the MCP server {name}."))
+        return list(groups.values())
+
+    async def discover(self) -> list[McpTool]:
+        """The current MCP tools of every enabled server (from the manager's cache when
+        fresh). A server that cannot list in time is left out, with a warning."""
+        servers = self.config.enabled_servers()
+
+        async def listing(name: str) -> list[Any]:
+            budget = min(servers[name].timeout_seconds, _MAX_LIST_SECONDS)
+            try:
+                return await asyncio.wait_for(self.manager.list_tools(name), budget)
+            except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
+                log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
+                return []
+
+        lists = await asyncio.gather(*(listing(name) for name in servers))
+        listed = {name: {t.name: t for t in tools} for name, tools in zip(servers, lists)}
+        names, collisions = merge_tool_names({name: list(tools) for name, tools in listed.items()})
+        for line in collisions:
+            log.info("MCP tool names: %s", line)
+        found: dict[str, McpTool] = {}
+        for model_name, (server_name, tool_name) in sorted(names.items()):
+            if model_name in self.reserved:
+                log.warning("MCP tool %s of %s is not offered: a Hermes tool is named %r", tool_name, server_name, model_name)
+                continue
+            found[model_name] = self._tool(model_name, server_name, listed[server_name][tool_name])
+        self._tools = found
+        return list(found.values())
+
+    def _tool(self, model_name: str, server_name: str, listed: Any) -> McpTool:
+        server = self.config.servers[server_name]
+        policy = server.policy(listed.name)
+        schema = dict(getattr(listed, "input_schema", None) or {"type": "object"})
+        checked = True
+        try:
+            args_layer.check_schema(schema)
+        except ToolRegistrationError as err:
+            log.warning("MCP tool %s of %s: input schema not checked here (%s)", listed.name, server_name, err)
+            checked = False
+        return McpTool(
+            name=model_name,
+            description=server.describe(listed.name, getattr(listed, "description", None)) or f"{listed.name} ({server_name})",
+            parameters_schema=schema,
+            tier="external",
+            idempotency=policy.idempotency,
+            permission=policy.permission,
+            timeout_seconds=server.timeout_seconds,
+            group=server.group,
+            source=f"mcp:{server_name}",
+            origin=McpOrigin(server=server_name, tool=listed.name),
+            toolset=self,
+            schema_checked=checked,
+        )
+
+    async def tool_for(self, name: str, origin: McpOrigin) -> McpTool | None:
+        """The tool a recorded spec names, rediscovering once if this worker does not
+        know it (restarted since the listing, or the list changed)."""
+        known = self._tools.get(name)
+        if known is None or known.origin != origin:
+            await self.discover()
+            known = self._tools.get(name)
+        return known if known is not None and known.origin == origin else None
+
+    async def call(self, origin: McpOrigin, arguments: dict[str, Any], *, timeout_seconds: float | None) -> ToolResult:
+        """Call ``origin`` on its server; a server that cannot answer raises
+        :class:`McpUnavailable` (code 2; retried only if the tool is retry-safe)."""
+        try:
+            result = await self.manager.call_tool(origin.server, origin.tool, arguments, timeout_seconds=timeout_seconds)
+        except Exception as err:  # noqa: BLE001 - every transport/process failure is "unavailable"
+            raise McpUnavailable(
+                f"MCP server {origin.server}: {_redacted(self.manager, origin.server, err)}",
+                maybe_ran=bool(getattr(err, "maybe_ran", isinstance(err, TimeoutError))),
+            ) from None
+        return call_result(result)
+
+
+def _redacted(manager: Any, server: str, err: BaseException) -> str:
+    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    resolved = getattr(manager, "resolved", {}).get(server) if hasattr(manager, "resolved") else None
+    return redact(text, resolved) if resolved is not None else text

@@ -1,0 +1,12 @@
+"""Small MCP servers of our own for the connection-manager tests (``tests/test_mcp_manager.py``).
+
+Each is a script run as its own process, over stdio unless said otherwise:
+
+- ``normal.py``: echo (text back byte-identical), a failing tool, a tool list that grows
+  (with ``notifications/tools/list_changed``), a resource and a prompt; ``--http PORT``
+  serves it over streamable HTTP instead.
+- ``crashy.py``: a tool that kills the server mid-call (``os._exit``).
+- ``hang.py``: a tool that blocks the server's whole event loop forever.
+- ``stubborn.py``: ignores SIGTERM and spawns a grandchild that ignores it too.
+- ``owner.py``: a process that owns an ``McpManager`` (killed with SIGKILL by a test).
+"""
