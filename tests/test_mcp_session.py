@@ -1,0 +1,105 @@
+"""MCP tools inside a session, on the suite's real Temporal and Redis: a turn that calls
+tools of two MCP servers (the npm ``server-everything`` and a server of our own) and a
+built-in tool, a tool list that changes between turns, and the replay of that history.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.worker import Replayer
+
+from hermes.mcp.config import parse_mcp_config
+from hermes.mcp.manager import McpManager
+from hermes.mcp.tools import McpToolset
+from tests.conftest import builtin_registry
+from tests.mcp_servers.installed import everything_stdio, need
+from tests.test_tool_layer import Steps
+from workflows.composite import CompositeToolWorkflow
+from workflows.session import SessionWorkflow
+
+SERVERS = Path(__file__).resolve().parent / "mcp_servers"
+TEXT = "中文 · 😀 · <|endoftext|> · \u200b · \"quoted\"\nsecond line"
+SUFFIX = "Service boundary: the Hermes test server; it knows nothing about real orders."
+
+
+@pytest.fixture
+async def toolset() -> AsyncIterator[McpToolset]:
+    command, args = need(everything_stdio(), "server-everything")
+    config = parse_mcp_config(
+        {
+            "mcpServers": {
+                "everything": {"command": command, "args": args, "idempotency": "idempotent", "allow": ["echo", "get-sum"]},
+                "local": {
+                    "command": sys.executable,
+                    "args": [str(SERVERS / "normal.py")],
+                    "description_suffix": SUFFIX,
+                    "list_ttl_seconds": 600,
+                    "tools": {"echo": {"idempotency": "idempotent"}},
+                },
+            }
+        },
+        environ=dict(os.environ),
+    )
+    manager = McpManager(config, environ=dict(os.environ))
+    try:
+        yield McpToolset(config, manager, reserved=set(builtin_registry().names()))
+    finally:
+        await manager.aclose()
+
+
+def results_json(request: Any) -> str:
+    last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+    return json.dumps(
+        [json.loads(m.content or "{}") for m in request.messages[last_user:] if m.role == "tool"], ensure_ascii=False
+    )
+
+
+async def test_one_turn_gets_the_results_of_two_mcp_servers_and_a_builtin_tool(run_worker, session_id, toolset):
+    model = Steps(
+        [("everything_echo", {"message": TEXT}), ("local_echo", {"text": TEXT}), ("calculate", {"expression": "6*7"})],
+        results_json,
+    )
+    async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+        result = await hermes.send_message(session_id, "echo it everywhere", user_id="alice")
+    assert [(r.name, int(r.result.code)) for r in result.tool_calls] == [
+        ("everything_echo", 0),
+        ("local_echo", 0),
+        ("calculate", 0),
+    ]
+    assert TEXT in result.tool_calls[0].result.data  # server-everything answers "Echo: <text>"
+    assert result.tool_calls[1].result.data == {"result": TEXT}  # structured content, byte-identical
+    offered = set(model.offered[0])
+    assert {"everything_echo", "everything_get-sum", "local_echo", "local_grow", "calculate"} <= offered
+    assert not any(name.startswith("everything_") and name not in ("everything_echo", "everything_get-sum") for name in offered)
+
+
+async def test_a_tool_list_that_changes_between_turns_is_seen_by_the_next_turn_and_the_history_replays(
+    run_worker, session_id, toolset, temporal_client: Client
+):
+    model = Steps([("local_grow", {})], "grown")
+    async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+        first = await hermes.send_message(session_id, "grow a tool", user_id="alice")
+        model.steps = ([("local_extra_1", {})], results_json)
+        second = await hermes.send_message(session_id, "call the new tool", user_id="alice")
+        # A tool the server no longer lists: a clean error result, the session goes on.
+        model.steps = ([("local_extra_9", {})], results_json)
+        third = await hermes.send_message(session_id, "call a tool that is gone", user_id="alice")
+        history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    assert first.tool_calls[0].result.data == {"result": "extra_1"}
+    assert "local_extra_1" not in model.offered[0] and "local_extra_1" in model.offered[2]
+    assert second.tool_calls[0].result.code == 0 and second.tool_calls[0].result.data == {"result": "extra_1"}
+    assert third.status == "completed" and third.tool_calls[0].result.code != 0
+    # The tool lists are in the history: replay needs no MCP server and no worker cache.
+    replay = await Replayer(
+        workflows=[SessionWorkflow, CompositeToolWorkflow], data_converter=pydantic_data_converter
+    ).replay_workflow(history)
+    assert replay.replay_failure is None
