@@ -10,6 +10,7 @@
     hermes approve ID TOOL_CALL_ID / hermes reject ID TOOL_CALL_ID
     hermes approvals             # every pending approval across sessions
     hermes tools                 # the tools a worker would serve (checks tool files)
+    hermes mcp list / hermes mcp call SERVER TOOL '{"arg": 1}'
 
 Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
 ``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
@@ -30,6 +31,7 @@ import functools
 import getpass
 import json
 import logging
+import os
 import re
 import shlex
 import signal
@@ -421,11 +423,22 @@ def dev() -> None:
 
 async def _dev(settings: Settings) -> None:
     from hermes.providers import make_provider
-    from worker import build_worker, connect_client, connect_redis, load_registry
+    from worker import load_registry, open_mcp
 
     # Configuration mistakes fail before anything is started.
     provider = make_provider(settings)
     registry = load_registry(settings)
+    mcp = open_mcp(settings, registry)
+    try:
+        await _dev_with(settings, provider, registry, mcp)
+    finally:
+        if mcp is not None:
+            await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
+
+
+async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
+    from worker import build_worker, connect_client, connect_redis
+
     async with local_servers(settings, ui=True) as servers:
         resolved = settings.model_copy(
             update={"temporal_address": servers.temporal_address, "redis_url": servers.redis_url}
@@ -435,7 +448,7 @@ async def _dev(settings: Settings) -> None:
         redis = connect_redis(servers.redis_url)
         try:
             await redis.ping()
-            worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis)
+            worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis, mcp=mcp)
             async with worker:
                 _print_dev_banner(settings, servers, _describe_model(settings, provider))
                 await wait_until_interrupted()
@@ -1013,6 +1026,108 @@ def tools_command(as_json: JsonOption = False) -> None:
             escape(spec.description.splitlines()[0][:100]),
         )
     out.print(table)
+
+
+mcp_app = typer.Typer(help="MCP servers of HERMES_MCP_CONFIG: list them, call a tool.", no_args_is_help=True)
+app.add_typer(mcp_app, name="mcp")
+
+
+def _mcp_config(settings: Settings) -> Any:
+    from hermes.mcp.config import load_mcp_config
+
+    # The manager's warnings are for a worker's log; here the command reports what failed.
+    logging.getLogger("hermes.mcp").setLevel(logging.ERROR)
+
+    if settings.mcp_config is None:
+        raise _fail("no MCP configuration: set HERMES_MCP_CONFIG to an mcpServers JSON/YAML file", EXIT_UNAVAILABLE)
+    try:
+        return load_mcp_config(settings.mcp_config, environ=os.environ)
+    except HermesError as err:
+        raise _fail(str(err), EXIT_UNAVAILABLE) from None
+
+
+@mcp_app.command("list")
+def mcp_list(as_json: JsonOption = False) -> None:
+    """Start each configured server, list its tools (after allow/deny) and its status."""
+    from hermes.mcp.manager import McpManager
+
+    settings = Settings()
+    config = _mcp_config(settings)
+
+    async def main() -> list[dict[str, Any]]:
+        rows = []
+        async with McpManager(config, environ=os.environ) as manager:
+            for name, server in config.servers.items():
+                tools: list[str] = []
+                error = None
+                if server.enabled:
+                    try:
+                        tools = [t.name for t in await manager.list_tools(name)]
+                    except Exception as err:  # noqa: BLE001 - reported per server
+                        error = str(err)
+                status = next((s for s in manager.status() if s.name == name), None)
+                rows.append(
+                    {
+                        "server": name,
+                        "transport": server.transport,
+                        "enabled": server.enabled,
+                        "state": status.state if status else "disabled",
+                        "tools": tools,
+                        "error": error or (status.last_error if status else None),
+                    }
+                )
+        return rows
+
+    rows = asyncio.run(main())
+    if as_json:
+        typer.echo(json.dumps(rows, ensure_ascii=False, indent=2))
+    else:
+        table = Table(title=f"MCP servers ({settings.mcp_config})", title_justify="left")
+        for column in ("server", "transport", "state", "tools", "error"):
+            table.add_column(column, overflow="fold")
+        for row in rows:
+            table.add_row(
+                escape(row["server"]), row["transport"], row["state"] if row["enabled"] else "disabled",
+                escape(", ".join(row["tools"])), escape(row["error"] or ""),
+            )
+        out.print(table)
+    if any(row["error"] for row in rows):
+        raise typer.Exit(EXIT_REFUSED)
+
+
+@mcp_app.command("call")
+def mcp_call(
+    server: Annotated[str, typer.Argument(help="Server name in the config.")],
+    tool: Annotated[str, typer.Argument(help="The tool's own name on that server.")],
+    arguments: Annotated[str, typer.Argument(help="Arguments as a JSON object.")] = "{}",
+) -> None:
+    """Call one tool once, outside any session, and print the result as Hermes would
+    give it to the model ({code, message, data}); exit 1 unless code is 0."""
+    from hermes.mcp.manager import McpManager
+    from hermes.mcp.tools import call_result
+
+    settings = Settings()
+    config = _mcp_config(settings)
+    try:
+        parsed = json.loads(arguments)
+    except ValueError as err:
+        raise _fail(f"ARGUMENTS: expected a JSON object, received {arguments[:200]!r} ({err})", EXIT_REFUSED) from None
+    if not isinstance(parsed, dict):
+        raise _fail(f"ARGUMENTS: expected a JSON object, received {arguments[:200]!r}", EXIT_REFUSED)
+    if server not in config.servers:
+        raise _fail(f"no MCP server {server!r} in {settings.mcp_config}; configured: {', '.join(config.servers)}", EXIT_REFUSED)
+
+    async def main() -> Any:
+        async with McpManager(config, environ=os.environ) as manager:
+            return call_result(await manager.call_tool(server, tool, parsed))
+
+    try:
+        result = asyncio.run(main())
+    except HermesError as err:
+        raise _fail(str(err), EXIT_UNAVAILABLE) from None
+    typer.echo(result.model_dump_json(indent=2))
+    if result.code != 0:
+        raise typer.Exit(EXIT_REFUSED)
 
 
 def main() -> None:

@@ -495,3 +495,34 @@ async def test_second_dev_on_a_data_dir_in_use_exits_non_zero_and_demo_reuses_th
             await dev.wait()
     assert dev.returncode == 0
     assert wait_until_no_process_uses(data_dir) == []
+
+
+async def test_mcp_list_and_call_report_tools_results_and_a_broken_server_in_one_line(cli_env, tmp_path):
+    servers = Path(__file__).resolve().parent / "mcp_servers"
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "local": {"command": sys.executable, "args": [str(servers / "normal.py")]},
+                    "broken": {"command": str(tmp_path / "no-such-server")},
+                }
+            }
+        ),
+        encoding="utf-8",
+    )
+    env = {**cli_env, "HERMES_MCP_CONFIG": str(config)}
+    listed = await hermes_cli("mcp", "list", "--json", env=env, cwd=tmp_path)
+    rows = {r["server"]: r for r in json.loads(listed.stdout)}
+    assert listed.returncode == 1  # one server is broken
+    assert {"echo", "grow"} <= set(rows["local"]["tools"]) and rows["local"]["error"] is None
+    assert "does not exist" in rows["broken"]["error"]
+    called = await hermes_cli("mcp", "call", "local", "echo", json.dumps({"text": "你好 😀 <|endoftext|>"}), env=env, cwd=tmp_path)
+    assert called.returncode == 0, called.stderr
+    assert json.loads(called.stdout)["data"] == {"result": "你好 😀 <|endoftext|>"}
+    broken = await hermes_cli("mcp", "call", "broken", "anything", env=env, cwd=tmp_path)
+    assert broken.returncode == 2
+    assert_one_line_error(broken, "broken", "does not exist")
+    bad_args = await hermes_cli("mcp", "call", "local", "echo", "[1, 2]", env=env, cwd=tmp_path)
+    assert bad_args.returncode == 1
+    assert_one_line_error(bad_args, "expected a JSON object")

@@ -103,3 +103,38 @@ async def test_a_tool_list_that_changes_between_turns_is_seen_by_the_next_turn_a
         workflows=[SessionWorkflow, CompositeToolWorkflow], data_converter=pydantic_data_converter
     ).replay_workflow(history)
     assert replay.replay_failure is None
+
+
+async def test_a_hung_server_and_one_that_never_starts_become_error_results_and_the_session_goes_on(
+    run_worker, session_id, temporal_client: Client, tmp_path
+):
+    secret = "s3cr3t-token-value-1234"
+    config = parse_mcp_config(
+        {
+            "mcpServers": {
+                "slow": {"command": sys.executable, "args": [str(SERVERS / "hang.py")], "timeout_seconds": 2},
+                "gone": {"command": str(tmp_path / "not-installed"), "env": {"API_TOKEN": "${HERMES_TEST_SECRET}"}},
+                "local": {"command": sys.executable, "args": [str(SERVERS / "normal.py")], "env": {"API_TOKEN": "${HERMES_TEST_SECRET}"}},
+            }
+        },
+        environ={**os.environ, "HERMES_TEST_SECRET": secret},
+    )
+    manager = McpManager(config, environ={**os.environ, "HERMES_TEST_SECRET": secret})
+    toolset = McpToolset(config, manager, reserved=set(builtin_registry().names()))
+    try:
+        listed = {t.name for t in await toolset.discover()}
+        assert "slow_hang" in listed
+        model = Steps([("slow_hang", {}), ("local_echo", {"text": "still here"})], results_json)
+        async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+            result = await hermes.send_message(session_id, "try them", user_id="alice")
+            model.steps = ([("local_echo", {"text": "next turn"})], results_json)
+            after = await hermes.send_message(session_id, "again", user_id="alice")
+            history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    finally:
+        await manager.aclose()
+    assert not any(name.startswith("gone_") for name in listed)  # never started: no tools, no error for the others
+    slow, echo = result.tool_calls
+    assert slow.result.code in (2, 4) and "slow" in slow.result.message
+    assert echo.result.code == 0 and echo.result.data == {"result": "still here"}
+    assert after.tool_calls[0].result.data == {"result": "next turn"}
+    assert secret not in history.to_json()
