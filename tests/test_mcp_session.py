@@ -138,3 +138,16 @@ async def test_a_hung_server_and_one_that_never_starts_become_error_results_and_
     assert echo.result.code == 0 and echo.result.data == {"result": "still here"}
     assert after.tool_calls[0].result.data == {"result": "next turn"}
     assert secret not in history.to_json()
+
+
+async def test_a_servers_resources_and_prompts_are_offered_as_read_only_tools(run_worker, session_id, toolset):
+    model = Steps(
+        [("local_resources_read", {"uri": "note://greeting"}), ("local_prompts_get", {"name": "greet", "arguments": {"name": "小明"}})],
+        results_json,
+    )
+    async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+        result = await hermes.send_message(session_id, "read and prompt", user_id="alice")
+    resource, prompt = result.tool_calls
+    assert resource.result.code == 0 and resource.result.data["text"] == "hello from a resource ✓"
+    assert prompt.result.code == 0 and "小明" in json.dumps(prompt.result.data, ensure_ascii=False)
+    assert all(r.approval == "not_required" for r in result.tool_calls)  # read-only, whatever the server's permission

@@ -141,10 +141,15 @@ class McpToolset:
         async def listing(name: str) -> list[Any]:
             budget = min(servers[name].timeout_seconds, _MAX_LIST_SECONDS)
             try:
-                return await asyncio.wait_for(self.manager.list_tools(name), budget)
+                tools = await asyncio.wait_for(self.manager.list_tools(name), budget)
+                resources, prompts = await asyncio.wait_for(
+                    asyncio.gather(self.manager.list_resources(name), self.manager.list_prompts(name)), budget
+                )
             except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
                 log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
                 return []
+            extra = [t for t in _resource_and_prompt_tools(name, resources, prompts) if servers[name].allows(t.name)]
+            return list(tools) + extra
 
         lists = await asyncio.gather(*(listing(name) for name in servers))
         listed = {name: {t.name: t for t in tools} for name, tools in zip(servers, lists)}
@@ -163,6 +168,8 @@ class McpToolset:
     def _tool(self, model_name: str, server_name: str, listed: Any) -> McpTool:
         server = self.config.servers[server_name]
         policy = server.policy(listed.name)
+        if listed.name in (_READ_RESOURCE, _GET_PROMPT):  # reading never changes anything
+            policy = policy.model_copy(update={"permission": "read", "idempotency": "idempotent"})
         schema = dict(getattr(listed, "input_schema", None) or {"type": "object"})
         checked = True
         try:
@@ -198,6 +205,13 @@ class McpToolset:
         """Call ``origin`` on its server; a server that cannot answer raises
         :class:`McpUnavailable` (code 2; retried only if the tool is retry-safe)."""
         try:
+            if origin.tool == _READ_RESOURCE:
+                return resource_result(await self.manager.read_resource(origin.server, str(arguments.get("uri", ""))))
+            if origin.tool == _GET_PROMPT:
+                prompt_arguments = {str(k): str(v) for k, v in (arguments.get("arguments") or {}).items()}
+                return prompt_result(
+                    await self.manager.get_prompt(origin.server, str(arguments.get("name", "")), prompt_arguments)
+                )
             result = await self.manager.call_tool(origin.server, origin.tool, arguments, timeout_seconds=timeout_seconds)
         except Exception as err:  # noqa: BLE001 - every transport/process failure is "unavailable"
             raise McpUnavailable(
@@ -205,6 +219,82 @@ class McpToolset:
                 maybe_ran=bool(getattr(err, "maybe_ran", isinstance(err, TimeoutError))),
             ) from None
         return call_result(result)
+
+
+_READ_RESOURCE = "resources.read"
+_GET_PROMPT = "prompts.get"
+"""Tools Hermes adds for a server that offers resources or prompts (``<server>_resources_read``,
+``<server>_prompts_get``): the model reads them like any tool, read-only and retry-safe.
+The server's allow/deny globs apply to these names too."""
+_MAX_LISTED = 50
+
+
+@dataclass
+class _Listed:
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+
+
+def _resource_and_prompt_tools(server: str, resources: list[Any], prompts: list[Any]) -> list[_Listed]:
+    found: list[_Listed] = []
+    if resources:
+        uris = [str(r.uri) for r in resources[:_MAX_LISTED]]
+        lines = [f"- {r.uri}: {r.name}" + (f" ({r.description})" if getattr(r, "description", None) else "") for r in resources[:_MAX_LISTED]]
+        found.append(
+            _Listed(
+                name=_READ_RESOURCE,
+                description=f"Read a resource of the MCP server {server}. Resources:\n" + "\n".join(lines),
+                input_schema={
+                    "type": "object",
+                    "properties": {"uri": {"type": "string", "description": "One of the listed URIs.", **({"enum": uris} if len(resources) <= _MAX_LISTED else {})}},
+                    "required": ["uri"],
+                    "additionalProperties": False,
+                },
+            )
+        )
+    if prompts:
+        lines = []
+        for p in prompts[:_MAX_LISTED]:
+            params = ", ".join(a.name + ("" if getattr(a, "required", False) else "?") for a in (getattr(p, "arguments", None) or []))
+            lines.append(f"- {p.name}({params})" + (f": {p.description}" if getattr(p, "description", None) else ""))
+        found.append(
+            _Listed(
+                name=_GET_PROMPT,
+                description=f"Get a prompt template of the MCP server {server}, filled in. Prompts:\n" + "\n".join(lines),
+                input_schema={
+                    "type": "object",
+                    "properties": {
+                        "name": {"type": "string", "description": "One of the listed prompt names."},
+                        "arguments": {"type": "object", "additionalProperties": {"type": "string"}, "description": "The prompt's arguments."},
+                    },
+                    "required": ["name"],
+                    "additionalProperties": False,
+                },
+            )
+        )
+    return found
+
+
+def resource_result(result: Any) -> ToolResult:
+    """A ``ReadResourceResult``: text contents as text (byte-identical), blobs as base64."""
+    parts: list[Any] = []
+    for item in getattr(result, "contents", None) or []:
+        if getattr(item, "text", None) is not None:
+            parts.append({"uri": str(item.uri), "mime_type": getattr(item, "mime_type", None), "text": item.text})
+        else:
+            parts.append({"uri": str(item.uri), "mime_type": getattr(item, "mime_type", None), "blob": getattr(item, "blob", None)})
+    return ToolResult(message="ok", data=parts[0] if len(parts) == 1 else parts)
+
+
+def prompt_result(result: Any) -> ToolResult:
+    """A ``GetPromptResult``: its messages as ``{role, text}``."""
+    messages = []
+    for message in getattr(result, "messages", None) or []:
+        content = message.content
+        text = getattr(content, "text", None)
+        messages.append({"role": message.role, "text": text if text is not None else content.model_dump(mode="json")})
+    return ToolResult(message="ok", data={"description": getattr(result, "description", None), "messages": messages})
 
 
 def _redacted(manager: Any, server: str, err: BaseException) -> str:
