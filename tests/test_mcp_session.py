@@ -151,3 +151,51 @@ async def test_a_servers_resources_and_prompts_are_offered_as_read_only_tools(ru
     assert resource.result.code == 0 and resource.result.data["text"] == "hello from a resource ✓"
     assert prompt.result.code == 0 and "小明" in json.dumps(prompt.result.data, ensure_ascii=False)
     assert all(r.approval == "not_required" for r in result.tool_calls)  # read-only, whatever the server's permission
+
+
+async def test_the_four_third_party_servers_answer_through_hermes_in_one_session(run_worker, session_id, tmp_path):
+    """server-everything and server-filesystem (npm), mcp-server-time and mcp-server-git
+    (PyPI), as installed from the committed lock files, each called through Hermes'
+    manager and tool layer in one turn."""
+    import subprocess
+
+    from tests.mcp_servers.installed import filesystem_stdio, git_stdio, time_stdio
+
+    docs = tmp_path / "docs"
+    docs.mkdir()
+    (docs / "报告.txt").write_text("季度报告 ✓", encoding="utf-8")
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", "-b", "trunk", str(repo)], check=True)
+    (repo / "new.txt").write_text("x", encoding="utf-8")
+    commands = {
+        "everything": need(everything_stdio(), "server-everything"),
+        "files": need(filesystem_stdio(docs), "server-filesystem"),
+        "time": need(time_stdio(), "mcp-server-time"),
+        "git": need(git_stdio(repo), "mcp-server-git"),
+    }
+    config = parse_mcp_config(
+        {"mcpServers": {name: {"command": cmd, "args": args, "idempotency": "idempotent"} for name, (cmd, args) in commands.items()}},
+        environ=dict(os.environ),
+    )
+    manager = McpManager(config, environ=dict(os.environ))
+    toolset = McpToolset(config, manager, reserved=set(builtin_registry().names()))
+    model = Steps(
+        [
+            ("everything_get-sum", {"a": 2, "b": "3"}),
+            ("files_list_directory", {"path": str(docs)}),
+            ("time_get_current_time", {"timezone": "Asia/Shanghai"}),
+            ("git_git_status", {"repo_path": str(repo)}),
+        ],
+        results_json,
+    )
+    try:
+        async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+            result = await hermes.send_message(session_id, "ask every server", user_id="alice")
+    finally:
+        await manager.aclose()
+    codes = {r.name: (int(r.result.code), json.dumps(r.result.data, ensure_ascii=False)) for r in result.tool_calls}
+    assert all(code == 0 for code, _ in codes.values()), codes
+    assert "5" in codes["everything_get-sum"][1]  # "3" was coerced to a number by the tool layer
+    assert "报告.txt" in codes["files_list_directory"][1]
+    assert "Asia/Shanghai" in codes["time_get_current_time"][1]
+    assert "new.txt" in codes["git_git_status"][1]
