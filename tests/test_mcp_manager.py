@@ -343,9 +343,9 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-async def _start_http(port: int) -> subprocess.Popen[bytes]:
+async def _start_http(port: int, transport: str = "--http") -> subprocess.Popen[bytes]:
     process = subprocess.Popen(
-        [sys.executable, str(SERVERS / "normal.py"), "--http", str(port)],
+        [sys.executable, str(SERVERS / "normal.py"), transport, str(port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         start_new_session=True,
@@ -388,6 +388,19 @@ async def test_streamable_http_text_is_byte_identical_and_expired_session_reconn
         status = status_of(manager, "web")
         assert (status.state, status.restarts, status.last_error) == ("ready", 0, None)
         assert text_of(await manager.call_tool("web", "echo", {"text": TRICKY_TEXT})) == TRICKY_TEXT
+    finally:
+        _stop_http(server)
+
+
+async def test_an_older_sse_server_answers_byte_identical_text(make_manager):
+    port = _free_port()
+    server = await _start_http(port, "--sse")
+    try:
+        manager = make_manager({"old": {"url": f"http://127.0.0.1:{port}/sse", "transport": "sse", "timeout_seconds": 10}})
+        assert "echo" in {t.name for t in await manager.list_tools("old")}
+        result = await manager.call_tool("old", "echo", {"text": TRICKY_TEXT})
+        assert text_of(result).encode("utf-8") == TRICKY_TEXT.encode("utf-8")
+        assert status_of(manager, "old").transport == "sse"
     finally:
         _stop_http(server)
 

@@ -1,6 +1,7 @@
 """A well-behaved MCP server: echo, a failing tool, a growing tool list, a resource, a prompt.
 
-Run over stdio (default) or ``--http PORT`` (streamable HTTP at ``/mcp`` on 127.0.0.1).
+Run over stdio (default), ``--http PORT`` (streamable HTTP at ``/mcp`` on 127.0.0.1) or
+``--sse PORT`` (the older SSE transport at ``/sse``).
 """
 
 from __future__ import annotations
@@ -73,8 +74,11 @@ def greet(name: str) -> str:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--http", type=int, default=None, help="serve streamable HTTP on this port")
+    parser.add_argument("--sse", type=int, default=None, help="serve the older SSE transport on this port")
     options = parser.parse_args()
-    if options.http is None:
-        server.run()
-    else:
+    if options.http is not None:
         server.run("streamable-http", host="127.0.0.1", port=options.http)
+    elif options.sse is not None:
+        server.run("sse", host="127.0.0.1", port=options.sse)
+    else:
+        server.run()
