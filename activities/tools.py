@@ -26,6 +26,7 @@ from temporalio.exceptions import ApplicationError
 from hermes import names
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.models import ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
+from hermes.tools.arguments import argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
 
 log = logging.getLogger("hermes.tools")
@@ -76,11 +77,8 @@ def arguments_result(err: ToolArgumentsError, tool: Tool | None = None) -> ToolR
     message = str(err)
     data: dict[str, Any] = {"problems": problems}
     if missing:
-        props = (tool.parameters_schema.get("properties", {}) if tool else {}) or {}
-        described = [
-            f"{name} ({props[name]['description']})" if isinstance(props.get(name), dict) and props[name].get("description") else name
-            for name in missing
-        ]
+        descriptions = argument_descriptions(tool.parameters_schema if tool else {}, missing)
+        described = [f"{name} ({text})" if text else name for name, text in descriptions.items()]
         message = (
             f"missing required argument(s) for {err.tool_name}: {', '.join(described)}. Do not guess and do not "
             "send null: ask the user for them, then call again."

@@ -308,13 +308,9 @@ class HermesClient:
             user_id: only sessions of this user (the requester).
             limit: at most this many sessions are asked.
         """
-        query = (
-            f"WorkflowType = '{names.SESSION_WORKFLOW}' AND ExecutionStatus = 'Running' "
-            f"AND {names.SA_PENDING_APPROVALS.name} > 0"
-        )
-        if user_id is not None:
-            escaped = user_id.replace("\\", "\\\\").replace("'", "\\'")
-            query += f" AND {names.SA_USER_ID.name} = '{escaped}'"
+        from hermes.session_index import sessions_query
+
+        query = sessions_query("ExecutionStatus = 'Running'", f"{names.SA_PENDING_APPROVALS.name} > 0", user_id=user_id)
         session_ids: list[str] = []
         async for execution in self.client.list_workflows(query, limit=limit):
             session_ids.append(execution.id)

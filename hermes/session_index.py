@@ -45,6 +45,17 @@ async def _query_state(client: Any, session_id: str) -> SessionState | None:
         return None
 
 
+def sessions_query(*conditions: str, user_id: str | None = None) -> str:
+    """A Temporal visibility query for session workflows, with ``conditions`` (ANDed) and,
+    when given, only ``user_id``'s sessions (quotes and backslashes in it escaped, so a
+    user id cannot widen the query)."""
+    parts = [f"WorkflowType = '{names.SESSION_WORKFLOW}'", *conditions]
+    if user_id is not None:
+        escaped = user_id.replace("\\", "\\\\").replace("'", "\\'")
+        parts.append(f"{names.SA_USER_ID.name} = '{escaped}'")
+    return " AND ".join(parts)
+
+
 async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, limit: int = 1000) -> int:
     """Write index rows for session workflows found in Temporal visibility that the
     index lacks. Rows already present are left alone: they are fresher than what
@@ -59,10 +70,7 @@ async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, 
     Returns:
         How many rows were written.
     """
-    query = f"WorkflowType = '{names.SESSION_WORKFLOW}'"
-    if user_id is not None:
-        escaped = user_id.replace("\\", "\\\\").replace("'", "\\'")
-        query += f" AND {names.SA_USER_ID.name} = '{escaped}'"
+    query = sessions_query(user_id=user_id)
     written = 0
     seen: set[str] = set()
     async for wf in client.list_workflows(query, limit=limit):

@@ -51,6 +51,7 @@ with workflow.unsafe.imports_passed_through():
         TurnResult,
         ValidateToolCallResult,
     )
+    from hermes.tools.arguments import argument_descriptions
     from hermes.tools.routing import offered_tools, route_groups
 
     from workflows.tool_calls import failure_text, result_from_failure, tool_activity_options
@@ -1145,11 +1146,8 @@ class SessionWorkflow:
         missing = [m for m in data.get("missing", []) if isinstance(m, str)]
         tries = self._cfg.max_argument_retries + 1
         if missing:
-            props = (err.spec.parameters.get("properties", {}) if err.spec else {}) or {}
-            wanted = "; ".join(
-                f"{name}: {props[name].get('description')}" if isinstance(props.get(name), dict) and props[name].get("description") else name
-                for name in missing
-            )
+            descriptions = argument_descriptions(err.spec.parameters if err.spec else {}, missing)
+            wanted = "; ".join(f"{name}: {text}" if text else name for name, text in descriptions.items())
             return f"To run {err.call.name} I need more information from you. Please tell me: {wanted}."
         return (
             f"I could not call {err.call.name} with valid arguments after {tries} tries "

@@ -90,6 +90,7 @@ from hermes.models import Idempotency, Permission
 from hermes.config_files import read_document
 from hermes.tools.files import _HEADER_NAME_RE, _describe, _kind, _model_in, _short
 from hermes.tools.http import REDACTED
+from hermes.tools.registry import TOOL_NAME_RE
 
 __all__ = [
     "DEFAULT_IDLE_SECONDS",
@@ -122,7 +123,6 @@ DEFAULT_IDLE_SECONDS = 300.0
 """An unused stdio process or HTTP session is closed after this long (seed 004 §5.2)."""
 
 TOOL_NAME_MAX_CHARS = 64
-TOOL_NAME_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 """A function name as OpenAI-compatible providers accept it."""
 
 _UNSAFE_CHARS_RE = re.compile(r"[^A-Za-z0-9_-]")

@@ -355,15 +355,7 @@ class McpManager:
         generation = srv.tools_generation
 
         async def listing(session: ClientSession) -> list[types.Tool]:
-            tools: list[types.Tool] = []
-            cursor: str | None = None
-            while True:
-                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await session.list_tools(params=params)
-                tools.extend(page.tools)
-                cursor = page.next_cursor
-                if not cursor:
-                    return tools
+            return await _all_pages(session.list_tools, "tools")
 
         listed = await self._request(srv, "tools/list", listing, srv.config.timeout_seconds)
         allowed = [tool for tool in listed if srv.config.allows(tool.name)]
@@ -416,15 +408,7 @@ class McpManager:
         async def listing(session: ClientSession) -> list[types.Resource]:
             if _capabilities(session).resources is None:
                 return []
-            found: list[types.Resource] = []
-            cursor: str | None = None
-            while True:
-                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await session.list_resources(params=params)
-                found.extend(page.resources)
-                cursor = page.next_cursor
-                if not cursor:
-                    return found
+            return await _all_pages(session.list_resources, "resources")
 
         return await self._request(srv, "resources/list", listing, srv.config.timeout_seconds)
 
@@ -461,15 +445,7 @@ class McpManager:
         async def listing(session: ClientSession) -> list[types.Prompt]:
             if _capabilities(session).prompts is None:
                 return []
-            found: list[types.Prompt] = []
-            cursor: str | None = None
-            while True:
-                params = types.PaginatedRequestParams(cursor=cursor) if cursor else None
-                page = await session.list_prompts(params=params)
-                found.extend(page.prompts)
-                cursor = page.next_cursor
-                if not cursor:
-                    return found
+            return await _all_pages(session.list_prompts, "prompts")
 
         return await self._request(srv, "prompts/list", listing, srv.config.timeout_seconds)
 
@@ -990,6 +966,19 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     """Mark a start task's exception as seen (its waiters may all have timed out)."""
     if not task.cancelled():
         task.exception()
+
+
+async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
+    """Every item of a paginated MCP list (``tools``, ``resources``, ``prompts``), page by
+    page, following ``next_cursor``."""
+    found: list[Any] = []
+    cursor: str | None = None
+    while True:
+        page = await fetch(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
+        found.extend(getattr(page, field))
+        cursor = page.next_cursor
+        if not cursor:
+            return found
 
 
 def _capabilities(session: ClientSession) -> types.ServerCapabilities:

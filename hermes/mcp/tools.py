@@ -16,7 +16,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from hermes.errors import ToolArgumentsError, ToolFailure, ToolRegistrationError
+from hermes.errors import ToolFailure, ToolRegistrationError
 from hermes.mcp.config import McpConfig, merge_tool_names, redact
 from hermes.models import McpOrigin, ToolGroup, ToolResult, ToolResultCode
 from hermes.tools import arguments as args_layer
@@ -55,14 +55,7 @@ class McpTool(Tool):
     def validate(self, arguments: Any) -> dict[str, Any]:
         if self.schema_checked:
             return args_layer.validate_arguments(self.name, self.parameters_schema, arguments)
-        if arguments is None:
-            return {}
-        if not isinstance(arguments, dict):
-            raise ToolArgumentsError(
-                self.name,
-                [{"field": "(arguments)", "expected": "a JSON object", "received": repr(arguments)[:200], "missing": False}],
-            )
-        return arguments
+        return args_layer.normalize_arguments(self.name, arguments)
 
     async def invoke(self, arguments: Any, context: ToolContext) -> ToolResult:
         # A little under the activity's own timeout, so the server's silence is reported

@@ -1498,6 +1498,36 @@ def _apply_defaults(schema: dict[str, Any], arguments: dict[str, Any], schemas: 
             arguments[name] = _copy(target["default"])
 
 
+def argument_descriptions(schema: dict[str, Any], names: Iterable[str]) -> dict[str, str | None]:
+    """The ``description`` of each named top-level property of ``schema`` (None where it
+    has none), in the order of ``names``: what to ask a user for a missing argument."""
+    properties = schema.get("properties") if isinstance(schema, dict) else None
+    properties = properties if isinstance(properties, dict) else {}
+    found: dict[str, str | None] = {}
+    for name in names:
+        prop = properties.get(name)
+        description = prop.get("description") if isinstance(prop, dict) else None
+        found[name] = description if isinstance(description, str) and description else None
+    return found
+
+
+def normalize_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
+    """The arguments object a model meant: ``None`` or ``""`` -> ``{}``; text holding a JSON
+    object (or ``null``) -> that object; a dict as it is.
+
+    Raises:
+        ToolArgumentsError: anything else, or an object nested deeper than ``MAX_NESTING``
+            (a problem at ``"(arguments)"``).
+    """
+    normalised, problem = _normalise_top_level(arguments)
+    if problem is not None or normalised is None:
+        raise ToolArgumentsError(tool_name, [problem or _argument_problem("a JSON object", arguments)])
+    if _nesting(normalised, MAX_NESTING) > MAX_NESTING:
+        expected = f"a JSON object nested at most {MAX_NESTING} levels deep"
+        raise ToolArgumentsError(tool_name, [_argument_problem(expected, "(too deep to show)")])
+    return normalised
+
+
 def validate_arguments(tool_name: str, schema: dict, arguments: Any) -> dict:
     """Turn what a model sent into valid arguments for a schema-only tool, or say what is wrong.
 
@@ -1518,13 +1548,7 @@ def validate_arguments(tool_name: str, schema: dict, arguments: Any) -> dict:
         ToolArgumentsError: ``problems`` lists every remaining problem (see :func:`check`);
             never empty.
     """
-    normalised, problem = _normalise_top_level(arguments)
-    if problem is not None or normalised is None:
-        raise ToolArgumentsError(tool_name, [problem or _argument_problem("a JSON object", arguments)])
-    if _nesting(normalised, MAX_NESTING) > MAX_NESTING:
-        expected = f"a JSON object nested at most {MAX_NESTING} levels deep"
-        raise ToolArgumentsError(tool_name, [_argument_problem(expected, "(too deep to show)")])
-    coerced = coerce(schema, normalised)
+    coerced = coerce(schema, normalize_arguments(tool_name, arguments))
     if not isinstance(coerced, dict):  # coerce keeps an object an object; be explicit anyway
         raise ToolArgumentsError(tool_name, [_argument_problem("a JSON object", coerced)])
     problems = check(schema, coerced)

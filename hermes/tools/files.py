@@ -77,17 +77,17 @@ from hermes.tools import arguments as args_layer
 from hermes.tools.http import (
     BODY_METHODS,
     HttpEndpoint,
+    TEMPLATE_TOKEN_RE,
     HttpTool,
     Template,
     TemplateError,
     compile_template,
     template_arguments,
 )
-from hermes.tools.registry import CompositeTool, Tool
+from hermes.tools.registry import TOOL_NAME_RE, CompositeTool, Tool
 
 __all__ = ["load_tool_file"]
 
-_TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _PATH_RE = re.compile(r"^[^.]+(\.[^.]+)*$")
 _ARGS_REF_RE = re.compile(r"^\$args\.([^.]+)")
@@ -212,7 +212,7 @@ def load_tool_file(path: str | Path, *, environ: Mapping[str, str] | None = None
     for i, tool_decl in enumerate(decl.tools):
         key = f"tools[{i}]"
         name = tool_decl.name
-        if not _TOOL_NAME_RE.match(name):
+        if not TOOL_NAME_RE.match(name):
             raise ConfigError(
                 f"expected 1-64 letters, digits, '_' or '-' (a function name models accept); found {name!r}",
                 source=source,
@@ -229,9 +229,6 @@ def load_tool_file(path: str | Path, *, environ: Mapping[str, str] | None = None
     return tools, groups
 
 
-_ENV_REF_RE = re.compile(r"\$\$\{|\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
 def _check_environment(raw: Any, source: str, environ: Mapping[str, str]) -> None:
     """Refuse the file naming every unset ``${ENV}`` of its ``http`` sections at once
     (not one per start-up attempt)."""
@@ -245,7 +242,7 @@ def _check_environment(raw: Any, source: str, environ: Mapping[str, str]) -> Non
             for i, v in enumerate(value):
                 walk(v, f"{key}[{i}]", in_http)
         elif in_http and isinstance(value, str):
-            for match in _ENV_REF_RE.finditer(value):
+            for match in TEMPLATE_TOKEN_RE.finditer(value):  # group 1: the name in ${NAME}
                 name = match.group(1)
                 if name and name not in environ:
                     missing.setdefault(name, key)

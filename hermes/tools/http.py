@@ -65,7 +65,7 @@ _DEFAULT_TIER_SECONDS = {"query": 15.0, "external": 30.0, "batch": 60.0}
 """Settings' tier defaults, used only when a tool is invoked outside an activity."""
 
 _NAME = r"[A-Za-z_][A-Za-z0-9_]*"
-_TOKEN_RE = re.compile(r"\$\$\{|\$\{(" + _NAME + r")\}|\$\{|\{\{|\}\}|\{(" + _NAME + r")\}")
+TEMPLATE_TOKEN_RE = re.compile(r"\$\$\{|\$\{(" + _NAME + r")\}|\$\{|\{\{|\}\}|\{(" + _NAME + r")\}")
 
 
 class EndpointUnavailableError(Exception):
@@ -180,7 +180,7 @@ def _compile_string(text: str, environ: Mapping[str, str], path: list[str | int]
         else:
             parts.append(("text", s))
 
-    for match in _TOKEN_RE.finditer(text):
+    for match in TEMPLATE_TOKEN_RE.finditer(text):
         literal(text[position : match.start()])
         position = match.end()
         token = match.group(0)

@@ -41,7 +41,7 @@ from hermes.errors import ToolArgumentsError, ToolFailure, ToolRegistrationError
 from hermes.models import CompositeStep, Idempotency, Permission, Tier, ToolGroup, ToolSpec
 from hermes.tools import arguments as args_layer
 
-_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 """Function names accepted by chat-completions providers."""
 
 PERMISSION_RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
@@ -169,7 +169,7 @@ class FunctionTool(Tool):
     context_parameter: str | None = None
 
     def validate(self, arguments: Any) -> BaseModel:
-        arguments = _normalize_arguments(self.name, arguments)
+        arguments = args_layer.normalize_arguments(self.name, arguments)
         coerced = args_layer.coerce(self.parameters_schema, arguments)
         try:
             return self.arguments_model.model_validate(coerced)
@@ -209,31 +209,6 @@ threads, 6 here) would be exhausted by six of them. Threads start on demand."""
 @functools.lru_cache(maxsize=1)
 def _sync_tool_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=_SYNC_TOOL_THREADS, thread_name_prefix="hermes-tool")
-
-
-def _normalize_arguments(tool_name: str, arguments: Any) -> dict[str, Any]:
-    """The arguments object: ``None`` is ``{}``, a string holding a JSON object is that object.
-
-    Raises:
-        ToolArgumentsError: anything else that is not an object.
-    """
-    if arguments is None:
-        return {}
-    if isinstance(arguments, str):
-        import json
-
-        try:
-            arguments = json.loads(arguments) if arguments.strip() else {}
-        except (ValueError, RecursionError):
-            pass
-        if arguments is None:
-            arguments = {}
-    if not isinstance(arguments, dict):
-        raise ToolArgumentsError(
-            tool_name,
-            [{"field": "(arguments)", "expected": "a JSON object", "received": repr(arguments)[:200], "missing": False}],
-        )
-    return arguments
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str], str]:
@@ -333,7 +308,7 @@ class ToolRegistry:
                 unknown tier, idempotency or permission, or an unusable schema.
         """
         name = new.name
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not TOOL_NAME_RE.match(name):
             raise ToolRegistrationError(
                 f"tool name {name!r} must be 1-64 characters of letters, digits, '_' or '-'"
             )
