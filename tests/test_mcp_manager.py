@@ -181,6 +181,19 @@ async def test_cached_tool_list_is_served_without_asking_the_server(make_manager
         await manager.list_tools("normal", refresh=True)
 
 
+async def test_cached_resource_and_prompt_lists_are_served_without_asking_the_server(make_manager):
+    # A turn lists tools, resources and prompts of every server: all three are cached.
+    manager = make_manager({"normal": stdio("normal.py", list_ttl_seconds=600)})
+    resources = await manager.list_resources("normal")
+    prompts = await manager.list_prompts("normal")
+    group = status_of(manager, "normal").process_group
+    assert group is not None
+    os.killpg(group, signal.SIGKILL)
+    await wait_for(lambda: status_of(manager, "normal").state == "backoff", 5, "the crash to be noticed")
+    assert await manager.list_resources("normal") == resources
+    assert await manager.list_prompts("normal") == prompts
+
+
 async def test_resources_and_prompts_are_exposed(make_manager):
     manager = make_manager({"normal": stdio("normal.py"), "crashy": stdio("crashy.py")})
     resources = await manager.list_resources("normal")

@@ -284,14 +284,25 @@ class _Server:
         """Consecutive failures (sets the backoff)."""
         self.retry_at: float | None = None
         self.last_error: str | None = None
-        self.tools: list[types.Tool] | None = None
-        self.tools_at = 0.0
-        self.tools_generation = 0
+        self.lists: dict[str, tuple[float, list[Any]]] = {}
+        """Cached lists by kind (``tools``, ``resources``, ``prompts``): (when, items)."""
+        self.generations: dict[str, int] = {}
+        """Bumped by the server's ``list_changed`` notification of each kind."""
         self.background: set[asyncio.Task[Any]] = set()
 
     @property
     def name(self) -> str:
         return self.config.name
+
+    @property
+    def tools(self) -> list[types.Tool] | None:
+        cached = self.lists.get("tools")
+        return None if cached is None else cached[1]
+
+    def forget(self, kind: str) -> None:
+        """Drop the cached list of ``kind`` (the server said it changed)."""
+        self.lists.pop(kind, None)
+        self.generations[kind] = self.generations.get(kind, 0) + 1
 
     def mask(self, text: Any) -> Any:
         return redact(text, self.resolved)
@@ -349,20 +360,26 @@ class McpManager:
                 ``timeout_seconds`` (see :meth:`call_tool`).
         """
         srv = self._server(server)
-        ttl = srv.config.list_ttl_seconds
-        if not refresh and srv.tools is not None and ttl > 0 and time.monotonic() - srv.tools_at < ttl:
-            return list(srv.tools)
-        generation = srv.tools_generation
 
         async def listing(session: ClientSession) -> list[types.Tool]:
-            return await _all_pages(session.list_tools, "tools")
+            return [tool for tool in await _all_pages(session.list_tools, "tools") if srv.config.allows(tool.name)]
 
-        listed = await self._request(srv, "tools/list", listing, srv.config.timeout_seconds)
-        allowed = [tool for tool in listed if srv.config.allows(tool.name)]
-        if generation == srv.tools_generation:  # no list_changed arrived meanwhile
-            srv.tools = allowed
-            srv.tools_at = time.monotonic()
-        return list(allowed)
+        return await self._cached_list(srv, "tools", listing, refresh=refresh)
+
+    async def _cached_list(
+        self, srv: _Server, kind: str, listing: Callable[[ClientSession], Awaitable[list[Any]]], *, refresh: bool = False
+    ) -> list[Any]:
+        """A server's list of ``kind``, from the cache while younger than
+        ``list_ttl_seconds`` (0: always asked) and not invalidated by ``list_changed``."""
+        ttl = srv.config.list_ttl_seconds
+        cached = srv.lists.get(kind)
+        if not refresh and cached is not None and ttl > 0 and time.monotonic() - cached[0] < ttl:
+            return list(cached[1])
+        generation = srv.generations.get(kind, 0)
+        items = await self._request(srv, f"{kind}/list", listing, srv.config.timeout_seconds)
+        if generation == srv.generations.get(kind, 0):  # no list_changed arrived meanwhile
+            srv.lists[kind] = (time.monotonic(), items)
+        return list(items)
 
     async def call_tool(
         self, server: str, tool: str, arguments: dict[str, Any], *, timeout_seconds: float | None = None
@@ -398,7 +415,8 @@ class McpManager:
         )
 
     async def list_resources(self, server: str) -> list[types.Resource]:
-        """The server's resources (every page), or ``[]`` when it offers none.
+        """The server's resources (every page), or ``[]`` when it offers none; cached like
+        :meth:`list_tools` (its own ``list_changed`` notification empties the cache).
 
         Raises:
             McpUnavailableError: as :meth:`call_tool`.
@@ -410,7 +428,7 @@ class McpManager:
                 return []
             return await _all_pages(session.list_resources, "resources")
 
-        return await self._request(srv, "resources/list", listing, srv.config.timeout_seconds)
+        return await self._cached_list(srv, "resources", listing)
 
     async def read_resource(self, server: str, uri: str) -> types.ReadResourceResult:
         """Read one resource of a server.
@@ -435,7 +453,8 @@ class McpManager:
         return await self._request(srv, f"resources/read {uri!r}", read, srv.config.timeout_seconds)
 
     async def list_prompts(self, server: str) -> list[types.Prompt]:
-        """The server's prompts (every page), or ``[]`` when it offers none.
+        """The server's prompts (every page), or ``[]`` when it offers none; cached like
+        :meth:`list_tools` (its own ``list_changed`` notification empties the cache).
 
         Raises:
             McpUnavailableError: as :meth:`call_tool`.
@@ -447,7 +466,7 @@ class McpManager:
                 return []
             return await _all_pages(session.list_prompts, "prompts")
 
-        return await self._request(srv, "prompts/list", listing, srv.config.timeout_seconds)
+        return await self._cached_list(srv, "prompts", listing)
 
     async def get_prompt(
         self, server: str, name: str, arguments: dict[str, str] | None = None
@@ -716,10 +735,10 @@ class McpManager:
                 read, write = await stack.enter_async_context(self._transport(srv, conn))
 
                 async def on_message(message: Any) -> None:
-                    if isinstance(message, types.ToolListChangedNotification):
-                        srv.tools = None
-                        srv.tools_generation += 1
-                        log.info("MCP server %s: tool list changed", srv.name)
+                    kind = _LIST_CHANGED.get(type(message))
+                    if kind is not None:
+                        srv.forget(kind)
+                        log.info("MCP server %s: %s list changed", srv.name, kind)
                     elif isinstance(message, Exception):
                         log.debug("MCP server %s: transport error: %s", srv.name, srv.mask(str(message)))
 
@@ -966,6 +985,13 @@ def _retrieve(task: asyncio.Task[Any]) -> None:
     """Mark a start task's exception as seen (its waiters may all have timed out)."""
     if not task.cancelled():
         task.exception()
+
+
+_LIST_CHANGED: dict[type, str] = {
+    types.ToolListChangedNotification: "tools",
+    types.ResourceListChangedNotification: "resources",
+    types.PromptListChangedNotification: "prompts",
+}
 
 
 async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
