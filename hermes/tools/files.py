@@ -472,10 +472,9 @@ def _composite(decl: ToolDecl, common: dict[str, Any], parameters: dict[str, Any
         tier=decl.tier or "batch",
         idempotency="idempotent",
         permission=decl.permission or "read",
+        declared_permission=decl.permission,
         steps=steps,
     )
-    # As ToolRegistry.composite: check_references raises it to what the steps need.
-    tool._declared_permission = decl.permission  # type: ignore[attr-defined]
     return tool
 
 

@@ -195,6 +195,9 @@ class CompositeTool(Tool):
     §2.3: fewer decisions for the model, no mistakes between steps)."""
 
     steps: list[CompositeStep]
+    declared_permission: Permission | None = None
+    """The permission its author declared, if any; :meth:`ToolRegistry.check_references`
+    sets ``permission`` to it, or to the highest its steps need (a lower one is refused)."""
 
     def composite_steps(self) -> list[CompositeStep] | None:
         return self.steps
@@ -484,21 +487,20 @@ class ToolRegistry:
             if step.name in seen:
                 raise ToolRegistrationError(f"composite tool {name!r}: two steps are named {step.name!r}")
             seen.add(step.name)
-        idempotency: Idempotency = "idempotent"
         composite_tool = CompositeTool(
             name=name,
             description=description,
             parameters_schema=parameters,
             tier="batch",
-            idempotency=idempotency,
+            idempotency="idempotent",
             permission=permission or "read",
+            declared_permission=permission,
             timeout_seconds=timeout_seconds,
             group=group,
             next_possible_tools=list(next_possible_tools or []),
             steps=parsed,
             source="composite",
         )
-        composite_tool._declared_permission = permission  # type: ignore[attr-defined]
         return self.add(composite_tool)  # type: ignore[return-value]
 
     def load_file(self, path: str | Path) -> list[Tool]:
@@ -563,7 +565,7 @@ class ToolRegistry:
                     ranks.append(st)
                 if ranks:
                     highest = max(ranks, key=lambda s: PERMISSION_RANK[s.permission]).permission
-                    declared = getattr(t, "_declared_permission", None)
+                    declared = t.declared_permission
                     if declared is not None and PERMISSION_RANK[declared] < PERMISSION_RANK[highest]:
                         problems.append(
                             f"composite tool {t.name!r}: permission {declared!r} is lower than its steps need ({highest!r})"
