@@ -25,9 +25,11 @@ from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
+from hermes.blobs import BlobStore
 from hermes.errors import ConfigError
 from hermes.providers import ModelProvider, make_provider
 from hermes.settings import Settings, get_settings
+from hermes.tokens import TokenCounter, encoding_name_for_model
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry, default_registry
 from workflows.composite import CompositeToolWorkflow
@@ -109,7 +111,9 @@ def build_worker(
     else:
         registry.check_references()
     redis = redis if redis is not None else connect_redis(settings.resolved_redis_url)
-    model = ModelActivities(provider)
+    model = ModelActivities(provider, store=BlobStore(redis), client=client)
+    encoding = encoding_name_for_model(settings.model)
+    TokenCounter.get(encoding)  # loaded now, outside the workflow sandbox
     tools = ToolActivities(
         registry,
         redis,
@@ -117,6 +121,7 @@ def build_worker(
         heartbeat_timeout_seconds=settings.tool_heartbeat_seconds,
         max_result_bytes=settings.tool_result_max_bytes,
         mcp=mcp,
+        encoding=encoding,
     )
     index = SessionIndexActivities(redis)
     transcript = TranscriptActivities(redis)
@@ -127,11 +132,13 @@ def build_worker(
         workflows=[SessionWorkflow, CompositeToolWorkflow],
         activities=[
             model.call_model,
+            model.summarize_context,
             tools.list_tools,
             tools.validate_tool_call,
             tools.run_tool,
             index.update_session_index,
             transcript.archive_messages,
+            transcript.save_snapshot,
             audit.record_approval_audit,
         ],
         max_cached_workflows=max_cached_workflows,

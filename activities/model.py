@@ -1,17 +1,42 @@
-"""The model activity: one call to the configured provider."""
+"""The model activities: one call to the configured provider, and context summaries.
+
+A model call's input in workflow history carries references, not message bodies
+(DESIGN.md, "How history stays small"): :func:`resolve_context` turns them back into
+messages from the content store and, for what the store does not have, from the
+session workflow itself (the ``get_message_bodies`` query), then fills the store.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
 from datetime import timedelta
+from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.errors import ModelRequestError, ModelUnavailableError, ScriptExhaustedError
-from hermes.models import CallModelInput, CallModelResult
+from hermes.blobs import BlobStore, body_json, message_from_body, message_ref, stored_preview, value_ref
+from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
+from hermes.models import CallModelInput, CallModelResult, Message, StoredContent, SummarizeInput, Summary, ToolSpec
 from hermes.providers.base import ModelProvider
+from hermes.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
+
+log = logging.getLogger("hermes.activities.model")
+
+MAX_REPLY_BYTES = 256_000
+"""A model reply larger than this (UTF-8) is stored by reference; the session keeps a
+preview (activity results must stay under Temporal's 2 MB payload limit)."""
+
+SUMMARY_INSTRUCTION = (
+    "You maintain the running summary of a conversation between a user and an assistant. "
+    "Fold the previous summary and the conversation below into one new summary of at most "
+    "{max_tokens} tokens. Keep what later turns may need: the user's facts, preferences, "
+    "decisions, open tasks, names, numbers, dates and the results of tool calls. Write it in "
+    "the conversation's language, as plain prose or short bullet points, without a preamble."
+)
 
 
 def _refuse_deep_arguments(result: CallModelResult) -> CallModelResult:
@@ -37,10 +62,68 @@ def _refuse_deep_arguments(result: CallModelResult) -> CallModelResult:
 
 
 class ModelActivities:
-    """Holds the provider; ``call_model`` is registered on the worker."""
+    """Holds the provider, the content store and the Temporal client (for the
+    ``get_message_bodies`` query); ``call_model`` and ``summarize_context`` are
+    registered on the worker."""
 
-    def __init__(self, provider: ModelProvider):
+    def __init__(self, provider: ModelProvider, *, store: BlobStore | None = None, client: Any = None):
         self.provider = provider
+        self.store = store or BlobStore(None)
+        self.client = client
+
+    async def _store_get(self, refs: list[str]) -> dict[str, str]:
+        try:
+            return await self.store.get_many(refs)
+        except Exception as err:  # noqa: BLE001 - a cache: any Redis failure is a miss
+            log.warning("content store unavailable (%s); asking the session", err)
+            return {}
+
+    async def _store_put(self, items: dict[str, str]) -> None:
+        try:
+            await self.store.put_many(items)
+        except Exception as err:  # noqa: BLE001 - a cache: never fails the call
+            log.warning("content store write failed: %s", err)
+
+    async def resolve(self, session_id: str, refs: list[str], *, keep_extra: bool = False) -> dict[str, str]:
+        """Texts of ``refs``: from the store, then from the session (and stored; with
+        ``keep_extra``, what else the session sent along is stored too).
+
+        Raises:
+            ApplicationError: ``ContextResolutionError`` (retried): neither has one of them.
+        """
+        found = await self._store_get(refs)
+        missing = [r for r in dict.fromkeys(refs) if r not in found]
+        if missing and self.client is not None:
+            handle = self.client.get_workflow_handle(session_id)
+            fetched: dict[str, str] = {}
+            for start in range(0, len(missing), 500):
+                answer = await handle.query(names.GET_MESSAGE_BODIES, missing[start : start + 500], result_type=dict[str, str])
+                fetched.update(answer)
+            found.update(fetched)
+            await self._store_put(fetched if keep_extra else {r: fetched[r] for r in missing if r in fetched})
+        still = [r for r in refs if r not in found]
+        if still:
+            raise ApplicationError(
+                f"{len(still)} context item(s) not found in the content store or the session: {', '.join(still[:5])}",
+                type="ContextResolutionError",
+            )
+        return found
+
+    async def resolve_context(self, request: CallModelInput) -> CallModelInput:
+        """``request`` with ``messages`` and ``tools`` filled from its references."""
+        message_refs = list(request.message_refs)
+        if request.context_ref:
+            listed = await self.resolve(request.session_id, [request.context_ref], keep_extra=True)
+            message_refs = json.loads(listed[request.context_ref])
+        refs = message_refs + ([request.tools_ref] if request.tools_ref else [])
+        if not refs:
+            return request
+        texts = await self.resolve(request.session_id, refs)
+        messages = [message_from_body(texts[r]) for r in message_refs] or request.messages
+        tools = request.tools
+        if request.tools_ref:
+            tools = [ToolSpec.model_validate(t) for t in json.loads(texts[request.tools_ref])]
+        return request.model_copy(update={"messages": messages, "tools": tools})
 
     @activity.defn(name=names.CALL_MODEL)
     async def call_model(self, request: CallModelInput) -> CallModelResult:
@@ -48,12 +131,88 @@ class ModelActivities:
 
         Raises:
             ApplicationError: ``type="ModelUnavailableError"`` (retried, honouring
-                Retry-After), ``"ModelRequestError"`` or ``"ScriptExhaustedError"`` (not retried).
+                Retry-After), ``"ContextTooLongError"`` (the provider's context limit; not
+                retried: the session compacts once and retries), ``"ModelRequestError"``
+                or ``"ScriptExhaustedError"`` (not retried).
         """
+        resolved = await self.resolve_context(request)
         try:
-            return _refuse_deep_arguments(await self.provider.complete(request))
+            result = _refuse_deep_arguments(await self.provider.complete(resolved))
         except ModelUnavailableError as err:
             delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
             raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
-        except (ModelRequestError, ScriptExhaustedError) as err:
+        except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+        return await self._bounded(request.session_id, result)
+
+    async def _bounded(self, session_id: str, result: CallModelResult) -> CallModelResult:
+        """Keep a huge reply out of history: stored by reference, a preview returned."""
+        content = result.message.content or ""
+        if len(content.encode("utf-8", "surrogatepass")) <= MAX_REPLY_BYTES:
+            return result
+        ref = value_ref(content)
+        try:
+            await self.store.put_many({ref: content})
+        except Exception as err:  # noqa: BLE001
+            log.warning("a %d-character reply could not be stored (%s); it is cut", len(content), err)
+            text = content[: MAX_REPLY_BYTES // 4] + f"\n[reply cut: {len(content)} characters, over the limit]"
+        else:
+            text = stored_preview(content, ref, "reply")
+        return result.model_copy(update={"message": result.message.model_copy(update={"content": text})})
+
+    @activity.defn(name=names.SUMMARIZE_CONTEXT)
+    async def summarize_context(self, request: SummarizeInput) -> Summary:
+        """Fold the referenced messages and the previous summary into a new summary of at
+        most ``request.max_tokens`` tokens (seed 002 §2.2: about 800).
+
+        Returns:
+            The summary (its text may be empty: the session then keeps the messages).
+
+        Raises:
+            ApplicationError: as :meth:`call_model` (the session retries later).
+        """
+        counter = TokenCounter.get(request.encoding or DEFAULT_ENCODING)
+        texts = await self.resolve(request.session_id, list(request.message_refs))
+        lines: list[str] = []
+        for ref in request.message_refs:
+            m = message_from_body(texts[ref])
+            if m.role == "tool":
+                lines.append(f"tool result ({m.name or 'tool'}): {(m.content or '')[:600]}")
+            elif m.role == "assistant" and m.tool_calls:
+                calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)[:200]})" for c in m.tool_calls)
+                lines.append(f"assistant called: {calls}")
+            elif m.content:
+                lines.append(f"{m.role}: {m.content}")
+        conversation = counter.truncate("\n".join(lines), request.max_input_tokens)
+        prompt = []
+        if request.previous_summary:
+            prompt.append(f"Previous summary:\n{request.previous_summary}\n")
+        prompt.append(f"Conversation up to turn {request.upto_turn}:\n{conversation}")
+        call = CallModelInput(
+            session_id=request.session_id,
+            turn=request.upto_turn,
+            messages=[
+                Message(role="system", content=SUMMARY_INSTRUCTION.format(max_tokens=request.max_tokens)),
+                Message(role="user", content="\n".join(prompt)),
+            ],
+            model=request.model,
+            purpose="summary",
+            max_output_tokens=request.max_tokens,
+        )
+        try:
+            result = await self.provider.complete(call)
+        except ModelUnavailableError as err:
+            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
+            raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
+        except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+        text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
+        return Summary(text=text, upto_turn=request.upto_turn, tokens=counter.text(text) if text else 0)
+
+
+def message_bodies(messages: list[Message]) -> dict[str, str]:
+    """``ref -> body`` for ``messages`` (what the content store keeps)."""
+    return {message_ref(m): body_json(m) for m in messages}
+
+
+__all__ = ["ModelActivities", "StoredContent", "message_bodies", "stored_preview"]

@@ -8,6 +8,11 @@ A non-idempotent tool runs at most once per ``session_id:tool_call_id``: before 
 runs, a record is set in Redis with ``SET NX``; a later attempt that finds the record
 returns the stored result, or, if the first attempt never finished, reports the
 outcome as unknown instead of running the tool again.
+
+A result whose JSON is larger than ``max_result_bytes`` never enters history whole: the
+whole result is kept in the content store (:mod:`hermes.blobs`, Redis) by reference and
+the session gets a preview naming the reference, which the model reads with the
+built-in ``read_stored_content`` tool; without Redis only the preview is kept.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
+from hermes.blobs import BlobStore, value_ref
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.models import ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
 from hermes.tools.arguments import argument_descriptions
@@ -34,6 +40,11 @@ log = logging.getLogger("hermes.tools")
 IDEMPOTENCY_TTL_SECONDS = 30 * 24 * 3600
 _MAX_RETRY_AFTER_SECONDS = 30.0
 _MAX_MESSAGE_CHARS = 2000
+STORED_PREVIEW_CHARS = 4000
+"""Characters of data shown in the preview of a result kept by reference."""
+_STORED_RESULT_MAX_CHARS = 12_000
+"""Largest JSON of a result kept by reference, in characters: the session hands tool
+results up to 16,000 characters to the model whole, so the reference stays readable."""
 
 
 def idempotency_key(call_key: str) -> str:
@@ -41,30 +52,77 @@ def idempotency_key(call_key: str) -> str:
     return f"hermes:toolcall:{call_key}"
 
 
-def cap_result(result: ToolResult, max_bytes: int) -> ToolResult:
+def _result_size(result: ToolResult) -> tuple[str | None, int]:
+    """The JSON of ``result`` and its size in UTF-8 bytes (``None`` and an unknown size
+    when it is nested past the serializer's depth limit)."""
+    try:
+        text = result.model_dump_json()
+    except ValueError:
+        return None, -1
+    return text, len(text.encode("utf-8", "surrogatepass"))
+
+
+def cap_result(result: ToolResult, max_bytes: int, *, ref: str | None = None, whole_json: str | None = None) -> ToolResult:
     """``result`` with its data cut to a preview when its JSON exceeds ``max_bytes``.
 
     A tool result is an activity result, stored in history and sent to the model:
     above Temporal's 2 MB payload limit it would fail the call, and well below it, it
     would still fill the context window.
+
+    Args:
+        result: the tool's whole result.
+        max_bytes: the largest JSON kept whole, in UTF-8 bytes.
+        ref: the content-store reference under which the whole result's JSON is kept
+            (see :meth:`ToolActivities.bounded`); ``None``: it is not kept anywhere.
+        whole_json: ``result.model_dump_json()``, when already made (what ``ref`` names).
+
+    Returns:
+        ``result`` itself if small enough; else a copy whose ``data`` is
+        ``{"truncated": true, "preview": ...}`` (plus ``ref``, ``size_bytes`` and
+        ``size_chars`` of the stored JSON when ``ref`` is given) and whose message says
+        so and, with a reference, how to read the rest.
     """
-    try:
-        size = len(result.model_dump_json().encode("utf-8"))
-    except ValueError:  # nested past the serializer's depth limit: only a preview can go on
-        size = max_bytes + 1
-    if size <= max_bytes:
+    if whole_json is not None:
+        text, size = whole_json, len(whole_json.encode("utf-8", "surrogatepass"))
+    else:
+        text, size = _result_size(result)
+    if 0 <= size <= max_bytes:
         return result
+    shown_size = f"{size} bytes" if size >= 0 else "nested too deeply to serialize"
     try:
         data_text = json.dumps(result.data, ensure_ascii=False, default=str)
     except (ValueError, RecursionError):
         data_text = "(the data is nested too deeply to show)"
-    preview = data_text.encode("utf-8")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
-    return result.model_copy(
-        update={
-            "message": f"{result.message[:500]} (result truncated: {size} bytes, limit {max_bytes}; the data is a preview)",
-            "data": {"truncated": True, "preview": preview},
-        }
+    if ref is None:
+        preview = data_text.encode("utf-8", "surrogatepass")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
+        return result.model_copy(
+            update={
+                "message": f"{result.message[:500]} (result truncated: {shown_size}, limit {max_bytes}; "
+                "the data is a preview and the rest is not kept)",
+                "data": {"truncated": True, "preview": preview},
+            }
+        )
+    chars = len(text) if text is not None else None
+    message = (
+        f"{result.message[:500]} (result truncated: {shown_size}, limit {max_bytes}; the whole result "
+        f"({chars} characters of JSON) is kept by reference as {ref}: read it a slice at a time with "
+        f"read_stored_content(ref=\"{ref}\", offset=0, length=8000); the data is a preview)"
     )
+    budget_chars = min(_STORED_RESULT_MAX_CHARS, max(max_bytes, 256))
+    keep = STORED_PREVIEW_CHARS
+    while True:
+        preview = data_text[:keep].encode("utf-8", "surrogatepass")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
+        capped = result.model_copy(
+            update={
+                "message": message,
+                "data": {"truncated": True, "ref": ref, "size_bytes": size, "size_chars": chars, "preview": preview},
+            }
+        )
+        # Escaping (quotes, control characters) can make the preview's JSON much longer than it is.
+        capped_json = capped.model_dump_json()
+        if keep == 0 or (len(capped_json) <= budget_chars and len(capped_json.encode("utf-8", "surrogatepass")) <= max_bytes):
+            return capped
+        keep //= 2
 
 
 def arguments_result(err: ToolArgumentsError, tool: Tool | None = None) -> ToolResult:
@@ -168,14 +226,39 @@ class ToolActivities:
         heartbeat_timeout_seconds: float = 5.0,
         max_result_bytes: int = 64_000,
         mcp: Any = None,
+        encoding: str = "",
     ):
+        self.encoding = encoding
+        """The tiktoken encoding sessions count tokens with (reported with the tool list)."""
         self.mcp = mcp
         """A :class:`hermes.mcp.tools.McpToolset`, when MCP servers are configured."""
         self.registry = registry
         self.redis = redis
+        self.store = BlobStore(redis)
+        """Where results over ``max_result_bytes`` are kept whole (never expire: a session
+        may read them months later)."""
         self.max_result_bytes = max_result_bytes
         self.tier_seconds = tier_seconds
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
+
+    async def bounded(self, result: ToolResult) -> ToolResult:
+        """``result``, or, when its JSON exceeds ``max_result_bytes``, a preview of it
+        (:func:`cap_result`) with the whole result JSON kept in the content store under
+        ``value_ref(json)``. Without Redis, or if storing fails, only the preview is
+        kept (and it says so). Never raises for the store: a tool that did its work is
+        never reported as failed because its result was large."""
+        text, size = _result_size(result)
+        if 0 <= size <= self.max_result_bytes:
+            return result
+        ref = None
+        if text is not None and self.redis is not None:
+            ref = value_ref(text)
+            try:
+                await self.store.put_many({ref: text})
+            except Exception as err:  # noqa: BLE001 - the preview still goes on
+                log.warning("a tool result of %d bytes could not be stored (%s); only its preview is kept", size, err)
+                ref = None
+        return cap_result(result, self.max_result_bytes, ref=ref, whole_json=text)
 
     @activity.defn(name=names.LIST_TOOLS)
     async def list_tools(self) -> ListToolsResult:
@@ -193,6 +276,7 @@ class ToolActivities:
                 for t in tools
             ],
             groups=groups,
+            encoding=self.encoding,
         )
 
     async def _lookup(self, request: RunToolInput) -> Tool | ToolResult:
@@ -273,7 +357,7 @@ class ToolActivities:
             try:
                 value = await self._with_heartbeat(tool.invoke(arguments, context))
             except ToolFailure as err:
-                return failure_result(err)
+                return await self.bounded(failure_result(err))
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
                 # An endpoint's Retry-After (HTTP tools: 429/503) paces the next attempt, capped
                 # so that the three attempts stay within the turn's patience.
@@ -282,7 +366,7 @@ class ToolActivities:
                 raise ApplicationError(
                     f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__, next_retry_delay=delay
                 ) from err
-            return cap_result(to_tool_result(value), self.max_result_bytes)
+            return await self.bounded(to_tool_result(value))
         return await self._run_at_most_once(request, tool, arguments, context)
 
     async def _run_at_most_once(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
@@ -312,11 +396,13 @@ class ToolActivities:
                 data={"outcome": "unknown", "ledger_key": key},
             )
         try:
-            result = cap_result(to_tool_result(await self._with_heartbeat(tool.invoke(arguments, context))), self.max_result_bytes)
+            result = to_tool_result(await self._with_heartbeat(tool.invoke(arguments, context)))
         except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - the tool failed; record and report
             # (KeyboardInterrupt / SystemExit raised by tool code, not by this process:
             # recorded as the tool's failure, never left looking like a crashed worker.)
             result = failure_result(err)
+        # (Outside the try: storing a large result never turns a done call into a failure.)
+        result = await self.bounded(result)
         await self.redis.set(
             key, json.dumps({"state": "done", "result": result.model_dump(mode="json")}), ex=IDEMPOTENCY_TTL_SECONDS
         )

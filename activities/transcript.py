@@ -14,9 +14,11 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
-from hermes.models import ArchiveMessagesInput, Message
+from hermes.models import ArchiveMessagesInput, Message, SessionCarry, SnapshotInput
 
 ARCHIVE_KEY = "hermes:transcript_archive:{session_id}:{chain_id}"
+SNAPSHOT_KEY = "hermes:snapshot:{session_id}"
+"""The final snapshot of an archived session (its state, as carried across continue-as-new)."""
 
 
 class TranscriptActivities:
@@ -41,6 +43,24 @@ class TranscriptActivities:
         key = ARCHIVE_KEY.format(session_id=request.session_id, chain_id=request.chain_id)
         await self.redis.hset(key, mapping=mapping)
         return len(mapping)
+
+
+    @activity.defn(name=names.SAVE_SNAPSHOT)
+    async def save_snapshot(self, request: SnapshotInput) -> None:
+        """Keep the final snapshot of a session that is being archived.
+
+        Raises:
+            RuntimeError: no Redis is configured (retried; the session stays open).
+        """
+        if self.redis is None:
+            raise RuntimeError("the session snapshot needs Redis")
+        await self.redis.set(SNAPSHOT_KEY.format(session_id=request.session_id), request.carry.model_dump_json())
+
+
+async def read_snapshot(redis: Any, session_id: str) -> SessionCarry | None:
+    """The snapshot an archived session left in Redis, or None."""
+    raw = await redis.get(SNAPSHOT_KEY.format(session_id=session_id))
+    return SessionCarry.model_validate_json(raw) if raw else None
 
 
 async def read_archive(redis: Any, session_id: str, chain_id: str) -> list[Message]:

@@ -3,6 +3,7 @@
     hermes demo                  # offline demo: embedded stack + scripted model, checked
     hermes dev                   # embedded Temporal (with Web UI) + Redis + a worker
     hermes worker                # just the worker, against configured servers
+    hermes codec-server          # the Web UI shows the messages behind content references
     hermes chat [--session ID]   # talk to a session; approve tool calls inline
     hermes send ID TEXT          # one message, prints the reply (--json: the TurnResult)
     hermes sessions [--user U]   # the user's sessions (Redis index)
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import functools
 import getpass
 import json
@@ -37,7 +39,7 @@ import shlex
 import signal
 import sys
 import uuid
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 from pydantic import ValidationError
@@ -437,9 +439,11 @@ async def _dev(settings: Settings) -> None:
 
 
 async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
+    from hermes.codec_server import endpoint_url
     from worker import build_worker, connect_client, connect_redis
 
-    async with local_servers(settings, ui=True) as servers:
+    codec_url = endpoint_url("127.0.0.1", settings.codec_port)
+    async with local_servers(settings, ui=True, ui_codec_endpoint=codec_url) as servers:
         resolved = settings.model_copy(
             update={"temporal_address": servers.temporal_address, "redis_url": servers.redis_url}
         )
@@ -449,8 +453,8 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         try:
             await redis.ping()
             worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis, mcp=mcp)
-            async with worker:
-                _print_dev_banner(settings, servers, _describe_model(settings, provider))
+            async with worker, _dev_codec_server(settings, redis) as codec:
+                _print_dev_banner(settings, servers, _describe_model(settings, provider), codec)
                 await wait_until_interrupted()
                 out.print("Stopping the worker" + (" and the embedded stack..." if servers.stack else "..."))
         finally:
@@ -458,7 +462,29 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
     out.print("Stopped.")
 
 
-def _print_dev_banner(settings: Settings, servers: Any, model: str) -> None:
+@contextlib.asynccontextmanager
+async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str | None]:
+    """The codec server of ``hermes dev`` on ``settings.codec_port``, in this process.
+
+    Yields its URL, or None when the port is taken: the worker and the stack are more
+    use than the codec server, so that is a warning in the banner, not a failure.
+    """
+    from hermes.blobs import BlobStore
+    from hermes.codec_server import default_ui_origins, running_codec_server
+
+    server = running_codec_server(
+        BlobStore(redis), host="127.0.0.1", port=settings.codec_port, ui_origins=default_ui_origins(settings.ui_port)
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            url: str | None = await stack.enter_async_context(server)
+        except OSError:
+            log.debug("codec server not started", exc_info=True)
+            url = None
+        yield url
+
+
+def _print_dev_banner(settings: Settings, servers: Any, model: str, codec_url: str | None = None) -> None:
     table = Table.grid(padding=(0, 2))
     table.add_column(style="bold")
     table.add_column()
@@ -474,6 +500,19 @@ def _print_dev_banner(settings: Settings, servers: Any, model: str) -> None:
         "Redis", f"{_hide_password(servers.redis_url)} ({'embedded' if redis_is_mine else 'yours'})"
     )
     table.add_row("Worker", f"task queue {settings.task_queue}, model {model}")
+    if codec_url is None:
+        table.add_row(
+            "Codec server",
+            Text(
+                f"not started: port {settings.codec_port} is in use (set HERMES_CODEC_PORT); "
+                "the Web UI shows message references instead of messages",
+                style="yellow",
+            ),
+        )
+    elif temporal_is_mine:
+        table.add_row("Codec server", f"{codec_url} (the Web UI decodes message references through it)")
+    else:
+        table.add_row("Codec server", f"{codec_url} (set it as your Web UI's codec endpoint)")
     if servers.stack is not None:
         table.add_row("Data", str(servers.stack.data_dir))
     out.rule(f"hermes dev ({mine} servers)")
@@ -503,6 +542,73 @@ def worker_command() -> None:
             "Ctrl-C to stop."
         )
         await run_worker(settings)
+        out.print("Stopped.")
+
+    _run(main, settings)
+
+
+@app.command("codec-server")
+def codec_server_command(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port to listen on (default: HERMES_CODEC_PORT, 8081).")
+    ] = None,
+    ui_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ui-origin",
+            help="Origin of a Temporal Web UI allowed to call it, e.g. http://localhost:8233 "
+            "(repeatable; default: localhost and 127.0.0.1 on HERMES_UI_PORT).",
+        ),
+    ] = None,
+) -> None:
+    """Serve a Temporal codec server, so the Web UI shows the messages of model calls.
+
+    Model calls carry content references of their messages in workflow history; this
+    server fills in the messages from Redis (REDIS_URL, or the embedded one) when the
+    Web UI or `temporal workflow show --codec-endpoint` decodes payloads. `hermes dev`
+    runs one itself.
+    """
+    settings = Settings()
+    origins = [origin.rstrip("/") for origin in ui_origin or []]
+    for origin in origins:
+        if not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise _fail(
+                f"--ui-origin {origin!r} is not an origin: expected scheme://host[:port], e.g. http://localhost:8233",
+                EXIT_UNAVAILABLE,
+            )
+    listen_port = settings.codec_port if port is None else port
+
+    def ready(url: str) -> None:
+        from hermes.codec_server import default_ui_origins
+
+        shown = ", ".join(origins or default_ui_origins(settings.ui_port))
+        out.print(
+            f"Codec server on {url} · content store Redis {_hide_password(settings.resolved_redis_url)} · "
+            f"Web UI origins {shown}. Ctrl-C to stop.",
+            soft_wrap=True,
+        )
+        out.print(
+            f"Give it to the Web UI: temporal server start-dev --ui-codec-endpoint {url} (or the UI's codec "
+            f"server setting); to the Temporal CLI: temporal workflow show --codec-endpoint {url} ...",
+            soft_wrap=True,
+        )
+
+    async def main() -> None:
+        import socket
+
+        from hermes.codec_server import serve
+
+        try:
+            await serve(settings, host, listen_port, origins or None, on_ready=ready)
+        except OSError as err:
+            cannot_bind = err.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+            if not cannot_bind and not isinstance(err, socket.gaierror):
+                raise
+            raise CliError(
+                f"cannot listen on {host}:{listen_port} ({err.strerror}): choose another port with --port",
+                EXIT_UNAVAILABLE,
+            ) from None
         out.print("Stopped.")
 
     _run(main, settings)

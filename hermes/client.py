@@ -29,6 +29,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import names
+from hermes.blobs import BlobStore, stored_preview, value_ref
 from hermes.errors import MessageRejectedError, SessionBusyError, SessionClosedError
 from hermes.models import (
     ApprovalAuditEntry,
@@ -39,7 +40,9 @@ from hermes.models import (
     SessionConfig,
     SessionIndexEntry,
     SessionInput,
+    SessionCarry,
     SessionState,
+    StoredContent,
     TraceStep,
     TurnResult,
 )
@@ -53,18 +56,29 @@ _INVISIBLE_CATEGORIES = frozenset({"Cc", "Cf", "Zs", "Zl", "Zp"})
 space, U+200D zero width joiner, U+FEFF byte order mark), spaces and separators."""
 
 
-def check_message_text(text: str, *, max_message_bytes: int | None = None) -> None:
+MAX_STORED_MESSAGE_BYTES = 64 * 1024 * 1024
+"""Largest user message taken at all, in UTF-8 bytes, even kept by reference (64 MB)."""
+
+
+def check_message_text(text: str, *, max_message_bytes: int | None = None, can_store: bool = False) -> int:
     """Refuse a message that a session should not take, before anything is sent.
 
     Args:
         text: the user's message.
-        max_message_bytes: the largest size taken, in UTF-8 bytes; None: no size check.
+        max_message_bytes: the largest size taken inline, in UTF-8 bytes; None: no
+            size check (other than :data:`MAX_STORED_MESSAGE_BYTES`).
+        can_store: a larger message can be kept by reference (the caller has the
+            content store, Redis): then only :data:`MAX_STORED_MESSAGE_BYTES` applies.
+
+    Returns:
+        The message's size in UTF-8 bytes.
 
     Raises:
         MessageRejectedError: the message is empty (nothing but whitespace, control or
             invisible format characters), is not valid UTF-8 text (a lone surrogate, e.g.
             an undecodable byte of the command line or a terminal kept by Python's
-            ``surrogateescape``), or is larger than ``max_message_bytes``.
+            ``surrogateescape``), is larger than :data:`MAX_STORED_MESSAGE_BYTES`, or is
+            larger than ``max_message_bytes`` and ``can_store`` is false.
     """
     if not text or all(unicodedata.category(char) in _INVISIBLE_CATEGORIES for char in text):
         raise MessageRejectedError("the message is empty")
@@ -80,11 +94,56 @@ def check_message_text(text: str, *, max_message_bytes: int | None = None) -> No
             f"the message is not valid UTF-8 text: it contains a lone surrogate ({what}) "
             f"at position {err.start}; check the encoding of your terminal or input"
         ) from None
-    if max_message_bytes is not None and size > max_message_bytes:
+    if size > MAX_STORED_MESSAGE_BYTES:
+        raise MessageRejectedError(
+            f"the message is {size} bytes; the largest message taken, even kept by reference, is "
+            f"{MAX_STORED_MESSAGE_BYTES} bytes (64 MB); send large content as a file or a link"
+        )
+    if max_message_bytes is not None and size > max_message_bytes and not can_store:
         raise MessageRejectedError(
             f"the message is {size} bytes; the limit is {max_message_bytes} bytes "
-            "(send large content as a file or a link)"
+            "(send large content as a file or a link, or configure Redis (REDIS_URL) for the client, "
+            "so that larger messages are kept by reference)"
         )
+    return size
+
+
+def message_by_reference(text: str, *, max_message_bytes: int) -> tuple[str, StoredContent]:
+    """The preview text that stands for a message too large to send inline, and what
+    says where the whole message is (store ``text`` under ``StoredContent.ref``).
+
+    Args:
+        text: the whole message.
+        max_message_bytes: the preview's UTF-8 size is at most this.
+
+    Raises:
+        MessageRejectedError: the limit is too small for even a preview's header.
+    """
+    ref = value_ref(text)
+    chars = 4000
+    while True:
+        preview = stored_preview(text, ref, "message", preview_chars=chars)
+        if len(preview.encode("utf-8")) <= max_message_bytes:
+            break
+        if chars == 0:
+            raise MessageRejectedError(
+                f"the message is {len(text.encode('utf-8'))} bytes; the limit of {max_message_bytes} bytes is too "
+                "small even for a preview of it kept by reference"
+            )
+        chars //= 2
+    return preview, StoredContent(ref=ref, size_bytes=len(text.encode("utf-8")), preview=text[:chars])
+
+
+def _too_many_tokens(text: str, size: int, config: SessionConfig) -> bool:
+    """Whether ``text`` would take more than half of the session's context budget: such
+    a message is kept by reference too (the model gets a preview and reads the rest with
+    ``read_stored_content``) rather than end its turn as ``context_too_large``."""
+    half = int(config.context_window_tokens * (1 - config.context_reserve_ratio)) // 2
+    if size <= half:  # a token is at least one byte
+        return False
+    from hermes.tokens import TokenCounter
+
+    return TokenCounter.get().text(text) > half
 
 
 class HermesClient:
@@ -168,8 +227,11 @@ class HermesClient:
         Args:
             session_id: the session (workflow id).
             text: the user's message: valid UTF-8 text (no lone surrogates), not only
-                whitespace or invisible characters, at most ``config.max_message_bytes``
-                UTF-8 bytes.
+                whitespace or invisible characters. Larger than ``config.max_message_bytes``
+                UTF-8 bytes, it is kept by reference in the content store (Redis) and the
+                session gets a preview naming the reference (the model reads the rest
+                with ``read_stored_content``); without Redis it is refused. At most
+                :data:`MAX_STORED_MESSAGE_BYTES` in any case.
             user_id: owner of a new session (ignored for an existing one).
             channel: where the conversation happens, e.g. ``cli``, ``web``.
             client_message_id: id for de-duplication; a resend with the same id returns
@@ -181,23 +243,33 @@ class HermesClient:
             The reply and the tool calls made for it.
 
         Raises:
-            MessageRejectedError: empty, not valid text, or too large; nothing was sent.
+            MessageRejectedError: empty, not valid text, too large (or too large to send
+                inline and it could not be stored); nothing was sent.
             SessionClosedError: the session is closed.
             SessionBusyError: the session stayed too busy to take the message.
         """
         config = config or self.config
-        check_message_text(text, max_message_bytes=config.max_message_bytes)
+        size = check_message_text(text, max_message_bytes=config.max_message_bytes, can_store=self.redis is not None)
+        stored: StoredContent | None = None
+        if size > config.max_message_bytes or (self.redis is not None and _too_many_tokens(text, size, config)):
+            text, stored = await self._store_message(text, config.max_message_bytes)
         cid = client_message_id or f"msg-{uuid.uuid4()}"
         delay = 0.05
         deadline = asyncio.get_running_loop().time() + busy_timeout_seconds
+        resume: SessionCarry | None = None
         while True:
             start = WithStartWorkflowOperation(
                 names.SESSION_WORKFLOW,
-                SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config),
+                SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config, carry=resume),
                 id=session_id,
                 task_queue=self.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
-                id_reuse_policy=WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY,
+                # A closed session stays closed; an archived one starts again from its snapshot.
+                id_reuse_policy=(
+                    WorkflowIDReusePolicy.ALLOW_DUPLICATE
+                    if resume is not None
+                    else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
+                ),
                 search_attributes=TypedSearchAttributes(
                     [
                         SearchAttributePair(names.SA_USER_ID, user_id),
@@ -210,7 +282,7 @@ class HermesClient:
             try:
                 return await self.client.execute_update_with_start_workflow(
                     names.SEND_MESSAGE,
-                    SendMessageInput(text=text, client_message_id=cid),
+                    SendMessageInput(text=text, stored=stored, client_message_id=cid),
                     start_workflow_operation=start,
                     id=cid,
                     result_type=TurnResult,
@@ -231,8 +303,22 @@ class HermesClient:
                 # so asyncio does not print "Future exception was never retrieved".
                 with contextlib.suppress(Exception):
                     await start.workflow_handle()
+                if resume is None:
+                    resume = await self._archived_snapshot(session_id)
+                    if resume is not None:
+                        continue  # at once: start the session again from its snapshot
                 raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
             except RPCError as err:
+                if err.status == RPCStatusCode.ALREADY_EXISTS:
+                    # The same as WorkflowAlreadyStartedError, from a server that sends it
+                    # without the details the SDK needs to say so (the time-skipping test server).
+                    with contextlib.suppress(Exception):
+                        await start.workflow_handle()
+                    if resume is None:
+                        resume = await self._archived_snapshot(session_id)
+                        if resume is not None:
+                            continue
+                    raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
                 if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
                     raise
                 reason = err.message
@@ -242,6 +328,61 @@ class HermesClient:
                 )
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+    async def _archived_snapshot(self, session_id: str) -> SessionCarry | None:
+        """The snapshot of a session archived after a long idle time (None if the session
+        ended otherwise): the final run's result, or (past Temporal's retention) the copy
+        in Redis.
+
+        Raises:
+            SessionClosedError: archived, but the snapshot is nowhere to be found.
+        """
+        try:
+            description = await self.handle(session_id).describe()
+        except RPCError:
+            return None
+        if description.typed_search_attributes.get(names.SA_STATUS) != "archived":
+            return None
+        with contextlib.suppress(Exception):
+            state = await self.client.get_workflow_handle(session_id, run_id=description.run_id).result(
+                result_type=SessionState
+            )
+            if state.snapshot is not None:
+                return state.snapshot
+        if self.redis is not None:
+            from activities.transcript import read_snapshot
+
+            snapshot = await read_snapshot(self.redis, session_id)
+            if snapshot is not None:
+                return snapshot
+        raise SessionClosedError(
+            f"session {session_id!r} was archived, but its snapshot is not available (the final run's result "
+            "has passed the namespace's retention, and Redis has no copy); use a new session id"
+        )
+
+    async def _store_message(self, text: str, max_message_bytes: int) -> tuple[str, StoredContent]:
+        """Keep ``text`` in the content store; the preview to send instead, and its reference.
+
+        Raises:
+            MessageRejectedError: the store could not take it (nothing was sent).
+        """
+        preview, stored = message_by_reference(text, max_message_bytes=max_message_bytes)
+        try:
+            await BlobStore(self.redis).put_many({stored.ref: text})
+        except Exception as err:  # noqa: BLE001 - any store failure: the message is not sent
+            raise MessageRejectedError(
+                f"the message is {stored.size_bytes} bytes, over the {max_message_bytes}-byte limit of inline "
+                f"messages, and could not be kept by reference ({type(err).__name__}: {err}); nothing was sent"
+            ) from None
+        return preview, stored
+
+    async def get_stored_content(self, ref: str) -> str | None:
+        """The whole text kept by reference under ``ref`` (a large message, tool result
+        JSON or reply; ``ref`` as its preview names it), or ``None`` when this client has
+        no Redis or nothing is stored under it."""
+        if self.redis is None:
+            return None
+        return (await BlobStore(self.redis).get_many([ref])).get(ref)
 
     # ----------------------------------------------------------- signals
 
@@ -271,14 +412,14 @@ class HermesClient:
     async def get_state(self, session_id: str) -> SessionState:
         return await self.handle(session_id).query(names.GET_STATE, result_type=SessionState)
 
-    async def get_transcript(self, session_id: str, *, include_archived: bool = False) -> list[Message]:
-        """The session's messages in order.
+    async def get_transcript(self, session_id: str, *, include_archived: bool = True) -> list[Message]:
+        """The session's messages in order, all of them by default.
 
         Args:
             session_id: the session.
             include_archived: also the oldest messages that a long session moved to the
-                transcript archive in Redis (see ``SessionConfig.max_carry_bytes``);
-                without it, only those the workflow still holds.
+                transcript archive in Redis (see ``SessionConfig.max_carry_bytes``; needs
+                the client's Redis); False: only those the workflow still holds.
         """
         live = await self.handle(session_id).query(names.GET_TRANSCRIPT, result_type=list[Message])
         if not include_archived or self.redis is None:

@@ -139,7 +139,7 @@ async def _servers_answer(temporal_address: str, redis_url: str, namespace: str)
 
 @contextlib.asynccontextmanager
 async def local_servers(
-    settings: Settings, *, ui: bool = True, reuse_running: bool = False
+    settings: Settings, *, ui: bool = True, reuse_running: bool = False, ui_codec_endpoint: str | None = None
 ) -> AsyncIterator[Servers]:
     """Temporal and Redis for a command: the user's, or the embedded stack.
 
@@ -152,6 +152,7 @@ async def local_servers(
     Args:
         settings: addresses, ports, data directory and namespace.
         ui: serve the Temporal Web UI with the embedded server.
+        ui_codec_endpoint: the codec server an embedded Web UI decodes payloads through.
         reuse_running: if the stack cannot start because one (a ``hermes dev``) already
             holds the data directory or the ports, use those servers when they answer.
 
@@ -177,6 +178,7 @@ async def local_servers(
         start_temporal=not external_temporal,
         start_redis=not external_redis,
         ui=ui,
+        ui_codec_endpoint=ui_codec_endpoint,
         namespace=namespace,
     )
     try:

@@ -120,6 +120,12 @@ class ModelRequestError(ModelError):
         super().__init__(message)
 
 
+class ContextTooLongError(ModelRequestError):
+    """The provider refused the request because the context exceeds its window (OpenAI's
+    ``context_length_exceeded``, an HTTP 413, or a "maximum context length" message). The
+    session compacts its context once and retries once."""
+
+
 class ScriptExhaustedError(ModelError):
     """The scripted model was asked for a step its script does not have."""
 

@@ -24,7 +24,9 @@ Idempotency = Literal["idempotent", "keyed", "none"]
   and passes it to a backend that de-duplicates (a payment API's idempotency key).
 - ``none``: executed at most once; after a timeout or a crash its outcome is "unknown"."""
 OnExpiry = Literal["deny", "halt"]
-SessionStatus = Literal["active", "halted", "closed"]
+SessionStatus = Literal["active", "idle", "halted", "closed", "archived"]
+"""``idle``: no message for ``idle_after_seconds``; ``archived``: a snapshot was written
+and the workflow completed (its next message resumes it)."""
 TurnStatus = Literal[
     "completed", "cancelled", "max_iterations", "model_error", "closed", "context_too_large", "invalid_arguments"
 ]
@@ -80,6 +82,22 @@ class Message(BaseModel):
     internal: bool = False
     """Written by Hermes, not the model (e.g. "the model could not answer"): shown to the
     user and kept in the transcript, never sent to the model as if it had said it."""
+    tokens: int | None = None
+    """Tokens this message takes in a model's context (text plus chat-format overhead,
+    :meth:`hermes.tokens.TokenCounter.message`), counted once when it enters the transcript."""
+    ref: str | None = None
+    """Content hash of the message body (:func:`hermes.blobs.message_ref`): model calls
+    carry this reference instead of the body, which enters workflow history only once."""
+
+
+class Summary(BaseModel):
+    """The running summary of the turns folded out of the context (seed 002 §2.2)."""
+
+    text: str
+    upto_turn: int
+    """Turns ``1..upto_turn`` are covered: the context leaves them out."""
+    tokens: int = 0
+    created_at: datetime | None = None
 
 
 class CompositeStep(BaseModel):
@@ -163,12 +181,31 @@ class Usage(BaseModel):
 
 
 class CallModelInput(BaseModel):
+    """One model call. In workflow history it carries references, not bodies: the
+    activity resolves ``message_refs`` and ``tools_ref`` from the content store (Redis)
+    and, on a miss, from the session itself with a query. ``messages`` and ``tools`` are
+    what a provider receives (filled by the activity; also accepted inline)."""
+
     session_id: str
     turn: int
-    messages: list[Message]
+    messages: list[Message] = Field(default_factory=list)
     tools: list[ToolSpec] = Field(default_factory=list)
     model: str | None = None
     """Overrides the worker's configured model name, if set."""
+    message_refs: list[str] = Field(default_factory=list)
+    """Content hashes of the context's messages, in order (see :mod:`hermes.blobs`)."""
+    context_ref: str | None = None
+    """Content hash of the list of ``message_refs`` itself: what a session's model call
+    carries, so that its input has the same size however long the conversation is."""
+    tools_ref: str | None = None
+    """Content hash of the offered tool list."""
+    step: int | None = None
+    """Model step within the turn (0 first)."""
+    purpose: Literal["reply", "summary"] = "reply"
+    """``summary``: fold the messages into a summary of at most ``max_output_tokens``."""
+    max_output_tokens: int | None = None
+    context_tokens: int = 0
+    """The workflow's estimate of the context's tokens (corrected by reported usage)."""
 
 
 class CallModelResult(BaseModel):
@@ -190,6 +227,31 @@ class ArchiveMessagesInput(BaseModel):
 class ListToolsResult(BaseModel):
     tools: list[ToolSpec]
     groups: list[ToolGroup] = Field(default_factory=list)
+    encoding: str = ""
+    """The tiktoken encoding the worker counts this session's tokens with (recorded here,
+    so every replay counts with the same one)."""
+
+
+class SummarizeInput(BaseModel):
+    """Fold messages (by reference) and the previous summary into a new summary."""
+
+    session_id: str
+    message_refs: list[str]
+    previous_summary: str = ""
+    upto_turn: int
+    max_tokens: int = 800
+    max_input_tokens: int = 60_000
+    """The conversation text given to the model is cut to this many tokens."""
+    model: str | None = None
+    encoding: str = ""
+
+
+class StoredContent(BaseModel):
+    """A large input kept by reference (a user message or tool result over the limit)."""
+
+    ref: str
+    size_bytes: int
+    preview: str
 
 
 class RunToolInput(BaseModel):
@@ -292,26 +354,46 @@ class SessionConfig(BaseModel):
     )
     model: str | None = None
     max_iterations: int = 10
-    context_window_turns: int = 20
-    """The model is sent the system prompt and the messages of the last this-many turns
-    (sliding window, seeds 000 §5.2 and 002 §2.2); a turn is never split, so a tool call
-    and its result stay together. The full transcript stays in the session."""
+    """Model/tool iterations per turn (seed 000 §2.2: 10)."""
+    context_window_tokens: int = 128_000
+    """The model's context window, in tokens."""
+    context_reserve_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
+    """Share of the window kept free for the model's output and tool results (seed 000
+    §1.2: 15-20%): the context sent is at most ``window * (1 - reserve)`` tokens."""
+    context_recent_messages: int = Field(default=10, ge=1)
+    """The last this-many messages go to the model whole (seed 004 §3.2: 10); a tool call
+    and its results are never split."""
+    context_history_turns: int = Field(default=30, ge=1)
+    """Turns older than the recent messages, up to this many turns back, keep only user
+    messages and final answers (seed 004 §3.2: 30); older ones are folded into the summary."""
+    summary_max_tokens: int = Field(default=800, ge=50)
+    """Budget of the running summary (seed 002 §2.2: about 800 tokens)."""
+    summary_every_turns: int = Field(default=10, ge=1)
+    """A summary is made at most once every this-many turns (DESIGN.md)."""
+    summary_retry_turns: int = Field(default=3, ge=1)
+    """After a failed or empty summary, wait this many turns before trying again."""
     model_timeout_seconds: float = 120.0
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5
-    """Model/tool iterations per turn (seed 000 §2.2: 10)."""
+    """Attempts of one model call (retried with backoff on provider errors worth retrying)."""
     approval_timeout_seconds: float = 600.0
     """How long a tool call waits for a human decision before it is denied."""
     max_message_bytes: int = 256 * 1024
-    """Largest user message taken, in UTF-8 bytes; Temporal's payload cap is 2 MB."""
+    """Largest user message taken inline, in UTF-8 bytes (Temporal's payload cap is 2 MB).
+    A larger one is stored by reference (a preview goes into the session) when the
+    client has the content store, else refused with ``MessageRejectedError``."""
+    max_history_bytes: int = 8_000_000
+    """Continue as new once a run's history passes this size (well under Temporal's
+    50 MB hard limit; Temporal itself suggests it at about 4 MiB)."""
+    idle_after_seconds: float = Field(default=1800.0, gt=0)
+    """A session without a message for this long is ``idle`` (seed 000 §1.3: 30 min)."""
+    archive_after_seconds: float = Field(default=7 * 86400.0, gt=0)
+    """An idle session writes a snapshot and completes after this long without a message
+    (seed 000 §1.3: 7 days); its next message resumes it from the snapshot."""
     max_updates_per_run: int = 500
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
     max_completed_ids: int = 256
     """How many client message ids are remembered for de-duplication of resends."""
-    max_model_input_bytes: int = 1_500_000
-    """Byte budget of one model call's input, under Temporal's 2 MB payload limit: older
-    turns of the window are left out (whole) to fit; a turn that alone exceeds it ends
-    with status ``context_too_large`` instead of a payload the server would refuse."""
     max_system_prompt_bytes: int = 100_000
     """Larger system prompts sent by signal are refused (listed in the state's notices)."""
     approval_policies: dict[Permission, ApprovalPolicy] = Field(default_factory=_default_policies)
@@ -338,6 +420,9 @@ class SessionConfig(BaseModel):
 
 class SendMessageInput(BaseModel):
     text: str
+    stored: StoredContent | None = None
+    """Set when the message was too large to send inline: ``text`` is then its preview and
+    the whole message is in the content store under ``stored.ref``."""
     client_message_id: str | None = None
     """A resend with the same id returns the first reply and runs no second turn."""
 
@@ -463,7 +548,7 @@ class TraceStep(BaseModel):
     session_id: str
     turn: int
     step: int
-    action_type: Literal["model", "tool", "approval"]
+    action_type: Literal["model", "tool", "approval", "summary"]
     provider: str = ""
     tool_name: str | None = None
     latency_ms: float = 0.0
@@ -494,6 +579,23 @@ class SessionCarry(BaseModel):
     notices: list[str] = Field(default_factory=list)
     tool_groups: list[str] | None = None
     """Groups routed in the last turn (a follow-up without keywords keeps them)."""
+    chain_id: str = ""
+    """The session's first run id (kept when it resumes from a snapshot)."""
+    summary: Summary | None = None
+    summary_retry_turn: int = 0
+    """No summary is attempted before this turn (after a failure or an empty summary)."""
+    last_summary_turn: int = 0
+    encoding: str = ""
+    token_correction: float = 1.0
+    """Reported prompt tokens over our estimate (moving average), applied to the budget."""
+    status: str = "active"
+
+
+class SnapshotInput(BaseModel):
+    """The final snapshot of a session archived after ``archive_after_seconds`` idle."""
+
+    session_id: str
+    carry: SessionCarry
 
 
 class SessionInput(BaseModel):
@@ -530,3 +632,10 @@ class SessionState(BaseModel):
     """First run id of this session (stable across continue-as-new); keys its archive."""
     notices: list[str] = Field(default_factory=list)
     """Signals the session refused, and why (e.g. a system prompt over the size limit)."""
+    summary: Summary | None = None
+    """The running summary of the turns left out of the context."""
+    context_tokens: int = 0
+    """Estimated tokens of the last context sent to the model."""
+    history_size_bytes: int = 0
+    snapshot: SessionCarry | None = None
+    """Set in the final state of an archived session: what its next run resumes from."""

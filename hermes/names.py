@@ -20,6 +20,8 @@ COMPOSITE_TOOL_WORKFLOW = "CompositeToolWorkflow"
 UPDATE_SESSION_INDEX = "update_session_index"
 ARCHIVE_MESSAGES = "archive_messages"
 RECORD_APPROVAL_AUDIT = "record_approval_audit"
+SUMMARIZE_CONTEXT = "summarize_context"
+SAVE_SNAPSHOT = "save_snapshot"
 
 # Updates
 SEND_MESSAGE = "send_message"
@@ -36,6 +38,8 @@ GET_STATE = "get_state"
 GET_TRANSCRIPT = "get_transcript"
 GET_PENDING_APPROVALS = "get_pending_approvals"
 GET_TRACE = "get_trace"
+GET_MESSAGE_BODIES = "get_message_bodies"
+"""Bodies by content reference, for an activity whose content-store read missed."""
 
 # Search attributes (registered by `hermes dev` and by the test fixtures).
 SA_USER_ID = SearchAttributeKey.for_keyword("HermesUserId")

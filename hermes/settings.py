@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     temporal_port: int = 7233
     ui_port: int = 8233
     redis_port: int = 6379
+    codec_port: int = 8081
+    """Port of the codec server `hermes dev` runs for its Web UI (``hermes.codec_server``:
+    the UI shows the messages behind the content references of model calls)."""
 
     model_provider: Literal["scripted", "openai"] = "scripted"
     script: Path | None = None

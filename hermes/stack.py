@@ -426,6 +426,8 @@ class EmbeddedStack:
         start_temporal: run the Temporal server.
         start_redis: run the Redis server.
         ui: serve the Temporal Web UI (off is a little faster).
+        ui_codec_endpoint: a codec server the Web UI decodes payloads through, e.g.
+            ``http://127.0.0.1:8081`` (:mod:`hermes.codec_server`); None: none.
         namespace: Temporal namespace to create and check.
         temporal_timeout_seconds: how long to wait for Temporal to answer.
         redis_timeout_seconds: how long to wait for Redis to answer PING.
@@ -447,6 +449,7 @@ class EmbeddedStack:
         start_temporal: bool = True,
         start_redis: bool = True,
         ui: bool = True,
+        ui_codec_endpoint: str | None = None,
         namespace: str = "default",
         temporal_timeout_seconds: float = 60.0,
         redis_timeout_seconds: float = 10.0,
@@ -461,6 +464,7 @@ class EmbeddedStack:
         self.start_temporal = start_temporal
         self.start_redis = start_redis
         self.ui = ui
+        self.ui_codec_endpoint = ui_codec_endpoint
         self.namespace = namespace
         self.temporal_timeout_seconds = temporal_timeout_seconds
         self.redis_timeout_seconds = redis_timeout_seconds
@@ -656,6 +660,8 @@ class EmbeddedStack:
             "warn",
         ]
         argv += ["--ui-port", str(self.ui_port)] if self.ui else ["--headless"]
+        if self.ui and self.ui_codec_endpoint:
+            argv += ["--ui-codec-endpoint", self.ui_codec_endpoint]
         # Registered before the frontend serves, so no search-attribute cache delay.
         # On an existing database these are silently skipped (even with another type);
         # ensure_search_attributes() checks the types after start.

@@ -123,7 +123,8 @@ async def test_large_tool_results_are_cut_to_a_preview_and_the_session_keeps_con
     run_worker, session_id, redis, temporal_client
 ):
     model = BigResults()
-    config = SessionConfig(max_updates_per_run=2, max_carry_bytes=100_000)
+    # (Kept by reference, each result leaves a ~7 KB preview in the transcript.)
+    config = SessionConfig(max_updates_per_run=2, max_carry_bytes=20_000)
     async with run_worker(model, registry=page_registry(), config=config) as hermes:
         for n in range(1, 9):
             result = await hermes.send_message(session_id, f"read page {n}")
@@ -134,14 +135,14 @@ async def test_large_tool_results_are_cut_to_a_preview_and_the_session_keeps_con
         assert state.run_index >= 3 and state.turn_count == 8
         assert state.archived_messages > 0
         archived = await read_archive(redis, session_id, state.chain_id)
-        live = await hermes.get_transcript(session_id)
+        live = await hermes.get_transcript(session_id, include_archived=False)
         # Whole turns are archived, so turn numbers join the two without overlap (the
         # archive may run ahead of a state read just before a continue-as-new).
         assert len(archived) >= state.archived_messages
         whole = [m for m in archived if m.turn < live[0].turn] + live
         assert [m.content for m in whole if m.role == "user"] == [f"read page {n}" for n in range(1, 9)]
         assert await hermes.get_transcript(session_id, include_archived=True) == whole
-        assert model.largest_request_bytes < config.max_model_input_bytes + 50_000
+        assert model.largest_request_bytes < 1_000_000
 
 
 class Echo:
@@ -158,7 +159,8 @@ class Echo:
 
 async def test_many_large_messages_never_make_a_model_call_exceed_the_payload_limit(run_worker, session_id):
     model = Echo()
-    async with run_worker(model) as hermes:
+    # A window that takes each message whole (~80k tokens), so they are sent inline.
+    async with run_worker(model, config=SessionConfig(context_window_tokens=1_000_000)) as hermes:
         for n in range(9):
             text = f"{n}" + "长" * 80_000  # 240 KB of UTF-8, under the 256 KB message limit
             result = await hermes.send_message(session_id, text)
@@ -167,12 +169,13 @@ async def test_many_large_messages_never_make_a_model_call_exceed_the_payload_li
         assert (await hermes.get_state(session_id)).turn_count == 9
 
 
-async def test_a_turn_too_large_for_one_model_call_ends_clearly_and_the_session_goes_on(run_worker, session_id):
-    config = SessionConfig(max_model_input_bytes=20_000)
+async def test_a_turn_too_large_for_the_context_window_ends_clearly_and_the_session_goes_on(run_worker, session_id):
+    config = SessionConfig(context_window_tokens=5_000)
     async with run_worker(Echo(), config=config) as hermes:
-        too_big = await hermes.send_message(session_id, "x" * 30_000)
+        hermes.redis = None  # a client without the content store sends it inline
+        too_big = await hermes.send_message(session_id, "x " * 30_000)
         assert too_big.status == "context_too_large"
-        assert "20000 bytes" in too_big.reply
+        assert "4000 tokens" in too_big.reply  # the budget: the window less the 20% reserve
         ok = await hermes.send_message(session_id, "small")
         assert (ok.status, ok.reply) == ("completed", "got 5 chars")
 
@@ -240,7 +243,8 @@ async def test_a_turn_with_huge_tool_arguments_does_not_wedge_the_next_continue_
 
 async def test_messages_whose_json_escapes_are_six_times_larger_never_wedge_the_session(run_worker, session_id):
     text = "colored build log:\n" + "\x1b[0m" * 62_000  # 248 KB raw, ~560 KB as JSON
-    async with run_worker(Echo()) as hermes:
+    # ~190k tokens each: a window that takes them, so that only the byte sizes are tested.
+    async with run_worker(Echo(), config=SessionConfig(context_window_tokens=2_000_000)) as hermes:
         for _ in range(5):
             result = await hermes.send_message(session_id, text)
             assert result.reply == f"got {len(text)} chars"
@@ -307,3 +311,17 @@ async def test_a_run_whose_transcript_outgrows_the_budget_continues_as_new_and_a
         assert state.run_index >= 1 and state.archived_messages > 0
         whole = await hermes.get_transcript(session_id, include_archived=True)
         assert [m.content for m in whole if m.role == "user"] == [f"m{n}" for n in range(1, 8)]
+
+
+async def test_a_message_over_half_the_context_budget_is_kept_by_reference_and_answered(run_worker, session_id):
+    import re
+
+    text = "x " * 30_000  # 30k tokens; the budget is 4,000
+    async with run_worker(Echo(), config=SessionConfig(context_window_tokens=5_000)) as hermes:
+        result = await hermes.send_message(session_id, text)
+        assert result.status == "completed"
+        first = (await hermes.get_transcript(session_id))[0].content or ""
+        assert "kept by reference as b:" in first and len(first) < 5_000
+        ref = re.search(r"b:[0-9a-f]{32}", first).group(0)
+        assert await hermes.get_stored_content(ref) == text
+        assert (await hermes.send_message(session_id, "small")).reply == "got 5 chars"

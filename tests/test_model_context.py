@@ -54,21 +54,22 @@ class Recorder:
         return CallModelResult(message=Message(role="assistant", content=f"reply {request.turn}"), provider=self.name)
 
 
-async def test_the_model_is_sent_only_the_last_turns_of_the_context_window_with_tool_pairs_whole(
-    run_worker, session_id
-):
+async def test_older_turns_are_sent_as_questions_and_answers_without_their_tool_traffic(run_worker, session_id):
     from hermes.models import SessionConfig
 
     model = Recorder()
-    async with run_worker(model, config=SessionConfig(context_window_turns=2)) as hermes:
+    async with run_worker(model, config=SessionConfig(context_recent_messages=4)) as hermes:
         for i in range(1, 5):
             await hermes.send_message(session_id, f"question {i}")
         sent = model.calls[-1].messages
         assert sent[0].role == "system"
-        assert [m.content for m in sent if m.role == "user"] == ["question 3", "question 4"]
+        assert [m.content for m in sent if m.role == "user"] == [f"question {i}" for i in range(1, 5)]
+        assert [m.content for m in sent if m.role == "assistant" and not m.tool_calls] == [
+            "reply 1", "reply 2", "reply 3"
+        ]
         call_ids = [c.tool_call_id for m in sent for c in m.tool_calls]
         result_ids = [m.tool_call_id for m in sent if m.role == "tool"]
-        assert call_ids == result_ids == ["c3", "c4"]
+        assert call_ids == result_ids == ["c4"]  # a tool call and its result stay together
         assert len(await hermes.get_transcript(session_id)) == 16  # nothing dropped from the session
 
 

@@ -535,8 +535,10 @@ async def test_an_empty_message_is_rejected_by_the_client_and_by_the_workflow_an
 async def test_an_oversized_message_is_rejected_and_nothing_is_recorded(run_worker, session_id, temporal_client):
     async with run_worker(EchoModel()) as hermes:
         await hermes.send_message(session_id, "first")
+        # (A client with Redis keeps it by reference instead: tests/test_large_inputs.py.)
+        without_redis = HermesClient(temporal_client, task_queue=hermes.task_queue)
         with pytest.raises(MessageRejectedError, match="bytes"):
-            await hermes.send_message(session_id, "x" * (3 * 1024 * 1024))
+            await without_redis.send_message(session_id, "x" * (3 * 1024 * 1024))
 
         # Past the client's check, the workflow's validator applies the same limit.
         too_big = "y" * (SessionConfig().max_message_bytes + 1)
@@ -605,7 +607,7 @@ async def test_an_unknown_tool_name_returns_code_1_naming_the_available_tools(ru
     record = await _run_one_tool_call(run_worker, session_id, {"name": "get_weather", "arguments": {"city": "Oslo"}})
     assert record.result.code == ToolResultCode.BAD_ARGUMENTS
     assert "get_weather" in record.result.message
-    assert "calculate, current_time, list_notes, save_note" in record.result.message
+    assert "calculate, current_time, list_notes, read_stored_content, save_note" in record.result.message
 
 
 async def test_malformed_json_arguments_return_code_1_and_the_tool_does_not_run(run_worker, session_id):

@@ -462,7 +462,7 @@ def _grouped_registry() -> ToolRegistry:
 
 async def test_routing_offers_only_the_groups_a_message_is_about(run_worker, session_id):
     model = Steps([("find_order", {"order_id": "A1"})], "done")
-    builtins = {"current_time", "calculate", "save_note", "list_notes"}
+    builtins = {"current_time", "calculate", "save_note", "list_notes", "read_stored_content"}
     async with run_worker(model, registry=_grouped_registry()) as hermes:
         weather = await hermes.send_message(session_id, "Will it rain in Paris tomorrow?", user_id="alice")
         follow_up = await hermes.send_message(session_id, "那上海呢?", user_id="alice")
@@ -475,7 +475,7 @@ async def test_routing_offers_only_the_groups_a_message_is_about(run_worker, ses
     # After find_order ran, its next_possible_tools are offered too (track_parcel is in another group).
     offered_after_find = model.offered[5]
     assert "track_parcel" in offered_after_find and "weather_now" not in offered_after_find
-    assert anything.tool_groups is None and len(model.offered[-2]) == 8  # nothing matched: every tool
+    assert anything.tool_groups is None and len(model.offered[-2]) == 9  # nothing matched: every tool
 
 
 async def test_a_composite_tool_runs_its_steps_in_a_child_workflow(run_worker, session_id, temporal_client: Client, redis):

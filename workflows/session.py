@@ -42,6 +42,9 @@ with workflow.unsafe.imports_passed_through():
         SessionIndexEntry,
         SessionInput,
         SessionState,
+        SnapshotInput,
+        Summary,
+        SummarizeInput,
         ToolCall,
         ToolCallRecord,
         ToolResult,
@@ -51,10 +54,17 @@ with workflow.unsafe.imports_passed_through():
         TurnResult,
         ValidateToolCallResult,
     )
+    from hermes.blobs import body_json, message_ref, value_ref
+    from hermes.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
+    from hermes.tokens import DEFAULT_ENCODING, TokenCounter, usage_correction
     from hermes.tools.arguments import argument_descriptions
     from hermes.tools.routing import offered_tools, route_groups
 
     from workflows.tool_calls import failure_text, result_from_failure, tool_activity_options
+
+    # Loaded here, outside the sandbox: tiktoken finds its encodings by importing plugin
+    # modules and takes locks, which workflow code may not do.
+    TokenCounter.get(DEFAULT_ENCODING)
 
 _MAX_TRACE = 500
 _MAX_DECISIONS = 200
@@ -105,6 +115,38 @@ class _ArgumentsExhausted(Exception):
         super().__init__(result.message)
 
 
+_MAX_TURN_RESULT_BYTES = 1_000_000
+"""A reply is an update result: under Temporal's 2 MB payload limit whatever the turn did."""
+
+
+def _slim(result: TurnResult, limit: int, *, cut_reply: bool = True) -> TurnResult:
+    """``result`` within ``limit`` bytes of JSON: first the tool calls' arguments and
+    data are left out (their code and message stay; the transcript has them), then the
+    messages are cut, then (``cut_reply``) the reply."""
+    if len(result.model_dump_json()) <= limit:
+        return result
+    note = "tool-call arguments and data were left out of this reply for its size; the transcript has them"
+    slim = result.model_copy(
+        update={
+            "tool_calls": [
+                r.model_copy(update={"arguments": {}, "result": r.result.model_copy(update={"data": None})})
+                for r in result.tool_calls
+            ],
+            "warnings": [*result.warnings, note],
+        }
+    )
+    if len(slim.model_dump_json()) <= limit:
+        return slim
+    slim.tool_calls = [
+        r.model_copy(update={"result": r.result.model_copy(update={"message": r.result.message[:200]})})
+        for r in slim.tool_calls
+    ]
+    slim.warnings = [w[:2000] for w in slim.warnings[-20:]]
+    if cut_reply and len(slim.model_dump_json()) > limit:
+        slim.reply = slim.reply[: limit // 8] + " [reply cut for its size; the transcript has it whole]"
+    return slim
+
+
 def _fingerprint(call: ToolCall) -> str:
     """Identity of a call by tool and arguments, to recognise the same call again."""
     text = json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
@@ -118,7 +160,10 @@ _PATCH_STOP_ON_CLOSE = "stop-turn-on-close"
 """A close signal stops the running turn at the next tool call or model step."""
 _PATCH_TOOL_LAYER_V2 = "tool-layer-v2"
 """Checks a gated call before asking, and asks for a whole step's approvals at once."""
-_PATCHES = (_PATCH_TOOL_LAYER_V2, _PATCH_STOP_ON_CLOSE, _PATCH_AUDIT_LOG)
+_PATCH_BOUNDED_CONTEXT = "bounded-context"
+"""Token-budgeted layered context, running summaries, forced compaction, idle and
+archive timers, and the history-size budget (issue 5)."""
+_PATCHES = (_PATCH_TOOL_LAYER_V2, _PATCH_STOP_ON_CLOSE, _PATCH_AUDIT_LOG, _PATCH_BOUNDED_CONTEXT)
 
 
 @workflow.defn(name=names.SESSION_WORKFLOW)
@@ -141,7 +186,7 @@ class SessionWorkflow:
         self._run_index = carry.run_index
         self._system_prompt = carry.system_prompt or self._cfg.system_prompt
         self._archived = carry.archived_messages
-        self._chain_id = workflow.info().first_execution_run_id
+        self._chain_id = carry.chain_id or workflow.info().first_execution_run_id
         self._live_bytes = sum(_message_bytes(m) for m in self._messages)
         """Size of the transcript held in the state, kept up to date once per turn."""
         self._notices: list[str] = list(carry.notices)
@@ -149,6 +194,25 @@ class SessionWorkflow:
         self._last_groups: list[str] | None = carry.tool_groups
         self._halted_on: set[str] = set()
         self._completed_bytes: dict[str, int] = {cid: len(r.model_dump_json()) for cid, r in self._completed.items()}
+        self._summary: Summary | None = carry.summary
+        self._summary_retry_turn = carry.summary_retry_turn
+        self._last_summary_turn = carry.last_summary_turn
+        self._encoding = carry.encoding
+        self._token_correction = carry.token_correction
+        self._memories: list[str] = []
+        """Long-term memories injected into the context (filled by the memory layer)."""
+        self._by_ref: dict[str, Message] = {}
+        """Transcript messages by content reference (answers ``get_message_bodies``)."""
+        for m in self._messages:
+            self._index_message(m)
+        self._synthetic: dict[str, str] = {}
+        """Bodies of what a context adds around the transcript (system prompt, summary,
+        memories) and of offered tool lists, by reference, for ``get_message_bodies``."""
+        self._context_tokens = 0
+        self._idle_marked = carry.status == "idle"
+        self._archived_state = False
+        self._summarizing = False
+        self._lifecycle_not_before = self._created_at
 
         self._status = "active"
         self._lock = asyncio.Lock()
@@ -184,12 +248,21 @@ class SessionWorkflow:
             ]
         )
         while True:
-            await workflow.wait_condition(
-                lambda: self._status == "closed"
-                or self._must_roll_over()
-                or (self._should_roll_over() and self._idle())
-                or (bool(self._audit_buffer) and self._idle())
-            )
+            try:
+                await workflow.wait_condition(
+                    lambda: self._status == "closed"
+                    or self._must_roll_over()
+                    or (self._should_roll_over() and self._idle())
+                    or (bool(self._audit_buffer) and self._idle()),
+                    timeout=self._lifecycle_timeout(),
+                    timeout_summary="idle check",
+                )
+            except asyncio.TimeoutError:
+                if self._lifecycle_due():
+                    final = await self._archive_session()
+                    if final is not None:
+                        return final
+                continue
             if self._audit_buffer and self._status != "closed" and not self._must_roll_over():
                 # Decisions that arrived between turns; under the turn lock, so this write
                 # never interleaves with a turn's local activities.
@@ -225,6 +298,68 @@ class SessionWorkflow:
                     carry=self._carry(),
                 )
             )
+
+    def _lifecycle_timeout(self) -> timedelta | None:
+        """Time until the session turns idle, or (idle) until it is archived (seed 000
+        §1.3: idle after 30 min, archived after 7 days); None before the patch or closed."""
+        if self._status == "closed" or not self._patched(_PATCH_BOUNDED_CONTEXT):
+            return None
+        after = self._cfg.archive_after_seconds if self._idle_marked else self._cfg.idle_after_seconds
+        due = max(self._last_active_at + timedelta(seconds=after), self._lifecycle_not_before)
+        return max(due - workflow.now(), timedelta(seconds=1))
+
+    def _lifecycle_due(self) -> bool:
+        """On the idle timer: mark the session idle; True when it is due for archiving."""
+        if not self._idle() or self._pending or self._status == "closed" or workflow.now() < self._lifecycle_not_before:
+            return False
+        quiet = (workflow.now() - self._last_active_at).total_seconds()
+        if quiet >= self._cfg.archive_after_seconds:
+            return True
+        if quiet >= self._cfg.idle_after_seconds and not self._idle_marked:
+            self._idle_marked = True
+            if not self._halted_on:
+                workflow.upsert_search_attributes([names.SA_STATUS.value_set("idle")])
+            self._schedule_index_update()
+        return False
+
+    async def _archive_session(self) -> SessionState | None:
+        """Write the final snapshot and end the run (the next message resumes from it).
+
+        Returns:
+            The final state (with ``snapshot``), or None when archiving must wait (a
+            message arrived, the session closed, or the state is too large to carry).
+        """
+        self._draining = True
+        await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._idle())
+        if self._status == "closed" or self._queued or self._updates_pending_since_idle():
+            self._draining = False
+            return None
+        await self._flush_audit()
+        await self._drain_background()
+        if not await self._archive_for_carry():
+            self._draining = False
+            self._lifecycle_not_before = workflow.now() + timedelta(minutes=10)
+            return None
+        snapshot = self._carry()
+        snapshot.status = "archived"
+        await workflow.execute_activity(
+            names.SAVE_SNAPSHOT,
+            SnapshotInput(session_id=self._inp.session_id, carry=snapshot),
+            start_to_close_timeout=timedelta(seconds=30),
+            # Until it is written: the run never ends without its snapshot.
+            retry_policy=RetryPolicy(maximum_interval=timedelta(minutes=5), maximum_attempts=0),
+            summary="session snapshot",
+        )
+        self._archived_state = True
+        workflow.upsert_search_attributes([names.SA_STATUS.value_set("archived")])
+        self._schedule_index_update()
+        await self._drain_background()
+        return self._state().model_copy(update={"snapshot": snapshot})
+
+    def _updates_pending_since_idle(self) -> bool:
+        # A message that came in while this run was draining for the archive (it was
+        # refused as busy and will be retried) makes the session active again.
+        return (workflow.now() - self._last_active_at).total_seconds() < self._cfg.idle_after_seconds
 
     async def _archive_for_carry(self) -> bool:
         """Make the state carried across continue-as-new fit ``max_carry_bytes``.
@@ -278,6 +413,9 @@ class SessionWorkflow:
         if drop:
             self._archived += drop
             self._live_bytes -= sum(sizes[:drop])
+            for m in self._messages[:drop]:
+                if m.ref is not None and self._by_ref.get(m.ref) is m:
+                    del self._by_ref[m.ref]
             del self._messages[:drop]
         excess = self._carry_bytes() - budget
         while excess > 0 and self._completed:
@@ -303,13 +441,24 @@ class SessionWorkflow:
             self._updates_this_run >= self._cfg.max_updates_per_run
             or workflow.info().is_continue_as_new_suggested()
             or self._live_bytes > self._cfg.max_carry_bytes * 3 // 2
+            or self._history_over(1)
         )
+
+    def _history_over(self, times: int) -> bool:
+        """This run's history is past ``times`` x ``max_history_bytes`` (capped at 40 MB,
+        under Temporal's 50 MB hard limit)."""
+        if not self._patched(_PATCH_BOUNDED_CONTEXT):
+            return False
+        limit = min(self._cfg.max_history_bytes * times, 40_000_000)
+        return workflow.info().get_current_history_size() >= limit
 
     def _must_roll_over(self) -> bool:
         # Under constant load the session is never idle; stop taking messages well before
         # Temporal's hard caps (2,000 updates, 51,200 events per run).
-        return self._updates_this_run >= min(3 * self._cfg.max_updates_per_run, 1500) or (
-            workflow.info().get_current_history_length() >= 30_000
+        return (
+            self._updates_this_run >= min(3 * self._cfg.max_updates_per_run, 1500)
+            or workflow.info().get_current_history_length() >= 30_000
+            or self._history_over(3)
         )
 
     def _carry(self) -> SessionCarry:
@@ -330,6 +479,13 @@ class SessionWorkflow:
             notices=self._notices,
             unknown_outcomes=self._unknown,
             tool_groups=self._last_groups,
+            chain_id=self._chain_id,
+            summary=self._summary,
+            summary_retry_turn=self._summary_retry_turn,
+            last_summary_turn=self._last_summary_turn,
+            encoding=self._encoding,
+            token_correction=self._token_correction,
+            status="idle" if self._idle_marked else "active",
         )
 
     async def _drain_background(self) -> None:
@@ -373,7 +529,7 @@ class SessionWorkflow:
         if cid is not None:
             result.client_message_id = cid
             self._remember(cid, result)
-        return result
+        return _slim(result, _MAX_TURN_RESULT_BYTES)
 
     def _answer_from_transcript(self, cid: str) -> TurnResult | None:
         """The reply to a message already answered whose cached reply was evicted:
@@ -403,18 +559,8 @@ class SessionWorkflow:
     def _remember(self, cid: str, result: TurnResult) -> None:
         """Keep a reply for resends, within a count and a byte budget (it is carried
         across continue-as-new, so it must stay far below the 2 MB payload limit)."""
-        cached = result
+        cached = _slim(result, _MAX_CACHED_RESULT_BYTES, cut_reply=False)
         size = len(cached.model_dump_json())
-        if size > _MAX_CACHED_RESULT_BYTES:
-            cached = result.model_copy(
-                update={
-                    "tool_calls": [
-                        r.model_copy(update={"arguments": {}, "result": r.result.model_copy(update={"data": None})})
-                        for r in result.tool_calls
-                    ]
-                }
-            )
-            size = len(cached.model_dump_json())
         self._completed[cid] = cached
         self._completed_bytes[cid] = size
         while len(self._completed) > self._cfg.max_completed_ids or (
@@ -545,6 +691,28 @@ class SessionWorkflow:
     def get_trace(self) -> list[TraceStep]:
         return self._trace
 
+    @workflow.query(name=names.GET_MESSAGE_BODIES)
+    def get_message_bodies(self, refs: list[str]) -> dict[str, str]:
+        """Bodies (:func:`hermes.blobs.body_json`) of the referenced messages and tool
+        lists this session holds; references it does not hold are left out."""
+        found: dict[str, str] = {}
+        for ref in refs:
+            message = self._by_ref.get(ref)
+            if message is not None:
+                found[ref] = body_json(message)
+            elif ref in self._synthetic:
+                found[ref] = self._synthetic[ref]
+        if any(r in self._synthetic and r.startswith("b:") for r in refs) and self._messages:
+            # Asked for a context list: add the newest turn's bodies, which the content
+            # store cannot have yet, and save the activity a second query.
+            newest = self._messages[-1].turn
+            for m in reversed(self._messages):
+                if m.turn != newest:
+                    break
+                if m.ref is not None and not m.internal:
+                    found.setdefault(m.ref, body_json(m))
+        return found
+
     def _state(self) -> SessionState:
         return SessionState(
             session_id=self._inp.session_id,
@@ -567,6 +735,9 @@ class SessionWorkflow:
             archived_messages=self._archived,
             chain_id=self._chain_id,
             notices=self._notices,
+            summary=self._summary,
+            context_tokens=self._context_tokens,
+            history_size_bytes=workflow.info().get_current_history_size(),
         )
 
     def _patched(self, patch: str) -> bool:
@@ -582,7 +753,13 @@ class SessionWorkflow:
         return self._status == "closed" and self._patched(_PATCH_STOP_ON_CLOSE)
 
     def _session_status(self) -> str:
-        return "halted" if self._halted_on and self._status != "closed" else self._status
+        if self._status == "closed":
+            return "closed"
+        if self._archived_state:
+            return "archived"
+        if self._halted_on:
+            return "halted"
+        return "idle" if self._idle_marked else self._status
 
     # ---------------------------------------------------------- the turn
 
@@ -598,7 +775,11 @@ class SessionWorkflow:
         turn = self._turn_count
         now = workflow.now()
         self._last_active_at = now
-        self._messages.append(
+        if self._idle_marked:
+            self._idle_marked = False
+            if not self._halted_on and self._status != "closed":
+                workflow.upsert_search_attributes([names.SA_STATUS.value_set("active")])
+        self._add_message(
             Message(role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id)
         )
         if not self._title:
@@ -628,7 +809,7 @@ class SessionWorkflow:
             bad_arguments: dict[str, int] = {}
             for iteration in range(self._cfg.max_iterations):
                 offered = offered_tools(specs, groups, suggested)
-                result = await self._call_model(turn, offered)
+                result = await self._call_model(turn, offered, iteration)
                 assistant = result.message.model_copy(
                     update={
                         "turn": turn,
@@ -636,7 +817,7 @@ class SessionWorkflow:
                         "tool_calls": self._unique_tool_call_ids(result.message.tool_calls, turn, iteration),
                     }
                 )
-                self._messages.append(assistant)
+                self._add_message(assistant)
                 if not assistant.tool_calls:
                     reply = assistant.content or ""
                     if not reply.strip():
@@ -693,6 +874,11 @@ class SessionWorkflow:
         await self._flush_audit()
         self._last_active_at = workflow.now()
         self._schedule_index_update()
+        upto = self._summary_due(turn)
+        if upto is not None:
+            # Not blocking the reply: the summary runs while the user reads it.
+            self._summarizing = True
+            self._background.append(asyncio.create_task(self._summarize_in_background(turn, upto)))
         return TurnResult(
             session_id=self._inp.session_id,
             turn=turn,
@@ -724,10 +910,23 @@ class SessionWorkflow:
             unique.append(call)
         return unique
 
+    def _add_message(self, message: Message) -> None:
+        """Append to the transcript, with the body's content reference (and its tokens,
+        once the session's encoding is known)."""
+        self._messages.append(message)
+        self._index_message(message)
+
+    def _index_message(self, message: Message) -> None:
+        if message.ref is None:
+            message.ref = message_ref(message)
+        if message.tokens is None and self._encoding and not message.internal:
+            message.tokens = TokenCounter.get(self._encoding).message(message)
+        self._by_ref[message.ref] = message
+
     def _add_notice(self, turn: int, text: str) -> None:
         """A reply written by Hermes, not the model: kept in the transcript, never sent
         to the model as if it had said it."""
-        self._messages.append(Message(role="assistant", content=text, turn=turn, created_at=workflow.now(), internal=True))
+        self._add_message(Message(role="assistant", content=text, turn=turn, created_at=workflow.now(), internal=True))
 
     def _append_tool_result(self, turn: int, call: ToolCall, result: ToolResult) -> None:
         content = result.model_dump_json()
@@ -744,7 +943,7 @@ class SessionWorkflow:
                 if len(content) <= _MAX_RESULT_CHARS or keep == 0:
                     break
                 keep //= 2
-        self._messages.append(
+        self._add_message(
             Message(
                 role="tool",
                 content=content,
@@ -789,59 +988,159 @@ class SessionWorkflow:
             result_type=ListToolsResult,
             start_to_close_timeout=timedelta(seconds=10),
         )
+        if not self._encoding and result.encoding and self._patched(_PATCH_BOUNDED_CONTEXT):
+            self._encoding = result.encoding  # fixed for the session's life: counts stay comparable
+            for m in self._messages:
+                if m.tokens is None and not m.internal:
+                    m.tokens = self._counter().message(m)
         return {spec.name: spec for spec in result.tools}, result.groups
 
-    async def _call_model(self, turn: int, tools: list[ToolSpec]) -> CallModelResult:
-        started = workflow.now()
-        messages = self._context(turn)
-        handle = workflow.start_activity(
-            names.CALL_MODEL,
-            CallModelInput(session_id=self._inp.session_id, turn=turn, messages=messages, tools=tools, model=self._cfg.model),
-            result_type=CallModelResult,
-            start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
-            retry_policy=RetryPolicy(
-                initial_interval=timedelta(seconds=1),
-                backoff_coefficient=2.0,
-                maximum_interval=timedelta(seconds=30),
-                maximum_attempts=self._cfg.model_max_attempts,
-                non_retryable_error_types=["ModelRequestError", "ScriptExhaustedError"],
-            ),
-            summary=f"model, turn {turn}",
-        )
-        try:
-            result: CallModelResult = await self._cancellable(handle)
-        except _TurnCancelled:
-            self._add_trace(turn, "model", started, status="cancelled")
-            raise
-        except ActivityError as err:
-            self._add_trace(turn, "model", started, status="error")
-            raise _ModelFailed(failure_text(err)) from None
+    async def _call_model(self, turn: int, tools: list[ToolSpec], step: int = 0) -> CallModelResult:
+        """One model step. The context goes by reference; a provider's "context too long"
+        triggers one forced compaction and one retry (never a loop).
+
+        Raises:
+            _ContextTooLarge: the current turn alone does not fit the budget, or the
+                provider refused the context again after compaction.
+            _ModelFailed, _TurnCancelled.
+        """
+        compacted = False
+        while True:
+            started = workflow.now()
+            request = self._model_request(turn, tools, step)
+            handle = workflow.start_activity(
+                names.CALL_MODEL,
+                request,
+                result_type=CallModelResult,
+                start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    backoff_coefficient=2.0,
+                    maximum_interval=timedelta(seconds=30),
+                    maximum_attempts=self._cfg.model_max_attempts,
+                    non_retryable_error_types=["ModelRequestError", "ScriptExhaustedError", "ContextTooLongError"],
+                ),
+                summary=f"model, turn {turn}, step {step + 1}",
+            )
+            try:
+                result: CallModelResult = await self._cancellable(handle)
+            except _TurnCancelled:
+                self._add_trace(turn, "model", started, status="cancelled")
+                raise
+            except ActivityError as err:
+                too_long = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextTooLongError"
+                self._add_trace(turn, "model", started, status="context_too_long" if too_long else "error")
+                if too_long and self._patched(_PATCH_BOUNDED_CONTEXT):
+                    if not compacted and await self._compact(turn):
+                        compacted = True
+                        continue
+                    raise _ContextTooLarge(
+                        f"the model refused the context as too long even after the conversation was compacted "
+                        f"({failure_text(err)})"
+                    ) from None
+                raise _ModelFailed(failure_text(err)) from None
+            break
         self._token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
+        if self._patched(_PATCH_BOUNDED_CONTEXT) and request.context_tokens and result.usage.prompt_tokens:
+            self._token_correction = usage_correction(
+                self._token_correction, request.context_tokens, result.usage.prompt_tokens
+            )
         self._add_trace(
             turn, "model", started, provider=result.provider, tokens=self._token_estimate
         )
         return result
 
-    def _context(self, turn: int) -> list[Message]:
-        """System prompt + the last ``context_window_turns`` turns, whole turns only, newest
-        first within ``max_model_input_bytes``.
+    def _model_request(self, turn: int, tools: list[ToolSpec], step: int) -> CallModelInput:
+        """The model call's input: references to the context's messages and tool list."""
+        if not self._patched(_PATCH_BOUNDED_CONTEXT):
+            # Runs recorded before: the same commands (activity inputs are not replayed).
+            return CallModelInput(
+                session_id=self._inp.session_id, turn=turn, messages=self._legacy_context(turn), tools=tools,
+                model=self._cfg.model,
+            )
+        built = self._build_context(turn, tools)
+        tools_json = [t.model_dump(mode="json") for t in tools]
+        tools_ref = value_ref(tools_json) if tools else None
+        if tools_ref is not None and tools_ref not in self._synthetic:
+            self._synthetic[tools_ref] = json.dumps(tools_json, ensure_ascii=False)
+        refs = []
+        for m in built.messages:
+            if m.ref is not None and m.ref in self._by_ref:
+                refs.append(m.ref)
+                continue
+            ref = message_ref(m)
+            self._synthetic.setdefault(ref, body_json(m))
+            refs.append(ref)
+        self._context_tokens = built.tokens
+        # One reference for the whole list: the input's size does not grow with the context.
+        refs_json = json.dumps(refs)
+        context_ref = value_ref(refs)
+        self._synthetic[context_ref] = refs_json
+        return CallModelInput(
+            session_id=self._inp.session_id,
+            turn=turn,
+            model=self._cfg.model,
+            context_ref=context_ref,
+            tools_ref=tools_ref,
+            step=step,
+            context_tokens=built.tokens,
+        )
+
+    def _counter(self) -> TokenCounter:
+        try:
+            return TokenCounter.get(self._encoding or DEFAULT_ENCODING)
+        except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
+            return TokenCounter.get(DEFAULT_ENCODING)
+
+    def _build_context(self, turn: int, tools: list[ToolSpec]) -> BuiltContext:
+        """System prompt, memories, summary and the recent turns that fit the token budget
+        (:func:`hermes.context.build_context`).
 
         Raises:
-            _ContextTooLarge: the current turn alone does not fit.
+            _ContextTooLarge: the system prompt and the newest user message alone do not fit.
         """
+        counter = self._counter()
+        if len(self._synthetic) > 64:
+            self._synthetic = dict(list(self._synthetic.items())[-32:])
+        try:
+            built = build_context(
+                self._messages,
+                turn=turn,
+                system_prompt=self._system_prompt,
+                policy=ContextPolicy.from_config(self._cfg),
+                counter=counter,
+                summary=self._summary,
+                memories=self._memories,
+                tool_tokens=counter.tools(tools),
+                correction=self._token_correction,
+            )
+        except ContextOverBudget as err:
+            raise _ContextTooLarge(str(err)) from None
+        # The model must see its last step (its tool calls and their results): without
+        # it, it would only ask for the same calls again.
+        last_step = next(
+            (m for m in reversed(self._messages) if m.role == "assistant" and m.tool_calls and m.turn == turn), None
+        )
+        if last_step is not None and not any(m is last_step for m in built.messages):
+            raise _ContextTooLarge(
+                f"the last tool step of this turn ({', '.join(c.name for c in last_step.tool_calls)}) "
+                f"with its results does not fit the context budget of {built.budget} tokens"
+            )
+        return built
+
+    def _legacy_context(self, turn: int) -> list[Message]:
+        """The context of runs recorded before ``bounded-context``: the last 20 turns,
+        whole, within 1.5 MB."""
         system = Message(role="system", content=self._system_prompt)
         by_turn: dict[int, list[Message]] = {}
         for m in self._messages:
-            if not m.internal and m.turn > turn - self._cfg.context_window_turns:
+            if not m.internal and m.turn > turn - 20:
                 by_turn.setdefault(m.turn, []).append(m)
-        budget = self._cfg.max_model_input_bytes - _message_bytes(system)
+        budget = 1_500_000 - _message_bytes(system)
         current = by_turn.pop(turn, [])
         used = sum(_message_bytes(m) for m in current)
         if used > budget:
-            raise _ContextTooLarge(
-                f"this turn's context is about {used + _message_bytes(system)} bytes, more than the "
-                f"{self._cfg.max_model_input_bytes} bytes one model call may carry"
-            )
+            raise _ContextTooLarge(f"this turn's context is about {used} bytes, more than one model call may carry")
         kept: list[list[Message]] = []
         for number in sorted(by_turn, reverse=True):
             size = sum(_message_bytes(m) for m in by_turn[number])
@@ -850,6 +1149,92 @@ class SessionWorkflow:
             used += size
             kept.append(by_turn[number])
         return [system, *(m for group in reversed(kept) for m in group), *current]
+
+    # ------------------------------------------------------------ summaries
+
+    def _fold_refs(self, after_turn: int, upto_turn: int) -> list[str]:
+        return [
+            m.ref
+            for m in self._messages
+            if after_turn < m.turn <= upto_turn and not m.internal and m.ref is not None
+        ]
+
+    def _summary_due(self, turn: int) -> int | None:
+        """The turn a summary should now cover up to, or None (DESIGN.md: at most once
+        every ``summary_every_turns`` turns; turns older than ``context_history_turns``)."""
+        if not self._patched(_PATCH_BOUNDED_CONTEXT) or self._summarizing or self._status == "closed":
+            return None
+        covered = self._summary.upto_turn if self._summary else 0
+        upto = turn - self._cfg.context_history_turns
+        if upto - covered < self._cfg.summary_every_turns or turn < self._summary_retry_turn:
+            return None
+        return upto
+
+    async def _summarize(self, turn: int, upto: int, *, forced: bool = False) -> bool:
+        """Fold turns up to ``upto`` into the running summary (a model call in an
+        activity). A failure or an empty summary keeps the messages as they are and
+        is retried after ``summary_retry_turns`` turns.
+
+        Returns:
+            Whether the summary now covers ``upto``.
+        """
+        covered = self._summary.upto_turn if self._summary else 0
+        refs = self._fold_refs(covered, upto)
+        if not refs:
+            return False
+        self._summarizing = True
+        started = workflow.now()
+        policy = ContextPolicy.from_config(self._cfg)
+        try:
+            summary: Summary = await workflow.execute_activity(
+                names.SUMMARIZE_CONTEXT,
+                SummarizeInput(
+                    session_id=self._inp.session_id,
+                    message_refs=refs,
+                    previous_summary=self._summary.text if self._summary else "",
+                    upto_turn=upto,
+                    max_tokens=self._cfg.summary_max_tokens,
+                    max_input_tokens=max(policy.budget - 2 * self._cfg.summary_max_tokens, 1000),
+                    model=self._cfg.model,
+                    encoding=self._encoding,
+                ),
+                result_type=Summary,
+                start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+                retry_policy=RetryPolicy(
+                    initial_interval=timedelta(seconds=1),
+                    maximum_interval=timedelta(seconds=30),
+                    maximum_attempts=3,
+                    non_retryable_error_types=["ModelRequestError", "ScriptExhaustedError", "ContextTooLongError"],
+                ),
+                summary=f"summary of turns {covered + 1}-{upto}" + (" (forced)" if forced else ""),
+            )
+        except ActivityError as err:
+            workflow.logger.warning("summary of turns %d-%d failed: %s", covered + 1, upto, failure_text(err))
+            self._summary_retry_turn = self._turn_count + self._cfg.summary_retry_turns
+            self._add_trace(turn, "summary", started, status="error")
+            return False
+        finally:
+            self._summarizing = False
+        if not summary.text.strip():
+            self._summary_retry_turn = self._turn_count + self._cfg.summary_retry_turns
+            self._add_trace(turn, "summary", started, status="empty")
+            return False
+        if self._summary is None or summary.upto_turn > self._summary.upto_turn:
+            self._summary = summary.model_copy(update={"created_at": workflow.now()})
+            self._last_summary_turn = turn
+        self._add_trace(turn, "summary", started, tokens=summary.tokens)
+        return True
+
+    async def _summarize_in_background(self, turn: int, upto: int) -> None:
+        self._summarizing = False
+        await self._summarize(turn, upto)
+
+    async def _compact(self, turn: int) -> bool:
+        """Forced compaction after the provider refused the context as too long: every
+        turn before this one goes into the summary, now."""
+        if self._summarizing:
+            await workflow.wait_condition(lambda: not self._summarizing)
+        return await self._summarize(turn, turn - 1, forced=True)
 
     def _policy(self, call: ToolCall, spec: ToolSpec) -> tuple[ApprovalPolicy, str]:
         """What this call needs before it runs, and why (beyond its permission)."""

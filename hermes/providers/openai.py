@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import email.utils
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any
 
 import openai
 
-from hermes.errors import ConfigError, ModelRequestError, ModelUnavailableError
+from hermes.errors import ConfigError, ContextTooLongError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, Usage
 from hermes.providers.base import parse_tool_call, to_openai_messages
 
@@ -105,6 +106,8 @@ class OpenAIProvider:
         kwargs: dict[str, Any] = {"model": model, "messages": to_openai_messages(request.messages)}
         if request.tools:
             kwargs["tools"] = [t.to_openai() for t in request.tools]
+        if request.max_output_tokens:
+            kwargs["max_tokens"] = request.max_output_tokens
         try:
             response = await self.client.chat.completions.create(**kwargs)
         except openai.APIStatusError as err:
@@ -113,6 +116,8 @@ class OpenAIProvider:
                 raise ModelUnavailableError(
                     detail, status_code=err.status_code, retry_after_seconds=retry_after_seconds(err.response.headers)
                 ) from None
+            if _is_context_too_long(err):
+                raise ContextTooLongError(detail, status_code=err.status_code) from None
             raise ModelRequestError(detail, status_code=err.status_code) from None
         except (openai.APIConnectionError, openai.APITimeoutError) as err:
             raise ModelUnavailableError(f"cannot reach the model endpoint: {err}") from None
@@ -136,6 +141,25 @@ class OpenAIProvider:
             provider=self.name,
             model=response.model or model,
         )
+
+
+_CONTEXT_TOO_LONG_RE = re.compile(
+    r"context[_ ]length[_ ]exceeded|maximum context length|context window|prompt is too long|too many tokens"
+    r"|reduce the length of the messages|input is too long",
+    re.IGNORECASE,
+)
+
+
+def _is_context_too_long(err: openai.APIStatusError) -> bool:
+    """Whether the provider refused the request for the size of its context."""
+    if err.status_code == 413:
+        return True
+    if err.status_code != 400:
+        return False
+    body = err.body if isinstance(err.body, dict) else {}
+    error = body.get("error", body) if isinstance(body, dict) else {}
+    code = error.get("code") if isinstance(error, dict) else None
+    return code == "context_length_exceeded" or bool(_CONTEXT_TOO_LONG_RE.search(err.message or ""))
 
 
 def _clean(text: str | None) -> str | None:

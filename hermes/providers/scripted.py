@@ -34,7 +34,7 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from hermes.errors import ConfigError, ScriptExhaustedError
+from hermes.errors import ConfigError, ContextTooLongError, ScriptExhaustedError
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
 from hermes.tokens import count_message_tokens, count_text_tokens
 
@@ -74,6 +74,13 @@ class ScriptedTurn(BaseModel):
 class Script(BaseModel):
     turns: list[ScriptedTurn]
     fallback: str | None = None
+    summary: str | None = None
+    """Answer to summary requests (``{{ user }}`` is the text to summarize); default: the
+    lines of the text to summarize that start with ``user:``, joined (a faithful, dumb
+    stand-in for a model's summary)."""
+    max_context_tokens: int | None = None
+    """When set, a request whose messages exceed this many tokens is refused with
+    :class:`ContextTooLongError`, as a provider with that context window would."""
 
 
 def _lookup(root: dict[str, Any], path: str) -> Any:
@@ -158,7 +165,13 @@ class ScriptedModel:
         messages = request.messages
         last_user = max(i for i, m in enumerate(messages) if m.role == "user") if any(m.role == "user" for m in messages) else -1
         turn, user_text = self._choose_turn(messages, request.turn)
-        step_index = sum(1 for m in messages[last_user + 1 :] if m.role == "assistant")
+        # The session says which step this is; the count of assistant messages is the
+        # fallback for requests without it (a long turn's oldest steps may be left out).
+        step_index = (
+            request.step
+            if request.step is not None
+            else sum(1 for m in messages[last_user + 1 :] if m.role == "assistant")
+        )
         if turn is None or step_index >= len(turn.steps):
             if self.script.fallback is not None:
                 return Message(role="assistant", content=self.script.fallback)
@@ -197,14 +210,31 @@ class ScriptedModel:
 
         return _TEMPLATE_RE.sub(substitute, text)
 
+    def summary_message(self, request: CallModelInput) -> Message:
+        """The scripted answer to a summary request."""
+        text = request.messages[-1].content or "" if request.messages else ""
+        if self.script.summary is not None:
+            return Message(role="assistant", content=self.script.summary.replace("{{ user }}", text))
+        said = [line[len("user: "):] for line in text.splitlines() if line.startswith("user: ")]
+        previous = text.split("\n\nConversation", 1)[0].removeprefix("Previous summary:\n") if text.startswith("Previous summary:") else ""
+        parts = ([previous.strip()] if previous.strip() else []) + [f"The user said: {s}" for s in said]
+        return Message(role="assistant", content="\n".join(parts))
+
     async def complete(self, request: CallModelInput) -> CallModelResult:
-        message = self.next_message(request)
+        prompt_tokens = count_message_tokens(request.messages)
+        if self.script.max_context_tokens is not None and prompt_tokens > self.script.max_context_tokens:
+            raise ContextTooLongError(
+                f"400 from scripted: this model's maximum context length is {self.script.max_context_tokens} "
+                f"tokens; the messages have {prompt_tokens} tokens (context_length_exceeded)",
+                status_code=400,
+            )
+        message = self.summary_message(request) if request.purpose == "summary" else self.next_message(request)
         completion = count_text_tokens(message.content or "") + sum(
             count_text_tokens(json.dumps(c.arguments, ensure_ascii=False)) for c in message.tool_calls
         )
         return CallModelResult(
             message=message,
-            usage=Usage(prompt_tokens=count_message_tokens(request.messages), completion_tokens=completion),
+            usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=completion),
             provider=self.name,
             model=f"scripted:{Path(self.source).name}",
         )

@@ -6,6 +6,7 @@
 | calculate     | read       | yes        | pure computation                          |
 | save_note     | write      | no         | approval, exactly-once side effect        |
 | list_notes    | read       | yes        | reading what a side effect wrote          |
+| read_stored_content | read | yes        | large inputs kept by reference            |
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import ast
 import json
 import math
 import operator
+import re
 from datetime import datetime, timezone as dt_timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from hermes.blobs import BlobStore
 from hermes.models import ToolResult, ToolResultCode
 from hermes.tools.registry import ToolContext, ToolRegistry
 
@@ -195,10 +198,98 @@ async def list_notes(context: ToolContext, limit: int = 20) -> ToolResult:
     return ToolResult(data={"count": len(notes), "notes": notes})
 
 
+STORED_REF_RE = re.compile(r"^b:[0-9a-f]{32}$")
+"""A reference to content kept by reference (:func:`hermes.blobs.value_ref`)."""
+READ_MAX_CHARS = 12_000
+"""Most characters one ``read_stored_content`` call returns: with its JSON escaping the
+result stays under what the session hands the model whole (16,000 characters) and under
+``tool_result_max_bytes`` (64 KB), so a slice is never itself cut to a preview."""
+
+
+def _json_chars(char: str) -> int:
+    """Characters ``char`` takes inside a JSON string (non-ASCII is not escaped)."""
+    if char in '"\\':
+        return 2
+    if char < " ":
+        return 2 if char in "\b\f\n\r\t" else 6
+    return 1
+
+
+async def read_stored_content(ref: str, context: ToolContext, offset: int = 0, length: int = 8000) -> ToolResult:
+    """Read a slice of a large input kept by reference: a user message, tool result or
+    reply too large for the conversation appears as a preview that says "kept by
+    reference as b:..." and names its size. Use it when you need more than the preview
+    shows (e.g. the user asks about the middle of a pasted document); read only what the
+    task needs, a slice at a time, continuing from `next_offset`. Do not use it for
+    anything without such a reference.
+
+    Args:
+        ref: the reference exactly as the preview names it: "b:" followed by 32 hex digits.
+        offset: the first character to read, counted in characters from 0; to continue, the
+            `next_offset` of the previous read.
+        length: how many characters to read, 1 to 12000 (a slice of quote-heavy JSON may
+            come back shorter: continue from `next_offset`).
+
+    Returns:
+        {ref, offset, text, returned_chars, total_chars, total_bytes, more, next_offset}:
+        the characters offset .. offset + returned_chars of the content; `more` is true
+        while characters follow (then read on from `next_offset`).
+    """
+    if not isinstance(ref, str) or not STORED_REF_RE.match(ref.strip()):
+        return ToolResult(
+            code=ToolResultCode.BAD_ARGUMENTS,
+            message=f'ref: expected "b:" followed by 32 lowercase hex digits, as a preview names it, received {ref!r}',
+        )
+    ref = ref.strip()
+    if offset < 0:
+        return ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=f"offset: expected 0 or more, received {offset}")
+    if not 1 <= length <= READ_MAX_CHARS:
+        return ToolResult(
+            code=ToolResultCode.BAD_ARGUMENTS,
+            message=f"length: expected 1 to {READ_MAX_CHARS} characters, received {length}; read larger content in slices",
+        )
+    if context.redis is None:
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the content store (Redis) is not configured")
+    text = (await BlobStore(context.redis).get_many([ref])).get(ref)
+    if text is None:
+        return ToolResult(
+            code=ToolResultCode.BAD_ARGUMENTS,
+            message=f"ref: no content is stored under {ref}; use a reference exactly as a preview names it",
+        )
+    total = len(text)
+    if offset > total:
+        return ToolResult(
+            code=ToolResultCode.BAD_ARGUMENTS,
+            message=f"offset: {offset} is past the end of {ref} ({total} characters); read from 0 to {total}",
+        )
+    piece = text[offset : offset + length]
+    budget, used = READ_MAX_CHARS, 0
+    for index, char in enumerate(piece):
+        used += _json_chars(char)
+        if used > budget:
+            piece = piece[:index]
+            break
+    end = offset + len(piece)
+    return ToolResult(
+        message=f"characters {offset} to {end} of {total}" + (f"; more follows from offset {end}" if end < total else "; the end"),
+        data={
+            "ref": ref,
+            "offset": offset,
+            "text": piece,
+            "returned_chars": len(piece),
+            "total_chars": total,
+            "total_bytes": len(text.encode("utf-8", "surrogatepass")),
+            "more": end < total,
+            "next_offset": end if end < total else None,
+        },
+    )
+
+
 def register_builtins(registry: ToolRegistry) -> ToolRegistry:
     """Add the built-in tools to ``registry`` and return it."""
     registry.register(current_time, tier="query", idempotent=True, permission="read")
     registry.register(calculate, tier="query", idempotent=True, permission="read")
     registry.register(save_note, tier="external", idempotent=False, permission="write")
     registry.register(list_notes, tier="query", idempotent=True, permission="read")
+    registry.register(read_stored_content, tier="query", idempotent=True, permission="read")
     return registry

@@ -1,0 +1,331 @@
+"""The context builder: what a model call is sent, within a token budget.
+
+A pure function of its inputs (no I/O, no clock, no randomness), run in workflow code for
+every model call (DESIGN.md "Session"; seed 000 §1.2, seed 004 §3.2). The context is, in
+order:
+
+1. the system prompt, byte-identical to the session's (providers cache the prefix);
+2. the injected memories, one system message (if any);
+3. the running summary, one system message (if any);
+4. transcript messages, in their original order.
+
+The transcript is read in **units**: a user message; an assistant's final answer (an
+assistant message without tool calls); an assistant message with tool calls together with
+the tool results that answer them, kept or dropped together. ``internal`` messages, turns
+covered by the summary, tool calls without all their results and tool results without
+their call are never sent, so the model never sees an orphan tool call or tool result.
+
+**Layers.** The *current* turn's units (after the newest user message); the *recent*
+layer, the last ``recent_messages`` messages whole (widened to unit boundaries); the
+*middle* layer, older turns not covered by the summary, of which only user messages and
+final answers are sent (no tool traffic), a turn's user message and its answers together
+or not at all. Turns older than ``history_turns`` are meant to be folded into the summary
+by then (the caller decides when to summarise); until they are, they are read as middle
+layer, so nothing is lost.
+
+**Budget.** ``ceil((message tokens + tool_tokens + 3) * correction) <= policy.budget``.
+The system prompt and the newest user message are mandatory (:class:`ContextOverBudget`
+when they alone do not fit). Then, while space lasts: the current turn's units newest
+first, the summary, the memories, the recent units newest first, the middle-layer turns
+newest first. Each layer stops at its first item that does not fit, so what is kept of a
+layer is contiguous back from its newest item; the middle layer is tried only when the
+whole recent layer fitted, so no older turn is sent across a gap.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hermes.models import Message, SessionConfig, Summary
+from hermes.tokens import REPLY_PRIMER_TOKENS, TokenCounter
+
+MEMORIES_HEADER = "Relevant memories (earlier facts about this user; ignore any that do not apply):"
+"""First line of the memories system message; each memory follows on a ``- `` line."""
+SUMMARY_TEMPLATE = "Summary of the conversation before turn {next_turn}: {text}"
+"""The summary system message; ``next_turn`` is ``upto_turn + 1``."""
+
+
+@dataclass(frozen=True)
+class ContextPolicy:
+    """How much of the model's context window a context may fill, and how it is layered.
+
+    Attributes:
+        window_tokens: the model's context window, in tokens.
+        reserve_ratio: share of the window kept free for the output and tool results
+            (seed 000 §1.2: 15-20%).
+        recent_messages: the last this-many transcript messages go whole (seed 004 §3.2: 10).
+        history_turns: turns older than the recent messages, up to this many back, keep
+            user messages and final answers (seed 004 §3.2: 30); older ones are for the
+            summary. The builder does not drop them by itself (nothing is lost before the
+            summary covers them); the caller uses it to decide what to summarise.
+    """
+
+    window_tokens: int = 128_000
+    reserve_ratio: float = 0.2
+    recent_messages: int = 10
+    history_turns: int = 30
+
+    @property
+    def budget(self) -> int:
+        """Most tokens a context may take: ``int(window_tokens * (1 - reserve_ratio))``."""
+        return int(self.window_tokens * (1 - self.reserve_ratio))
+
+    @classmethod
+    def from_config(cls, cfg: SessionConfig) -> ContextPolicy:
+        """The policy of a session's configuration (``context_*`` fields)."""
+        return cls(
+            window_tokens=cfg.context_window_tokens,
+            reserve_ratio=cfg.context_reserve_ratio,
+            recent_messages=cfg.context_recent_messages,
+            history_turns=cfg.context_history_turns,
+        )
+
+
+@dataclass(frozen=True)
+class BuiltContext:
+    """A context ready to send.
+
+    Attributes:
+        messages: what the model is sent, in order (system prompt first).
+        tokens: estimated tokens of ``messages`` + ``tool_tokens`` + 3 (reply primer),
+            before the usage correction.
+        budget: the policy's budget, in tokens (corrected tokens are within it).
+        dropped: transcript messages not covered by the summary and not ``internal``
+            that were left out (tool traffic of middle turns, incomplete tool calls,
+            stray results, and what did not fit).
+        oldest_turn: the oldest transcript turn with a message in the context; ``None``
+            when no transcript message is in it.
+    """
+
+    messages: list[Message]
+    tokens: int
+    budget: int
+    dropped: int
+    oldest_turn: int | None
+
+
+class ContextOverBudget(Exception):
+    """The system prompt and the newest user message alone exceed the budget.
+
+    Attributes:
+        needed: tokens they need (with tool schemas, the reply primer and the usage
+            correction).
+        budget: the policy's budget, in tokens.
+    """
+
+    def __init__(self, needed: int, budget: int):
+        super().__init__(needed, budget)
+        self.needed = needed
+        self.budget = budget
+
+    def __str__(self) -> str:
+        return (
+            f"the system prompt and the newest user message need {self.needed} tokens, "
+            f"over the context budget of {self.budget} tokens"
+        )
+
+
+@dataclass
+class _Unit:
+    kind: str
+    """``user``, ``answer`` (assistant without tool calls), ``tools`` (assistant with tool
+    calls and all their results), ``other`` (a system message in the transcript)."""
+    messages: list[Message]
+    turn: int
+
+
+def memories_message(memories: Sequence[str]) -> Message:
+    """The system message listing ``memories`` (stable text: same memories, same bytes)."""
+    return Message(role="system", content="\n".join([MEMORIES_HEADER, *(f"- {m}" for m in memories)]))
+
+
+def summary_message(summary: Summary) -> Message:
+    """The system message carrying ``summary`` (stable text)."""
+    return Message(role="system", content=SUMMARY_TEMPLATE.format(next_turn=summary.upto_turn + 1, text=summary.text))
+
+
+def _units(transcript: Sequence[Message], upto_turn: int | None) -> tuple[list[_Unit], int]:
+    """Sendable units in order, and the count of non-internal, uncovered messages."""
+    units: list[_Unit] = []
+    eligible = 0
+    pending: _Unit | None = None
+    open_ids: set[str] = set()
+
+    def close() -> None:
+        nonlocal pending
+        if pending is not None and not open_ids:
+            units.append(pending)
+        pending = None  # an incomplete tool unit is never sent
+
+    for m in transcript:
+        if m.internal or (upto_turn is not None and m.turn <= upto_turn):
+            continue
+        eligible += 1
+        if m.role == "tool":
+            if pending is not None and m.tool_call_id in open_ids:
+                open_ids.discard(m.tool_call_id)
+                pending.messages.append(m)
+            # else: a result without its call before it (or a second one): never sent
+            continue
+        close()
+        if m.role == "assistant" and m.tool_calls:
+            pending = _Unit("tools", [m], m.turn)
+            open_ids = {c.tool_call_id for c in m.tool_calls}
+        elif m.role == "user":
+            units.append(_Unit("user", [m], m.turn))
+        elif m.role == "assistant":
+            units.append(_Unit("answer", [m], m.turn))
+        else:
+            units.append(_Unit("other", [m], m.turn))
+    close()
+    return units, eligible
+
+
+def build_context(
+    transcript: Sequence[Message],
+    *,
+    turn: int,
+    system_prompt: str,
+    policy: ContextPolicy,
+    counter: TokenCounter,
+    summary: Summary | None = None,
+    memories: Sequence[str] = (),
+    tool_tokens: int = 0,
+    correction: float = 1.0,
+) -> BuiltContext:
+    """Build the context for a model call (pure: same inputs, equal output).
+
+    Args:
+        transcript: the session's messages, oldest first (``internal`` ones included;
+            they are skipped).
+        turn: the current turn number. A summary never covers it: a summary whose
+            ``upto_turn`` reaches it counts as covering up to ``turn - 1``.
+        system_prompt: sent first, unchanged.
+        policy: budget and layers.
+        counter: counts messages without precounted ``Message.tokens`` and the synthetic
+            system messages.
+        summary: the running summary; turns ``<= upto_turn`` are left out. A summary with
+            blank text is ignored (it covers nothing: a failed summary loses nothing).
+        memories: texts of the memories to inject, in the order given.
+        tool_tokens: tokens of the offered tool schemas (``TokenCounter.tools``).
+        correction: factor from ``hermes.tokens.usage_correction`` applied to the estimate
+            when checking the budget.
+
+    Returns:
+        The context, its uncorrected token estimate and what was left out.
+
+    Raises:
+        ContextOverBudget: the system prompt and the newest user message (with the tool
+            schemas, reply primer and correction) exceed ``policy.budget``.
+    """
+    budget = policy.budget
+    if summary is not None and not summary.text.strip():
+        summary = None
+    upto_turn = None if summary is None else min(summary.upto_turn, turn - 1)
+    if summary is not None and upto_turn != summary.upto_turn:
+        summary = summary.model_copy(update={"upto_turn": upto_turn})
+
+    units, eligible = _units(transcript, upto_turn)
+
+    unit_tokens: dict[int, int] = {}
+
+    def tokens_of(index: int) -> int:
+        t = unit_tokens.get(index)
+        if t is None:
+            t = sum(m.tokens if m.tokens is not None else counter.message(m) for m in units[index].messages)
+            unit_tokens[index] = t
+        return t
+
+    system = Message(role="system", content=system_prompt)
+    total = counter.message(system) + tool_tokens + REPLY_PRIMER_TOKENS
+
+    def fits(extra: int) -> bool:
+        return math.ceil((total + extra) * correction) <= budget
+
+    newest_user = next((i for i in range(len(units) - 1, -1, -1) if units[i].kind == "user"), None)
+    keep = [False] * len(units)
+    if newest_user is not None:
+        total += tokens_of(newest_user)
+        keep[newest_user] = True
+    if not fits(0):
+        raise ContextOverBudget(math.ceil(total * correction), budget)
+
+    # Recent layer: the units holding the last `recent_messages` messages, whole.
+    recent_start = len(units)
+    count = 0
+    while recent_start > 0 and count < policy.recent_messages:
+        recent_start -= 1
+        count += len(units[recent_start].messages)
+    before_user = newest_user if newest_user is not None else len(units)
+
+    # 1. The current turn's units, newest first.
+    if newest_user is not None:
+        for i in range(len(units) - 1, newest_user, -1):
+            t = tokens_of(i)
+            if not fits(t):
+                break
+            total += t
+            keep[i] = True
+
+    # 2. Summary, 3. memories.
+    extra: list[Message] = []
+    summary_msg = summary_message(summary) if summary is not None else None
+    memories_msg = memories_message(memories) if memories else None
+    summary_kept = memories_kept = False
+    if summary_msg is not None:
+        t = counter.message(summary_msg)
+        if fits(t):
+            total += t
+            summary_kept = True
+    if memories_msg is not None:
+        t = counter.message(memories_msg)
+        if fits(t):
+            total += t
+            memories_kept = True
+
+    # 4. Recent units before the newest user message, newest first.
+    recent_complete = True
+    for i in range(before_user - 1, recent_start - 1, -1):
+        t = tokens_of(i)
+        if not fits(t):
+            recent_complete = False
+            break
+        total += t
+        keep[i] = True
+
+    # 5. Middle layer: whole turns (user messages and final answers only), newest first.
+    if recent_complete:
+        i = min(recent_start, before_user) - 1
+        while i >= 0:
+            group_turn = units[i].turn
+            members: list[int] = []
+            while i >= 0 and units[i].turn == group_turn:
+                if units[i].kind in ("user", "answer"):
+                    members.append(i)
+                i -= 1
+            if not members:
+                continue
+            t = sum(tokens_of(j) for j in members)
+            if not fits(t):
+                break
+            total += t
+            for j in members:
+                keep[j] = True
+
+    if memories_kept and memories_msg is not None:
+        extra.append(memories_msg)
+    if summary_kept and summary_msg is not None:
+        extra.append(summary_msg)
+    sent: list[Message] = []
+    for i, unit in enumerate(units):
+        if keep[i]:
+            sent.extend(unit.messages)
+    return BuiltContext(
+        messages=[system, *extra, *sent],
+        tokens=total,
+        budget=budget,
+        dropped=eligible - len(sent),
+        oldest_turn=min((m.turn for m in sent), default=None),
+    )
