@@ -174,6 +174,9 @@ class ModelActivities:
         counter = TokenCounter.get(request.encoding or DEFAULT_ENCODING)
         texts = await self.resolve(request.session_id, list(request.message_refs))
         lines: list[str] = []
+        # No one message may crowd out the rest (or, after a provider refused a context
+        # for one huge message, make the summary request too long as well).
+        per_message = max(200, request.max_input_tokens // 8)
         for ref in request.message_refs:
             m = message_from_body(texts[ref])
             if m.role == "tool":
@@ -182,7 +185,9 @@ class ModelActivities:
                 calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)[:200]})" for c in m.tool_calls)
                 lines.append(f"assistant called: {calls}")
             elif m.content:
-                lines.append(f"{m.role}: {m.content}")
+                text = counter.truncate(m.content, per_message)
+                cut = " [cut]" if len(text) < len(m.content) else ""
+                lines.append(f"{m.role}: {text}{cut}")
         conversation = counter.truncate("\n".join(lines), request.max_input_tokens)
         prompt = []
         if request.previous_summary:

@@ -31,7 +31,7 @@ from temporalio.exceptions import ApplicationError
 from hermes import names
 from hermes.blobs import BlobStore, value_ref
 from hermes.errors import ToolArgumentsError, ToolFailure
-from hermes.models import ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
+from hermes.models import ListToolsInput, ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
 from hermes.tools.arguments import argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
 
@@ -261,23 +261,24 @@ class ToolActivities:
         return cap_result(result, self.max_result_bytes, ref=ref, whole_json=text)
 
     @activity.defn(name=names.LIST_TOOLS)
-    async def list_tools(self) -> ListToolsResult:
+    async def list_tools(self, request: ListToolsInput | None = None) -> ListToolsResult:
         """Every tool a turn may offer: the registry's, then the MCP servers' (as they
-        list them now; the result is recorded in the turn's history)."""
+        list them now; the result is recorded in the turn's history). When the list is
+        the one ``request.known_ref`` names, only its reference is returned."""
         tools: list[Tool] = list(self.registry)
         groups = self.registry.groups
         if self.mcp is not None:
             tools += await self.mcp.discover()
             known = {g.name for g in groups}
             groups = groups + [g for g in self.mcp.groups if g.name not in known]
-        return ListToolsResult(
-            tools=[
-                t.spec(tier_seconds=self.tier_seconds, heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
-                for t in tools
-            ],
-            groups=groups,
-            encoding=self.encoding,
-        )
+        specs = [
+            t.spec(tier_seconds=self.tier_seconds, heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
+            for t in tools
+        ]
+        ref = value_ref([[s.model_dump(mode="json") for s in specs], [g.model_dump(mode="json") for g in groups]])
+        if request is not None and request.known_ref == ref:
+            return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding)
+        return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding)
 
     async def _lookup(self, request: RunToolInput) -> Tool | ToolResult:
         call = request.tool_call

@@ -573,7 +573,7 @@ def _report(
         f"CPU {_cpu_ms(session.cpu_blocks[:qblocks]):.1f} -> {_cpu_ms(session.cpu_blocks[-qblocks:]):.1f} ms/turn; "
         f"baseline {med_ms(base.samples[:quarter]):.1f} -> {med_ms(base.samples[-quarter:]):.1f} ms, "
         f"CPU {_cpu_ms(base.cpu_blocks[:qblocks]):.1f} -> {_cpu_ms(base.cpu_blocks[-qblocks:]):.1f} ms/turn "
-        "(the session's transcript grows 4 messages a turn; each model call carries the last 20 turns of it, within a byte budget)"
+        "(the session's transcript grows 4 messages a turn; each model call carries one reference to its context, built within a token budget)"
     )
     print(
         f"update-with-start vs execute_update (session): median {session_median * 1000:.1f} vs "

@@ -298,30 +298,24 @@ class HermesClient:
                 if kind != "SessionBusyError":
                     raise
                 reason = message
-            except WorkflowAlreadyStartedError:
-                # The start operation holds the same error in a future of its own; read it
-                # so asyncio does not print "Future exception was never retrieved".
-                with contextlib.suppress(Exception):
-                    await start.workflow_handle()
-                if resume is None:
-                    resume = await self._archived_snapshot(session_id)
-                    if resume is not None:
-                        continue  # at once: start the session again from its snapshot
-                raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
-            except RPCError as err:
-                if err.status == RPCStatusCode.ALREADY_EXISTS:
-                    # The same as WorkflowAlreadyStartedError, from a server that sends it
-                    # without the details the SDK needs to say so (the time-skipping test server).
+            except (WorkflowAlreadyStartedError, RPCError) as err:
+                # ALREADY_EXISTS as a bare RPCError: a server that sends it without the
+                # details the SDK needs to say so (the time-skipping test server).
+                already = isinstance(err, WorkflowAlreadyStartedError) or err.status == RPCStatusCode.ALREADY_EXISTS
+                if not already:
+                    if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
+                        raise
+                    reason = err.message
+                else:
+                    # The start operation holds the same error in a future of its own; read
+                    # it so asyncio does not print "Future exception was never retrieved".
                     with contextlib.suppress(Exception):
                         await start.workflow_handle()
                     if resume is None:
                         resume = await self._archived_snapshot(session_id)
                         if resume is not None:
-                            continue
+                            continue  # at once: start the session again from its snapshot
                     raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
-                if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
-                    raise
-                reason = err.message
             if asyncio.get_running_loop().time() + delay > deadline:
                 raise SessionBusyError(
                     f"session {session_id!r} is busy ({reason}); the message was not taken, retry later"

@@ -224,9 +224,19 @@ class ArchiveMessagesInput(BaseModel):
     chain_id: str = ""
 
 
+class ListToolsInput(BaseModel):
+    known_ref: str | None = None
+    """Reference of the listing the session already has: if the list is the same, only
+    the reference comes back (history then records a few bytes, not every schema)."""
+
+
 class ListToolsResult(BaseModel):
     tools: list[ToolSpec]
     groups: list[ToolGroup] = Field(default_factory=list)
+    ref: str | None = None
+    """Content reference of ``tools`` and ``groups``."""
+    unchanged: bool = False
+    """The list is the one of ``ListToolsInput.known_ref``: ``tools`` and ``groups`` are empty."""
     encoding: str = ""
     """The tiktoken encoding the worker counts this session's tokens with (recorded here,
     so every replay counts with the same one)."""
@@ -413,9 +423,10 @@ class SessionConfig(BaseModel):
     (plus ungrouped tools); ``all``: offer every tool."""
     max_routed_groups: int = 2
     """At most this many groups are offered per turn by routing."""
-    max_carry_bytes: int = 1_000_000
-    """Byte budget of the transcript carried across continue-as-new; older turns beyond it
-    are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
+    max_carry_bytes: int = 400_000
+    """Byte budget of the state carried across continue-as-new (it enters history twice
+    per continue-as-new, and Temporal warns above 512 KB per payload); older turns beyond
+    it are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
 
 
 class SendMessageInput(BaseModel):

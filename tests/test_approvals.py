@@ -18,15 +18,11 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import pytest_asyncio
-from temporalio.api.enums.v1 import IndexedValueType
-from temporalio.api.operatorservice.v1 import AddSearchAttributesRequest
 from temporalio.client import WorkflowExecutionStatus
-from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.testing import WorkflowEnvironment
 
 from hermes import names
 from hermes.client import HermesClient
@@ -34,12 +30,11 @@ from hermes.errors import SessionClosedError
 from hermes.models import SessionConfig, SessionState, ToolResultCode, TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.stack import find_binary
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
+from tests.support import eventually
 
-T = TypeVar("T")
 
 NOTE_SCRIPT: dict[str, Any] = {
     "turns": [
@@ -57,19 +52,6 @@ NOTE_SCRIPT: dict[str, Any] = {
 NOTE_ARGUMENTS = {"title": "Shopping", "text": "milk, 豆腐, 🍞"}
 
 
-async def eventually(
-    probe: Callable[[], Awaitable[T]], *, timeout_seconds: float = 15.0, interval_seconds: float = 0.05
-) -> T:
-    """Poll ``probe`` until it returns a truthy value; fail after ``timeout_seconds``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_seconds
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if loop.time() > deadline:
-            raise AssertionError(f"condition not met within {timeout_seconds} s (last value {value!r})")
-        await asyncio.sleep(interval_seconds)
 
 
 @pytest.fixture
@@ -307,28 +289,6 @@ async def test_closing_the_session_denies_a_pending_approval(run_worker, session
 
 
 # ------------------------------------------------------------------ expiry
-
-
-@pytest_asyncio.fixture(scope="module")
-async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
-    """The time-skipping test server, with Hermes' search attributes registered."""
-    env = await WorkflowEnvironment.start_time_skipping(
-        test_server_existing_path=str(find_binary("temporal-test-server")),
-        data_converter=pydantic_data_converter,
-    )
-    try:
-        await env.client.operator_service.add_search_attributes(
-            AddSearchAttributesRequest(
-                namespace=env.client.namespace,
-                search_attributes={
-                    name: IndexedValueType.Value(f"INDEXED_VALUE_TYPE_{kind.upper()}")
-                    for name, kind in names.SEARCH_ATTRIBUTES.items()
-                },
-            )
-        )
-        yield env
-    finally:
-        await env.shutdown()
 
 
 async def test_an_unapproved_tool_call_is_denied_after_expiry_and_not_run(

@@ -355,3 +355,67 @@ async def test_a_tool_call_from_the_model_runs_and_its_result_goes_back_with_the
     content = json.loads(tool_message["content"])
     assert content["code"] == 0 and content["data"]["value"] == 42
     assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "tool"]
+
+
+def context_too_long_body() -> dict[str, Any]:
+    """What OpenAI answers for a context over the model's window (HTTP 400)."""
+    return {
+        "error": {
+            "message": "This model's maximum context length is 8192 tokens. However, your messages resulted in "
+            "9000 tokens. Please reduce the length of the messages.",
+            "type": "invalid_request_error",
+            "param": "messages",
+            "code": "context_length_exceeded",
+        }
+    }
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (400, context_too_long_body()),
+        (400, error_body("Input is too long for requested model.")),
+        (413, error_body("Request Entity Too Large")),
+    ],
+    ids=["openai-code", "message-only", "http-413"],
+)
+async def test_a_context_over_the_window_is_a_context_too_long_error_not_retried(fake_openai, status, body):
+    fake_openai.then(status, body)
+    activities = ModelActivities(provider_for(fake_openai))
+    with pytest.raises(ApplicationError) as info:
+        await activities.call_model(request())
+    assert info.value.type == "ContextTooLongError" and info.value.non_retryable
+
+
+async def test_a_context_too_long_answer_compacts_the_conversation_once_and_the_retry_answers(
+    run_worker, fake_openai, session_id
+):
+    from hermes.models import SessionConfig
+
+    config = SessionConfig(summary_every_turns=100)  # no summary before the provider refuses
+    async with run_worker(provider_for(fake_openai), config=config) as hermes:
+        for n in range(3):
+            fake_openai.then(200, completion(f"answer {n}"))
+            await hermes.send_message(session_id, f"my fact number {n} is {n * 7}")
+        before = len(fake_openai.requests)
+        fake_openai.then(400, context_too_long_body())
+        fake_openai.then(200, completion("Summary: facts 0, 7 and 14."))
+        fake_openai.then(200, completion("answer after compaction"))
+        result = await hermes.send_message(session_id, "what were my facts?")
+        assert (result.status, result.reply) == ("completed", "answer after compaction")
+        refused, summary_request, retried = fake_openai.requests[before:]
+        assert "my fact number 1 is 7" in json.dumps(summary_request["body"]["messages"], ensure_ascii=False)
+        sent = retried["body"]["messages"]
+        assert any("Summary: facts 0, 7 and 14." in (m.get("content") or "") for m in sent if m["role"] == "system")
+        assert [m["content"] for m in sent if m["role"] == "user"] == ["what were my facts?"]
+        state = await hermes.get_state(session_id)
+        assert state.summary is not None and state.summary.upto_turn == 3
+        assert len((await hermes.get_transcript(session_id))) == 8  # nothing dropped from the session
+        # a second refusal after the compaction ends the turn clearly: no loop
+        fake_openai.then(400, context_too_long_body()).then(400, context_too_long_body())
+        count = len(fake_openai.requests)
+        failed = await hermes.send_message(session_id, "and now?")
+        assert failed.status == "context_too_large" and "too long" in failed.reply
+        assert len(fake_openai.requests) - count <= 3
+        fake_openai.then(200, completion("fine again"))
+        assert (await hermes.send_message(session_id, "ok?")).reply == "fine again"

@@ -2,7 +2,8 @@
 
 ``tests/histories/session_with_tools_and_approval.json`` stands for a session already
 running in production (recorded before the ``tool-layer-v2`` patch;
-``session_tool_layer_v2.json`` is the same conversation after it) (tool calls, an approved and a rejected write, a system-prompt
+``session_tool_layer_v2.json`` is the same conversation after it, and
+``session_bounded_context.json`` after the ``bounded-context`` patch) (tool calls, an approved and a rejected write, a system-prompt
 signal, close); ``tests/histories/record.py`` regenerates it. A change to the workflow
 that alters the commands it emits for that history fails here with a
 nondeterminism error: such a change needs ``workflow.patched()``, not a new recording.
@@ -25,6 +26,7 @@ from temporalio.worker import Replayer
 from hermes import names
 from hermes.models import SessionConfig, SessionInput, SessionState, ToolSpec
 from tests.histories.record import HISTORY_PATH, SCRIPT, record
+from tests.support import run_histories
 from workflows.session import SessionWorkflow
 
 
@@ -100,6 +102,22 @@ async def test_the_history_recorded_under_the_current_tool_layer_replays():
     assert result.replay_failure is None
 
 
+BOUNDED_HISTORY_PATH = HISTORY_PATH.with_name("session_bounded_context.json")
+
+
+async def test_the_history_recorded_with_bounded_context_replays():
+    """The same conversation recorded under ``bounded-context`` (model calls by content
+    reference, the tool list by reference when unchanged, idle timers): a later change to
+    the commands of that layer needs its own patch."""
+    history = WorkflowHistory.from_json("session-recorded-v3", BOUNDED_HISTORY_PATH.read_text(encoding="utf-8"))
+    markers = [e for e in history.events if e.HasField("marker_recorded_event_attributes")]
+    assert sum(m.marker_recorded_event_attributes.marker_name == "core_patch" for m in markers) == 4
+    timers = [e for e in history.events if e.HasField("timer_started_event_attributes")]
+    assert any(t.timer_started_event_attributes.start_to_fire_timeout.seconds == 1800 for t in timers)
+    result = await replayer().replay_workflow(history)
+    assert result.replay_failure is None
+
+
 async def test_replaying_the_committed_history_fails_when_the_workflow_emits_different_commands():
     with pytest.raises(workflow.NondeterminismError):
         await replayer(SessionWorkflowThatSkipsToolListing).replay_workflow(committed_history())
@@ -140,17 +158,7 @@ async def test_every_run_of_a_session_that_continued_as_new_replays(run_worker, 
         )
         assert final.turn_count == 4 and final.status == "closed"
 
-        histories: list[WorkflowHistory] = []
-        run_id: str | None = first_run_id
-        while run_id:
-            history = await temporal_client.get_workflow_handle(session_id, run_id=run_id).fetch_history()
-            histories.append(history)
-            last = history.events[-1]
-            run_id = (
-                last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
-                if last.HasField("workflow_execution_continued_as_new_event_attributes")
-                else None
-            )
+        histories = await run_histories(temporal_client, session_id, first_run_id)
     assert len(histories) == final.run_index + 1 >= 2
     for history in histories:
         result = await replayer().replay_workflow(history)

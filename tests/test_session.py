@@ -11,8 +11,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -39,27 +39,13 @@ from hermes.tokens import count_message_tokens, count_text_tokens
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
+from tests.support import eventually
 
-T = TypeVar("T")
 
 
 # ---------------------------------------------------------------- helpers
 
 
-async def eventually(
-    check: Callable[[], Awaitable[T]], *, what: str, timeout_seconds: float = 15.0, poll_seconds: float = 0.05
-) -> T:
-    """Poll ``check`` until it returns something truthy; fail after ``timeout_seconds``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_seconds
-    last: Any = None
-    while True:
-        last = await check()
-        if last:
-            return last
-        if loop.time() > deadline:
-            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}; last value {last!r}")
-        await asyncio.sleep(poll_seconds)
 
 
 class EchoModel:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Awaitable, Callable
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from temporalio.client import Client, WorkflowUpdateFailedError
@@ -31,8 +31,8 @@ from hermes.models import (
 )
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolContext, ToolRegistry
+from tests.support import eventually
 
-T = TypeVar("T")
 
 
 class Steps:
@@ -68,15 +68,6 @@ def tool_results(request: CallModelInput) -> str:
     return "codes=" + ",".join(str(c) for c in codes)
 
 
-async def eventually(probe: Callable[[], Awaitable[T]], *, timeout_seconds: float = 15.0) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_seconds
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout_seconds} s (last value {value!r})")
-        await asyncio.sleep(0.05)
 
 
 # ------------------------------------------------------------ idempotency classes

@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -43,6 +43,7 @@ from hermes.tools.registry import ToolRegistry
 from hermes.tools.routing import route_groups
 
 from activities.tools import cap_result, to_tool_result
+from tests.support import eventually
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[1]
@@ -79,15 +80,6 @@ def call(name: str, tool_call_id: str | None = None, **arguments: Any) -> ToolCa
     return ToolCall(tool_call_id=tool_call_id or f"call_{uuid.uuid4().hex[:8]}", name=name, arguments=arguments)
 
 
-async def eventually(probe: Callable[[], Awaitable[T]], *, timeout_seconds: float = 15.0) -> T:
-    deadline = asyncio.get_running_loop().time() + timeout_seconds
-    while True:
-        value = await probe()
-        if value:
-            return value
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout_seconds} s (last value {value!r})")
-        await asyncio.sleep(0.05)
 
 
 async def bounded(awaitable: Awaitable[T], seconds: float = 25.0) -> T:

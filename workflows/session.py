@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         CallModelInput,
         CallModelResult,
         DecisionRecord,
+        ListToolsInput,
         ListToolsResult,
         Message,
         PendingApproval,
@@ -209,6 +210,12 @@ class SessionWorkflow:
         """Bodies of what a context adds around the transcript (system prompt, summary,
         memories) and of offered tool lists, by reference, for ``get_message_bodies``."""
         self._context_tokens = 0
+        self._tool_lists: dict[tuple[Any, ...], tuple[str, int]] = {}
+        self._tools_generation = 0
+        self._listing: tuple[str, dict[str, ToolSpec], list[Any]] | None = None
+        """The last full tool listing of this run: its reference, tools and groups."""
+        """Counts tool listings: a cached tool list is one of the same listing."""
+        self._tool_bodies: dict[str, str] = {}
         self._idle_marked = carry.status == "idle"
         self._archived_state = False
         self._summarizing = False
@@ -702,6 +709,8 @@ class SessionWorkflow:
                 found[ref] = body_json(message)
             elif ref in self._synthetic:
                 found[ref] = self._synthetic[ref]
+            elif ref in self._tool_bodies:
+                found[ref] = self._tool_bodies[ref]
         if any(r in self._synthetic and r.startswith("b:") for r in refs) and self._messages:
             # Asked for a context list: add the newest turn's bodies, which the content
             # store cannot have yet, and save the activity a second query.
@@ -982,18 +991,28 @@ class SessionWorkflow:
         return await task
 
     async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
-        # Recorded in history once per turn, so replay never depends on a worker's registry.
+        # Recorded in history once per turn, so replay never depends on a worker's registry;
+        # an unchanged list is recorded as its reference only.
+        bounded = self._patched(_PATCH_BOUNDED_CONTEXT)
         result = await workflow.execute_local_activity(
             names.LIST_TOOLS,
+            *([ListToolsInput(known_ref=self._listing[0] if self._listing else None)] if bounded else []),
             result_type=ListToolsResult,
             start_to_close_timeout=timedelta(seconds=10),
         )
-        if not self._encoding and result.encoding and self._patched(_PATCH_BOUNDED_CONTEXT):
+        if result.unchanged and self._listing is not None and result.ref == self._listing[0]:
+            _, specs, groups = self._listing
+        else:
+            specs, groups = {spec.name: spec for spec in result.tools}, result.groups
+            self._tools_generation += 1
+            if bounded and result.ref:
+                self._listing = (result.ref, specs, groups)
+        if not self._encoding and result.encoding and bounded:
             self._encoding = result.encoding  # fixed for the session's life: counts stay comparable
             for m in self._messages:
                 if m.tokens is None and not m.internal:
                     m.tokens = self._counter().message(m)
-        return {spec.name: spec for spec in result.tools}, result.groups
+        return specs, groups
 
     async def _call_model(self, turn: int, tools: list[ToolSpec], step: int = 0) -> CallModelResult:
         """One model step. The context goes by reference; a provider's "context too long"
@@ -1031,13 +1050,14 @@ class SessionWorkflow:
                 too_long = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextTooLongError"
                 self._add_trace(turn, "model", started, status="context_too_long" if too_long else "error")
                 if too_long and self._patched(_PATCH_BOUNDED_CONTEXT):
-                    if not compacted and await self._compact(turn):
+                    if not compacted:
                         compacted = True
-                        continue
-                    raise _ContextTooLarge(
-                        f"the model refused the context as too long even after the conversation was compacted "
-                        f"({failure_text(err)})"
-                    ) from None
+                        if await self._compact(turn, refused_tokens=request.context_tokens):
+                            continue
+                        why = "and compacting the earlier conversation did not help"
+                    else:
+                        why = "even after the earlier conversation was compacted"
+                    raise _ContextTooLarge(f"the model refused the context as too long, {why} ({failure_text(err)})") from None
                 raise _ModelFailed(failure_text(err)) from None
             break
         self._token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
@@ -1058,11 +1078,8 @@ class SessionWorkflow:
                 session_id=self._inp.session_id, turn=turn, messages=self._legacy_context(turn), tools=tools,
                 model=self._cfg.model,
             )
-        built = self._build_context(turn, tools)
-        tools_json = [t.model_dump(mode="json") for t in tools]
-        tools_ref = value_ref(tools_json) if tools else None
-        if tools_ref is not None and tools_ref not in self._synthetic:
-            self._synthetic[tools_ref] = json.dumps(tools_json, ensure_ascii=False)
+        tools_ref, tool_tokens = self._tool_list(tools)
+        built = self._build_context(turn, tools, tool_tokens)
         refs = []
         for m in built.messages:
             if m.ref is not None and m.ref in self._by_ref:
@@ -1086,13 +1103,31 @@ class SessionWorkflow:
             context_tokens=built.tokens,
         )
 
+    def _tool_list(self, tools: list[ToolSpec]) -> tuple[str | None, int]:
+        """The content reference of the offered tool list and its tokens (computed once
+        per distinct list: a turn offers the same list at most steps)."""
+        if not tools:
+            return None, 0
+        key = (self._tools_generation, *(t.name for t in tools))
+        cached = self._tool_lists.get(key)
+        if cached is None:
+            tools_json = [t.model_dump(mode="json") for t in tools]
+            ref = value_ref(tools_json)
+            if len(self._tool_lists) > 16:
+                self._tool_lists.clear()
+                self._tool_bodies.clear()
+            self._tool_bodies[ref] = json.dumps(tools_json, ensure_ascii=False)
+            cached = (ref, self._counter().tools(tools))
+            self._tool_lists[key] = cached
+        return cached
+
     def _counter(self) -> TokenCounter:
         try:
             return TokenCounter.get(self._encoding or DEFAULT_ENCODING)
         except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
             return TokenCounter.get(DEFAULT_ENCODING)
 
-    def _build_context(self, turn: int, tools: list[ToolSpec]) -> BuiltContext:
+    def _build_context(self, turn: int, tools: list[ToolSpec], tool_tokens: int | None = None) -> BuiltContext:
         """System prompt, memories, summary and the recent turns that fit the token budget
         (:func:`hermes.context.build_context`).
 
@@ -1111,7 +1146,7 @@ class SessionWorkflow:
                 counter=counter,
                 summary=self._summary,
                 memories=self._memories,
-                tool_tokens=counter.tools(tools),
+                tool_tokens=counter.tools(tools) if tool_tokens is None else tool_tokens,
                 correction=self._token_correction,
             )
         except ContextOverBudget as err:
@@ -1170,7 +1205,7 @@ class SessionWorkflow:
             return None
         return upto
 
-    async def _summarize(self, turn: int, upto: int, *, forced: bool = False) -> bool:
+    async def _summarize(self, turn: int, upto: int, *, forced: bool = False, max_input_tokens: int | None = None) -> bool:
         """Fold turns up to ``upto`` into the running summary (a model call in an
         activity). A failure or an empty summary keeps the messages as they are and
         is retried after ``summary_retry_turns`` turns.
@@ -1194,7 +1229,7 @@ class SessionWorkflow:
                     previous_summary=self._summary.text if self._summary else "",
                     upto_turn=upto,
                     max_tokens=self._cfg.summary_max_tokens,
-                    max_input_tokens=max(policy.budget - 2 * self._cfg.summary_max_tokens, 1000),
+                    max_input_tokens=max_input_tokens or max(policy.budget - 2 * self._cfg.summary_max_tokens, 1000),
                     model=self._cfg.model,
                     encoding=self._encoding,
                 ),
@@ -1229,12 +1264,14 @@ class SessionWorkflow:
         self._summarizing = False
         await self._summarize(turn, upto)
 
-    async def _compact(self, turn: int) -> bool:
-        """Forced compaction after the provider refused the context as too long: every
-        turn before this one goes into the summary, now."""
+    async def _compact(self, turn: int, *, refused_tokens: int = 0) -> bool:
+        """Forced compaction after the provider refused a context of about
+        ``refused_tokens`` as too long: every turn before this one goes into the summary,
+        now, from a request well under that size."""
         if self._summarizing:
             await workflow.wait_condition(lambda: not self._summarizing)
-        return await self._summarize(turn, turn - 1, forced=True)
+        limit = max(1000, refused_tokens // 2) if refused_tokens else None
+        return await self._summarize(turn, turn - 1, forced=True, max_input_tokens=limit)
 
     def _policy(self, call: ToolCall, spec: ToolSpec) -> tuple[ApprovalPolicy, str]:
         """What this call needs before it runs, and why (beyond its permission)."""

@@ -1,0 +1,48 @@
+"""Helpers shared by the tests: polling for a condition, the histories of a session's runs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from temporalio.client import Client, WorkflowHistory
+
+T = TypeVar("T")
+
+
+async def eventually(
+    probe: Callable[[], Awaitable[T]],
+    *,
+    what: str = "the condition",
+    timeout_seconds: float = 15.0,
+    poll_seconds: float = 0.05,
+) -> T:
+    """Poll ``probe`` until it returns something truthy (and return that); fail with an
+    AssertionError naming ``what`` after ``timeout_seconds``. No fixed sleeps in tests."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_seconds
+    while True:
+        value = await probe()
+        if value:
+            return value
+        if loop.time() > deadline:
+            raise AssertionError(f"timed out after {timeout_seconds} s waiting for {what}; last value {value!r}")
+        await asyncio.sleep(poll_seconds)
+
+
+async def run_histories(client: Client, session_id: str, first_run_id: str) -> list[WorkflowHistory]:
+    """The histories of every run of a session, first to last, by following the
+    continued-as-new chain from its first run (``SessionState.chain_id``)."""
+    histories: list[WorkflowHistory] = []
+    run_id: str | None = first_run_id
+    while run_id:
+        history = await client.get_workflow_handle(session_id, run_id=run_id).fetch_history()
+        histories.append(history)
+        last = history.events[-1]
+        run_id = (
+            last.workflow_execution_continued_as_new_event_attributes.new_execution_run_id
+            if last.HasField("workflow_execution_continued_as_new_event_attributes")
+            else None
+        )
+    return histories
