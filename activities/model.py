@@ -113,8 +113,11 @@ class ModelActivities:
         """``request`` with ``messages`` and ``tools`` filled from its references."""
         message_refs = list(request.message_refs)
         if request.context_ref:
-            listed = await self.resolve(request.session_id, [request.context_ref], keep_extra=True)
-            message_refs = json.loads(listed[request.context_ref])
+            try:
+                listed = await self.resolve(request.session_id, [request.context_ref], keep_extra=True)
+                message_refs = json.loads(listed[request.context_ref])
+            except ApplicationError:
+                message_refs = await self._current_context(request)
         refs = message_refs + ([request.tools_ref] if request.tools_ref else [])
         if not refs:
             return request
@@ -124,6 +127,30 @@ class ModelActivities:
         if request.tools_ref:
             tools = [ToolSpec.model_validate(t) for t in json.loads(texts[request.tools_ref])]
         return request.model_copy(update={"messages": messages, "tools": tools})
+
+    async def _current_context(self, request: CallModelInput) -> list[str]:
+        """The references of the context the session has for this model call now (see
+        the ``get_model_context`` query), when the recorded one is unknown to it.
+
+        Raises:
+            ApplicationError: ``ContextResolutionError`` (retried): the session has none.
+        """
+        refs = None
+        if self.client is not None and request.step is not None:
+            handle = self.client.get_workflow_handle(request.session_id)
+            refs = await handle.query(
+                names.GET_MODEL_CONTEXT, args=[request.turn, request.step], result_type=list[str] | None
+            )
+        if not refs:
+            raise ApplicationError(
+                f"the context {request.context_ref} of turn {request.turn} is not in the content store or the session",
+                type="ContextResolutionError",
+            )
+        log.warning(
+            "turn %d step %s: context %s rebuilt by the session; using its current one",
+            request.turn, request.step, request.context_ref,
+        )
+        return refs
 
     @activity.defn(name=names.CALL_MODEL)
     async def call_model(self, request: CallModelInput) -> CallModelResult:
@@ -173,26 +200,42 @@ class ModelActivities:
         """
         counter = TokenCounter.get(request.encoding or DEFAULT_ENCODING)
         texts = await self.resolve(request.session_id, list(request.message_refs))
-        lines: list[str] = []
+        lines: list[tuple[int, str]] = []
         # No one message may crowd out the rest (or, after a provider refused a context
         # for one huge message, make the summary request too long as well).
         per_message = max(200, request.max_input_tokens // 8)
-        for ref in request.message_refs:
+        turns = request.message_turns if len(request.message_turns) == len(request.message_refs) else None
+        for index, ref in enumerate(request.message_refs):
             m = message_from_body(texts[ref])
+            turn = turns[index] if turns else request.upto_turn
             if m.role == "tool":
-                lines.append(f"tool result ({m.name or 'tool'}): {(m.content or '')[:600]}")
+                lines.append((turn, f"tool result ({m.name or 'tool'}): {(m.content or '')[:600]}"))
             elif m.role == "assistant" and m.tool_calls:
                 calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)[:200]})" for c in m.tool_calls)
-                lines.append(f"assistant called: {calls}")
+                lines.append((turn, f"assistant called: {calls}"))
             elif m.content:
                 text = counter.truncate(m.content, per_message)
                 cut = " [cut]" if len(text) < len(m.content) else ""
-                lines.append(f"{m.role}: {text}{cut}")
-        conversation = counter.truncate("\n".join(lines), request.max_input_tokens)
+                lines.append((turn, f"{m.role}: {text}{cut}"))
+        # Oldest first, whole turns only, within the input budget: the summary covers what
+        # it was shown, and turns left out stay in the context for the next summary.
+        kept: list[tuple[int, str]] = []
+        upto, used = request.upto_turn, 0
+        for turn, line in lines:
+            cost = counter.text(line) + 1
+            if used + cost > request.max_input_tokens and kept:
+                if turns:
+                    whole = [item for item in kept if item[0] < turn]
+                    # At least one turn, even cut, so that the summary always moves on.
+                    kept, upto = (whole, turn - 1) if whole else (kept, turn)
+                break
+            kept.append((turn, line))
+            used += cost
+        conversation = "\n".join(line for _, line in kept)
         prompt = []
         if request.previous_summary:
             prompt.append(f"Previous summary:\n{request.previous_summary}\n")
-        prompt.append(f"Conversation up to turn {request.upto_turn}:\n{conversation}")
+        prompt.append(f"Conversation up to turn {upto}:\n{conversation}")
         call = CallModelInput(
             session_id=request.session_id,
             turn=request.upto_turn,
@@ -212,7 +255,7 @@ class ModelActivities:
         except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
-        return Summary(text=text, upto_turn=request.upto_turn, tokens=counter.text(text) if text else 0)
+        return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0)
 
 
 def message_bodies(messages: list[Message]) -> dict[str, str]:

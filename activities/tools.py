@@ -32,7 +32,7 @@ from hermes import names
 from hermes.blobs import BlobStore, value_ref
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.models import ListToolsInput, ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
-from hermes.tools.arguments import argument_descriptions
+from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
 
 log = logging.getLogger("hermes.tools")
@@ -165,6 +165,26 @@ def failure_result(err: BaseException, *, in_check: bool = False) -> ToolResult:
     return ToolResult(code=code, message=_scrub_surrogates(text[:_MAX_MESSAGE_CHARS]), data=data)
 
 
+def shallow_result(result: ToolResult) -> ToolResult:
+    """``result`` with its data replaced by a preview when it is nested deeper than
+    ``MAX_NESTING`` (64) levels. The workflow, the reply and the state carried across
+    continue-as-new decode this data with pydantic, whose JSON parser stops at about 200
+    levels (the reply adds 3, the carried state 7): a deeper result would fail every
+    workflow task of the session."""
+    if _nesting(result.data, MAX_NESTING) <= MAX_NESTING:
+        return result
+    try:
+        preview = json.dumps(result.data, ensure_ascii=False, default=str)[:4000]
+    except (ValueError, RecursionError):
+        preview = "(too deeply nested to show)"
+    return result.model_copy(
+        update={
+            "message": f"{result.message[:500]} (the data was nested deeper than {MAX_NESTING} levels; a preview is kept)",
+            "data": {"truncated": True, "reason": f"nested deeper than {MAX_NESTING} levels", "preview": preview},
+        }
+    )
+
+
 def to_tool_result(value: Any) -> ToolResult:
     """Whatever a tool returned, in the ``{code, message, data}`` shape, JSON-safe.
 
@@ -247,6 +267,7 @@ class ToolActivities:
         ``value_ref(json)``. Without Redis, or if storing fails, only the preview is
         kept (and it says so). Never raises for the store: a tool that did its work is
         never reported as failed because its result was large."""
+        result = shallow_result(result)
         text, size = _result_size(result)
         if 0 <= size <= self.max_result_bytes:
             return result

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.client import (
     Client,
     WithStartWorkflowOperation,
+    WorkflowFailureError,
     WorkflowHandle,
     WorkflowUpdateFailedError,
 )
@@ -337,10 +338,11 @@ class HermesClient:
             return None
         if description.typed_search_attributes.get(names.SA_STATUS) != "archived":
             return None
-        with contextlib.suppress(Exception):
-            state = await self.client.get_workflow_handle(session_id, run_id=description.run_id).result(
-                result_type=SessionState
-            )
+        # Past the namespace's retention the result is gone (NOT_FOUND): then Redis.
+        with contextlib.suppress(RPCError, WorkflowFailureError):
+            state = await self.client.get_workflow_handle(
+                session_id, run_id=description.run_id, result_type=SessionState
+            ).result()
             if state.snapshot is not None:
                 return state.snapshot
         if self.redis is not None:

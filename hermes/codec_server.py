@@ -9,26 +9,45 @@ remote codec protocol (https://docs.temporal.io/codec-server): the Web UI (or
 no compression), so decoding only *adds* what the references stand for:
 
 * an object with a ``context_ref`` (a model call's: the reference of its list of
-  message references) gets that list as ``message_refs``, then as below;
+  message references) gets that list as ``message_refs`` (when the store has it), then
+  as below;
 * an object with a non-empty ``message_refs`` list gets ``messages``: the stored
   bodies, in order; a body missing from the store is shown as
   ``{"ref": ..., "missing": "not in the content store"}``;
-* an object with a ``tools_ref`` gets ``tools``: the stored tool list (or that marker);
+* an object with a ``tools_ref`` gets ``tools``: the stored tool list (or a marker);
 * a large value kept by reference, ``{"truncated": true, "ref": "b:..."}``, gets
   ``content``: the stored text, at most :data:`CONTENT_CAP_BYTES` of it (a cut one
-  gets a ``content_note`` saying so).
+  gets a ``content_note`` saying so), or ``missing`` / ``omitted``.
 
 A ``messages`` or ``tools`` that is already non-empty (sent inline) is left as it is.
-Everything else, and every payload that is not ``json/plain``, comes back exactly as it
-came. ``/encode`` is the identity. Both are also served under a namespace segment
-(``/{namespace}/decode``) for the Temporal CLI's ``{namespace}`` endpoint template; the
-``X-Namespace`` header is not needed, since references are content hashes.
+Everything else, and every payload that is not ``json/plain`` or whose JSON is nested
+too deeply to parse or write back, comes back exactly as it came. ``/encode`` is the
+identity. Both are also served under a namespace segment (``/{namespace}/decode``) for
+the Temporal CLI's ``{namespace}`` endpoint template; the ``X-Namespace`` header is not
+needed, since references are content hashes.
+
+Size limits (a small request may name one large body many times):
+
+* a stored message body or tool list over :data:`CONTENT_CAP_BYTES` is not read, and
+  is shown as ``{"ref": ..., "omitted": "the stored value is N bytes, over ..."}``;
+* one answer adds at most :data:`ANSWER_CAP_BYTES` of JSON (before base64) across all
+  its payloads, in the order the references come: a value (or context list) that no
+  longer fits is shown as ``{"ref": ..., "omitted": "the decoded answer reached its
+  size limit"}`` (:data:`OMITTED`; a ``context_ref`` one as ``messages``), and a
+  payload whose references do not fit even as such markers, or whose JSON would be
+  written back longer than the room left (``1E15`` is written ``1000000000000000.0``),
+  comes back as it came;
+* at most four times that is read from Redis per answer (a value kept by reference
+  that does not fit there is read from its first :data:`CONTENT_CAP_BYTES` only);
+* a request body over :data:`BODY_CAP_BYTES` (by ``Content-Length``, or as it streams
+  in) is refused with 413 and ``{"error": "..."}``.
 
 Protocol: ``POST`` with ``{"payloads": [{"metadata": {"encoding": "<base64>", ...},
 "data": "<base64>"}, ...]}`` (the proto3 JSON of ``temporal.api.common.v1.Payloads``),
-answered with the same shape. A body that is not that shape gets 400 with
-``{"error": "..."}``. If Redis cannot be reached the payloads come back undecoded (200,
-logged): a 500 would blank the Web UI's event history.
+answered with the same shape. A body that is not that shape (not JSON, nested too
+deeply, a payload that is not a ``Payload``) gets 400 with ``{"error":
+"..."}`` naming what is wrong. If Redis cannot be reached the payloads come back
+undecoded (200, logged): a 500 would blank the Web UI's event history.
 
 The browser calls this server from the Web UI's origin, so CORS allows those origins
 (:func:`default_ui_origins`: ``http://localhost:8233`` and ``http://127.0.0.1:8233``)
@@ -45,7 +64,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import copy
 import json
 import logging
 import socket
@@ -68,8 +86,11 @@ if TYPE_CHECKING:
     from hermes.settings import Settings
 
 __all__ = [
+    "ANSWER_CAP_BYTES",
+    "BODY_CAP_BYTES",
     "CONTENT_CAP_BYTES",
     "MISSING",
+    "OMITTED",
     "create_app",
     "decode_payloads",
     "default_ui_origins",
@@ -84,11 +105,31 @@ JSON_ENCODING = b"json/plain"
 """The metadata ``encoding`` of the payloads Hermes writes (``pydantic_data_converter``)."""
 MISSING = "not in the content store"
 """Why a reference could not be shown (expired, written to another Redis, never stored)."""
+OMITTED = "the decoded answer reached its size limit"
+"""Why a reference is not shown: what was added to the answer reached :data:`ANSWER_CAP_BYTES`."""
 CONTENT_CAP_BYTES = 1_000_000
-"""At most this many UTF-8 bytes of one value kept by reference are returned: the Web
-UI renders the whole answer in the page."""
+"""At most this many UTF-8 bytes of one stored value are shown: a value kept by
+reference is cut there, and a stored message body, tool list or context list larger
+than this is not read (the Web UI renders the whole answer in the page)."""
+ANSWER_CAP_BYTES = 4_000_000
+"""At most this many bytes of JSON (before base64) are added to one ``/decode`` answer,
+across all its payloads: stored values, expanded reference lists and markers."""
+BODY_CAP_BYTES = 16_000_000
+"""Request bodies larger than this are refused with 413 (read no further than this)."""
 ALLOWED_HEADERS = ("content-type", "x-namespace", "authorization")
 """Request headers the Web UI sends to a codec server."""
+
+_MARKER_ROOM_BYTES = 500_000
+"""Stored values stop this far below :data:`ANSWER_CAP_BYTES`, so the references after
+them can still be shown as :data:`OMITTED` markers."""
+_READ_CAP_BYTES = 4 * ANSWER_CAP_BYTES
+"""At most this many stored bytes are read from Redis for one answer (a value's JSON
+shown can be smaller than its stored text, never much larger)."""
+_ENTRY_BYTES = 16
+"""Counted for the key and separators each added value or marker is written under."""
+_MAX_PAYLOAD_DEPTH = 32
+"""A ``Payload``'s proto3 JSON is 3 levels deep; a deeper one is refused (it could not
+be written back)."""
 
 _START_TIMEOUT_SECONDS = 10.0
 _STOP_TIMEOUT_SECONDS = 5.0
@@ -97,6 +138,18 @@ _POLL_SECONDS = 0.01
 
 class _BadRequest(ValueError):
     """A request body that is not ``{"payloads": [Payload JSON, ...]}``."""
+
+    status_code = 400
+
+
+class _TooLarge(_BadRequest):
+    """A request body over :data:`BODY_CAP_BYTES`."""
+
+    status_code = 413
+
+
+class _AnswerFull(Exception):
+    """Even markers no longer fit in the answer (:data:`ANSWER_CAP_BYTES`)."""
 
 
 def default_ui_origins(ui_port: int = 8233) -> list[str]:
@@ -116,18 +169,56 @@ def endpoint_url(host: str, port: int) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-# --------------------------------------------------------------------------- decoding
+# --------------------------------------------------------------------------- the request
+
+
+async def _read_body(request: Request) -> bytes:
+    """The request body, read no further than :data:`BODY_CAP_BYTES`.
+
+    Raises:
+        _TooLarge: its ``Content-Length``, or what was sent, is over the cap.
+        _BadRequest: a ``Content-Length`` that is not a number.
+    """
+    too_large = f"the body is over the {BODY_CAP_BYTES:,}-byte limit"
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            length = int(declared)
+        except ValueError:
+            raise _BadRequest(f"the Content-Length header {declared[:40]!r} is not a number") from None
+        if length > BODY_CAP_BYTES:
+            raise _TooLarge(too_large)
+    body = bytearray()
+    async for chunk in request.stream():  # a chunked body has no Content-Length
+        body += chunk
+        if len(body) > BODY_CAP_BYTES:
+            raise _TooLarge(too_large)
+    return bytes(body)
+
+
+def _nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` has objects or lists more than ``limit`` levels deep (no recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((child, depth + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return False
 
 
 def _parse_body(raw: bytes) -> list[dict[str, Any]]:
     """The payloads of a request body, checked against the ``Payload`` proto3 JSON.
 
     Raises:
-        _BadRequest: naming what is wrong (not JSON, no ``payloads`` list, a payload
-            that is not a ``Payload``).
+        _BadRequest: naming what is wrong (not JSON, nested too deeply to parse, no
+            ``payloads`` list, a payload that is not a ``Payload``).
     """
     try:
         body = json.loads(raw)
+    except RecursionError:
+        raise _BadRequest("the body is nested too deeply to parse as JSON") from None
     except ValueError as err:
         raise _BadRequest(f"the body is not JSON ({err})") from None
     if not isinstance(body, dict) or "payloads" not in body:
@@ -138,27 +229,48 @@ def _parse_body(raw: bytes) -> list[dict[str, Any]]:
     for index, payload in enumerate(payloads):
         if not isinstance(payload, dict):
             raise _BadRequest(f"payloads[{index}] must be an object, not {type(payload).__name__}")
+        if _nested_deeper_than(payload, _MAX_PAYLOAD_DEPTH):
+            raise _BadRequest(f"payloads[{index}] is nested more than {_MAX_PAYLOAD_DEPTH} levels deep")
         try:
             json_format.ParseDict(payload, Payload(), ignore_unknown_fields=True)
-        except json_format.ParseError as err:
+        except Exception as err:  # noqa: BLE001 - any parse failure is the client's
             raise _BadRequest(f"payloads[{index}] is not a Temporal Payload: {err}") from None
     return payloads
 
 
-def _json_value(payload: dict[str, Any]) -> Any:
-    """The JSON value a ``json/plain`` payload carries.
+async def _payloads_of(request: Request) -> list[dict[str, Any]]:
+    """The payloads a codec request posts (:func:`_read_body`, :func:`_parse_body`)."""
+    return _parse_body(await _read_body(request))
+
+
+# --------------------------------------------------------------------------- decoding
+
+
+def _json_value(payload: dict[str, Any]) -> tuple[Any, int]:
+    """The JSON value a ``json/plain`` payload carries, and the size of its data in bytes.
 
     Raises:
         ValueError: another encoding, or data that is not UTF-8 JSON.
+        RecursionError: JSON nested too deeply to parse.
     """
     proto = json_format.ParseDict(payload, Payload(), ignore_unknown_fields=True)
     if proto.metadata.get("encoding") != JSON_ENCODING:
         raise ValueError("not json/plain")
-    return json.loads(proto.data.decode("utf-8"))
+    return json.loads(proto.data.decode("utf-8")), len(proto.data)
+
+
+def _json_bytes(value: Any) -> bytes:
+    """``value`` as compact UTF-8 JSON; a lone surrogate (from a ``\\ud800`` escape) is
+    written as that escape again, so the bytes stay valid UTF-8.
+
+    Raises:
+        RecursionError: ``value`` is nested too deeply to write.
+    """
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "backslashreplace")
 
 
 def _objects(value: Any) -> Iterator[dict[str, Any]]:
-    """Every JSON object in ``value``, outermost first."""
+    """Every JSON object in ``value``, outermost first (no recursion: any depth)."""
     stack = [value]
     while stack:
         item = stack.pop()
@@ -167,6 +279,11 @@ def _objects(value: Any) -> Iterator[dict[str, Any]]:
             stack.extend(reversed(list(item.values())))
         elif isinstance(item, list):
             stack.extend(reversed(item))
+
+
+def _context_ref(obj: dict[str, Any]) -> str | None:
+    ref = obj.get("context_ref")
+    return ref if isinstance(ref, str) and ref and not obj.get("message_refs") else None
 
 
 def _message_refs(obj: dict[str, Any]) -> list[str]:
@@ -186,102 +303,261 @@ def _content_ref(obj: dict[str, Any]) -> str | None:
     return ref if obj.get("truncated") is True and isinstance(ref, str) and ref else None
 
 
-def _wanted_refs(value: Any) -> list[str]:
-    """The references :func:`_resolve` would fill in ``value``."""
-    refs: list[str] = []
-    for obj in _objects(value):
-        refs += _message_refs(obj)
-        for ref in (_tools_ref(obj), _content_ref(obj)):
-            if ref is not None:
-                refs.append(ref)
-    return refs
+def _ref_list(text: str) -> list[str] | None:
+    """The list of references a stored context list holds (``None``: it is not one)."""
+    try:
+        refs = json.loads(text)
+    except (ValueError, RecursionError):
+        return None
+    return refs if isinstance(refs, list) and all(isinstance(r, str) for r in refs) else None
 
 
 def _missing(ref: str) -> dict[str, str]:
     return {"ref": ref, "missing": MISSING}
 
 
-def _parsed(ref: str, text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return {"ref": ref, "unreadable": "the stored value is not JSON", "text": text[:CONTENT_CAP_BYTES]}
+def _omitted(ref: str) -> dict[str, str]:
+    return {"ref": ref, "omitted": OMITTED}
 
 
-def _content(ref: str, text: str) -> dict[str, Any]:
-    """``content`` (and a note if cut) of a value kept by reference: the stored text,
-    unwrapped if it is a JSON string."""
-    with contextlib.suppress(ValueError):
-        value = json.loads(text)
-        if isinstance(value, str):
-            text = value
-    data = text.encode("utf-8", "surrogatepass")
-    if len(data) <= CONTENT_CAP_BYTES:
-        return {"content": text}
-    shown = data[:CONTENT_CAP_BYTES].decode("utf-8", "ignore")
+def _too_large(ref: str, size: int) -> dict[str, str]:
     return {
-        "content": shown,
+        "ref": ref,
+        "omitted": (
+            f"the stored value is {size:,} bytes, over the {CONTENT_CAP_BYTES:,}-byte limit of one value; "
+            f"it is in Redis under {BLOB_KEY.format(ref=ref)}"
+        ),
+    }
+
+
+def _parsed(ref: str, text: str) -> tuple[Any, int]:
+    """A stored message body or tool list (at most :data:`CONTENT_CAP_BYTES`) as JSON,
+    and the size of that JSON in bytes."""
+    try:
+        value = json.loads(text)
+        return value, len(_json_bytes(value))
+    except RecursionError:
+        value = {"ref": ref, "unreadable": "the stored value is nested too deeply to show"}
+    except ValueError:
+        value = {"ref": ref, "unreadable": "the stored value is not JSON", "text": text}
+    return value, len(_json_bytes(value))
+
+
+def _content(ref: str, text: str, stored_bytes: int, *, whole: bool) -> dict[str, Any]:
+    """``content`` (and a note if cut) of a value kept by reference: the stored text,
+    unwrapped if it is a JSON string.
+
+    Args:
+        ref: its reference.
+        text: the stored text, or (``whole`` false) its first bytes.
+        stored_bytes: the size of the stored text.
+        whole: whether ``text`` is all of it.
+    """
+    if whole:
+        with contextlib.suppress(ValueError, RecursionError):
+            value = json.loads(text)
+            if isinstance(value, str):
+                text = value
+    data = text.encode("utf-8", "surrogatepass")
+    size = len(data) if whole else stored_bytes
+    if size <= CONTENT_CAP_BYTES:
+        return {"content": text}
+    return {
+        "content": data[:CONTENT_CAP_BYTES].decode("utf-8", "ignore"),
         "content_note": (
-            f"only the first {CONTENT_CAP_BYTES:,} of {len(data):,} bytes are shown; the whole value "
+            f"only the first {CONTENT_CAP_BYTES:,} of {size:,} bytes are shown; the whole value "
             f"is in Redis under {BLOB_KEY.format(ref=ref)}"
         ),
     }
 
 
-def _resolve(value: Any, found: dict[str, str]) -> None:
-    """Fill in place what the references in ``value`` stand for (see the module docstring)."""
-    # Listed first, so values filled in here are not searched again.
-    for obj in list(_objects(value)):
-        refs = _message_refs(obj)
-        if refs:
-            obj["messages"] = [_parsed(r, found[r]) if r in found else _missing(r) for r in refs]
-        tools_ref = _tools_ref(obj)
-        if tools_ref is not None:
-            obj["tools"] = _parsed(tools_ref, found[tools_ref]) if tools_ref in found else _missing(tools_ref)
-        content_ref = _content_ref(obj)
-        if content_ref is not None:
-            if content_ref in found:
-                obj.update(_content(content_ref, found[content_ref]))
-            else:
-                obj["missing"] = MISSING
-
-
-def _with_value(payload: dict[str, Any], value: Any) -> dict[str, Any]:
-    try:
-        data = json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    except UnicodeEncodeError:  # a lone surrogate (from a \ud800 escape): keep it valid UTF-8
-        data = json.dumps(value, separators=(",", ":")).encode("ascii")
+def _with_value(payload: dict[str, Any], data: bytes) -> dict[str, Any]:
     return {**payload, "data": base64.b64encode(data).decode("ascii")}
 
 
-async def _expand_context_refs(store: BlobStore, values: dict[int, Any]) -> None:
-    """Replace, in copies of ``values``, each ``context_ref`` by the ``message_refs`` list
-    it stands for (when the store has it)."""
-    wanted = [
-        obj["context_ref"]
-        for value in values.values()
-        for obj in _objects(value)
-        if isinstance(obj.get("context_ref"), str) and not obj.get("message_refs")
-    ]
-    if not wanted:
-        return
-    lists = await store.get_many(wanted)
-    for index, value in list(values.items()):
-        if not any(isinstance(o.get("context_ref"), str) and o["context_ref"] in lists for o in _objects(value)):
-            continue
-        value = copy.deepcopy(value)
+def _as_text(value: bytes | str) -> str:
+    return value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
+
+
+class _Answer:
+    """The stored values one ``/decode`` answer reads, and the room it has left.
+
+    At most :data:`_READ_CAP_BYTES` are read from Redis, and at most
+    :data:`ANSWER_CAP_BYTES` of JSON added, in the order the references come.
+
+    Args:
+        store: the content store.
+    """
+
+    def __init__(self, store: BlobStore):
+        self.store = store
+        self.used = 0
+        """Bytes of JSON added to the answer so far."""
+        self._read_left = _READ_CAP_BYTES
+        self._sizes: dict[str, int] = {}  # every reference looked up -> its stored size (0: none)
+        self._texts: dict[str, str] = {}  # read whole
+        self._prefixes: dict[str, str] = {}  # the first CONTENT_CAP_BYTES of a larger value kept by reference
+        self._bodies: dict[str, tuple[Any, int, bool]] = {}  # ref -> (shown, its JSON size, is a stored value)
+        self.lists: dict[str, list[str]] = {}
+        """Context references read -> the message references they stand for."""
+
+    async def read(self, refs: list[str], *, content_refs: set[str] | frozenset[str] = frozenset()) -> None:
+        """Look up ``refs`` (two Redis round trips) and read, in order, what can be shown:
+        a message body, tool list or context list whole if at most
+        :data:`CONTENT_CAP_BYTES`; a value kept by reference (in ``content_refs``)
+        whole, or its first :data:`CONTENT_CAP_BYTES` if the whole does not fit.
+
+        Raises:
+            redis.exceptions.RedisError: Redis cannot be read.
+        """
+        new = [ref for ref in dict.fromkeys(refs) if ref not in self._sizes]
+        redis = self.store.redis
+        if not new or redis is None:
+            self._sizes.update(dict.fromkeys(new, 0))
+            return
+        keys = {ref: BLOB_KEY.format(ref=ref) for ref in new}
+        pipe = redis.pipeline(transaction=False)
+        for ref in new:
+            pipe.strlen(keys[ref])
+        whole: list[str] = []
+        parts: list[str] = []
+        for ref, size in zip(new, await pipe.execute()):
+            self._sizes[ref] = size
+            if size and size <= self._read_left and (size <= CONTENT_CAP_BYTES or ref in content_refs):
+                whole.append(ref)
+                self._read_left -= size
+            elif size and ref in content_refs and CONTENT_CAP_BYTES <= self._read_left:
+                parts.append(ref)
+                self._read_left -= CONTENT_CAP_BYTES
+        if not whole and not parts:
+            return
+        pipe = redis.pipeline(transaction=False)
+        if whole:
+            pipe.mget([keys[ref] for ref in whole])
+        for ref in parts:
+            pipe.getrange(keys[ref], 0, CONTENT_CAP_BYTES - 1)
+        results = await pipe.execute()
+        for ref, text in zip(whole, results.pop(0) if whole else []):
+            if text is None:  # gone since it was measured
+                self._sizes[ref] = 0
+            else:
+                self._texts[ref] = _as_text(text)
+        for ref, prefix in zip(parts, results):
+            self._prefixes[ref] = prefix.decode("utf-8", "ignore") if isinstance(prefix, bytes) else prefix
+
+    async def read_contexts(self, refs: list[str]) -> None:
+        """:meth:`read` context references, and keep the lists they stand for in :attr:`lists`.
+
+        Raises:
+            redis.exceptions.RedisError: Redis cannot be read.
+        """
+        await self.read(refs)
+        for ref in dict.fromkeys(refs):
+            if ref in self._texts and (listed := _ref_list(self._texts[ref])) is not None:
+                self.lists[ref] = listed
+
+    def _fits(self, size: int) -> bool:
+        """Take ``size`` bytes for a stored value, if the room for values has them."""
+        if self.used + size > ANSWER_CAP_BYTES - _MARKER_ROOM_BYTES:
+            return False
+        self.used += size
+        return True
+
+    def _marker(self, marker: dict[str, str]) -> dict[str, str]:
+        """Take the room for ``marker``.
+
+        Raises:
+            _AnswerFull: the answer has no room left even for it.
+        """
+        self.used += len(_json_bytes(marker)) + _ENTRY_BYTES
+        if self.used > ANSWER_CAP_BYTES:
+            raise _AnswerFull
+        return marker
+
+    def _body(self, ref: str) -> Any:
+        """What stands for ``ref`` as a message body or tool list."""
+        if ref not in self._bodies:
+            size = self._sizes.get(ref, 0)
+            if size > CONTENT_CAP_BYTES:
+                self._bodies[ref] = (_too_large(ref, size), 0, False)
+            elif ref in self._texts:
+                shown, size = _parsed(ref, self._texts[ref])
+                self._bodies[ref] = (shown, size + _ENTRY_BYTES, True)
+            else:
+                self._bodies[ref] = (_omitted(ref) if size else _missing(ref), 0, False)
+        shown, size, stored = self._bodies[ref]
+        if stored and self._fits(size):
+            return shown
+        return self._marker(_omitted(ref) if stored else shown)
+
+    def _content(self, ref: str) -> dict[str, Any]:
+        """What is added to a ``{"truncated": true, "ref": ref}`` object."""
+        size = self._sizes.get(ref, 0)
+        if ref in self._texts or ref in self._prefixes:
+            whole = ref in self._texts
+            shown = _content(ref, self._texts[ref] if whole else self._prefixes[ref], size, whole=whole)
+            if self._fits(len(_json_bytes(shown)) + _ENTRY_BYTES):
+                return shown
+        return self._marker({"omitted": OMITTED} if size else {"missing": MISSING})
+
+    def wanted(self, value: Any) -> tuple[list[str], set[str]]:
+        """The references :meth:`fill` would show in ``value``, and which of them are
+        values kept by reference (the context lists already read)."""
+        refs: list[str] = []
+        content: set[str] = set()
+        for obj in _objects(value):
+            context_ref = _context_ref(obj)
+            if context_ref in self.lists and not obj.get("messages"):
+                refs += self.lists[context_ref]
+            refs += _message_refs(obj)
+            tools_ref = _tools_ref(obj)
+            if tools_ref is not None:
+                refs.append(tools_ref)
+            content_ref = _content_ref(obj)
+            if content_ref is not None:
+                refs.append(content_ref)
+                content.add(content_ref)
+        return refs, content
+
+    def fill(self, value: Any) -> bool:
+        """Fill in place what the references in ``value`` stand for (see the module
+        docstring), within the room left.
+
+        Returns:
+            Whether ``value`` has any reference to fill.
+
+        Raises:
+            _AnswerFull: even markers no longer fit.
+        """
+        found = False
+        # Listed first, so values filled in here are not searched again.
         for obj in list(_objects(value)):
-            ref = obj.get("context_ref")
-            if isinstance(ref, str) and ref in lists and not obj.get("message_refs"):
-                with contextlib.suppress(ValueError):
-                    refs = json.loads(lists[ref])
-                    if isinstance(refs, list) and all(isinstance(r, str) for r in refs):
-                        obj["message_refs"] = refs
-        values[index] = value
+            context_ref = _context_ref(obj)
+            if context_ref in self.lists:
+                found = True
+                listed = self.lists[context_ref]
+                if self._fits(len(_json_bytes(listed)) + _ENTRY_BYTES):
+                    obj["message_refs"] = listed
+                elif not obj.get("messages"):
+                    obj["messages"] = self._marker(_omitted(context_ref))
+            refs = _message_refs(obj)
+            if refs:
+                found = True
+                obj["messages"] = [self._body(ref) for ref in refs]
+            tools_ref = _tools_ref(obj)
+            if tools_ref is not None:
+                found = True
+                obj["tools"] = self._body(tools_ref)
+            content_ref = _content_ref(obj)
+            if content_ref is not None:
+                found = True
+                obj.update(self._content(content_ref))
+        return found
 
 
 async def decode_payloads(store: BlobStore, payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Decode payloads for display: references filled from ``store``, one Redis round trip.
+    """Decode payloads for display: references filled from ``store`` (four Redis round
+    trips at most), adding at most :data:`ANSWER_CAP_BYTES` of JSON in all.
 
     Args:
         store: the content store the workers write to.
@@ -290,32 +566,49 @@ async def decode_payloads(store: BlobStore, payloads: list[dict[str, Any]]) -> l
 
     Returns:
         One payload per input, in order: ``json/plain`` payloads with references filled
-        in, all others exactly as given. If the store cannot be read (Redis down), every
-        payload as given (logged).
+        in, all others exactly as given, as is one whose JSON is too deeply nested to
+        walk or write, or whose references do not fit in the answer even as markers.
+        If the store cannot be read (Redis down), every payload as given (logged).
     """
-    values: dict[int, Any] = {}
+    values: dict[int, tuple[Any, int]] = {}
     for index, payload in enumerate(payloads):
-        with contextlib.suppress(ValueError, UnicodeDecodeError, json_format.ParseError):
+        with contextlib.suppress(ValueError, RecursionError, json_format.ParseError):
             values[index] = _json_value(payload)
+    answer = _Answer(store)
     try:
-        await _expand_context_refs(store, values)
-        wanted = [ref for value in values.values() for ref in _wanted_refs(value)]
-        if not wanted:
-            return list(payloads)
-        found = await store.get_many(wanted)
+        contexts = [ref for value, _ in values.values() for obj in _objects(value) if (ref := _context_ref(obj))]
+        await answer.read_contexts(contexts)
+        wanted: list[str] = []
+        content: set[str] = set()
+        for value, _ in values.values():
+            refs, content_refs = answer.wanted(value)
+            wanted += refs
+            content |= content_refs
+        await answer.read(wanted, content_refs=content)
     except Exception as err:  # noqa: BLE001 - the UI must still show the history
         log.warning("content store unreadable (%s: %s): %d payload(s) returned undecoded", type(err).__name__, err, len(payloads))
         return list(payloads)
     decoded = list(payloads)
-    for index, value in values.items():
-        if not _wanted_refs(value):
-            continue
+    for index, (value, data_bytes) in values.items():
+        start = answer.used
         try:
-            filled = copy.deepcopy(value)
-            _resolve(filled, found)
-            decoded[index] = _with_value(payloads[index], filled)
-        except Exception:  # noqa: BLE001 - one odd payload must not blank the others
+            if not answer.fill(value):
+                continue
+            data = _json_bytes(value)
+            # Exact, as the value's own JSON may be written back longer than it came (1E9).
+            added = len(data) - data_bytes
+            if start + added > ANSWER_CAP_BYTES:
+                raise _AnswerFull
+        except _AnswerFull:
+            answer.used = start
+            log.warning("payload %d left undecoded: the answer reached its %d-byte limit", index, ANSWER_CAP_BYTES)
+            continue
+        except Exception:  # noqa: BLE001 - one odd payload (e.g. too deep to write) must not blank the others
+            answer.used = start
             log.exception("payload %d left undecoded", index)
+            continue
+        answer.used = start + max(added, 0)
+        decoded[index] = _with_value(payloads[index], data)
     return decoded
 
 
@@ -338,9 +631,9 @@ def create_app(store: BlobStore, *, ui_origins: list[str]) -> Starlette:
 
     async def decode(request: Request) -> JSONResponse:
         try:
-            payloads = _parse_body(await request.body())
+            payloads = await _payloads_of(request)
         except _BadRequest as err:
-            return JSONResponse({"error": str(err)}, status_code=400)
+            return JSONResponse({"error": str(err)}, status_code=err.status_code)
         try:
             decoded = await decode_payloads(store, payloads)
         except Exception:  # noqa: BLE001 - a 500 would blank the Web UI
@@ -351,9 +644,9 @@ def create_app(store: BlobStore, *, ui_origins: list[str]) -> Starlette:
     async def encode(request: Request) -> JSONResponse:
         # Hermes writes plain JSON payloads: what the UI or CLI sends is what the server stores.
         try:
-            payloads = _parse_body(await request.body())
+            payloads = await _payloads_of(request)
         except _BadRequest as err:
-            return JSONResponse({"error": str(err)}, status_code=400)
+            return JSONResponse({"error": str(err)}, status_code=err.status_code)
         return JSONResponse({"payloads": payloads})
 
     routes = [

@@ -247,6 +247,9 @@ class SummarizeInput(BaseModel):
 
     session_id: str
     message_refs: list[str]
+    message_turns: list[int] = Field(default_factory=list)
+    """The turn of each referenced message: a summary whose input had to be cut covers
+    only the whole turns it was shown (``Summary.upto_turn``)."""
     previous_summary: str = ""
     upto_turn: int
     max_tokens: int = 800

@@ -40,6 +40,9 @@ GET_PENDING_APPROVALS = "get_pending_approvals"
 GET_TRACE = "get_trace"
 GET_MESSAGE_BODIES = "get_message_bodies"
 """Bodies by content reference, for an activity whose content-store read missed."""
+GET_MODEL_CONTEXT = "get_model_context"
+"""The message references of the model call in flight (turn, step), for an activity whose
+context reference the session no longer knows (it was rebuilt from history)."""
 
 # Search attributes (registered by `hermes dev` and by the test fixtures).
 SA_USER_ID = SearchAttributeKey.for_keyword("HermesUserId")

@@ -8,6 +8,7 @@ real session whose workflow history is decoded.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import uuid
@@ -22,8 +23,16 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from hermes import names
-from hermes.blobs import BlobStore, body_json, message_ref, value_ref
-from hermes.codec_server import CONTENT_CAP_BYTES, MISSING, default_ui_origins, running_codec_server
+from hermes.blobs import BLOB_KEY, BlobStore, body_json, message_ref, value_ref
+from hermes.codec_server import (
+    ANSWER_CAP_BYTES,
+    BODY_CAP_BYTES,
+    CONTENT_CAP_BYTES,
+    MISSING,
+    OMITTED,
+    default_ui_origins,
+    running_codec_server,
+)
 from hermes.models import CallModelInput, Message, ToolSpec
 from hermes.stack import EmbeddedStack, free_port
 from worker import connect_redis
@@ -43,6 +52,16 @@ def b64(data: bytes) -> str:
 
 def data_of(payload: dict[str, Any]) -> Any:
     return json.loads(base64.b64decode(payload["data"]))
+
+
+def json_payload(data: bytes) -> dict[str, Any]:
+    """A ``json/plain`` payload carrying ``data`` as it is (any bytes, valid JSON or not)."""
+    return {"metadata": {"encoding": b64(b"json/plain")}, "data": b64(data)}
+
+
+def added_bytes(as_sent: list[dict[str, Any]], decoded: list[dict[str, Any]]) -> int:
+    """How many bytes of data the answer has beyond what was sent (before base64)."""
+    return sum(len(base64.b64decode(d.get("data", ""))) - len(base64.b64decode(s.get("data", ""))) for s, d in zip(as_sent, decoded))
 
 
 def messages(*texts: str) -> list[Message]:
@@ -203,6 +222,8 @@ async def test_encode_returns_the_payloads_unchanged(codec, store):
         (b'{"payloads": {"data": ""}}', '"payloads" must be a list'),
         (b'{"payloads": ["e30="]}', "payloads[0] must be an object"),
         (b'{"payloads": [{"data": "e30="}, {"metadata": "json/plain"}]}', "payloads[1] is not a Temporal Payload"),
+        (b'{"payloads": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested too deeply to parse"),
+        (b'{"payloads": [{"data": "e30=", "x": ' + b"[" * 900 + b"]" * 900 + b"}]}", "payloads[0] is nested more than"),
     ],
 )
 async def test_a_malformed_body_is_refused_with_400_naming_the_problem(codec, body, named):
@@ -210,6 +231,143 @@ async def test_a_malformed_body_is_refused_with_400_naming_the_problem(codec, bo
         response = await codec.post(path, content=body, headers={"content-type": "application/json"})
         assert response.status_code == 400
         assert named in response.json()["error"]
+
+
+async def test_past_the_answer_cap_each_kind_of_reference_is_shown_as_omitted(codec, store):
+    tag = uuid.uuid4().hex
+    (big,) = messages("x" * 900_000)  # under the cap of one value; a few fill the answer's
+    (big_ref,) = await store_messages(store, [big])
+    (small_ref,) = await store_messages(store, messages("small"))
+    tools_ref = await store_tools(store, [{"name": f"t_{tag}", "description": "d" * 900_000, "parameters": {}}])
+    content = f"{tag} " + "c" * 900_000
+    content_ref = value_ref(content)
+    context = [f"m:{i:032x}" for i in range(25_000)]  # a 975 KB list of references
+    context_ref = value_ref(context)
+    await store.put_many({content_ref: content, context_ref: json.dumps(context)})
+    as_sent = [
+        wire({"message_refs": [big_ref] * 200}),  # 8 KB asking for 180 MB
+        wire({"tools_ref": tools_ref}),
+        wire({"truncated": True, "ref": content_ref}),
+        wire({"context_ref": context_ref}),
+        wire({"message_refs": [small_ref]}),
+    ]
+
+    decoded = await decode(codec, as_sent)
+
+    assert added_bytes(as_sent, decoded) <= ANSWER_CAP_BYTES
+    shown = data_of(decoded[0])["messages"]
+    assert len(shown) == 200
+    body = json.loads(body_json(big))
+    count = shown.index({"ref": big_ref, "omitted": OMITTED})
+    assert count >= 2 and shown[:count] == [body] * count
+    assert shown[count:] == [{"ref": big_ref, "omitted": OMITTED}] * (200 - count)
+    assert data_of(decoded[1])["tools"] == {"ref": tools_ref, "omitted": OMITTED}
+    assert data_of(decoded[2]) == {"truncated": True, "ref": content_ref, "omitted": OMITTED}
+    assert data_of(decoded[3]) == {"context_ref": context_ref, "messages": {"ref": context_ref, "omitted": OMITTED}}
+    # A small value still fits after a large one did not.
+    assert data_of(decoded[4])["messages"][0]["content"].startswith("small")
+
+
+async def test_a_message_body_or_tool_list_over_the_value_cap_is_shown_as_omitted_with_its_size(codec, store):
+    (huge,) = messages("h" * CONTENT_CAP_BYTES)
+    (huge_ref,) = await store_messages(store, [huge])
+    huge_tools = [{"name": f"t_{uuid.uuid4().hex}", "description": "d" * CONTENT_CAP_BYTES, "parameters": {}}]
+    tools_ref = await store_tools(store, huge_tools)
+
+    (decoded,) = await decode(codec, [wire({"message_refs": [huge_ref], "tools_ref": tools_ref})])
+
+    value = data_of(decoded)
+    for ref, shown, size in [
+        (huge_ref, value["messages"][0], len(body_json(huge).encode())),
+        (tools_ref, value["tools"], len(json.dumps(huge_tools))),
+    ]:
+        assert set(shown) == {"ref", "omitted"} and shown["ref"] == ref
+        assert f"{size:,} bytes" in shown["omitted"] and BLOB_KEY.format(ref=ref) in shown["omitted"]
+
+
+async def test_a_value_kept_by_reference_too_large_to_read_whole_is_shown_from_its_first_bytes(codec, store):
+    text = "é" * 8_500_000  # 17 MB stored, more than one answer reads
+    ref = value_ref(f"huge {uuid.uuid4()}")
+    await store.put_many({ref: text})
+    try:
+        (decoded,) = await decode(codec, [wire({"truncated": True, "ref": ref})])
+    finally:
+        await store.redis.delete(BLOB_KEY.format(ref=ref))
+
+    value = data_of(decoded)
+    assert value["content"] == "é" * (CONTENT_CAP_BYTES // 2)
+    assert f"{CONTENT_CAP_BYTES:,} of {2 * len(text):,} bytes" in value["content_note"]
+
+
+async def test_a_payload_whose_references_do_not_fit_even_as_markers_comes_back_as_it_came(codec, store):
+    refs = await store_messages(store, messages("still shown"))
+    unknown = [f"m:{i:032x}" for i in range(60_000)]  # 60,000 missing markers: past the cap
+    as_sent = [wire({"message_refs": unknown}), wire({"message_refs": refs})]
+
+    decoded = await decode(codec, as_sent)
+
+    assert decoded[0] == as_sent[0]
+    assert data_of(decoded[1])["messages"][0]["content"].startswith("still shown")
+
+
+async def test_a_payload_whose_json_would_be_written_back_past_the_cap_comes_back_as_it_came(codec, store):
+    # 1E15 is written back as 1000000000000000.0: 4.5 times longer.
+    data = b'{"tools_ref": "%s", "n": [' % value_ref(tool_list()).encode() + b",".join([b"1E15"] * 1_000_000) + b"]}"
+    as_sent = [json_payload(data)]
+
+    assert await decode(codec, as_sent) == as_sent
+
+
+async def test_json_too_deep_to_walk_or_write_comes_back_unchanged_and_a_deep_stored_body_is_flagged(codec, store):
+    deep_ref = f"m:{uuid.uuid4().hex}"
+    await store.put_many({deep_ref: "[" * 5_000 + "]" * 5_000})
+    as_sent = [
+        json_payload(b'{"message_refs": ["%s"], "d": ' % deep_ref.encode() + b"[" * 50_000 + b"]" * 50_000 + b"}"),
+        json_payload(b'{"tools_ref": "%s", "d": ' % deep_ref.encode() + b"[" * 990 + b"]" * 990 + b"}"),
+        json_payload(b"\xff\xfe not UTF-8"),
+        wire({"message_refs": [deep_ref]}),
+    ]
+
+    decoded = await decode(codec, as_sent)
+
+    assert decoded[:3] == as_sent[:3]
+    assert data_of(decoded[3])["messages"] == [{"ref": deep_ref, "unreadable": "the stored value is nested too deeply to show"}]
+
+
+async def http_exchange(url: str, head: bytes, chunks: list[bytes]) -> tuple[int, dict[str, Any]]:
+    """Send ``head`` and ``chunks`` on a raw connection; the status and JSON body of the answer."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head)
+        for chunk in chunks:
+            writer.write(chunk)
+            await writer.drain()
+        headers = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+        status = int(headers.split(b" ", 2)[1])
+        length = next(int(line.split(b":")[1]) for line in headers.lower().split(b"\r\n") if line.startswith(b"content-length:"))
+        body = await asyncio.wait_for(reader.readexactly(length), 30)
+    finally:
+        writer.close()
+    return status, json.loads(body)
+
+
+async def test_a_request_body_over_the_size_limit_is_refused_with_413_without_reading_it(codec):
+    url = str(codec.base_url).rstrip("/")
+    for path in ("/decode", "/default/encode"):
+        # Declared too large: answered at once, though no byte of the body is sent.
+        head = f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        status, answer = await http_exchange(url, f"{head}Content-Length: {BODY_CAP_BYTES + 1}\r\n\r\n".encode(), [])
+        assert status == 413 and f"{BODY_CAP_BYTES:,}-byte limit" in answer["error"]
+
+        # Chunked, with no length: refused once what was sent passes the limit.
+        piece = b" " * 1_000_000
+        chunks = [b"%x\r\n%s\r\n" % (len(piece), piece)] * (BODY_CAP_BYTES // len(piece)) + [b"1\r\n \r\n"]
+        status, answer = await http_exchange(url, f"{head}Transfer-Encoding: chunked\r\n\r\n".encode(), chunks)
+        assert status == 413 and f"{BODY_CAP_BYTES:,}-byte limit" in answer["error"]
+
+    # The server still answers.
+    assert (await codec.post("/encode", json={"payloads": []})).json() == {"payloads": []}
 
 
 # --------------------------------------------------------------------------- CORS

@@ -847,11 +847,13 @@ async def test_a_system_prompt_signal_during_a_tool_call_applies_from_the_next_m
     assert all(p.encode() == NEW_PROMPT.encode() for *_, p in model.system[2:])
 
 
+@pytest.mark.parametrize("redis_copy", [True, False], ids=["snapshot-in-redis", "snapshot-only-in-the-result"])
 async def test_a_session_archived_after_a_short_idle_time_resumes_on_the_next_message_with_its_transcript(
-    run_worker, session_id, temporal_client, redis
+    run_worker, session_id, temporal_client, redis, redis_copy
 ):
     # The same lifecycle on the real dev server, with timers short enough to pass in
-    # seconds of wall time (waited for by polling, never slept).
+    # seconds of wall time (waited for by polling, never slept). Without the Redis copy
+    # the snapshot comes from the final run's result.
     config = SessionConfig(idle_after_seconds=1, archive_after_seconds=2)
     async with run_worker(Echo(), config=config) as hermes:
         assert (await hermes.send_message(session_id, "hello")).reply == "echo: hello"
@@ -864,6 +866,8 @@ async def test_a_session_archived_after_a_short_idle_time_resumes_on_the_next_me
         final = await temporal_client.get_workflow_handle(session_id, result_type=SessionState).result()
         assert final.status == "archived" and final.snapshot is not None
         assert await redis.exists(SNAPSHOT_KEY.format(session_id=session_id))
+        if not redis_copy:
+            await redis.delete(SNAPSHOT_KEY.format(session_id=session_id))
 
         await _resumes_with_its_transcript(hermes, session_id, final)
 
@@ -886,3 +890,41 @@ async def test_one_message_larger_than_the_providers_window_does_not_stop_the_se
         assert len(model.calls) < 14  # one compaction and one retry per refusal, no loop
         transcript = await hermes.get_transcript(session_id)
         assert huge in [m.content for m in transcript]  # kept in the session, only summarised for the model
+
+
+class SlowSummaries:
+    """Answers at once; a summary request waits until :attr:`release` is set."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.release = asyncio.Event()
+        self.summaries_started = 0
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        if request.purpose == "summary":
+            self.summaries_started += 1
+            await asyncio.wait_for(self.release.wait(), 60)
+            return summary_result(request)
+        return reply_result(f"ok {request.turn}", request)
+
+
+async def test_a_slow_summary_never_holds_up_a_continue_as_new_or_the_messages_behind_it(run_worker, session_id):
+    config = SessionConfig(
+        context_history_turns=1, summary_every_turns=1, context_recent_messages=2, max_updates_per_run=4
+    )
+    model = SlowSummaries()
+    async with run_worker(model, config=config) as hermes:
+        for n in range(1, 5):
+            assert (await hermes.send_message(session_id, f"m{n}")).reply == f"ok {n}"
+        assert model.summaries_started >= 1
+        # The run is due to continue as new while a summary is still running: after a
+        # 5 s grace it is cancelled (the next run summarises again) and the message taken.
+        started = time.monotonic()
+        fifth = await hermes.send_message(session_id, "m5", busy_timeout_seconds=30)
+        assert fifth.reply == "ok 5" and time.monotonic() - started < 12
+        state = await hermes.get_state(session_id)
+        assert state.run_index >= 1 and state.turn_count == 5
+        model.release.set()
+        transcript = await hermes.get_transcript(session_id)
+        assert [m.content for m in transcript if m.role == "user"] == [f"m{n}" for n in range(1, 6)]

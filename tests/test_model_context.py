@@ -86,3 +86,45 @@ async def test_an_empty_model_answer_is_reported_plainly_not_as_an_empty_reply(r
         assert result.reply.startswith("The model returned an empty answer")
         transcript = await hermes.get_transcript(session_id)
         assert [(m.role, m.internal) for m in transcript] == [("user", False), ("assistant", False), ("assistant", True)]
+
+
+class _SessionAnswering:
+    """Stands for a session rebuilt from history: it no longer knows the recorded context
+    reference, but has the model call in flight (``get_model_context``)."""
+
+    def __init__(self, bodies: dict[str, str], refs: list[str]) -> None:
+        self.bodies, self.refs = bodies, refs
+        self.queries: list[str] = []
+
+    def get_workflow_handle(self, session_id: str) -> "_SessionAnswering":
+        return self
+
+    async def query(self, name: str, arg=None, *, args=(), result_type=None):  # noqa: ANN001
+        from hermes import names
+
+        self.queries.append(name)
+        if name == names.GET_MODEL_CONTEXT:
+            return self.refs if list(args) == [3, 1] else None
+        return {r: self.bodies[r] for r in (arg or []) if r in self.bodies}
+
+
+async def test_a_model_call_whose_recorded_context_the_session_no_longer_knows_gets_the_current_one():
+    import pytest
+    from temporalio.exceptions import ApplicationError
+
+    from activities.model import ModelActivities
+    from hermes.blobs import BlobStore, body_json, message_ref
+
+    messages = [Message(role="system", content="be brief"), Message(role="user", content="question 3")]
+    bodies = {message_ref(m): body_json(m) for m in messages}
+    session = _SessionAnswering(bodies, list(bodies))
+    model = FailsOnceThenRecords()
+    model.calls.append([])  # no refusal: answer at once
+    activities = ModelActivities(model, store=BlobStore(None), client=session)
+    request = CallModelInput(session_id="s", turn=3, step=1, context_ref="b:" + "0" * 32)
+    result = await activities.call_model(request)
+    assert result.message.content == "answered"
+    assert [m.content for m in model.calls[-1]] == ["be brief", "question 3"]
+    # another step's context is never taken for this one
+    with pytest.raises(ApplicationError, match="not in the content store or the session"):
+        await activities.call_model(request.model_copy(update={"step": 2}))

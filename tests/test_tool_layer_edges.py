@@ -748,3 +748,49 @@ def test_hermes_approvals_with_a_bad_setting_says_which_variable_in_one_line(tmp
     assert done.returncode != 0
     assert "Traceback" not in done.stderr, done.stderr[-800:]
     assert "temporal_port" in done.stderr.lower()
+
+
+class DeepOnFirstTurn:
+    """Turn 1 calls ``deep``; every turn then answers ``answer <turn>``."""
+
+    name = "test"
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        last_user = max(i for i, m in enumerate(request.messages) if m.role == "user")
+        if request.turn == 1 and not any(m.role == "tool" for m in request.messages[last_user:]):
+            return CallModelResult(message=Message(role="assistant", tool_calls=[call("deep", "deep_1")]), provider=self.name)
+        return CallModelResult(message=Message(role="assistant", content=f"answer {request.turn}"), provider=self.name)
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "not-idempotent"])
+@pytest.mark.parametrize("depth", [150, 195, 198, 220, 500])
+async def test_a_tool_result_nested_too_deep_to_decode_is_kept_as_a_preview_and_the_session_goes_on(
+    run_worker, session_id, depth, idempotent
+):
+    registry = register_builtins(ToolRegistry())
+
+    def deep() -> Any:
+        """Return data nested very deep.
+
+        Args: none.
+        """
+        data: Any = {"leaf": 1}
+        for _ in range(depth):
+            data = [data] if depth % 2 else {"a": data}
+        return data
+
+    registry.register(deep, idempotent=idempotent)
+    # max_updates_per_run=2: the state (with the cached reply) is carried across
+    # continue-as-new, seven levels deeper than the tool's data.
+    async with run_worker(DeepOnFirstTurn(), registry=registry, config=SessionConfig(max_updates_per_run=2)) as hermes:
+        first = await bounded(hermes.send_message(session_id, "call it"))
+        (record,) = first.tool_calls
+        assert record.result.ok
+        data = record.result.data
+        # Kept as a preview (or, past Python's own recursion limit, marked unserializable).
+        assert data.get("truncated") is True or data.get("unserializable") is True
+        assert "nested deeper than 64 levels" in data["reason"] or "RecursionError" in data["reason"]
+        for turn in range(2, 5):
+            assert (await bounded(hermes.send_message(session_id, f"message {turn}"))).reply == f"answer {turn}"
+        state = await hermes.get_state(session_id)
+        assert state.run_index >= 1 and state.turn_count == 4

@@ -161,6 +161,8 @@ _PATCH_STOP_ON_CLOSE = "stop-turn-on-close"
 """A close signal stops the running turn at the next tool call or model step."""
 _PATCH_TOOL_LAYER_V2 = "tool-layer-v2"
 """Checks a gated call before asking, and asks for a whole step's approvals at once."""
+_SUMMARY_GRACE = timedelta(seconds=5)
+"""How long continue-as-new, close or archive wait for a running summary before cancelling it."""
 _PATCH_BOUNDED_CONTEXT = "bounded-context"
 """Token-budgeted layered context, running summaries, forced compaction, idle and
 archive timers, and the history-size budget (issue 5)."""
@@ -210,6 +212,7 @@ class SessionWorkflow:
         """Bodies of what a context adds around the transcript (system prompt, summary,
         memories) and of offered tool lists, by reference, for ``get_message_bodies``."""
         self._context_tokens = 0
+        self._inflight_context: tuple[int, int, list[str]] | None = None
         self._tool_lists: dict[tuple[Any, ...], tuple[str, int]] = {}
         self._tools_generation = 0
         self._listing: tuple[str, dict[str, ToolSpec], list[Any]] | None = None
@@ -219,6 +222,7 @@ class SessionWorkflow:
         self._idle_marked = carry.status == "idle"
         self._archived_state = False
         self._summarizing = False
+        self._summary_task: asyncio.Task[None] | None = None
         self._lifecycle_not_before = self._created_at
 
         self._status = "active"
@@ -349,14 +353,22 @@ class SessionWorkflow:
             return None
         snapshot = self._carry()
         snapshot.status = "archived"
-        await workflow.execute_activity(
-            names.SAVE_SNAPSHOT,
-            SnapshotInput(session_id=self._inp.session_id, carry=snapshot),
-            start_to_close_timeout=timedelta(seconds=30),
-            # Until it is written: the run never ends without its snapshot.
-            retry_policy=RetryPolicy(maximum_interval=timedelta(minutes=5), maximum_attempts=0),
-            summary="session snapshot",
-        )
+        try:
+            await workflow.execute_activity(
+                names.SAVE_SNAPSHOT,
+                SnapshotInput(session_id=self._inp.session_id, carry=snapshot),
+                start_to_close_timeout=timedelta(seconds=30),
+                # A few seconds at most: messages wait (busy) while the run drains.
+                retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2), maximum_attempts=3),
+                summary="session snapshot",
+            )
+        except ActivityError:
+            # Redis is down: stay open (taking messages) and try again later, rather than
+            # end without the snapshot's second copy.
+            workflow.logger.warning("session snapshot not written; archiving again in 10 minutes")
+            self._draining = False
+            self._lifecycle_not_before = workflow.now() + timedelta(minutes=10)
+            return None
         self._archived_state = True
         workflow.upsert_search_attributes([names.SA_STATUS.value_set("archived")])
         self._schedule_index_update()
@@ -392,6 +404,13 @@ class SessionWorkflow:
                 break
             remaining -= sum(sizes[cut:boundary])
             cut = boundary
+        if cut and self._patched(_PATCH_BOUNDED_CONTEXT):
+            # Turns leaving the state leave the model's context too: fold them into the
+            # summary first, so nothing disappears from what the model knows. (If the
+            # summary fails they are archived anyway: the payload limit leaves no choice.)
+            last = self._messages[cut - 1].turn
+            if last > (self._summary.upto_turn if self._summary else 0):
+                await self._summarize(self._turn_count, last)
         archived_upto = 0
         try:
             while archived_upto < cut:
@@ -496,6 +515,24 @@ class SessionWorkflow:
         )
 
     async def _drain_background(self) -> None:
+        """Wait for the background writes, and for a running summary at most
+        ``_SUMMARY_GRACE``: then it is cancelled (the next run summarises again), so
+        continue-as-new, close and archive never wait long on a model call."""
+        task = self._summary_task
+        if task is not None and not task.done():
+            try:
+                await workflow.wait_condition(task.done, timeout=_SUMMARY_GRACE, timeout_summary="summary to finish")
+            except asyncio.TimeoutError:
+                pass
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            try:
+                await task
+            except (asyncio.CancelledError, ActivityError):
+                pass
+        self._summary_task = None
+        self._summarizing = False
         while self._background:
             task = self._background.pop()
             await task
@@ -698,6 +735,17 @@ class SessionWorkflow:
     def get_trace(self) -> list[TraceStep]:
         return self._trace
 
+    @workflow.query(name=names.GET_MODEL_CONTEXT)
+    def get_model_context(self, turn: int, step: int) -> list[str] | None:
+        """The message references of the model call of ``turn`` and ``step``, if it is the
+        one in flight. A copy of the session rebuilt from history (after a cache eviction
+        or a worker restart) may have built that context a little differently from the
+        recorded input (a summary or signal that arrived during a local activity applies
+        a task earlier or later); the activity then sends this one, equally valid."""
+        if self._inflight_context is None or self._inflight_context[:2] != (turn, step):
+            return None
+        return self._inflight_context[2]
+
     @workflow.query(name=names.GET_MESSAGE_BODIES)
     def get_message_bodies(self, refs: list[str]) -> dict[str, str]:
         """Bodies (:func:`hermes.blobs.body_json`) of the referenced messages and tool
@@ -887,7 +935,7 @@ class SessionWorkflow:
         if upto is not None:
             # Not blocking the reply: the summary runs while the user reads it.
             self._summarizing = True
-            self._background.append(asyncio.create_task(self._summarize_in_background(turn, upto)))
+            self._summary_task = asyncio.create_task(self._summarize_in_background(turn, upto))
         return TurnResult(
             session_id=self._inp.session_id,
             turn=turn,
@@ -1093,6 +1141,7 @@ class SessionWorkflow:
         refs_json = json.dumps(refs)
         context_ref = value_ref(refs)
         self._synthetic[context_ref] = refs_json
+        self._inflight_context = (turn, step, refs)
         return CallModelInput(
             session_id=self._inp.session_id,
             turn=turn,
@@ -1187,12 +1236,12 @@ class SessionWorkflow:
 
     # ------------------------------------------------------------ summaries
 
-    def _fold_refs(self, after_turn: int, upto_turn: int) -> list[str]:
-        return [
-            m.ref
-            for m in self._messages
-            if after_turn < m.turn <= upto_turn and not m.internal and m.ref is not None
+    def _fold_refs(self, after_turn: int, upto_turn: int) -> tuple[list[str], list[int]]:
+        """References and turns of the messages of turns ``after_turn + 1 .. upto_turn``."""
+        folded = [
+            m for m in self._messages if after_turn < m.turn <= upto_turn and not m.internal and m.ref is not None
         ]
+        return [m.ref for m in folded if m.ref is not None], [m.turn for m in folded]
 
     def _summary_due(self, turn: int) -> int | None:
         """The turn a summary should now cover up to, or None (DESIGN.md: at most once
@@ -1211,10 +1260,11 @@ class SessionWorkflow:
         is retried after ``summary_retry_turns`` turns.
 
         Returns:
-            Whether the summary now covers ``upto``.
+            Whether the summary now covers more turns than before (all of them up to
+            ``upto``, or as many whole turns as its input budget took).
         """
         covered = self._summary.upto_turn if self._summary else 0
-        refs = self._fold_refs(covered, upto)
+        refs, turns = self._fold_refs(covered, upto)
         if not refs:
             return False
         self._summarizing = True
@@ -1226,6 +1276,7 @@ class SessionWorkflow:
                 SummarizeInput(
                     session_id=self._inp.session_id,
                     message_refs=refs,
+                    message_turns=turns,
                     previous_summary=self._summary.text if self._summary else "",
                     upto_turn=upto,
                     max_tokens=self._cfg.summary_max_tokens,
@@ -1254,11 +1305,12 @@ class SessionWorkflow:
             self._summary_retry_turn = self._turn_count + self._cfg.summary_retry_turns
             self._add_trace(turn, "summary", started, status="empty")
             return False
-        if self._summary is None or summary.upto_turn > self._summary.upto_turn:
+        advanced = self._summary is None or summary.upto_turn > self._summary.upto_turn
+        if advanced:
             self._summary = summary.model_copy(update={"created_at": workflow.now()})
             self._last_summary_turn = turn
         self._add_trace(turn, "summary", started, tokens=summary.tokens)
-        return True
+        return advanced
 
     async def _summarize_in_background(self, turn: int, upto: int) -> None:
         self._summarizing = False
