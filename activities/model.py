@@ -42,7 +42,7 @@ SUMMARY_INSTRUCTION = (
 def _refuse_deep_arguments(result: CallModelResult) -> CallModelResult:
     """``result`` with each tool call nested deeper than ``MAX_NESTING`` turned into an
     arguments error (a code-1 result): the workflow decodes this payload with pydantic,
-    whose JSON parser stops at about 250 levels, and a payload it cannot decode fails
+    whose JSON parser stops at 200 levels, and a payload it cannot decode fails
     every workflow task of the session."""
     calls = result.message.tool_calls
     if not any(_nesting(c.arguments, MAX_NESTING) > MAX_NESTING for c in calls):

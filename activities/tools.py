@@ -45,6 +45,18 @@ STORED_PREVIEW_CHARS = 4000
 _STORED_RESULT_MAX_CHARS = 12_000
 """Largest JSON of a result kept by reference, in characters: the session hands tool
 results up to 16,000 characters to the model whole, so the reference stays readable."""
+MAX_RESULT_NESTING = MAX_NESTING
+"""Deepest nesting of lists and objects in the data of a result leaving ``run_tool`` (64,
+as for arguments); deeper data is replaced by a preview (:func:`shallow_result`).
+
+Pydantic's JSON parser refuses input nested deeper than 200 levels (its serializer 255),
+and the session decodes this data inside bigger payloads: the activity result
+(``ToolResult``: 1 level more), a composite tool's result (``{"steps", "result"}``: 1
+more), the reply to the client (``TurnResult.tool_calls[i].result``: 3 more) and the state
+carried across continue-as-new (7 more). 64 + 1 + 1 + 7 = 73 leaves more than 120 levels
+of headroom; one payload the parser refuses fails every workflow task of the session."""
+TRUNCATED_PREVIEW_CHARS = 4000
+"""Characters of JSON text kept as the preview of data nested too deeply."""
 
 
 def idempotency_key(call_key: str) -> str:
@@ -161,28 +173,74 @@ def failure_result(err: BaseException, *, in_check: bool = False) -> ToolResult:
     else:
         code, data = ToolResultCode.DEPENDENCY_UNAVAILABLE, None
         text = f"{type(err).__name__}: {text}"
-    data = to_jsonable_python(data, fallback=str, bytes_mode="base64")
-    return ToolResult(code=code, message=_scrub_surrogates(text[:_MAX_MESSAGE_CHARS]), data=data)
+    # (to_tool_result makes the data JSON-safe and shallow: a ToolFailure's data may be
+    # nested past the serializer's limit, and a check's result leaves run_tool as it is.)
+    return to_tool_result(ToolResult(code=code, message=text[:_MAX_MESSAGE_CHARS], data=data))
 
 
 def shallow_result(result: ToolResult) -> ToolResult:
     """``result`` with its data replaced by a preview when it is nested deeper than
-    ``MAX_NESTING`` (64) levels. The workflow, the reply and the state carried across
-    continue-as-new decode this data with pydantic, whose JSON parser stops at about 200
-    levels (the reply adds 3, the carried state 7): a deeper result would fail every
-    workflow task of the session."""
-    if _nesting(result.data, MAX_NESTING) <= MAX_NESTING:
+    ``MAX_RESULT_NESTING`` levels (see there for why; code and message are kept).
+
+    Returns:
+        ``result`` itself when shallow enough; else a copy whose ``data`` is
+        ``{"truncated": True, "reason": "nested deeper than 64 levels", "preview": <the
+        first TRUNCATED_PREVIEW_CHARS characters of its JSON text>}``.
+    """
+    if _nesting(result.data, MAX_RESULT_NESTING) <= MAX_RESULT_NESTING:
         return result
-    try:
-        preview = json.dumps(result.data, ensure_ascii=False, default=str)[:4000]
-    except (ValueError, RecursionError):
-        preview = "(too deeply nested to show)"
-    return result.model_copy(
-        update={
-            "message": f"{result.message[:500]} (the data was nested deeper than {MAX_NESTING} levels; a preview is kept)",
-            "data": {"truncated": True, "reason": f"nested deeper than {MAX_NESTING} levels", "preview": preview},
-        }
-    )
+    preview = _scrub_surrogates(_json_preview(result.data, TRUNCATED_PREVIEW_CHARS))
+    reason = f"nested deeper than {MAX_RESULT_NESTING} levels"
+    return result.model_copy(update={"data": {"truncated": True, "reason": reason, "preview": preview}})
+
+
+_END = object()
+
+
+def _json_preview(value: Any, max_chars: int) -> str:
+    """The first ``max_chars`` characters of the JSON text of ``value``, written without
+    recursion: any depth (or a cycle) costs only ``max_chars``. Values JSON cannot carry
+    are written as the JSON string of their ``str``."""
+    parts: list[str] = []
+    size = 0
+    frames: list[list[Any]] = []  # [iterator, closing bracket, is an object, first member]
+    item, pending = value, True
+    while size < max_chars:
+        if pending:
+            pending = False
+            if isinstance(item, dict):
+                text = "{"
+                frames.append([iter(item.items()), "}", True, True])
+            elif isinstance(item, (list, tuple, set, frozenset)):
+                text = "["
+                frames.append([iter(item), "]", False, True])
+            elif item is None or isinstance(item, (bool, int, float)):
+                try:
+                    text = json.dumps(item)
+                except ValueError:  # an int past Python's digit limit
+                    text = json.dumps(f"<int of {item.bit_length()} bits>")
+            else:
+                text = json.dumps((item if isinstance(item, str) else str(item))[:max_chars], ensure_ascii=False)
+        elif not frames:
+            break
+        else:
+            frame = frames[-1]
+            member = next(frame[0], _END)
+            if member is _END:
+                frames.pop()
+                text = frame[1]
+            else:
+                text = "" if frame[3] else ", "
+                frame[3] = False
+                if frame[2]:
+                    key, item = member
+                    text += json.dumps(key if isinstance(key, str) else str(key), ensure_ascii=False) + ": "
+                else:
+                    item = member
+                pending = True
+        parts.append(text[: max_chars - size + 1])
+        size += len(parts[-1])
+    return "".join(parts)[:max_chars]
 
 
 def to_tool_result(value: Any) -> ToolResult:
@@ -194,6 +252,8 @@ def to_tool_result(value: Any) -> ToolResult:
     """
     if not isinstance(value, ToolResult):
         value = ToolResult(data=value)
+    # Deep data never reaches the serializer (it stops at 255 levels): kept as a preview.
+    value = shallow_result(value)
     message = str(value.message)
     if len(message) > _MAX_MESSAGE_CHARS:
         message = message[:_MAX_MESSAGE_CHARS] + "..."
@@ -371,6 +431,13 @@ class ToolActivities:
             ApplicationError: a retry-safe (idempotent or keyed) tool raised; Temporal
                 retries it and the workflow reports the final failure as code 2.
         """
+        # The one exit of every path (early answers, Python, HTTP and MCP tools, the
+        # exactly-once ledger's stored results): nested at most MAX_RESULT_NESTING levels
+        # and at most max_result_bytes, or the session could not decode it.
+        return await self.bounded(await self._run_tool(request))
+
+    async def _run_tool(self, request: RunToolInput) -> ToolResult:
+        """:meth:`run_tool` before :meth:`bounded`."""
         prepared = await self._prepare(request)
         if isinstance(prepared, ToolResult):
             return prepared
@@ -379,7 +446,7 @@ class ToolActivities:
             try:
                 value = await self._with_heartbeat(tool.invoke(arguments, context))
             except ToolFailure as err:
-                return await self.bounded(failure_result(err))
+                return failure_result(err)
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
                 # An endpoint's Retry-After (HTTP tools: 429/503) paces the next attempt, capped
                 # so that the three attempts stay within the turn's patience.
@@ -388,7 +455,7 @@ class ToolActivities:
                 raise ApplicationError(
                     f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__, next_retry_delay=delay
                 ) from err
-            return await self.bounded(to_tool_result(value))
+            return to_tool_result(value)
         return await self._run_at_most_once(request, tool, arguments, context)
 
     async def _run_at_most_once(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
@@ -423,7 +490,8 @@ class ToolActivities:
             # (KeyboardInterrupt / SystemExit raised by tool code, not by this process:
             # recorded as the tool's failure, never left looking like a crashed worker.)
             result = failure_result(err)
-        # (Outside the try: storing a large result never turns a done call into a failure.)
+        # (Outside the try: storing a large result never turns a done call into a failure.
+        # Bounded before it is recorded, so that a replay returns the same decodable result.)
         result = await self.bounded(result)
         await self.redis.set(
             key, json.dumps({"state": "done", "result": result.model_dump(mode="json")}), ex=IDEMPOTENCY_TTL_SECONDS

@@ -25,15 +25,17 @@ from typing import Any, TypeVar
 import pytest
 from temporalio.contrib.pydantic import pydantic_data_converter
 
-from hermes.errors import ConfigError, ToolRegistrationError
+from hermes.errors import ConfigError, ToolFailure, ToolRegistrationError
 from hermes.models import (
     ApprovalPolicy,
     CallModelInput,
     CallModelResult,
     Message,
+    RunToolInput,
     SessionConfig,
     ToolCall,
     ToolGroup,
+    ToolResult,
     ToolResultCode,
     ToolSpec,
 )
@@ -42,7 +44,14 @@ from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from hermes.tools.routing import route_groups
 
-from activities.tools import cap_result, to_tool_result
+from activities.tools import (
+    MAX_RESULT_NESTING,
+    TRUNCATED_PREVIEW_CHARS,
+    ToolActivities,
+    cap_result,
+    idempotency_key,
+    to_tool_result,
+)
 from tests.support import eventually
 
 T = TypeVar("T")
@@ -750,6 +759,9 @@ def test_hermes_approvals_with_a_bad_setting_says_which_variable_in_one_line(tmp
     assert "temporal_port" in done.stderr.lower()
 
 
+# ------------------------------------------------------------------ deep results, every path
+
+
 class DeepOnFirstTurn:
     """Turn 1 calls ``deep``; every turn then answers ``answer <turn>``."""
 
@@ -762,35 +774,185 @@ class DeepOnFirstTurn:
         return CallModelResult(message=Message(role="assistant", content=f"answer {request.turn}"), provider=self.name)
 
 
-@pytest.mark.parametrize("idempotent", [True, False], ids=["idempotent", "not-idempotent"])
+
+
+def _nested(depth: int) -> Any:
+    """``1`` inside exactly ``depth`` levels of alternating objects and lists."""
+    data: Any = 1
+    for level in range(depth):
+        data = {"level": data} if level % 2 else [data]
+    return data
+
+
+def _preview_of(data: Any) -> dict[str, Any]:
+    """What a result's data nested deeper than the cap becomes."""
+    return {
+        "truncated": True,
+        "reason": f"nested deeper than {MAX_RESULT_NESTING} levels",
+        "preview": json.dumps(data, ensure_ascii=False)[:TRUNCATED_PREVIEW_CHARS],
+    }
+
+
+async def _ledger_records(redis: Any, session_id: str) -> list[dict[str, Any]]:
+    """The exactly-once records of ``session_id``'s tool calls, as stored."""
+    keys = [k async for k in redis.scan_iter(match=idempotency_key(f"{session_id}:*"))]
+    return [json.loads(await redis.get(k)) for k in keys]
+
+
+async def _four_turns_across_continue_as_new(hermes: Any, session_id: str) -> tuple[Any, list[str], Any, Any]:
+    """Turn 1 (``m1``, the deep call), turns 2-4, then ``m1`` sent again (answered from
+    the state carried across continue-as-new or from the transcript)."""
+    first = await bounded(hermes.send_message(session_id, "call it", client_message_id="m1"))
+    later = [(await bounded(hermes.send_message(session_id, f"message {turn}"))).reply for turn in range(2, 5)]
+    again = await bounded(hermes.send_message(session_id, "call it", client_message_id="m1"))
+    state = await hermes.get_state(session_id)
+    return first, later, again, state
+
+
+@pytest.mark.parametrize("idempotency", ["idempotent", "none"])
 @pytest.mark.parametrize("depth", [150, 195, 198, 220, 500])
-async def test_a_tool_result_nested_too_deep_to_decode_is_kept_as_a_preview_and_the_session_goes_on(
-    run_worker, session_id, depth, idempotent
+async def test_a_tool_result_nested_deeper_than_the_cap_keeps_its_code_and_message_and_the_session_survives_continue_as_new(
+    run_worker, redis, session_id, depth, idempotency
 ):
-    registry = register_builtins(ToolRegistry())
+    data = _nested(depth)
 
     def deep() -> Any:
         """Return data nested very deep.
 
         Args: none.
         """
-        data: Any = {"leaf": 1}
-        for _ in range(depth):
-            data = [data] if depth % 2 else {"a": data}
+        return ToolResult(message="deep data ready", data=data)
+
+    registry = register_builtins(ToolRegistry())
+    registry.register(deep, idempotency=idempotency)
+    async with run_worker(DeepOnFirstTurn(), registry=registry, config=SessionConfig(max_updates_per_run=2)) as hermes:
+        first, later, again, state = await _four_turns_across_continue_as_new(hermes, session_id)
+    assert first.reply == "answer 1"
+    (record,) = first.tool_calls
+    assert (record.result.code, record.result.message) == (ToolResultCode.OK, "deep data ready")
+    assert record.result.data == _preview_of(data)
+    assert later == ["answer 2", "answer 3", "answer 4"]
+    assert state.run_index >= 1 and state.turn_count == 4
+    assert again.turn == 1 and again.tool_calls[0].result == record.result
+    records = await _ledger_records(redis, session_id)
+    if idempotency == "none":
+        (stored,) = records
+        assert stored["state"] == "done"
+        # Decodable by pydantic's JSON parser (the one that stops at 200 levels).
+        assert ToolResult.model_validate_json(json.dumps(stored["result"])) == record.result
+    else:
+        assert records == []
+
+
+@pytest.mark.parametrize("where", ["check", "tool"])
+async def test_a_tool_failure_carrying_data_nested_500_levels_keeps_its_code_and_message_and_is_recorded_done(
+    run_worker, redis, session_id, where
+):
+    data = _nested(500)
+    runs: list[str] = []
+
+    def refuse(arguments: Any, context: Any) -> None:
+        raise ToolFailure("over the card's limit", code=ToolResultCode.PERMISSION_DENIED, data=data)
+
+    def deep() -> str:
+        """Charge a card.
+
+        Args: none.
+        """
+        runs.append("deep")
+        raise ToolFailure("over the card's limit", code=ToolResultCode.PERMISSION_DENIED, data=data)
+
+    registry = register_builtins(ToolRegistry())
+    registry.register(deep, idempotency="none", checks=[refuse] if where == "check" else None)
+    async with run_worker(DeepOnFirstTurn(), registry=registry, config=SessionConfig(max_updates_per_run=2)) as hermes:
+        first, later, again, state = await _four_turns_across_continue_as_new(hermes, session_id)
+    (record,) = first.tool_calls
+    assert (record.result.code, record.result.message) == (ToolResultCode.PERMISSION_DENIED, "over the card's limit")
+    assert record.result.data == _preview_of(data)
+    assert later == ["answer 2", "answer 3", "answer 4"] and state.turn_count == 4
+    assert again.tool_calls[0].result == record.result
+    records = await _ledger_records(redis, session_id)
+    if where == "tool":
+        # It ran once and its failure was recorded (not left "started": outcome unknown).
+        assert runs == ["deep"]
+        (stored,) = records
+        assert stored["state"] == "done"
+        assert ToolResult.model_validate_json(json.dumps(stored["result"])) == record.result
+    else:
+        assert runs == [] and records == []
+
+
+@pytest.mark.parametrize("via", ["composite", "fallback"])
+async def test_data_nested_500_levels_from_a_composite_step_or_a_fallback_reaches_the_session_as_a_preview(
+    run_worker, session_id, via
+):
+    data = _nested(500)
+
+    def deep_step() -> Any:
+        """Return data nested very deep.
+
+        Args: none.
+        """
         return data
 
-    registry.register(deep, idempotent=idempotent)
-    # max_updates_per_run=2: the state (with the cached reply) is carried across
-    # continue-as-new, seven levels deeper than the tool's data.
+    def primary_down() -> Any:
+        """The primary source, which is down.
+
+        Args: none.
+        """
+        raise ConnectionError("primary down")
+
+    registry = register_builtins(ToolRegistry())
+    if via == "composite":
+        registry.register(deep_step)
+        registry.composite(
+            "deep",
+            description="Fetch the deep data twice.",
+            parameters={"type": "object", "properties": {}},
+            steps=[{"name": "one", "tool": "deep_step"}, {"name": "two", "tool": "deep_step"}],
+        )
+    else:
+        registry.register(deep_step)
+        registry.register(primary_down, name="deep", fallback="deep_step")
+    registry.check_references()
     async with run_worker(DeepOnFirstTurn(), registry=registry, config=SessionConfig(max_updates_per_run=2)) as hermes:
-        first = await bounded(hermes.send_message(session_id, "call it"))
-        (record,) = first.tool_calls
-        assert record.result.ok
-        data = record.result.data
-        # Kept as a preview (or, past Python's own recursion limit, marked unserializable).
-        assert data.get("truncated") is True or data.get("unserializable") is True
-        assert "nested deeper than 64 levels" in data["reason"] or "RecursionError" in data["reason"]
-        for turn in range(2, 5):
-            assert (await bounded(hermes.send_message(session_id, f"message {turn}"))).reply == f"answer {turn}"
-        state = await hermes.get_state(session_id)
-        assert state.run_index >= 1 and state.turn_count == 4
+        first, later, again, state = await _four_turns_across_continue_as_new(hermes, session_id)
+    (record,) = first.tool_calls
+    assert record.result.ok, record.result
+    if via == "composite":
+        assert record.result.message == "all 2 steps completed"
+        assert record.result.data["result"] == _preview_of(data)
+    else:
+        assert record.fallback == "deep_step"
+        assert record.result.data == _preview_of(data)
+    assert later == ["answer 2", "answer 3", "answer 4"] and state.run_index >= 1
+    assert again.tool_calls[0].result == record.result
+
+
+async def test_an_exactly_once_record_nested_too_deep_is_returned_as_a_preview_without_running_the_tool(
+    redis, settings
+):
+    runs: list[str] = []
+
+    def charge() -> str:
+        """Charge a card.
+
+        Args: none.
+        """
+        runs.append("charge")
+        return "charged again"
+
+    registry = ToolRegistry()
+    registry.register(charge, idempotency="none")
+    tools = ToolActivities(registry, redis, tier_seconds=settings.tier_seconds)
+    request = RunToolInput(
+        session_id=f"session-{uuid.uuid4()}", user_id="u", turn=1, tool_call=call("charge", "c1"), idempotent=False
+    )
+    data = _nested(220)
+    # A record written by a worker from before results were capped.
+    done = {"state": "done", "result": {"code": 0, "message": "charged", "data": data}}
+    await redis.set(idempotency_key(request.call_key), json.dumps(done))
+    result = await tools.run_tool(request)
+    assert runs == []
+    assert (result.code, result.message, result.data) == (ToolResultCode.OK, "charged", _preview_of(data))
+    assert ToolResult.model_validate_json(result.model_dump_json()) == result
