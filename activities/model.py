@@ -17,9 +17,9 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.blobs import BlobStore, body_json, message_from_body, message_ref, stored_preview, value_ref
+from hermes.blobs import BlobStore, message_from_body, stored_preview, value_ref
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
-from hermes.models import CallModelInput, CallModelResult, Message, StoredContent, SummarizeInput, Summary, ToolSpec
+from hermes.models import CallModelInput, CallModelResult, Message, SummarizeInput, Summary, ToolSpec
 from hermes.providers.base import ModelProvider
 from hermes.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
@@ -257,10 +257,3 @@ class ModelActivities:
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0)
 
-
-def message_bodies(messages: list[Message]) -> dict[str, str]:
-    """``ref -> body`` for ``messages`` (what the content store keeps)."""
-    return {message_ref(m): body_json(m) for m in messages}
-
-
-__all__ = ["ModelActivities", "StoredContent", "message_bodies", "stored_preview"]

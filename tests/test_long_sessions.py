@@ -15,7 +15,8 @@ import asyncio
 import hashlib
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -735,14 +736,21 @@ async def _archive_a_session(env: WorkflowEnvironment, hermes: HermesClient, ses
     return await env.client.get_workflow_handle(session_id, result_type=SessionState).result()
 
 
+@asynccontextmanager
+async def _echo_session(
+    env: WorkflowEnvironment, redis_url: str, redis: Any, task_queue: str
+) -> AsyncIterator[HermesClient]:
+    """A worker with the :class:`Echo` model on ``env`` (the time-skipping server), and a client."""
+    settings = Settings(redis_url=redis_url, task_queue=task_queue, temporal_address="unused:0")
+    async with build_worker(env.client, settings, provider=Echo(), registry=register_builtins(ToolRegistry()), redis=redis):
+        yield HermesClient(env.client, task_queue=task_queue, redis=redis)
+
+
 async def test_a_quiet_session_turns_idle_wakes_on_a_message_and_is_archived_with_a_snapshot_after_seven_days(
     time_skipping_env, redis_url, redis, task_queue, session_id
 ):
-    env = time_skipping_env
-    settings = Settings(redis_url=redis_url, task_queue=task_queue, temporal_address="unused:0")
-    async with build_worker(env.client, settings, provider=Echo(), registry=register_builtins(ToolRegistry()), redis=redis):
-        hermes = HermesClient(env.client, task_queue=task_queue, redis=redis)
-        final = await _archive_a_session(env, hermes, session_id, redis)
+    async with _echo_session(time_skipping_env, redis_url, redis, task_queue) as hermes:
+        final = await _archive_a_session(time_skipping_env, hermes, session_id, redis)
 
     assert final.status == "archived" and final.turn_count == 2
     assert final.snapshot is not None and final.snapshot.status == "archived"
@@ -773,11 +781,8 @@ async def _resumes_with_its_transcript(hermes: HermesClient, session_id: str, fi
 async def test_a_message_to_an_archived_session_resumes_it_with_the_transcript_intact(
     time_skipping_env, redis_url, redis, task_queue, session_id
 ):
-    env = time_skipping_env
-    settings = Settings(redis_url=redis_url, task_queue=task_queue, temporal_address="unused:0")
-    async with build_worker(env.client, settings, provider=Echo(), registry=register_builtins(ToolRegistry()), redis=redis):
-        hermes = HermesClient(env.client, task_queue=task_queue, redis=redis)
-        final = await _archive_a_session(env, hermes, session_id, redis)
+    async with _echo_session(time_skipping_env, redis_url, redis, task_queue) as hermes:
+        final = await _archive_a_session(time_skipping_env, hermes, session_id, redis)
         assert final.status == "archived"
 
         await _resumes_with_its_transcript(hermes, session_id, final)
