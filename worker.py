@@ -21,6 +21,7 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Worker
 
 from activities.audit import AuditActivities
+from activities.memory import MemoryActivities
 from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
@@ -33,6 +34,7 @@ from hermes.tokens import TokenCounter, encoding_name_for_model
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry, default_registry
 from workflows.composite import CompositeToolWorkflow
+from workflows.memory import MemoryConsolidationWorkflow, MemoryWriterWorkflow
 from workflows.session import SessionWorkflow
 
 log = logging.getLogger("hermes.worker")
@@ -90,6 +92,7 @@ def build_worker(
     redis: Any = None,
     max_cached_workflows: int = 1000,
     mcp: Any = None,
+    memory: Any = True,
 ) -> Worker:
     """A worker for sessions. Arguments left out come from ``settings``.
 
@@ -103,6 +106,9 @@ def build_worker(
         max_cached_workflows: 0 makes every workflow task replay from history.
         mcp: a :class:`hermes.mcp.tools.McpToolset` whose servers' tools are offered too
             (the caller closes its manager); see :func:`open_mcp`.
+        memory: True: long-term memory as the settings say (``memory_enabled``, the store
+            at ``resolved_memory_uri``, opened on first use); False: none; or a
+            :class:`hermes.memory.store.MemoryStore` (or a callable returning one) to use.
     """
     settings = settings or get_settings()
     provider = provider or make_provider(settings)
@@ -126,10 +132,12 @@ def build_worker(
     index = SessionIndexActivities(redis)
     transcript = TranscriptActivities(redis)
     audit = AuditActivities(redis)
+    memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue)
+    tools.memory = memory_activities is not None
     return Worker(
         client,
         task_queue=task_queue or settings.task_queue,
-        workflows=[SessionWorkflow, CompositeToolWorkflow],
+        workflows=[SessionWorkflow, CompositeToolWorkflow, MemoryWriterWorkflow, MemoryConsolidationWorkflow],
         activities=[
             model.call_model,
             model.summarize_context,
@@ -140,11 +148,33 @@ def build_worker(
             transcript.archive_messages,
             transcript.save_snapshot,
             audit.record_approval_audit,
+            *(memory_activities.activities() if memory_activities is not None else []),
         ],
         max_cached_workflows=max_cached_workflows,
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
         graceful_shutdown_timeout=timedelta(seconds=5),
+    )
+
+
+def _memory_activities(settings: Settings, memory: Any, provider: Any, client: Client, task_queue: str) -> MemoryActivities | None:
+    if memory is False or (memory is True and not settings.memory_enabled):
+        return None
+    if memory is True:
+        from hermes.memory.service import open_store
+
+        factory = lambda: open_store(settings)  # noqa: E731
+    elif callable(memory):
+        factory = memory
+    else:
+        factory = lambda: memory  # noqa: E731
+    return MemoryActivities(
+        factory,
+        provider=provider,
+        client=client,
+        task_queue=task_queue,
+        batch_size=settings.memory_batch_size,
+        batch_seconds=settings.memory_batch_seconds,
     )
 
 
@@ -175,6 +205,10 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
     registry = load_registry(settings)
     mcp = open_mcp(settings, registry)
     worker = build_worker(client, settings, registry=registry, mcp=mcp)
+    if settings.memory_enabled:
+        from hermes.memory.service import ensure_consolidation_schedule
+
+        await ensure_consolidation_schedule(client, settings)
     stop = stop or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

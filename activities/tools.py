@@ -307,7 +307,10 @@ class ToolActivities:
         max_result_bytes: int = 64_000,
         mcp: Any = None,
         encoding: str = "",
+        memory: bool = False,
     ):
+        self.memory = memory
+        """Whether this worker serves long-term memory (reported with the tool list)."""
         self.encoding = encoding
         """The tiktoken encoding sessions count tokens with (reported with the tool list)."""
         self.mcp = mcp
@@ -358,8 +361,8 @@ class ToolActivities:
         ]
         ref = value_ref([[s.model_dump(mode="json") for s in specs], [g.model_dump(mode="json") for g in groups]])
         if request is not None and request.known_ref == ref:
-            return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding)
-        return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding)
+            return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding, memory=self.memory)
+        return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding, memory=self.memory)
 
     async def _lookup(self, request: RunToolInput) -> Tool | ToolResult:
         call = request.tool_call

@@ -503,6 +503,65 @@ class HermesClient:
 
         return await asyncio.wait_for(poll(), timeout_seconds)
 
+    # ------------------------------------------------------------- memory
+
+    def _writer_start(self, user_id: str) -> WithStartWorkflowOperation[Any, Any]:
+        from hermes.memory.models import MemoryWriterInput
+
+        return WithStartWorkflowOperation(
+            names.MEMORY_WRITER_WORKFLOW,
+            MemoryWriterInput(user_id=user_id),
+            id=names.memory_writer_id(user_id),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+
+    async def add_memories(self, user_id: str, candidates: list[Any]) -> Any:
+        """Write ``candidates`` (:class:`~hermes.memory.models.MemoryCandidate`) for
+        ``user_id`` now, through the user's memory writer (so the write is deduplicated and
+        checked for conflicts like any other). Needs a worker.
+
+        Returns:
+            The :class:`~hermes.memory.models.WriteReport`.
+        """
+        from hermes.memory.models import MemoryBatch, WriteReport
+
+        return await self.client.execute_update_with_start_workflow(
+            names.WRITE_MEMORIES_NOW,
+            MemoryBatch(candidates=candidates),
+            start_workflow_operation=self._writer_start(user_id),
+            result_type=WriteReport,
+        )
+
+    async def forget_user(self, user_id: str) -> Any:
+        """Delete every long-term memory of ``user_id`` (both tables) and drop what is
+        waiting to be written; a candidate said before this and delivered later is refused.
+
+        Returns:
+            The :class:`~hermes.memory.models.ForgetReport`.
+        """
+        from hermes.memory.models import ForgetReport
+
+        return await self.client.execute_update_with_start_workflow(
+            names.FORGET_USER, start_workflow_operation=self._writer_start(user_id), result_type=ForgetReport
+        )
+
+    async def consolidate_memories(self, *, archive_after_days: float, users: list[str] | None = None) -> Any:
+        """Run the memory consolidation now (the one the schedule runs hourly) and wait.
+
+        Returns:
+            The :class:`~hermes.memory.models.ConsolidationReport`.
+        """
+        from hermes.memory.models import ConsolidationInput, ConsolidationReport
+
+        return await self.client.execute_workflow(
+            names.MEMORY_CONSOLIDATION_WORKFLOW,
+            ConsolidationInput(archive_after_days=archive_after_days, users=users),
+            id=f"hermes-memory-consolidation-manual-{uuid.uuid4()}",
+            task_queue=self.task_queue,
+            result_type=ConsolidationReport,
+        )
+
     async def list_sessions(self, user_id: str, *, limit: int = 50, rebuild: bool = False) -> list[SessionIndexEntry]:
         """The user's sessions, newest activity first, from the Redis index.
 

@@ -569,6 +569,13 @@ class DemoStep:
     """The turn must ask for an approval, which the demo grants."""
     check: Callable[[TurnResult], str | None] | None = None
     """Extra check; returns a problem description or None."""
+    new_session: bool = False
+    """Sent in a second session of the same user (long-term memory crosses sessions)."""
+    needs_memory: bool = False
+    """Skipped when long-term memory is off (``HERMES_MEMORY_ENABLED=false``)."""
+    wait_for_memory: str | None = None
+    """Before sending, wait until a memory containing this text is stored (memories are
+    written after the reply, in batches of 10 items or 5 s)."""
 
 
 def _calculated_126(result: TurnResult) -> str | None:
@@ -586,7 +593,27 @@ DEMO_STEPS: tuple[DemoStep, ...] = (
     DemoStep("What is (17 + 25) * 3?", ("calculate",), r"= 126\.$", check=_calculated_126),
     DemoStep("请帮我记一条笔记：明天上午十点和 Alice 开会", ("save_note",), r"note saved", approve=True),
     DemoStep("Show me my notes", ("list_notes",), r"note\(s\); the latest: 会议 / Meeting\.$"),
+    DemoStep("By the way, my name is Lin and I live in Zurich.", (), r"I will remember that\.$", needs_memory=True),
+    DemoStep(
+        "Where do I live?", (), r"^From what I remember: .*The user lives in Zurich\.",
+        new_session=True, wait_for_memory="The user lives in Zurich.", needs_memory=True,
+    ),
 )
+
+
+async def _wait_for_memory(settings: Settings, user_id: str, text: str, timeout_seconds: float = 30.0) -> bool:
+    """Whether a memory of ``user_id`` containing ``text`` is stored within the timeout."""
+    from hermes.memory.service import open_store
+
+    store = await asyncio.to_thread(open_store, settings)
+    deadline = asyncio.get_running_loop().time() + timeout_seconds
+    while True:
+        rows = await asyncio.to_thread(store.list, user_id, statuses=("active",))
+        if any(text in r["text"] for r in rows):
+            return True
+        if asyncio.get_running_loop().time() > deadline:
+            return False
+        await asyncio.sleep(0.2)
 
 
 class DemoSummary(BaseModel):
@@ -720,12 +747,24 @@ async def run_demo(
                 console.print()
                 view = _DemoView(console, session_id)
                 turns: list[TurnResult] = []
+                current = session_id
                 for number, step in enumerate(DEMO_STEPS, start=1):
+                    if step.needs_memory and not settings.memory_enabled:
+                        continue
+                    if step.wait_for_memory:
+                        console.print(f"(waiting for the memory {step.wait_for_memory!r} to be written)", style="dim")
+                        if not await _wait_for_memory(settings, DEMO_USER, step.wait_for_memory):
+                            raise DemoFailed(f"step {number}: the memory {step.wait_for_memory!r} was not written within 30 s")
+                    if step.new_session:
+                        current = f"{session_id}-2"
+                        console.print(f"A new session, [bold]{current}[/], for the same user:")
+                        decisions, view = view.decisions, _DemoView(console, current)
+                        view.decisions = decisions
                     print_user(console, step.text)
                     decided_before = len(view.decisions)
                     try:
                         result = await asyncio.wait_for(
-                            send_watched(hermes, session_id, step.text, view, user_id=DEMO_USER),
+                            send_watched(hermes, current, step.text, view, user_id=DEMO_USER),
                             turn_timeout_seconds,
                         )
                     except asyncio.TimeoutError:

@@ -13,6 +13,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
+from hermes.memory.models import ExtractMemoriesInput, WorkingItem
+
 Role = Literal["system", "user", "assistant", "tool"]
 Permission = Literal["read", "write", "admin"]
 Tier = Literal["query", "external", "batch"]
@@ -201,8 +203,9 @@ class CallModelInput(BaseModel):
     """Content hash of the offered tool list."""
     step: int | None = None
     """Model step within the turn (0 first)."""
-    purpose: Literal["reply", "summary"] = "reply"
-    """``summary``: fold the messages into a summary of at most ``max_output_tokens``."""
+    purpose: Literal["reply", "summary", "memory_extraction"] = "reply"
+    """``summary``: fold the messages into a summary of at most ``max_output_tokens``;
+    ``memory_extraction``: answer with the JSON of :data:`hermes.memory.extraction.EXTRACTION_INSTRUCTION`."""
     max_output_tokens: int | None = None
     context_tokens: int = 0
     """The workflow's estimate of the context's tokens (corrected by reported usage)."""
@@ -240,6 +243,8 @@ class ListToolsResult(BaseModel):
     encoding: str = ""
     """The tiktoken encoding the worker counts this session's tokens with (recorded here,
     so every replay counts with the same one)."""
+    memory: bool = False
+    """The worker serves long-term memory (its activities are registered)."""
 
 
 class SummarizeInput(BaseModel):
@@ -430,6 +435,19 @@ class SessionConfig(BaseModel):
     """Byte budget of the state carried across continue-as-new (it enters history twice
     per continue-as-new, and Temporal warns above 512 KB per payload); older turns beyond
     it are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
+    memory_enabled: bool = True
+    """Long-term memory for this session (when the worker serves it): memories recalled
+    before the turn's model calls, written after its reply (DESIGN.md "Memory")."""
+    memory_max_injected: int = Field(default=3, ge=0, le=5)
+    """Memories given to the model per turn (seed 000 §5.2: 3; seed 004 §6.3: at most 5)."""
+    memory_max_chars: int = Field(default=200, ge=20, le=500)
+    """Each injected memory is cut to this many characters (seed 004 §6.3: 200)."""
+    memory_extract_every_turns: int = Field(default=8, ge=1)
+    """A model extraction runs at least this often (seed 002 §6.4: every 8 turns)."""
+    memory_min_confidence: float = Field(default=0.75, ge=0.0, le=1.0)
+    """Candidates below this confidence are dropped (seed 000 §5.2: 0.75)."""
+    memory_promote_after_refs: int = Field(default=3, ge=1)
+    """A working-memory item referenced this many times becomes long-term (seed 004 §7.2)."""
 
 
 class SendMessageInput(BaseModel):
@@ -468,6 +486,8 @@ class TurnResult(BaseModel):
     warnings: list[str] = Field(default_factory=list)
     """What the user must know whatever the model says: e.g. a side effect whose outcome
     is unknown (it may or may not have happened, and will not be repeated unasked)."""
+    memories: list[str] = Field(default_factory=list)
+    """Long-term memories given to the model this turn, as it saw them (date, score, text)."""
 
 
 class PendingApproval(BaseModel):
@@ -562,7 +582,7 @@ class TraceStep(BaseModel):
     session_id: str
     turn: int
     step: int
-    action_type: Literal["model", "tool", "approval", "summary"]
+    action_type: Literal["model", "tool", "approval", "summary", "memory"]
     provider: str = ""
     tool_name: str | None = None
     latency_ms: float = 0.0
@@ -603,6 +623,11 @@ class SessionCarry(BaseModel):
     token_correction: float = 1.0
     """Reported prompt tokens over our estimate (moving average), applied to the budget."""
     status: str = "active"
+    working_memory: list[WorkingItem] = Field(default_factory=list)
+    last_extracted_turn: int = 0
+    """Turns up to this one were given to a model memory extraction."""
+    pending_extractions: list[ExtractMemoriesInput] = Field(default_factory=list)
+    """Memory extractions not finished when the run ended: the next run sends them."""
 
 
 class SnapshotInput(BaseModel):

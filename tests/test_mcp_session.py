@@ -86,7 +86,7 @@ async def test_a_tool_list_that_changes_between_turns_is_seen_by_the_next_turn_a
     run_worker, session_id, toolset, temporal_client: Client
 ):
     model = Steps([("local_grow", {})], "grown")
-    async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+    async with run_worker(model, registry=builtin_registry(), mcp=toolset, memory=False) as hermes:  # reads every model request: no memory extraction calls
         first = await hermes.send_message(session_id, "grow a tool", user_id="alice")
         model.steps = ([("local_extra_1", {})], results_json)
         second = await hermes.send_message(session_id, "call the new tool", user_id="alice")
@@ -125,7 +125,7 @@ async def test_a_hung_server_and_one_that_never_starts_become_error_results_and_
         listed = {t.name for t in await toolset.discover()}
         assert "slow_hang" in listed
         model = Steps([("slow_hang", {}), ("local_echo", {"text": "still here"})], results_json)
-        async with run_worker(model, registry=builtin_registry(), mcp=toolset) as hermes:
+        async with run_worker(model, registry=builtin_registry(), mcp=toolset, memory=False) as hermes:  # reads every model request: no memory extraction calls
             result = await hermes.send_message(session_id, "try them", user_id="alice")
             model.steps = ([("local_echo", {"text": "next turn"})], results_json)
             after = await hermes.send_message(session_id, "again", user_id="alice")

@@ -331,7 +331,7 @@ async def test_a_tool_call_from_the_model_runs_and_its_result_goes_back_with_the
             tool_calls=[{"id": "call_abc123", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6 * 7"}'}}],
         ),
     ).then(200, completion("6 × 7 = 42"))
-    async with run_worker(provider_for(fake_openai), registry=register_builtins(ToolRegistry())) as hermes:
+    async with run_worker(provider_for(fake_openai), registry=register_builtins(ToolRegistry()), memory=False) as hermes:  # reads every model request: no memory extraction calls
         result = await hermes.send_message(session_id, "what is 6 times 7?")
 
     assert result.reply == "6 × 7 = 42"
@@ -393,7 +393,7 @@ async def test_a_context_too_long_answer_compacts_the_conversation_once_and_the_
     from hermes.models import SessionConfig
 
     config = SessionConfig(summary_every_turns=100)  # no summary before the provider refuses
-    async with run_worker(provider_for(fake_openai), config=config) as hermes:
+    async with run_worker(provider_for(fake_openai), config=config, memory=False) as hermes:  # reads every model request: no memory extraction calls
         for n in range(3):
             fake_openai.then(200, completion(f"answer {n}"))
             await hermes.send_message(session_id, f"my fact number {n} is {n * 7}")

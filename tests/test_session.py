@@ -328,7 +328,7 @@ async def test_more_messages_than_temporals_ten_in_flight_updates_are_all_answer
     run_worker, session_id
 ):
     model = EchoModel(delay_seconds=0.2)
-    async with run_worker(model) as hermes:
+    async with run_worker(model, memory=False) as hermes:  # reads every model request: no memory extraction calls
         texts = [f"burst {i:02d}" for i in range(18)]
         results = await asyncio.gather(*(hermes.send_message(session_id, t) for t in texts))
         assert [r.reply for r in results] == [f"echo: {t}" for t in texts]
@@ -352,7 +352,7 @@ async def test_continue_as_new_carries_the_transcript_and_system_prompt_and_lose
 ):
     model = EchoModel(delay_seconds=0.05)
     prompt = "You are a terse assistant. Answer in one line."
-    async with run_worker(model, config=SessionConfig(max_updates_per_run=3)) as hermes:
+    async with run_worker(model, config=SessionConfig(max_updates_per_run=3), memory=False) as hermes:  # reads every model request: no memory extraction calls
         replies = [await hermes.send_message(session_id, "s0", user_id="carol")]
         first_run_id = (await temporal_client.get_workflow_handle(session_id).describe()).run_id
         await hermes.set_system_prompt(session_id, prompt)

@@ -454,7 +454,7 @@ def _grouped_registry() -> ToolRegistry:
 async def test_routing_offers_only_the_groups_a_message_is_about(run_worker, session_id):
     model = Steps([("find_order", {"order_id": "A1"})], "done")
     builtins = {"current_time", "calculate", "save_note", "list_notes", "read_stored_content"}
-    async with run_worker(model, registry=_grouped_registry()) as hermes:
+    async with run_worker(model, registry=_grouped_registry(), memory=False) as hermes:  # reads every model request: no memory extraction calls
         weather = await hermes.send_message(session_id, "Will it rain in Paris tomorrow?", user_id="alice")
         follow_up = await hermes.send_message(session_id, "那上海呢?", user_id="alice")
         orders = await hermes.send_message(session_id, "我的订单 A1 到哪了", user_id="alice")

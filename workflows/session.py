@@ -56,6 +56,17 @@ with workflow.unsafe.imports_passed_through():
         ValidateToolCallResult,
     )
     from hermes.blobs import body_json, message_ref, value_ref
+    from hermes.memory.models import (
+        ConversationExcerpt,
+        ExtractMemoriesInput,
+        ExtractMemoriesResult,
+        ForgetReport,
+        MemoryCandidate,
+        SearchMemoriesInput,
+        SearchMemoriesResult,
+    )
+    from hermes.memory.rules import Triggers, detect_triggers, extract_by_rules
+    from hermes.memory.working import add_items, items_from_tool_result, note_references
     from hermes.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
     from hermes.tokens import DEFAULT_ENCODING, TokenCounter, usage_correction
     from hermes.tools.arguments import argument_descriptions
@@ -166,7 +177,16 @@ _SUMMARY_GRACE = timedelta(seconds=5)
 _PATCH_BOUNDED_CONTEXT = "bounded-context"
 """Token-budgeted layered context, running summaries, forced compaction, idle and
 archive timers, and the history-size budget (issue 5)."""
-_PATCHES = (_PATCH_TOOL_LAYER_V2, _PATCH_STOP_ON_CLOSE, _PATCH_AUDIT_LOG, _PATCH_BOUNDED_CONTEXT)
+_PATCH_MEMORY = "long-term-memory"
+"""Memories recalled before a turn's model calls and written after its reply, working
+memory, "forget me" (issue 6)."""
+_PATCHES = (_PATCH_TOOL_LAYER_V2, _PATCH_STOP_ON_CLOSE, _PATCH_AUDIT_LOG, _PATCH_BOUNDED_CONTEXT, _PATCH_MEMORY)
+_EXTRACTION_GRACE = timedelta(0)
+"""Continue-as-new does not wait for a running memory extraction: it is carried over to the
+next run, which sends it again (a candidate delivered twice is written once), so messages
+are never held up by a model call they do not need."""
+_EXTRACTION_GRACE_FINAL = timedelta(minutes=5)
+"""How long close and archive wait for memory extractions (the run ends after)."""
 
 
 @workflow.defn(name=names.SESSION_WORKFLOW)
@@ -203,7 +223,13 @@ class SessionWorkflow:
         self._encoding = carry.encoding
         self._token_correction = carry.token_correction
         self._memories: list[str] = []
-        """Long-term memories injected into the context (filled by the memory layer)."""
+        """Long-term memories injected into the context: this turn's recall, as shown."""
+        self._working = list(carry.working_memory)
+        self._last_extracted_turn = carry.last_extracted_turn
+        self._carried_extractions: list[ExtractMemoriesInput] = list(carry.pending_extractions)
+        self._extractions: list[tuple[ExtractMemoriesInput, asyncio.Task[None]]] = []
+        self._memory_served = False
+        self._turn_triggers: Triggers | None = None
         self._by_ref: dict[str, Message] = {}
         """Transcript messages by content reference (answers ``get_message_bodies``)."""
         for m in self._messages:
@@ -250,6 +276,10 @@ class SessionWorkflow:
         # before a change replays it without the change to its end, and a patch marker's
         # position never depends on when local activities (validation, audit) resolved.
         self._patched(_PATCH_TOOL_LAYER_V2)
+        if self._carried_extractions and self._patched(_PATCH_MEMORY):
+            carried, self._carried_extractions = self._carried_extractions, []
+            for extraction in carried:
+                self._start_extraction(extraction)
         workflow.upsert_search_attributes(
             [
                 names.SA_USER_ID.value_set(inp.user_id),
@@ -287,7 +317,8 @@ class SessionWorkflow:
                 workflow.upsert_search_attributes([names.SA_STATUS.value_set("closed")])
                 await self._flush_audit()
                 self._schedule_index_update()
-                await self._drain_background()
+                self._extract_at_end("close")
+                await self._drain_background(final=True)
                 return self._state()
             await self._flush_audit()
             await self._drain_background()
@@ -346,7 +377,8 @@ class SessionWorkflow:
             self._draining = False
             return None
         await self._flush_audit()
-        await self._drain_background()
+        self._extract_at_end("archive")
+        await self._drain_background(final=True)
         if not await self._archive_for_carry():
             self._draining = False
             self._lifecycle_not_before = workflow.now() + timedelta(minutes=10)
@@ -512,12 +544,18 @@ class SessionWorkflow:
             encoding=self._encoding,
             token_correction=self._token_correction,
             status="idle" if self._idle_marked else "active",
+            working_memory=self._working,
+            last_extracted_turn=self._last_extracted_turn,
+            pending_extractions=self._carried_extractions,
         )
 
-    async def _drain_background(self) -> None:
+    async def _drain_background(self, *, final: bool = False) -> None:
         """Wait for the background writes, and for a running summary at most
         ``_SUMMARY_GRACE``: then it is cancelled (the next run summarises again), so
-        continue-as-new, close and archive never wait long on a model call."""
+        continue-as-new, close and archive never wait long on a model call. Memory
+        extractions get ``_EXTRACTION_GRACE`` (``_EXTRACTION_GRACE_FINAL`` when the session
+        ends); one still running is cancelled and carried to the next run."""
+        await self._drain_extractions(_EXTRACTION_GRACE_FINAL if final else _EXTRACTION_GRACE)
         task = self._summary_task
         if task is not None and not task.done():
             try:
@@ -851,12 +889,16 @@ class SessionWorkflow:
         self._current_turn = turn
         self._cancel_requested = False
         self._warnings = []
+        self._memories = []
+        self._turn_triggers = None
         records: list[ToolCallRecord] = []
         status = "completed"
         groups: list[str] | None = None
         try:
             specs, tool_groups = await self._list_tools()
             self._all_specs = specs
+            if self._memory_active():
+                await self._recall(turn, inp.text)
             if self._cfg.tool_routing == "keywords":
                 groups = route_groups(
                     inp.text, tool_groups, specs.values(), max_groups=self._cfg.max_routed_groups, previous=self._last_groups
@@ -936,6 +978,12 @@ class SessionWorkflow:
             # Not blocking the reply: the summary runs while the user reads it.
             self._summarizing = True
             self._summary_task = asyncio.create_task(self._summarize_in_background(turn, upto))
+        if self._memory_active():
+            try:
+                self._after_reply(turn, inp.text, reply, status, records)
+            except Exception:  # noqa: BLE001 - memory must never cost the user the reply
+                workflow.logger.exception("memory write path failed for turn %d", turn)
+                self._warnings.append("This message could not be considered for long-term memory (an internal error).")
         return TurnResult(
             session_id=self._inp.session_id,
             turn=turn,
@@ -944,6 +992,7 @@ class SessionWorkflow:
             tool_calls=records,
             tool_groups=groups,
             warnings=list(self._warnings),
+            memories=list(self._memories),
         )
 
     def _unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int) -> list[ToolCall]:
@@ -966,6 +1015,214 @@ class SessionWorkflow:
             used.add(tcid)
             unique.append(call)
         return unique
+
+    # ------------------------------------------------------------ memory
+
+    def _memory_active(self) -> bool:
+        """Long-term memory is on for this turn: the session wants it, the worker serves
+        it, and the run has the patch (runs recorded before it replay without)."""
+        return self._cfg.memory_enabled and self._memory_served and self._patched(_PATCH_MEMORY)
+
+    async def _recall(self, turn: int, text: str) -> None:
+        """The read path: the user's memories for this message, injected into the system
+        context of every model call of the turn (seed 000 §4.3). A failure costs the turn
+        its memories, never the turn."""
+        self._turn_triggers = detect_triggers(text)
+        if self._turn_triggers.forget_me:
+            await self._forget_me()
+            return
+        if self._cfg.memory_max_injected == 0:
+            return
+        started = workflow.now()
+        try:
+            result = await workflow.execute_local_activity(
+                names.SEARCH_MEMORIES,
+                SearchMemoriesInput(
+                    user_id=self._inp.user_id,
+                    query=text[:2000],
+                    session_id=self._inp.session_id,
+                    limit=self._cfg.memory_max_injected,
+                    max_chars=self._cfg.memory_max_chars,
+                ),
+                result_type=SearchMemoriesResult,
+                start_to_close_timeout=timedelta(seconds=15),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary="recall memories",
+            )
+        except FailureError as err:
+            self._warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
+            return
+        if result.error:
+            self._warnings.append(f"Long-term memory was not searched: {result.error}")
+        self._memories = [m.line() for m in result.memories]
+        if result.memories or result.error:
+            self._add_trace(turn, "memory", started, provider="recall", status="error" if result.error else f"{len(result.memories)} memories")
+
+    async def _forget_me(self) -> None:
+        """The user asked to be forgotten: every memory row of theirs goes (and what is
+        still waiting to be written), and the session's working memory."""
+        self._working = []
+        self._memories = []
+        try:
+            report = await workflow.execute_activity(
+                names.FORGET_USER_MEMORIES,
+                self._inp.user_id,
+                result_type=ForgetReport,
+                start_to_close_timeout=timedelta(seconds=60),
+                retry_policy=RetryPolicy(maximum_attempts=3),
+                summary="forget the user",
+            )
+        except ActivityError as err:
+            self._warnings.append(f"Your long-term memories could not be deleted now ({failure_text(err)}); ask again.")
+            return
+        self._warnings.append(
+            f"All long-term memories of {self._inp.user_id} were deleted "
+            f"({report.deleted} stored, {report.pending_dropped} waiting to be written)."
+        )
+
+    def _after_reply(self, turn: int, text: str, reply: str, status: str, records: list[ToolCallRecord]) -> None:
+        """The write path, after the reply (seed 000 §4.2, seed 004 §6.2): rule candidates
+        at once; a model extraction on the design's triggers (remember, a preference, a
+        correction, a stated fact, a task's conclusion, every 8 turns); working memory
+        counted and promoted. Delivered in the background: the reply never waits."""
+        triggers = self._turn_triggers or detect_triggers(text)
+        if triggers.forget_me:
+            return
+        now = workflow.now()
+        candidates = [
+            MemoryCandidate(
+                user_id=self._inp.user_id,
+                kind=rc.kind,
+                subject=rc.subject,
+                value=getattr(rc, "value", "") or "",
+                text=rc.text,
+                importance=rc.importance,
+                confidence=rc.confidence,
+                source="rules",
+                source_session=self._inp.session_id,
+                source_turn=turn,
+                created_at=now,
+                valid_until=now + timedelta(days=rc.valid_until_days) if rc.valid_until_days else None,
+            )
+            for rc in extract_by_rules(text)
+        ]
+        for record in records:
+            spec = self._all_specs.get(record.name)
+            if record.result.ok and spec is not None and spec.permission == "read":
+                self._working = add_items(self._working, items_from_tool_result(record.name, record.result.data, turn))
+        for item in note_references(self._working, [text, reply], turn, self._cfg.memory_promote_after_refs):
+            candidates.append(
+                MemoryCandidate(
+                    user_id=self._inp.user_id,
+                    kind="fact",
+                    text=item.text,
+                    importance=0.6,
+                    confidence=0.9,
+                    source="promotion",
+                    source_session=self._inp.session_id,
+                    source_turn=turn,
+                    created_at=now,
+                )
+            )
+        reasons = [name for name in ("explicit", "preference", "correction", "fact") if getattr(triggers, name)]
+        if status == "completed" and records:
+            reasons.append("conclusion")
+        if turn - self._last_extracted_turn >= self._cfg.memory_extract_every_turns:
+            reasons.append(f"every_{self._cfg.memory_extract_every_turns}_turns")
+        use_model = bool(reasons) and not (triggers.small_talk and not candidates)
+        if not candidates and not use_model:
+            return
+        excerpt = self._excerpt(self._last_extracted_turn, turn) if use_model else []
+        if use_model:
+            self._last_extracted_turn = turn
+        self._start_extraction(
+            ExtractMemoriesInput(
+                user_id=self._inp.user_id,
+                session_id=self._inp.session_id,
+                turn=turn,
+                created_at=now,
+                rule_candidates=candidates,
+                excerpt=excerpt,
+                use_model=use_model,
+                model=self._cfg.model,
+                min_confidence=self._cfg.memory_min_confidence,
+                reasons=reasons,
+            )
+        )
+
+    def _excerpt(self, after_turn: int, upto_turn: int, max_turns: int = 8) -> list[ConversationExcerpt]:
+        """The user's messages and the final replies of turns ``after_turn + 1`` to
+        ``upto_turn`` (the newest ``max_turns`` of them)."""
+        first = max(after_turn + 1, upto_turn - max_turns + 1)
+        lines = []
+        for m in self._messages:
+            if m.internal or m.turn < first or m.turn > upto_turn or not m.content:
+                continue
+            if m.role == "user" or (m.role == "assistant" and not m.tool_calls):
+                lines.append(ConversationExcerpt(turn=m.turn, role=m.role, text=m.content[:2000]))  # type: ignore[arg-type]
+        return lines
+
+    def _extract_at_end(self, reason: str) -> None:
+        """The session closes or is archived: the turns no extraction has seen yet go to one."""
+        if not self._memory_active() or self._turn_count <= self._last_extracted_turn:
+            return
+        excerpt = self._excerpt(self._last_extracted_turn, self._turn_count)
+        self._last_extracted_turn = self._turn_count
+        if not excerpt:
+            return
+        self._start_extraction(
+            ExtractMemoriesInput(
+                user_id=self._inp.user_id,
+                session_id=self._inp.session_id,
+                turn=self._turn_count,
+                created_at=workflow.now(),
+                excerpt=excerpt,
+                use_model=True,
+                model=self._cfg.model,
+                min_confidence=self._cfg.memory_min_confidence,
+                reasons=[reason],
+            )
+        )
+
+    def _start_extraction(self, inp: ExtractMemoriesInput) -> None:
+        async def run() -> None:
+            try:
+                result = await workflow.execute_activity(
+                    names.EXTRACT_MEMORIES,
+                    inp,
+                    result_type=ExtractMemoriesResult,
+                    start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds + 30),
+                    # Until delivered: the candidates are in this input, nowhere else.
+                    retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=60)),
+                    summary=f"memories of turn {inp.turn} ({', '.join(inp.reasons) or 'rules'})",
+                )
+            except ActivityError:
+                workflow.logger.warning("memory extraction of turn %d failed", inp.turn, exc_info=True)
+                return
+            if result.error:
+                workflow.logger.warning("memory extraction of turn %d: %s", inp.turn, result.error)
+
+        self._extractions = [(i, t) for i, t in self._extractions if not t.done()]
+        self._extractions.append((inp, asyncio.create_task(run())))
+
+    async def _drain_extractions(self, grace: timedelta) -> None:
+        running = [(i, t) for i, t in self._extractions if not t.done()]
+        if running and grace > timedelta(0):
+            try:
+                await workflow.wait_condition(
+                    lambda: all(t.done() for _, t in running), timeout=grace, timeout_summary="memory extraction"
+                )
+            except asyncio.TimeoutError:
+                pass
+        for inp, task in self._extractions:
+            if not task.done():
+                task.cancel()
+                self._carried_extractions.append(inp)
+            try:
+                await task
+            except (asyncio.CancelledError, ActivityError):
+                pass
+        self._extractions = []
 
     def _add_message(self, message: Message) -> None:
         """Append to the transcript, with the body's content reference (and its tokens,
@@ -1055,6 +1312,7 @@ class SessionWorkflow:
             self._tools_generation += 1
             if bounded and result.ref:
                 self._listing = (result.ref, specs, groups)
+        self._memory_served = result.memory
         if not self._encoding and result.encoding and bounded:
             self._encoding = result.encoding  # fixed for the session's life: counts stay comparable
             for m in self._messages:

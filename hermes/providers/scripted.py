@@ -14,6 +14,10 @@ understand anything. A script is YAML (or JSON)::
       - steps:                          # no `match`: used in order
           - reply: "Hello!"
 
+A reply may use ``{{ user }}``, ``{{ tool_results[i].data... }}``, ``{{ last_tool_result... }}``
+and ``{{ memory }}`` / ``{{ memories[i] }}`` (the long-term memories the session injected,
+as the model sees them: ``(date, score) text``).
+
 Which turn answers a user message: the first turn whose ``match`` is found in it;
 otherwise the next unused turn without ``match``, in file order (user messages older
 than the context the model is sent count as having used one each). Which step: the
@@ -29,7 +33,7 @@ import json
 import re
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
@@ -71,6 +75,28 @@ class ScriptedTurn(BaseModel):
         return value
 
 
+class ScriptedMemory(BaseModel):
+    """What the scripted model "extracts" when ``match`` is found in the conversation."""
+
+    match: str
+    kind: Literal["fact", "preference", "episode"] = "fact"
+    text: str
+    subject: str = ""
+    value: str = ""
+    importance: float = 0.5
+    confidence: float = 0.9
+    valid_days: float | None = None
+
+    @field_validator("match")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        try:
+            re.compile(value)
+        except re.error as err:
+            raise ValueError(f"`match` is not a valid regular expression: {err}") from err
+        return value
+
+
 class Script(BaseModel):
     turns: list[ScriptedTurn]
     fallback: str | None = None
@@ -78,6 +104,9 @@ class Script(BaseModel):
     """Answer to summary requests (``{{ user }}`` is the text to summarize); default: the
     lines of the text to summarize that start with ``user:``, joined (a faithful, dumb
     stand-in for a model's summary)."""
+    memories: list[ScriptedMemory] = Field(default_factory=list)
+    """Answers to memory-extraction requests: every entry whose ``match`` is found in the
+    conversation shown; none matching (or none given) answers ``{"memories": []}``."""
     max_context_tokens: int | None = None
     """When set, a request whose messages exceed this many tokens is refused with
     :class:`ContextTooLongError`, as a provider with that context window would."""
@@ -199,7 +228,22 @@ class ScriptedModel:
                     results.append(json.loads(m.content or "null"))
                 except json.JSONDecodeError:
                     results.append(m.content)
-        root = {"user": user_text, "tool_results": results, "last_tool_result": results[-1] if results else None}
+        from hermes.context import MEMORIES_HEADER
+
+        memories = [
+            line[2:]
+            for m in messages
+            if m.role == "system" and (m.content or "").startswith(MEMORIES_HEADER)
+            for line in (m.content or "").splitlines()[1:]
+            if line.startswith("- ")
+        ]
+        root = {
+            "user": user_text,
+            "tool_results": results,
+            "last_tool_result": results[-1] if results else None,
+            "memories": memories,
+            "memory": memories[0] if memories else "(no memory)",
+        }
 
         def substitute(match: re.Match[str]) -> str:
             try:
@@ -220,6 +264,16 @@ class ScriptedModel:
         parts = ([previous.strip()] if previous.strip() else []) + [f"The user said: {s}" for s in said]
         return Message(role="assistant", content="\n".join(parts))
 
+    def extraction_message(self, request: CallModelInput) -> Message:
+        """The scripted answer to a memory-extraction request (JSON, as a model would)."""
+        text = "\n".join(m.content or "" for m in request.messages if m.role == "user")
+        found = [
+            m.model_dump(exclude={"match"}, exclude_none=True)
+            for m in self.script.memories
+            if re.search(m.match, text)
+        ]
+        return Message(role="assistant", content=json.dumps({"memories": found}, ensure_ascii=False))
+
     async def complete(self, request: CallModelInput) -> CallModelResult:
         prompt_tokens = count_message_tokens(request.messages)
         if self.script.max_context_tokens is not None and prompt_tokens > self.script.max_context_tokens:
@@ -228,7 +282,12 @@ class ScriptedModel:
                 f"tokens; the messages have {prompt_tokens} tokens (context_length_exceeded)",
                 status_code=400,
             )
-        message = self.summary_message(request) if request.purpose == "summary" else self.next_message(request)
+        if request.purpose == "summary":
+            message = self.summary_message(request)
+        elif request.purpose == "memory_extraction":
+            message = self.extraction_message(request)
+        else:
+            message = self.next_message(request)
         completion = count_text_tokens(message.content or "") + sum(
             count_text_tokens(json.dumps(c.arguments, ensure_ascii=False)) for c in message.tool_calls
         )

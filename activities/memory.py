@@ -1,0 +1,274 @@
+"""Memory activities: search (a local activity before a turn's model calls), extraction (a
+model call after the reply), batched writes, forgetting and consolidation.
+
+The store is opened lazily, once per worker, in a thread (loading the embedding model takes
+0.1-1 s). LanceDB calls are synchronous: every one runs in a thread, so the worker's event
+loop never waits on them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+from temporalio import activity
+from temporalio.client import Client, WithStartWorkflowOperation
+from temporalio.common import WorkflowIDConflictPolicy
+from temporalio.exceptions import ApplicationError
+
+from hermes import names
+from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
+from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
+from hermes.memory.models import (
+    ConsolidateInput,
+    ConsolidationReport,
+    ExtractMemoriesInput,
+    ExtractMemoriesResult,
+    ForgetReport,
+    MemoryBatch,
+    MemoryWriterInput,
+    SearchMemoriesInput,
+    SearchMemoriesResult,
+    WriteMemoriesInput,
+    WriteReport,
+)
+from hermes.memory.store import EmbeddingModelMismatch, MemoryStore, MemoryStoreError
+from hermes.models import CallModelInput, Message
+
+log = logging.getLogger("hermes.memory")
+
+HIT_FLUSH_SECONDS = 1.0
+"""Hit statistics are written at most this often, after the search that produced them."""
+
+
+class MemoryActivities:
+    """The memory activities of one worker.
+
+    Args:
+        store_factory: opens the store (called once, in a thread, on first use).
+        provider: the model used for extraction (the session's chat model).
+        client: the Temporal client (extraction delivers to the user's memory writer).
+        task_queue: where memory writers run.
+        writer_settings: ``batch_size`` / ``batch_seconds`` for writers this worker starts.
+    """
+
+    def __init__(
+        self,
+        store_factory: Callable[[], MemoryStore],
+        *,
+        provider: Any = None,
+        client: Client | None = None,
+        task_queue: str = names.DEFAULT_TASK_QUEUE,
+        batch_size: int = 10,
+        batch_seconds: float = 5.0,
+    ) -> None:
+        self._factory = store_factory
+        self._store: MemoryStore | None = None
+        self._store_lock = threading.Lock()
+        self.provider = provider
+        self.client = client
+        self.task_queue = task_queue
+        self.batch_size = batch_size
+        self.batch_seconds = batch_seconds
+        self._hits: dict[str, datetime] = {}
+        self._hit_task: asyncio.Task[None] | None = None
+
+    def store(self) -> MemoryStore:
+        """The store, opened on first use (thread-safe)."""
+        with self._store_lock:
+            if self._store is None:
+                self._store = self._factory()
+            return self._store
+
+    async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        def call() -> Any:
+            return fn(self.store(), *args, **kwargs)
+
+        return await asyncio.to_thread(call)
+
+    # -------------------------------------------------------------- read
+
+    @activity.defn(name=names.SEARCH_MEMORIES)
+    async def search_memories(self, inp: SearchMemoriesInput) -> SearchMemoriesResult:
+        """The user's memories for ``inp.query`` (see :meth:`MemoryStore.search`).
+
+        A store that refuses the search (rows of another embedding model, a bad user id)
+        gives an empty result with the reason, never an error: the turn goes on without
+        memories. Hit statistics are written afterwards, off the turn's path.
+        """
+        now = datetime.now(timezone.utc)
+        try:
+            found = await self._run(
+                lambda s: s.search(inp.user_id, inp.query, limit=inp.limit, kinds=inp.kinds, now=now, max_chars=inp.max_chars)
+            )
+        except (EmbeddingModelMismatch, MemoryStoreError) as err:
+            return SearchMemoriesResult(error=str(err))
+        self._note_hits([m.memory_id for m in found], now)
+        return SearchMemoriesResult(memories=found)
+
+    def _note_hits(self, ids: list[str], now: datetime) -> None:
+        if not ids:
+            return
+        for mid in ids:
+            self._hits[mid] = now
+        if self._hit_task is None or self._hit_task.done():
+            self._hit_task = asyncio.get_running_loop().create_task(self._flush_hits())
+
+    async def _flush_hits(self) -> None:
+        await asyncio.sleep(HIT_FLUSH_SECONDS)
+        while self._hits:
+            batch, self._hits = self._hits, {}
+            try:
+                await self._run(lambda s: s.record_hits(batch.keys(), max(batch.values())))
+            except Exception:  # noqa: BLE001 - statistics only: a lost hit costs nothing else
+                log.warning("memory hit statistics not written for %d memories", len(batch), exc_info=True)
+
+    async def flush_hits(self) -> None:
+        """Write pending hit statistics now (worker shutdown, tests)."""
+        if self._hit_task is not None:
+            await self._hit_task
+
+    # ------------------------------------------------------------ write
+
+    @activity.defn(name=names.EXTRACT_MEMORIES)
+    async def extract_memories(self, inp: ExtractMemoriesInput) -> ExtractMemoriesResult:
+        """Ask the model for memories in ``inp.excerpt`` (when ``use_model``), keep those at
+        or above ``min_confidence`` (0.75), and deliver them with the rule candidates to the
+        user's memory writer (signal-with-start: it batches 10 items or 5 s).
+
+        A model failure or an unreadable answer delivers the rule candidates alone and says
+        so in ``error``; a delivery failure raises (the activity is retried; a candidate
+        delivered twice is written once).
+        """
+        result = ExtractMemoriesResult()
+        candidates = list(inp.rule_candidates)
+        if inp.use_model and inp.excerpt and self.provider is not None:
+            request = CallModelInput(
+                session_id=inp.session_id,
+                turn=inp.turn,
+                messages=[
+                    Message(role="system", content=EXTRACTION_INSTRUCTION),
+                    Message(role="user", content=extraction_prompt(inp.excerpt)),
+                ],
+                model=inp.model,
+                purpose="memory_extraction",
+                max_output_tokens=800,
+            )
+            try:
+                answer = await self.provider.complete(request)
+            except ModelUnavailableError as err:
+                if activity.info().attempt < 3:
+                    raise ApplicationError(str(err), type=type(err).__name__) from None
+                result.error = f"model unavailable: {err}"
+            except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
+                result.error = f"model refused the extraction: {err}"
+            else:
+                found, dropped, problems = parse_extraction(
+                    answer.message.content or "",
+                    user_id=inp.user_id,
+                    session_id=inp.session_id,
+                    turn=inp.turn,
+                    created_at=inp.created_at,
+                    min_confidence=inp.min_confidence,
+                )
+                result.model_candidates = len(found)
+                result.dropped_low_confidence = dropped
+                if problems:
+                    result.error = "; ".join(problems)[:500]
+                known = {" ".join(c.text.split()).casefold() for c in candidates}
+                candidates += [c for c in found if " ".join(c.text.split()).casefold() not in known]
+        kept = [c for c in candidates if c.confidence >= inp.min_confidence]
+        result.dropped_low_confidence += len(candidates) - len(kept)
+        if kept:
+            await self._deliver(inp.user_id, MemoryBatch(candidates=kept))
+        result.delivered = len(kept)
+        return result
+
+    async def _deliver(self, user_id: str, batch: MemoryBatch) -> None:
+        if self.client is None:
+            raise ApplicationError("no Temporal client to deliver memories with", non_retryable=True)
+        await self.client.start_workflow(
+            names.MEMORY_WRITER_WORKFLOW,
+            MemoryWriterInput(user_id=user_id, batch_size=self.batch_size, batch_seconds=self.batch_seconds),
+            id=names.memory_writer_id(user_id),
+            task_queue=self.task_queue,
+            start_signal=names.ADD_MEMORIES,
+            start_signal_args=[batch],
+        )
+
+    @activity.defn(name=names.WRITE_MEMORIES)
+    async def write_memories(self, inp: WriteMemoriesInput) -> WriteReport:
+        """Write one batch (see :meth:`MemoryStore.write`); idempotent.
+
+        Raises:
+            ApplicationError: ``EmbeddingModelMismatch`` (not retried: the writer keeps the
+                batch and tries again later), or a store failure (retried).
+        """
+        try:
+            return await self._run(lambda s: s.write(inp.candidates))
+        except EmbeddingModelMismatch as err:
+            raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
+        except MemoryStoreError as err:
+            raise ApplicationError(str(err), type=type(err).__name__) from None
+
+    @activity.defn(name=names.FORGET_MEMORIES)
+    async def forget_memories(self, user_id: str) -> int:
+        """Delete every row of ``user_id`` (memories and archive); returns how many."""
+        try:
+            return await self._run(lambda s: s.forget_user(user_id))
+        except MemoryStoreError as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+
+    @activity.defn(name=names.FORGET_USER_MEMORIES)
+    async def forget_user_memories(self, user_id: str) -> ForgetReport:
+        """From a session: the user's writer drops what is pending and deletes every row
+        (the writer's ``forget`` update, started if it is not running)."""
+        if self.client is None:
+            raise ApplicationError("no Temporal client", non_retryable=True)
+        operation = WithStartWorkflowOperation(
+            names.MEMORY_WRITER_WORKFLOW,
+            MemoryWriterInput(user_id=user_id, batch_size=self.batch_size, batch_seconds=self.batch_seconds),
+            id=names.memory_writer_id(user_id),
+            task_queue=self.task_queue,
+            id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+        )
+        return await self.client.execute_update_with_start_workflow(
+            names.FORGET_USER, start_workflow_operation=operation, result_type=ForgetReport
+        )
+
+    # ------------------------------------------------------ consolidation
+
+    @activity.defn(name=names.LIST_MEMORY_USERS)
+    async def list_memory_users(self) -> list[str]:
+        return await self._run(lambda s: s.users())
+
+    @activity.defn(name=names.CONSOLIDATE_MEMORIES)
+    async def consolidate_memories(self, inp: ConsolidateInput) -> ConsolidationReport:
+        """Consolidate one user's rows (see :meth:`MemoryStore.consolidate_user`)."""
+        try:
+            return await self._run(lambda s: s.consolidate_user(inp.user_id, inp.now, inp.archive_after_days))
+        except EmbeddingModelMismatch as err:
+            raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
+        except MemoryStoreError as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+
+    @activity.defn(name=names.OPTIMIZE_MEMORIES)
+    async def optimize_memories(self) -> None:
+        """Fold new rows into the indexes (end of a consolidation run)."""
+        await self._run(lambda s: s.optimize())
+
+    def activities(self) -> list[Callable[..., Any]]:
+        return [
+            self.search_memories,
+            self.extract_memories,
+            self.write_memories,
+            self.forget_memories,
+            self.forget_user_memories,
+            self.list_memory_users,
+            self.consolidate_memories,
+            self.optimize_memories,
+        ]
+

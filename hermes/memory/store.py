@@ -1,0 +1,905 @@
+"""The long-term memory store: one LanceDB table of memories and one of archived rows.
+
+Write path (:meth:`MemoryStore.write`), read path (:meth:`MemoryStore.search`) and the
+consolidation of one user's rows (:meth:`MemoryStore.consolidate_user`), with the rules of
+DESIGN.md "Memory" and seeds 000 §4, 002 §6, 004 §6-7:
+
+- Writes are upserts keyed by a deterministic ``memory_id``; a candidate already applied
+  (a retried activity) changes nothing. A candidate close to an active row (cosine at or
+  above the embedding model's ``dedupe`` threshold, seed 004 §6.2: 0.92 for e5) refreshes that
+  row instead of inserting one. A candidate with the ``subject`` of an active row and
+  another value supersedes it: the old row stays, marked ``superseded``, with half its
+  confidence and ``superseded_by`` set (seed 002 §6.3: never a silent delete).
+- Every change to an existing row is conditional on its ``version`` (optimistic
+  concurrency): a write racing a consolidation, or another worker, re-reads and tries
+  again instead of overwriting.
+- Reads filter first (user, kinds, ``active``, still valid, same embedding model; a scalar
+  index on each filter column), then take the vector top-20 and the full-text top-10,
+  and rerank by 0.5 similarity + 0.2 recency + 0.2 importance + 0.1 frequency (seed 004
+  §6.3).
+- Filters are built from validated values and quoted SQL literals (``'`` doubled), so a
+  user id with quotes or SQL in it selects that id and nothing else.
+
+All methods are synchronous (LanceDB's own calls are); the activities run them in threads.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from hermes.errors import HermesError
+from hermes.memory.embeddings import Embedder
+from hermes.memory.models import (
+    ConsolidationReport,
+    MemoryCandidate,
+    MemoryKind,
+    RetrievedMemory,
+    WriteReport,
+)
+
+MEMORY_TABLE = "memories"
+ARCHIVE_TABLE = "memories_archive"
+FORGOTTEN_TABLE = "memories_forgotten"
+"""One row per user who asked to be forgotten, with when: a candidate said before that and
+delivered after (a retried extraction) is refused."""
+SCHEMA_VERSION = "1"
+_META_MODEL = b"hermes.embedding_model"
+_META_DIM = b"hermes.dim"
+_META_SCHEMA = b"hermes.schema"
+
+VECTOR_TOP_K = 20
+"""Vector candidates per search (seed 002 §6.2: top 20)."""
+FTS_TOP_K = 10
+RERANK_WEIGHTS = (0.5, 0.2, 0.2, 0.1)
+"""Similarity, recency, importance, frequency (seed 004 §6.3)."""
+RECENCY_HALF_LIFE_DAYS = 30.0
+"""A memory's recency term halves every this many days since it was last stated or used."""
+FREQUENCY_SATURATION = 10
+"""Uses (hits plus restatements) at which the frequency term reaches 1."""
+MAX_SOURCES = 32
+"""Candidate ids kept per row (to recognise a retried write); the oldest drop off."""
+VECTOR_INDEX_MIN_ROWS = 100_000
+"""Rows from which the ANN index (IvfHnswSq) is built. Below it, searches are exact: the
+per-user prefilter (scalar index) leaves only that user's rows to scan.
+``bench/memory_search.py`` at 100k rows (200 users, one with 10,000 rows): for users of
+about 450 rows flat, IvfPq and IvfHnswSq are about as fast (vector part 15-20 ms median)
+at recall@20 1.0; for the 10,000-row user flat takes about 100 ms, IvfHnswSq about 20 ms at
+recall 1.0, and IvfPq (nprobes 32, refine 10) reaches only 0.37-0.75 recall."""
+_MAX_ID_CHARS = 512
+_REEMBED_SUFFIX = "__reembed"
+
+
+class MemoryStoreError(HermesError):
+    """A memory operation the store refuses (a bad argument)."""
+
+
+class EmbeddingModelMismatch(MemoryStoreError):
+    """The rows were embedded by another model (or dimension) than the one configured:
+    searching them would compare incomparable vectors. ``hermes memory reembed`` fixes it."""
+
+
+class WriteConflict(MemoryStoreError):
+    """Rows kept changing under a write for every attempt (the activity retries)."""
+
+
+def check_id(value: str, what: str = "user_id") -> str:
+    """``value`` if it is usable as an id: non-empty, at most 512 characters, no control
+    characters. Any other character (quotes, SQL, emoji) is fine: filters quote it.
+
+    Raises:
+        MemoryStoreError: naming ``what`` and why.
+    """
+    if not isinstance(value, str) or not value:
+        raise MemoryStoreError(f"{what} must be a non-empty string, got {value!r}")
+    if len(value) > _MAX_ID_CHARS:
+        raise MemoryStoreError(f"{what} is {len(value)} characters; at most {_MAX_ID_CHARS}")
+    if any(ord(c) < 32 or ord(c) == 127 for c in value):
+        raise MemoryStoreError(f"{what} contains control characters: {value[:80]!r}")
+    return value
+
+
+def sql_str(value: str) -> str:
+    """A SQL string literal for ``value`` (single quotes doubled; DataFusion's rule)."""
+    return "'" + value.replace("'", "''") + "'"
+
+
+def sql_time(value: datetime) -> str:
+    """A UTC timestamp literal for LanceDB filters."""
+    value = value.astimezone(timezone.utc) if value.tzinfo else value.replace(tzinfo=timezone.utc)
+    return f"TIMESTAMP '{value.strftime('%Y-%m-%dT%H:%M:%S.%f')}'"
+
+
+def _utc(value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+def clean_text(text: str, limit: int) -> str:
+    """``text`` on one line, whitespace collapsed, lone surrogates replaced, at most
+    ``limit`` characters (cut with an ellipsis)."""
+    text = " ".join(text.encode("utf-8", "replace").decode("utf-8").split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+_FORGOTTEN_SCHEMA = pa.schema(
+    [pa.field("user_id", pa.string(), nullable=False), pa.field("forgotten_at", pa.timestamp("us", tz="UTC"))]
+)
+
+
+def _schema(dim: int, model_id: str) -> pa.Schema:
+    ts = pa.timestamp("us", tz="UTC")
+    return pa.schema(
+        [
+            pa.field("memory_id", pa.string(), nullable=False),
+            pa.field("user_id", pa.string(), nullable=False),
+            pa.field("kind", pa.string(), nullable=False),
+            pa.field("subject", pa.string()),
+            pa.field("value", pa.string()),
+            pa.field("text", pa.string(), nullable=False),
+            pa.field("vector", pa.list_(pa.float32(), dim)),
+            pa.field("embedding_model", pa.string(), nullable=False),
+            pa.field("importance", pa.float32()),
+            pa.field("confidence", pa.float32()),
+            pa.field("source", pa.string()),
+            pa.field("source_session", pa.string()),
+            pa.field("source_turn", pa.int64()),
+            pa.field("created_at", ts),
+            pa.field("updated_at", ts),
+            pa.field("last_hit_at", ts),
+            pa.field("hit_count", pa.int64()),
+            pa.field("mentions", pa.int64()),
+            pa.field("sources", pa.list_(pa.string())),
+            pa.field("valid_until", ts),
+            pa.field("superseded_by", pa.string()),
+            pa.field("status", pa.string(), nullable=False),
+            pa.field("version", pa.int64()),
+        ],
+        metadata={_META_MODEL: model_id.encode(), _META_DIM: str(dim).encode(), _META_SCHEMA: SCHEMA_VERSION.encode()},
+    )
+
+
+@dataclass
+class _Plan:
+    """What one write batch will change."""
+
+    inserts: dict[str, dict[str, Any]]
+    updates: dict[str, dict[str, Any]]
+    """Rows to replace, keyed by memory_id; each carries the version it was read at."""
+    report: WriteReport
+
+
+class MemoryStore:
+    """Long-term memories in LanceDB.
+
+    Args:
+        uri: a local directory or any LanceDB URI (``s3://...``, ``db://...``).
+        embedder: the embedding model; rows of another model are refused, not mixed.
+        vector_index_min_rows: rows from which the ANN index is built.
+
+    Raises:
+        MemoryStoreError: the URI cannot be opened.
+    """
+
+    def __init__(self, uri: str | Path, embedder: Embedder, *, vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS):
+        import lancedb
+
+        self.uri = str(uri)
+        self.embedder = embedder
+        self.thresholds = embedder.thresholds
+        self.vector_index_min_rows = vector_index_min_rows
+        if "://" not in self.uri:
+            Path(self.uri).mkdir(parents=True, exist_ok=True)
+        # Strong consistency: other workers and the CLI write to the same tables.
+        self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+        self._lock = threading.Lock()
+        self._forgotten_table: Any = None
+        self._indexed_at_rows = -1
+        self._fts_dirty = 0
+        self.table = self._open(MEMORY_TABLE)
+        self.archive = self._open(ARCHIVE_TABLE)
+        self.ensure_indexes()
+
+    # ------------------------------------------------------------ tables
+
+    def _table_names(self) -> set[str]:
+        try:
+            names = self._db.list_tables()
+            names = getattr(names, "tables", names)
+        except AttributeError:  # pragma: no cover - older lancedb
+            names = self._db.table_names()
+        return set(names)
+
+    def _open(self, name: str) -> Any:
+        names = self._table_names()
+        if name not in names and f"{name}{_REEMBED_SUFFIX}" in names:
+            _finish_reembed(self._db, name)  # a re-embedding stopped between its two steps
+            names = self._table_names()
+        if name in names:
+            return self._db.open_table(name)
+        try:
+            return self._db.create_table(name, schema=_schema(self.embedder.dim, self.embedder.model_id))
+        except (ValueError, OSError, RuntimeError):
+            # Created by another process in the meantime.
+            return self._db.open_table(name)
+
+    def stored_model(self, table: Any = None) -> tuple[str, int]:
+        """The embedding model id and dimension the table was created for."""
+        schema = (table or self.table).schema
+        meta = schema.metadata or {}
+        dim = schema.field("vector").type.list_size
+        return meta.get(_META_MODEL, b"").decode() or "unknown", int(dim)
+
+    def check_model(self) -> None:
+        """Raises :class:`EmbeddingModelMismatch` unless every row (both tables) was
+        embedded by this store's model, with its dimension."""
+        for table in (self.table, self.archive):
+            model, dim = self.stored_model(table)
+            if model != self.embedder.model_id or dim != self.embedder.dim:
+                raise EmbeddingModelMismatch(
+                    f"the memories at {self.uri} were embedded with {model} ({dim} dimensions) and this worker "
+                    f"uses {self.embedder.model_id} ({self.embedder.dim} dimensions): run `hermes memory reembed` "
+                    "to embed them again, or configure the same model (HERMES_MEMORY_EMBEDDER)"
+                )
+
+    def ensure_indexes(self) -> None:
+        """Scalar indexes on the filter columns, the full-text index on ``text``, and the
+        vector index once the table has ``vector_index_min_rows`` rows. Cheap when they
+        exist; new rows are searched unindexed until the next refresh (still found)."""
+        from lancedb.index import FTS, BTree, Bitmap
+
+        try:
+            rows = self.table.count_rows()
+        except Exception:  # noqa: BLE001 - a table being rewritten by reembed
+            return
+        have = {i.name for i in self.table.list_indices()}
+        for column, config in (
+            ("user_id", BTree()),
+            ("memory_id", BTree()),
+            ("kind", Bitmap()),
+            ("status", Bitmap()),
+            ("subject", BTree()),
+        ):
+            if f"{column}_idx" not in have:
+                self.table.create_index(column, config=config, replace=True)
+        if "text_idx" not in have:
+            self.table.create_index(
+                "text", config=FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3), replace=True
+            )
+        if rows >= self.vector_index_min_rows and "vector_idx" not in have:
+            from lancedb.index import IvfHnswSq
+
+            # IvfHnswSq, not IvfPq: PQ lost recall under a per-user prefilter (bench/memory_search.py).
+            partitions = max(1, int(math.sqrt(rows)))
+            self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine", num_partitions=partitions))
+        archive_have = {i.name for i in self.archive.list_indices()}
+        if "user_id_idx" not in archive_have:
+            self.archive.create_index("user_id", config=BTree(), replace=True)
+        self._indexed_at_rows = rows
+
+    def optimize(self) -> None:
+        """Fold new rows into the indexes and compact small fragments (consolidation runs it)."""
+        for table in (self.table, self.archive):
+            try:
+                table.optimize()
+            except Exception:  # noqa: BLE001 - optimisation is best effort; a concurrent commit wins
+                pass
+        self.ensure_indexes()
+
+    # ----------------------------------------------------------- helpers
+
+    def _where(self, user_id: str, *, statuses: Sequence[str] = ("active",), kinds: Sequence[str] | None = None,
+               now: datetime | None = None, model: bool = True) -> str:
+        parts = [f"user_id = {sql_str(check_id(user_id))}"]
+        if statuses:
+            parts.append("status IN (" + ", ".join(sql_str(s) for s in statuses) + ")")
+        if kinds:
+            parts.append("kind IN (" + ", ".join(sql_str(k) for k in kinds) + ")")
+        if now is not None:
+            parts.append(f"(valid_until IS NULL OR valid_until > {sql_time(now)})")
+        if model:
+            parts.append(f"embedding_model = {sql_str(self.embedder.model_id)}")
+        return " AND ".join(parts)
+
+    def _rows(self, table: Any, where: str, *, limit: int | None = None, vectors: bool = False) -> list[dict[str, Any]]:
+        query = table.search().where(where)
+        if limit is not None:
+            query = query.limit(limit)
+        else:
+            query = query.limit(table.count_rows(where) + 1 or 1)
+        rows = query.to_list()
+        if not vectors:
+            for r in rows:
+                r.pop("vector", None)
+        return rows
+
+    def _vector_search(self, vector: np.ndarray, where: str, limit: int) -> list[dict[str, Any]]:
+        query = (
+            self.table.search(vector.astype(np.float32), vector_column_name="vector")
+            .distance_type("cosine")
+            .where(where, prefilter=True)
+            .limit(limit)
+        )
+        if "vector_idx" in {i.name for i in self.table.list_indices()}:
+            query = query.nprobes(32).refine_factor(10)
+        return query.to_list()
+
+    @staticmethod
+    def _similarity(row: dict[str, Any], vector: np.ndarray) -> float:
+        return float(np.dot(np.asarray(row["vector"], dtype=np.float32), vector))
+
+    # ------------------------------------------------------------- write
+
+    def _already_applied(self, user_id: str, candidate_ids: list[str]) -> set[str]:
+        if not candidate_ids:
+            return set()
+        found: set[str] = set()
+        ids = ", ".join(sql_str(c) for c in candidate_ids)
+        where = f"user_id = {sql_str(user_id)} AND (memory_id IN ({ids}) OR array_has_any(sources, [{ids}]))"
+        for table in (self.table, self.archive):
+            for row in self._rows(table, where):
+                found.add(row["memory_id"])
+                found.update(row.get("sources") or [])
+        return found & set(candidate_ids)
+
+    def write(self, candidates: Sequence[MemoryCandidate], *, now: datetime | None = None, attempts: int = 5) -> WriteReport:
+        """Store ``candidates`` (all of one user): insert, refresh a near-duplicate, or
+        supersede an older value of the same subject.
+
+        Returns:
+            What changed.
+
+        Raises:
+            EmbeddingModelMismatch: the table holds another model's vectors.
+            WriteConflict: the rows kept changing for ``attempts`` tries.
+            MemoryStoreError: candidates of several users, or a bad user id.
+        """
+        if not candidates:
+            return WriteReport()
+        users = {c.user_id for c in candidates}
+        if len(users) != 1:
+            raise MemoryStoreError(f"one user per write; got {len(users)}")
+        user_id = check_id(next(iter(users)))
+        self.check_model()
+        now = _utc(now) or datetime.now(timezone.utc)
+        forgotten = self.forgotten_at(user_id)
+        texts = [clean_text(c.text, 500) for c in candidates]
+        keep = [
+            (c, t) for c, t in zip(candidates, texts)
+            if t and (forgotten is None or (_utc(c.created_at) or now) > forgotten)
+        ]
+        dropped = len(candidates) - len(keep)
+        vectors = self.embedder.embed_passages([t for _, t in keep]) if keep else np.zeros((0, self.embedder.dim))
+        for attempt in range(attempts):
+            plan = self._plan(user_id, keep, vectors, now)
+            plan.report.dropped += dropped
+            if self._apply(plan):
+                self._fts_dirty += len(plan.inserts)
+                return plan.report
+            # Jittered: writers that lost the same race must not retry in lockstep.
+            time.sleep(random.uniform(0.01, 0.05 * 2**attempt))
+        raise WriteConflict(f"memories of {user_id!r} kept changing during {attempts} write attempts")
+
+    def _plan(self, user_id: str, items: list[tuple[MemoryCandidate, str]], vectors: np.ndarray, now: datetime) -> _Plan:
+        report = WriteReport()
+        applied = self._already_applied(user_id, [c.candidate_id for c, _ in items])
+        inserts: dict[str, dict[str, Any]] = {}
+        updates: dict[str, dict[str, Any]] = {}
+        base = self._where(user_id, now=now)
+        for (cand, text), vector in zip(items, vectors):
+            if cand.candidate_id in applied:
+                report.unchanged += 1
+                continue
+            subject = _norm_key(cand.subject)
+            value = _norm_value(cand.value)
+            pool = {r["memory_id"]: r for r in self._vector_search(vector, base, 5)}
+            if subject:
+                for r in self._rows(self.table, base + f" AND subject = {sql_str(subject)}", vectors=True):
+                    pool.setdefault(r["memory_id"], r)
+            # What this batch already changed takes precedence over what was read.
+            for mid in list(pool):
+                if mid in updates:
+                    pool[mid] = updates[mid]
+            pool.update({mid: r for mid, r in inserts.items()})
+            active = [r for r in pool.values() if r["status"] == "active"]
+            same: dict[str, Any] | None = None
+            best = -1.0
+            for r in active:
+                sim = self._similarity(r, vector)
+                if subject and r.get("subject") == subject:
+                    # Same single-valued subject: the same value restated, or a new value.
+                    if value and r.get("value"):
+                        if r["value"] == value and sim > best:
+                            same, best = r, sim
+                        continue
+                if (
+                    sim >= self.thresholds.dedupe
+                    and sim > best
+                    and (not subject or not r.get("subject") or r.get("subject") == subject)
+                    and identifiers(r["text"]) == identifiers(text)
+                ):
+                    same, best = r, sim
+            if same is not None:
+                row = dict(same)
+                row["updated_at"] = now
+                row["importance"] = max(float(row["importance"]), cand.importance)
+                row["confidence"] = max(float(row["confidence"]), cand.confidence)
+                row["mentions"] = int(row["mentions"]) + 1
+                row["sources"] = (list(row.get("sources") or []) + [cand.candidate_id])[-MAX_SOURCES:]
+                if cand.valid_until is not None:
+                    row["valid_until"] = max(_utc(cand.valid_until), _utc(row.get("valid_until")) or _utc(cand.valid_until))
+                if not row.get("subject") and subject:
+                    row["subject"], row["value"] = subject, value
+                self._stage(row, inserts, updates)
+                if row["memory_id"] not in report.inserted and row["memory_id"] not in report.updated:
+                    report.updated.append(row["memory_id"])
+                continue
+            new_id = cand.candidate_id
+            row = {
+                "memory_id": new_id,
+                "user_id": user_id,
+                "kind": cand.kind,
+                "subject": subject,
+                "value": value,
+                "text": text,
+                "vector": np.asarray(vector, dtype=np.float32),
+                "embedding_model": self.embedder.model_id,
+                "importance": cand.importance,
+                "confidence": cand.confidence,
+                "source": cand.source,
+                "source_session": cand.source_session,
+                "source_turn": cand.source_turn,
+                "created_at": _utc(cand.created_at) or now,
+                "updated_at": now,
+                "last_hit_at": None,
+                "hit_count": 0,
+                "mentions": 1,
+                "sources": [cand.candidate_id],
+                "valid_until": _utc(cand.valid_until),
+                "superseded_by": None,
+                "status": "active",
+                "version": 1,
+            }
+            inserts[new_id] = row
+            report.inserted.append(new_id)
+            if subject:
+                for r in active:
+                    if r.get("subject") == subject and r["memory_id"] != new_id:
+                        old = dict(r)
+                        old["status"] = "superseded"
+                        old["superseded_by"] = new_id
+                        old["confidence"] = round(float(old["confidence"]) * 0.5, 4)
+                        old["updated_at"] = now
+                        self._stage(old, inserts, updates)
+                        report.superseded.append(old["memory_id"])
+        return _Plan(inserts=inserts, updates=updates, report=report)
+
+    @staticmethod
+    def _stage(row: dict[str, Any], inserts: dict[str, dict[str, Any]], updates: dict[str, dict[str, Any]]) -> None:
+        mid = row["memory_id"]
+        if mid in inserts:
+            inserts[mid] = row
+        else:
+            updates[mid] = row
+
+    def _apply(self, plan: _Plan) -> bool:
+        """Apply ``plan``: conditional updates first (each at the version it was read),
+        then the inserts. False when a row changed since it was read (nothing of the
+        plan's inserts is written then; updates already made are harmless restatements
+        that the next attempt sees)."""
+        with self._lock:
+            for mid, row in plan.updates.items():
+                seen = int(row["version"])
+                new = dict(row, version=seen + 1)
+                result = (
+                    self.table.merge_insert("memory_id")
+                    .when_matched_update_all(where=f"target.version = {seen}")
+                    .execute(self._table_rows([new]))
+                )
+                if result.num_updated_rows != 1:
+                    return False
+            if plan.inserts:
+                # Insert only: a row with the id exists already when this is a retry.
+                self.table.merge_insert("memory_id").when_not_matched_insert_all().execute(
+                    self._table_rows(list(plan.inserts.values()))
+                )
+        return True
+
+    def _table_rows(self, rows: list[dict[str, Any]]) -> pa.Table:
+        schema = self.table.schema
+        clean = []
+        for row in rows:
+            r = {name: row.get(name) for name in schema.names}
+            r["vector"] = np.asarray(r["vector"], dtype=np.float32).tolist()
+            for key in ("created_at", "updated_at", "last_hit_at", "valid_until"):
+                r[key] = _utc(r[key])
+            r["sources"] = list(r.get("sources") or [])
+            clean.append(r)
+        return pa.Table.from_pylist(clean, schema=schema)
+
+    # -------------------------------------------------------------- read
+
+    def search(
+        self,
+        user_id: str,
+        query: str,
+        *,
+        limit: int = 3,
+        kinds: Sequence[MemoryKind] | None = None,
+        now: datetime | None = None,
+        max_chars: int = 200,
+        hybrid: bool = True,
+        vector: np.ndarray | None = None,
+    ) -> list[RetrievedMemory]:
+        """The memories of ``user_id`` most useful for ``query``, best first.
+
+        Prefilter (user, kinds, active, valid at ``now``, this embedding model), vector
+        top-20 plus full-text top-10 (``hybrid``), rerank (seed 004 §6.3), drop those under
+        the model's retrieval threshold, keep ``limit`` (at most 5), texts cut to
+        ``max_chars`` (seed 004 §6.3: 200). ``vector``: the query's embedding, when the
+        caller has it already.
+
+        Raises:
+            EmbeddingModelMismatch: the rows were embedded by another model.
+            MemoryStoreError: a bad user id.
+        """
+        self.check_model()
+        now = _utc(now) or datetime.now(timezone.utc)
+        query = clean_text(query, 2000)
+        if not query:
+            return []
+        where = self._where(user_id, kinds=kinds, now=now)
+        if vector is None:
+            vector = self.embedder.embed_query(query)
+        rows = {r["memory_id"]: r for r in self._vector_search(vector, where, VECTOR_TOP_K)}
+        keyword: set[str] = set()
+        if hybrid:
+            for r in self._fts(query, where):
+                keyword.add(r["memory_id"])
+                rows.setdefault(r["memory_id"], r)
+        scored = []
+        for r in rows.values():
+            sim = self._similarity(r, vector)
+            if sim < self.thresholds.retrieval and r["memory_id"] not in keyword:
+                continue
+            scored.append((self.score(r, sim, now), sim, r))
+        scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
+        return [
+            RetrievedMemory(
+                memory_id=r["memory_id"],
+                kind=r["kind"],
+                text=clean_text(r["text"], max_chars),
+                updated_at=_utc(r["updated_at"]),
+                similarity=round(sim, 4),
+                score=round(score, 4),
+            )
+            for score, sim, r in scored[: max(1, min(limit, 5))]
+        ]
+
+    def _fts(self, query: str, where: str) -> list[dict[str, Any]]:
+        terms = re.sub(r"[^\w\s@.+-]", " ", query).strip()
+        if not terms:
+            return []
+        try:
+            return (
+                self.table.search(terms, query_type="fts", fts_columns="text")
+                .where(where, prefilter=True)
+                .limit(FTS_TOP_K)
+                .to_list()
+            )
+        except Exception:  # noqa: BLE001 - no FTS index yet, or a query the parser refuses
+            return []
+
+    def score(self, row: dict[str, Any], similarity: float, now: datetime) -> float:
+        """0.5 similarity + 0.2 recency + 0.2 importance + 0.1 frequency, each in 0-1.
+
+        Similarity is rescaled from the model's retrieval threshold (0) to 1 (1), so the
+        weights mean the same for every embedding model; recency halves every 30 days since
+        the memory was last stated or used; frequency saturates at 10 uses.
+        """
+        floor = self.thresholds.retrieval
+        sim = min(1.0, max(0.0, (similarity - floor) / max(1e-6, 1.0 - floor)))
+        last = max(x for x in (_utc(row.get("updated_at")), _utc(row.get("last_hit_at"))) if x is not None)
+        age_days = max(0.0, (now - last).total_seconds() / 86400.0)
+        recency = 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
+        uses = int(row.get("hit_count") or 0) + int(row.get("mentions") or 1) - 1
+        frequency = min(1.0, math.log1p(uses) / math.log1p(FREQUENCY_SATURATION))
+        w = RERANK_WEIGHTS
+        return w[0] * sim + w[1] * recency + w[2] * float(row.get("importance") or 0.0) + w[3] * frequency
+
+    def record_hits(self, memory_ids: Iterable[str], now: datetime | None = None) -> int:
+        """Count a use of each memory (hit count, last hit): the frequency term and the
+        archive clock. Unconditional SQL increments, so they commute with other writes."""
+        ids = sorted({check_id(m, "memory_id") for m in memory_ids})
+        if not ids:
+            return 0
+        now = _utc(now) or datetime.now(timezone.utc)
+        result = self.table.update(
+            where="memory_id IN (" + ", ".join(sql_str(m) for m in ids) + ")",
+            values_sql={"hit_count": "hit_count + 1", "last_hit_at": sql_time(now), "version": "version + 1"},
+        )
+        return int(getattr(result, "rows_updated", 0) or 0)
+
+    # ------------------------------------------------------ list, forget
+
+    def list(self, user_id: str, *, statuses: Sequence[str] = ("active", "superseded"), archived: bool = False,
+             limit: int = 1000) -> list[dict[str, Any]]:
+        """Rows of ``user_id`` without vectors, newest first (``archived``: the archive's)."""
+        table = self.archive if archived else self.table
+        where = self._where(user_id, statuses=statuses, model=False)
+        rows = self._rows(table, where, limit=None)
+        rows.sort(key=lambda r: (r["updated_at"], r["memory_id"]), reverse=True)
+        return rows[:limit]
+
+    def users(self) -> list[str]:
+        """Every user with rows in the memory table."""
+        if self.table.count_rows() == 0:
+            return []
+        col = self.table.search().select(["user_id"]).limit(self.table.count_rows()).to_arrow()["user_id"]
+        return sorted(set(col.to_pylist()))
+
+    def forget_user(self, user_id: str, *, now: datetime | None = None) -> int:
+        """Delete every row of ``user_id`` from both tables and record when, so that a
+        candidate said before now is refused if it arrives later; returns how many rows."""
+        where = f"user_id = {sql_str(check_id(user_id))}"
+        now = _utc(now) or datetime.now(timezone.utc)
+        mark = pa.Table.from_pylist([{"user_id": user_id, "forgotten_at": now}], schema=_FORGOTTEN_SCHEMA)
+        self._forgotten().merge_insert("user_id").when_matched_update_all().when_not_matched_insert_all().execute(mark)
+        deleted = 0
+        for table in (self.table, self.archive):
+            result = table.delete(where)
+            deleted += int(getattr(result, "num_deleted_rows", 0) or 0)
+        return deleted
+
+    def forgotten_at(self, user_id: str) -> datetime | None:
+        """When ``user_id`` last asked to be forgotten, if ever."""
+        rows = self._forgotten().search().where(f"user_id = {sql_str(check_id(user_id))}").limit(1).to_list()
+        return _utc(rows[0]["forgotten_at"]) if rows else None
+
+    def _forgotten(self) -> Any:
+        if self._forgotten_table is None:
+            if FORGOTTEN_TABLE in self._table_names():
+                self._forgotten_table = self._db.open_table(FORGOTTEN_TABLE)
+            else:
+                try:
+                    self._forgotten_table = self._db.create_table(FORGOTTEN_TABLE, schema=_FORGOTTEN_SCHEMA)
+                except (ValueError, OSError, RuntimeError):
+                    self._forgotten_table = self._db.open_table(FORGOTTEN_TABLE)
+        return self._forgotten_table
+
+    def count(self, user_id: str | None = None, *, archived: bool = False) -> int:
+        table = self.archive if archived else self.table
+        # ``is not None``: an empty user id is refused, not read as "every user".
+        return table.count_rows(f"user_id = {sql_str(check_id(user_id))}" if user_id is not None else None)
+
+    # ------------------------------------------------------ consolidation
+
+    def consolidate_user(self, user_id: str, now: datetime, archive_after_days: float) -> ConsolidationReport:
+        """Merge near-duplicates, resolve conflicts of a subject, expire rows past
+        ``valid_until`` and archive rows unused for ``archive_after_days``; idempotent
+        (a second run right after changes nothing).
+
+        Raises:
+            EmbeddingModelMismatch: the table holds another model's vectors.
+            WriteConflict: a survivor of a merge kept changing (the activity retries).
+        """
+        self.check_model()
+        now = _utc(now) or datetime.now(timezone.utc)
+        report = ConsolidationReport(users=1)
+        where = self._where(user_id, statuses=("active", "superseded"), model=False)
+        rows = self._rows(self.table, where, vectors=True)
+        report.rows_before = len(rows)
+        moves: dict[str, tuple[dict[str, Any], str]] = {}
+        updates: dict[str, dict[str, Any]] = {}
+        merges: dict[str, list[dict[str, Any]]] = {}  # survivor memory_id -> rows merged into it
+        cutoff = now - timedelta(days=archive_after_days)
+        for r in rows:
+            valid = _utc(r.get("valid_until"))
+            used = max(x for x in (_utc(r["updated_at"]), _utc(r.get("last_hit_at"))) if x is not None)
+            if valid is not None and valid <= now:
+                moves[r["memory_id"]] = (r, "expired")
+                report.expired += 1
+                report.details.append(f"expired {r['memory_id']}: valid until {valid:%Y-%m-%d}")
+            elif used < cutoff:
+                moves[r["memory_id"]] = (r, "archived")
+                report.archived += 1
+                report.details.append(f"archived {r['memory_id']}: unused since {used:%Y-%m-%d}")
+        active = [r for r in rows if r["status"] == "active" and r["memory_id"] not in moves]
+        # Conflicts: more than one active row for a single-valued subject (two sessions
+        # wrote at once): the newest stays, the others are superseded by it.
+        by_subject: dict[str, list[dict[str, Any]]] = {}
+        for r in active:
+            if r.get("subject"):
+                by_subject.setdefault(r["subject"], []).append(r)
+        for subject_rows in by_subject.values():
+            if len(subject_rows) < 2:
+                continue
+            subject_rows.sort(key=lambda r: (_utc(r["updated_at"]), r["memory_id"]), reverse=True)
+            newest = subject_rows[0]
+            for old in subject_rows[1:]:
+                if old.get("value") and old.get("value") == newest.get("value"):
+                    continue  # the same value: a duplicate, merged below
+                updates[old["memory_id"]] = dict(
+                    old, status="superseded", superseded_by=newest["memory_id"],
+                    confidence=round(float(old["confidence"]) * 0.5, 4), updated_at=now,
+                )
+                report.superseded += 1
+                report.details.append(f"superseded {old['memory_id']} by {newest['memory_id']} ({old['subject']})")
+        active = [r for r in active if r["memory_id"] not in updates]
+        # Near-duplicates: clusters at or above the dedupe threshold fold into one row.
+        if len(active) > 1:
+            matrix = np.array([r["vector"] for r in active], dtype=np.float32)
+            sims = matrix @ matrix.T
+            parent = list(range(len(active)))
+
+            def find(i: int) -> int:
+                while parent[i] != i:
+                    parent[i] = parent[parent[i]]
+                    i = parent[i]
+                return i
+
+            for i in range(len(active)):
+                for j in np.nonzero(sims[i, i + 1:] >= self.thresholds.dedupe)[0]:
+                    j = int(j) + i + 1
+                    a, b = active[i], active[j]
+                    if identifiers(a["text"]) != identifiers(b["text"]):
+                        continue  # locker L-1007 is not locker L-1009, however alike the sentences
+                    if a.get("subject") and b.get("subject") and (
+                        a["subject"] != b["subject"] or (a.get("value") or "") != (b.get("value") or "")
+                    ):
+                        continue
+                    parent[find(i)] = find(j)
+            # The same subject and value (two sessions inserted it at once) is one memory,
+            # however differently it was worded.
+            first_with_value: dict[tuple[str, str], int] = {}
+            for i, r in enumerate(active):
+                if r.get("subject") and r.get("value"):
+                    k = first_with_value.setdefault((r["subject"], r["value"]), i)
+                    if k != i:
+                        parent[find(i)] = find(k)
+            clusters: dict[int, list[dict[str, Any]]] = {}
+            for i, r in enumerate(active):
+                clusters.setdefault(find(i), []).append(r)
+            for members in clusters.values():
+                if len(members) < 2:
+                    continue
+                members.sort(key=lambda r: (-int(r["mentions"]) - int(r["hit_count"]), _utc(r["created_at"]), r["memory_id"]))
+                keep, rest = members[0], members[1:]
+                merges[keep["memory_id"]] = rest
+                for r in rest:
+                    moves[r["memory_id"]] = (dict(r, superseded_by=keep["memory_id"]), "merged")
+                    report.merged += 1
+                    report.details.append(f"merged {r['memory_id']} into {keep['memory_id']}")
+        # Apply: updates at the version read; moves copy to the archive, then delete; then
+        # each survivor takes in the rows actually moved into it.
+        for mid, row in updates.items():
+            seen = int(row["version"])
+            self.table.merge_insert("memory_id").when_matched_update_all(where=f"target.version = {seen}").execute(
+                self._table_rows([dict(row, version=seen + 1)])
+            )
+        if moves:
+            archived_rows = [dict(r, status=status, updated_at=_utc(r["updated_at"])) for r, status in moves.values()]
+            self.archive.merge_insert("memory_id").when_matched_update_all().when_not_matched_insert_all().execute(
+                self._table_rows(archived_rows)
+            )
+            condition = " OR ".join(
+                f"(memory_id = {sql_str(mid)} AND version = {int(r['version'])})" for mid, (r, _) in moves.items()
+            )
+            self.table.delete(condition)
+            # A row that changed meanwhile was not deleted: its archive copy goes again.
+            left = self._rows(self.table, "memory_id IN (" + ", ".join(sql_str(m) for m in moves) + ")")
+            if left:
+                self.archive.delete("memory_id IN (" + ", ".join(sql_str(r["memory_id"]) for r in left) + ")")
+                for r in left:
+                    report.details.append(f"left {r['memory_id']} (changed during consolidation)")
+                    status = moves.pop(r["memory_id"])[1]
+                    setattr(report, status, getattr(report, status) - 1)
+        for keep_id, rest in merges.items():
+            self._absorb(keep_id, [r for r in rest if r["memory_id"] in moves])
+        report.rows_after = self.count(user_id)
+        report.details = report.details[:200]
+        return report
+
+    def _absorb(self, keep_id: str, rest: list[dict[str, Any]], attempts: int = 10) -> None:
+        """Fold the counts and sources of ``rest`` (rows already moved to the archive) into
+        the row ``keep_id``, re-reading it while a concurrent write changes it."""
+        for attempt in range(attempts if rest else 0):
+            found = self._rows(self.table, f"memory_id = {sql_str(keep_id)}", vectors=True)
+            if not found:
+                return  # forgotten meanwhile
+            merged = dict(found[0])
+            for r in rest:
+                merged["mentions"] = int(merged["mentions"]) + int(r["mentions"])
+                merged["hit_count"] = int(merged["hit_count"]) + int(r["hit_count"])
+                merged["importance"] = max(float(merged["importance"]), float(r["importance"]))
+                merged["confidence"] = max(float(merged["confidence"]), float(r["confidence"]))
+                merged["updated_at"] = max(_utc(merged["updated_at"]), _utc(r["updated_at"]))
+                merged["sources"] = (list(merged.get("sources") or []) + list(r.get("sources") or []) + [r["memory_id"]])[-MAX_SOURCES:]
+                if not merged.get("subject") and r.get("subject"):
+                    merged["subject"], merged["value"] = r["subject"], r.get("value")
+            seen = int(merged["version"])
+            result = self.table.merge_insert("memory_id").when_matched_update_all(where=f"target.version = {seen}").execute(
+                self._table_rows([dict(merged, version=seen + 1)])
+            )
+            if result.num_updated_rows == 1:
+                return
+            time.sleep(random.uniform(0.01, 0.02 * 2**min(attempt, 4)))
+        if rest:
+            raise WriteConflict(f"memory {keep_id!r} kept changing while merging {len(rest)} rows into it")
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z0-9-]*\d[A-Za-z0-9-]*")
+
+
+def identifiers(text: str) -> frozenset[str]:
+    """The tokens of ``text`` that hold a digit (numbers, dates, ids like ``L-1007``): two
+    texts whose identifiers differ are never the same memory, whatever their similarity."""
+    return frozenset(m.group(0).casefold().strip("-") for m in _IDENTIFIER.finditer(text))
+
+
+def _norm_key(subject: str) -> str:
+    return re.sub(r"[^a-z0-9_]+", "_", subject.strip().lower()).strip("_")[:64]
+
+
+def _norm_value(value: str) -> str:
+    return " ".join(value.casefold().split())[:200]
+
+
+def _finish_reembed(db: Any, name: str) -> None:
+    """Make ``name`` from its re-embedded copy, then drop the copy."""
+    tmp = f"{name}{_REEMBED_SUFFIX}"
+    data = db.open_table(tmp).to_arrow()
+    db.create_table(name, data=data, schema=data.schema, mode="overwrite")
+    db.drop_table(tmp)
+
+
+def reembed(uri: str | Path, embedder: Embedder, *, batch_size: int = 256, progress: Any = None) -> dict[str, int]:
+    """Embed every row of the store at ``uri`` again with ``embedder`` (both tables), so a
+    changed embedding model or dimension can search them. Run it with the workers stopped.
+
+    Each table is first written whole to ``<table>__reembed``; only then is the table
+    replaced. A run stopped in between loses nothing: opening the store finishes it.
+
+    Returns:
+        Rows re-embedded per table.
+    """
+    import lancedb
+
+    db = lancedb.connect(str(uri), read_consistency_interval=timedelta(0))
+    done: dict[str, int] = {}
+    existing = set(getattr(db.list_tables(), "tables", None) or db.table_names())
+    for name in (MEMORY_TABLE, ARCHIVE_TABLE):
+        if name not in existing:
+            if f"{name}{_REEMBED_SUFFIX}" in existing:
+                _finish_reembed(db, name)
+            continue
+        old = db.open_table(name).to_arrow()
+        schema = _schema(embedder.dim, embedder.model_id)
+        rows = old.to_pylist()
+        for start in range(0, len(rows), batch_size):
+            chunk = rows[start : start + batch_size]
+            vectors = embedder.embed_passages([r["text"] for r in chunk])
+            for r, v in zip(chunk, vectors):
+                r["vector"] = np.asarray(v, dtype=np.float32).tolist()
+                r["embedding_model"] = embedder.model_id
+                r["version"] = int(r.get("version") or 0) + 1
+            if progress is not None:
+                progress(name, min(start + batch_size, len(rows)), len(rows))
+        table = pa.Table.from_pylist([{k: r.get(k) for k in schema.names} for r in rows], schema=schema)
+        db.create_table(f"{name}{_REEMBED_SUFFIX}", data=table, schema=schema, mode="overwrite")
+        db.drop_table(name)
+        _finish_reembed(db, name)
+        done[name] = len(rows)
+    return done
