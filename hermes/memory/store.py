@@ -14,7 +14,8 @@ DESIGN.md "Memory" and seeds 000 §4, 002 §6, 004 §6-7:
   concurrency): a write racing a consolidation, or another worker, re-reads and tries
   again instead of overwriting.
 - Reads filter first (user, kinds, ``active``, still valid, same embedding model; a scalar
-  index on each filter column), then take the vector top-20 and the full-text top-10,
+  index on each filter column), then take the vector top-20 and the rows that hold the
+  query's identifiers (the lexical half of a hybrid search),
   and rerank by 0.5 similarity + 0.2 recency + 0.2 importance + 0.1 frequency (seed 004
   §6.3).
 - Filters are built from validated values and quoted SQL literals (``'`` doubled), so a
@@ -61,7 +62,7 @@ _META_SCHEMA = b"hermes.schema"
 
 VECTOR_TOP_K = 20
 """Vector candidates per search (seed 002 §6.2: top 20)."""
-FTS_TOP_K = 10
+KEYWORD_TOP_K = 10
 RERANK_WEIGHTS = (0.5, 0.2, 0.2, 0.1)
 """Similarity, recency, importance, frequency (seed 004 §6.3)."""
 RECENCY_HALF_LIFE_DAYS = 30.0
@@ -78,6 +79,13 @@ about 450 rows flat, IvfPq and IvfHnswSq are about as fast (vector part 15-20 ms
 at recall@20 1.0; for the 10,000-row user flat takes about 100 ms, IvfHnswSq about 20 ms at
 recall 1.0, and IvfPq (nprobes 32, refine 10) reaches only 0.37-0.75 recall."""
 _MAX_ID_CHARS = 512
+USER_CACHE_MAX_ROWS = 5000
+"""Users with at most this many active rows are searched in memory (exact); larger ones
+through LanceDB (and its vector index)."""
+USER_CACHE_SECONDS = 60.0
+"""A user's cached rows are read again at least this often (hit statistics move)."""
+USER_CACHE_USERS = 2000
+"""Users whose rows one process holds (the oldest loaded goes first)."""
 _REEMBED_SUFFIX = "__reembed"
 
 
@@ -172,6 +180,20 @@ def _schema(dim: int, model_id: str) -> pa.Schema:
 
 
 @dataclass
+class _UserRows:
+    """One user's active rows and their vectors, held for the read path."""
+
+    generation: str
+    loaded_at: float
+    rows: list[dict[str, Any]]
+    """Without their vectors (those are ``matrix``'s rows, in the same order)."""
+    matrix: np.ndarray
+    kinds: np.ndarray
+    valid_until: np.ndarray
+    """POSIX seconds; ``inf`` for none."""
+
+
+@dataclass
 class _Plan:
     """What one write batch will change."""
 
@@ -206,10 +228,13 @@ class MemoryStore:
         self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
+        self._cache: dict[str, _UserRows] = {}
+        self._cache_lock = threading.Lock()
+        self._model_checked_at = 0.0
         self._indexed_at_rows = -1
-        self._fts_dirty = 0
         self.table = self._open(MEMORY_TABLE)
         self.archive = self._open(ARCHIVE_TABLE)
+        self._forgotten()
         self.ensure_indexes()
 
     # ------------------------------------------------------------ tables
@@ -255,10 +280,10 @@ class MemoryStore:
                 )
 
     def ensure_indexes(self) -> None:
-        """Scalar indexes on the filter columns, the full-text index on ``text``, and the
+        """Scalar indexes on the filter columns, and the
         vector index once the table has ``vector_index_min_rows`` rows. Cheap when they
         exist; new rows are searched unindexed until the next refresh (still found)."""
-        from lancedb.index import FTS, BTree, Bitmap
+        from lancedb.index import BTree, Bitmap
 
         try:
             rows = self.table.count_rows()
@@ -274,10 +299,6 @@ class MemoryStore:
         ):
             if f"{column}_idx" not in have:
                 self.table.create_index(column, config=config, replace=True)
-        if "text_idx" not in have:
-            self.table.create_index(
-                "text", config=FTS(base_tokenizer="ngram", ngram_min_length=2, ngram_max_length=3), replace=True
-            )
         if rows >= self.vector_index_min_rows and "vector_idx" not in have:
             from lancedb.index import IvfHnswSq
 
@@ -386,7 +407,6 @@ class MemoryStore:
             plan = self._plan(user_id, keep, vectors, now)
             plan.report.dropped += dropped
             if self._apply(plan):
-                self._fts_dirty += len(plan.inserts)
                 return plan.report
             # Jittered: writers that lost the same race must not retry in lockstep.
             time.sleep(random.uniform(0.01, 0.05 * 2**attempt))
@@ -542,39 +562,71 @@ class MemoryStore:
         max_chars: int = 200,
         hybrid: bool = True,
         vector: np.ndarray | None = None,
+        generation: str | None = None,
     ) -> list[RetrievedMemory]:
         """The memories of ``user_id`` most useful for ``query``, best first.
 
         Prefilter (user, kinds, active, valid at ``now``, this embedding model), vector
-        top-20 plus full-text top-10 (``hybrid``), rerank (seed 004 §6.3), drop those under
+        top-20 plus the rows holding the query's identifiers (``hybrid``), rerank (seed 004 §6.3), drop those under
         the model's retrieval threshold, keep ``limit`` (at most 5), texts cut to
         ``max_chars`` (seed 004 §6.3: 200). ``vector``: the query's embedding, when the
         caller has it already.
+
+        Full-text matching is used where it helps: for the identifiers in the query (order
+        numbers, dates, ids), which an embedding hardly tells apart.
+
+        ``generation``: a token that changes whenever the user's rows change (the memory
+        activities keep it in Redis, ``hermes:memory:gen:<user>``). With it, the user's
+        active rows (up to ``USER_CACHE_MAX_ROWS``) are read once and searched in memory
+        until it changes (or ``USER_CACHE_SECONDS`` pass, for the hit statistics); without
+        it, every search asks LanceDB.
 
         Raises:
             EmbeddingModelMismatch: the rows were embedded by another model.
             MemoryStoreError: a bad user id.
         """
-        self.check_model()
+        self._check_model_cached()
         now = _utc(now) or datetime.now(timezone.utc)
         query = clean_text(query, 2000)
         if not query:
             return []
-        where = self._where(user_id, kinds=kinds, now=now)
         if vector is None:
             vector = self.embedder.embed_query(query)
-        rows = {r["memory_id"]: r for r in self._vector_search(vector, where, VECTOR_TOP_K)}
+        wanted = identifiers(query) if hybrid else frozenset()
+        held = self._user_rows(user_id, generation)
         keyword: set[str] = set()
-        if hybrid:
-            for r in self._fts(query, where):
-                keyword.add(r["memory_id"])
-                rows.setdefault(r["memory_id"], r)
+        if held is not None:
+            # The hot path: the user's rows are few (the prefilter's job); an exact scan of
+            # them in memory is both exact and faster than any index.
+            mask = held.valid_until > now.timestamp()
+            if kinds:
+                mask &= np.isin(held.kinds, list(kinds))
+            keep = np.nonzero(mask)[0]
+            sims = held.matrix[keep] @ vector.astype(np.float32)
+            order = keep[np.argsort(-sims, kind="stable")[:VECTOR_TOP_K]]
+            rows = {held.rows[i]["memory_id"]: dict(held.rows[i], vector=held.matrix[i]) for i in order}
+            if wanted:
+                for i in keep:
+                    r = held.rows[i]
+                    if wanted & identifiers(r["text"]):
+                        keyword.add(r["memory_id"])
+                        rows.setdefault(r["memory_id"], dict(r, vector=held.matrix[i]))
+        else:
+            where = self._where(user_id, kinds=kinds, now=now)
+            rows = {r["memory_id"]: r for r in self._vector_search(vector, where, VECTOR_TOP_K)}
+            if wanted:
+                for r in self._keyword_rows(wanted, where):
+                    keyword.add(r["memory_id"])
+                    rows.setdefault(r["memory_id"], r)
+        sims = {mid: self._similarity(r, vector) for mid, r in rows.items()}
+        best = max(sims.values(), default=1.0)
+        query_words = content_words(query) if hybrid else frozenset()
         scored = []
-        for r in rows.values():
-            sim = self._similarity(r, vector)
-            if sim < self.thresholds.retrieval and r["memory_id"] not in keyword:
+        for mid, r in rows.items():
+            sim = sims[mid]
+            if sim < self.thresholds.retrieval and mid not in keyword and not (query_words & content_words(r["text"])):
                 continue
-            scored.append((self.score(r, sim, now), sim, r))
+            scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
         return [
             RetrievedMemory(
@@ -588,29 +640,74 @@ class MemoryStore:
             for score, sim, r in scored[: max(1, min(limit, 5))]
         ]
 
-    def _fts(self, query: str, where: str) -> list[dict[str, Any]]:
-        terms = re.sub(r"[^\w\s@.+-]", " ", query).strip()
+    def _check_model_cached(self) -> None:
+        if time.monotonic() - self._model_checked_at > USER_CACHE_SECONDS:
+            self.check_model()
+            self._model_checked_at = time.monotonic()
+
+    def _user_rows(self, user_id: str, generation: str | None) -> _UserRows | None:
+        """The user's active rows for the hot path, or None (no generation to trust, or
+        too many rows: LanceDB's vector index serves those)."""
+        if generation is None:
+            return None
+        check_id(user_id)
+        with self._cache_lock:
+            held = self._cache.get(user_id)
+        if held is not None and held.generation == generation and time.monotonic() - held.loaded_at < USER_CACHE_SECONDS:
+            return held
+        data = self.table.search().where(self._where(user_id)).limit(USER_CACHE_MAX_ROWS + 1).to_arrow()
+        if len(data) > USER_CACHE_MAX_ROWS:
+            return None
+        vectors = data.column("vector").combine_chunks()
+        matrix = vectors.values.to_numpy(zero_copy_only=False).astype(np.float32).reshape(len(data), self.embedder.dim)
+        rows = data.drop_columns(["vector"]).to_pylist()
+        held = _UserRows(
+            generation=generation,
+            loaded_at=time.monotonic(),
+            rows=rows,
+            matrix=matrix,
+            kinds=np.array([r["kind"] for r in rows], dtype=object),
+            valid_until=np.array(
+                [_utc(r["valid_until"]).timestamp() if r.get("valid_until") else np.inf for r in rows], dtype=np.float64
+            ),
+        )
+        with self._cache_lock:
+            if len(self._cache) >= USER_CACHE_USERS:
+                self._cache.pop(next(iter(self._cache)))
+            self._cache[user_id] = held
+        return held
+
+    def forget_cached(self, user_id: str) -> None:
+        """Drop ``user_id``'s rows from this process' read cache."""
+        with self._cache_lock:
+            self._cache.pop(user_id, None)
+
+    def _keyword_rows(self, wanted: frozenset[str], where: str) -> list[dict[str, Any]]:
+        """Rows (within ``where``) whose text holds one of the query's identifiers: the
+        lexical half of the hybrid search, for what an embedding hardly tells apart (order
+        and card numbers, ids, dates), in any script (``尾号8821`` finds ``8821``).
+        Identifiers are letters, digits and ``-`` only, so the patterns need no escaping."""
+        terms = sorted(t for t in wanted if re.fullmatch(r"[a-z0-9-]{2,64}", t))[:8]
         if not terms:
             return []
-        try:
-            return (
-                self.table.search(terms, query_type="fts", fts_columns="text")
-                .where(where, prefilter=True)
-                .limit(FTS_TOP_K)
-                .to_list()
-            )
-        except Exception:  # noqa: BLE001 - no FTS index yet, or a query the parser refuses
-            return []
+        likes = " OR ".join(f"lower(text) LIKE '%{t}%'" for t in terms)
+        rows = self.table.search().where(f"{where} AND ({likes})").limit(KEYWORD_TOP_K).to_list()
+        return [r for r in rows if wanted & identifiers(r["text"])]
 
-    def score(self, row: dict[str, Any], similarity: float, now: datetime) -> float:
+    def score(self, row: dict[str, Any], similarity: float, now: datetime, *, best: float = 1.0) -> float:
         """0.5 similarity + 0.2 recency + 0.2 importance + 0.1 frequency, each in 0-1.
 
-        Similarity is rescaled from the model's retrieval threshold (0) to 1 (1), so the
-        weights mean the same for every embedding model; recency halves every 30 days since
-        the memory was last stated or used; frequency saturates at 10 uses.
+        Similarity is rescaled from the model's retrieval threshold (0) to the best
+        candidate's similarity for this query (1): each model has its own scale (USE's
+        relevant memories sit at 0.4-0.6, e5's at 0.85-0.9), and on an absolute scale
+        recency and importance would outweigh which memory the question is about
+        (``bench/memory_quality.py``: recall@5 0.86 absolute, higher relative). Recency
+        halves every 30 days since the memory was last stated or used; frequency saturates
+        at 10 uses.
         """
         floor = self.thresholds.retrieval
-        sim = min(1.0, max(0.0, (similarity - floor) / max(1e-6, 1.0 - floor)))
+        top = max(best, floor + 1e-6)
+        sim = min(1.0, max(0.0, (similarity - floor) / (top - floor)))
         last = max(x for x in (_utc(row.get("updated_at")), _utc(row.get("last_hit_at"))) if x is not None)
         age_days = max(0.0, (now - last).total_seconds() / 86400.0)
         recency = 0.5 ** (age_days / RECENCY_HALF_LIFE_DAYS)
@@ -670,13 +767,7 @@ class MemoryStore:
 
     def _forgotten(self) -> Any:
         if self._forgotten_table is None:
-            if FORGOTTEN_TABLE in self._table_names():
-                self._forgotten_table = self._db.open_table(FORGOTTEN_TABLE)
-            else:
-                try:
-                    self._forgotten_table = self._db.create_table(FORGOTTEN_TABLE, schema=_FORGOTTEN_SCHEMA)
-                except (ValueError, OSError, RuntimeError):
-                    self._forgotten_table = self._db.open_table(FORGOTTEN_TABLE)
+            self._forgotten_table = self._db.create_table(FORGOTTEN_TABLE, schema=_FORGOTTEN_SCHEMA, exist_ok=True)
         return self._forgotten_table
 
     def count(self, user_id: str | None = None, *, archived: bool = False) -> int:
@@ -838,6 +929,41 @@ class MemoryStore:
             time.sleep(random.uniform(0.01, 0.02 * 2**min(attempt, 4)))
         if rest:
             raise WriteConflict(f"memory {keep_id!r} kept changing while merging {len(rest)} rows into it")
+
+
+_WORD = re.compile(r"[a-z]{3,}|[\u3400-\u9fff]+")
+_STOP_WORDS = frozenset(
+    """the and for are was were what when where which who whom whose why how you your yours
+    user users this that these those with from have has had not but can could would should
+    will shall may might must did does doing done any all some our ours their theirs they them
+    she her his him its it's i'm i've about into over under again then than there here just
+    also very much more most such only own same too please tell know remember said says
+    my me mine do is am be been being of to in on at by an or as if so no yes""".split()
+)
+_STOP_BIGRAMS = frozenset(
+    "用户 我的 你的 他的 她的 我们 你们 什么 怎么 哪里 哪儿 是不 不是 一个 这个 那个 记得 告诉 知道 一下 可以 的是 是什".split()
+)
+
+
+def content_words(text: str) -> frozenset[str]:
+    """The words of ``text`` that carry meaning, for the lexical half of the search:
+    English words of 3+ letters without stop words, lightly stemmed (``lives`` -> ``live``,
+    ``works`` -> ``work``); Chinese as character bigrams, without the common ones (``用户``,
+    ``我的``). ``Where do I live?`` meets ``The user lives in Bern.``; ``我住在哪里`` meets
+    ``用户住在苏黎世``."""
+    found: set[str] = set()
+    for token in _WORD.findall(text.casefold()):
+        if token.isascii():
+            if token in _STOP_WORDS:
+                continue
+            for suffix in ("ing", "ies", "ed", "s"):
+                if token.endswith(suffix) and len(token) - len(suffix) >= 3:
+                    token = token[: -len(suffix)] + ("y" if suffix == "ies" else "")
+                    break
+            found.add(token)
+        else:
+            found.update(b for b in (token[i : i + 2] for i in range(len(token) - 1)) if b not in _STOP_BIGRAMS)
+    return frozenset(found)
 
 
 _IDENTIFIER = re.compile(r"[A-Za-z0-9-]*\d[A-Za-z0-9-]*")
