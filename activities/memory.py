@@ -201,6 +201,10 @@ class MemoryActivities:
                 result.error = f"model unavailable: {err}"
             except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
                 result.error = f"model refused the extraction: {err}"
+            except Exception as err:  # noqa: BLE001 - a provider's own bug must not cost the rule candidates
+                if activity.info().attempt < 3:
+                    raise
+                result.error = f"model extraction failed: {type(err).__name__}: {err}"
             else:
                 found, dropped, problems = parse_extraction(
                     answer.message.content or "",

@@ -248,6 +248,7 @@ class StoreRanker:
     def __init__(self, embedder: Embedder, memories: Sequence[Memory], path: Path) -> None:
         from datetime import datetime, timedelta, timezone
 
+        from hermes.memory.models import MemoryCandidate
         from hermes.memory.store import MemoryStore
 
         self.now = datetime(2026, 11, 30, 12, 0, tzinfo=timezone.utc)
@@ -256,15 +257,12 @@ class StoreRanker:
         rows = []
         for m, v in zip(memories, vectors):
             at = self.now - timedelta(days=m.days_ago or 0)
-            rows.append({
-                "memory_id": m.memory_id, "user_id": m.user, "kind": m.kind, "subject": "", "value": "",
-                "text": m.text, "vector": v, "embedding_model": embedder.model_id,
-                "importance": m.importance if m.importance is not None else 0.5, "confidence": 0.9,
-                "source": "model", "source_session": "bench", "source_turn": 0, "created_at": at, "updated_at": at,
-                "last_hit_at": None, "hit_count": 0, "mentions": 1, "sources": [m.memory_id], "valid_until": None,
-                "superseded_by": None, "status": "active", "version": 1,
-            })
-        self.store.table.add(self.store._table_rows(rows))
+            candidate = MemoryCandidate(
+                user_id=m.user, kind=m.kind, text=m.text, importance=m.importance if m.importance is not None else 0.5,
+                confidence=0.9, source_session="bench", candidate_id=m.memory_id, created_at=at,
+            )
+            rows.append(self.store.new_row(candidate, m.text, v, at))
+        self.store.insert_rows(rows)
         self.store.optimize()
 
     def rank(self, user: str, query_text: str) -> list[str]:

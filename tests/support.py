@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from temporalio.client import Client, WorkflowHistory
 
@@ -46,3 +46,12 @@ async def run_histories(client: Client, session_id: str, first_run_id: str) -> l
             else None
         )
     return histories
+
+
+def raw_insert(store: Any, c: Any, *, updated_at: Any, mentions: int = 1, valid_until: Any = None) -> str:
+    """Insert memory candidate ``c`` as an active row without the write path (no dedupe,
+    no conflict check), as two sessions writing at the same moment could leave it."""
+    row = store.new_row(c, c.text, store.embedder.embed_passages([c.text])[0], updated_at)
+    row.update(created_at=c.created_at, mentions=mentions, valid_until=valid_until)
+    store.insert_rows([row])
+    return c.candidate_id

@@ -157,11 +157,16 @@ class PageReader:
         self.reply_calls = 0
         self.summary_calls = 0
         self.last_reply_request: CallModelInput | None = None
+        self.extraction_calls = 0
 
     async def complete(self, request: CallModelInput) -> CallModelResult:
         if request.purpose == "summary":
             self.summary_calls += 1
             return summary_result(request)
+        if request.purpose == "memory_extraction":
+            # Long-term memory stays on: the session asks for an extraction every 8 turns.
+            self.extraction_calls += 1
+            return CallModelResult(message=Message(role="assistant", content='{"memories": []}'), provider="test")
         self.reply_calls += 1
         self.last_reply_request = request
         if request.step == 0:
@@ -244,6 +249,7 @@ async def test_a_thousand_turns_with_5_kb_tool_results_keep_every_run_small_and_
     assert model.reply_calls == 2 * turns
     assert 0 < state.context_tokens <= budget and provider_tokens <= budget
     assert state.summary is not None and model.summary_calls >= 1
+    assert model.extraction_calls >= turns // 8 - 1, "memory extractions ran every 8 turns"
 
 
 # ------------------------------------------- 100 tool calls in one turn, mid-turn events

@@ -25,6 +25,7 @@ from hermes.memory.store import (
     MemoryStoreError,
     reembed,
 )
+from tests.support import raw_insert
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
@@ -58,23 +59,6 @@ def cand(user_id: str, text: str, *, subject: str = "", value: str = "", kind: s
 def passage_sims(embedder: Embedder, texts: list[str]) -> np.ndarray:
     vectors = embedder.embed_passages(texts)
     return vectors @ vectors.T
-
-
-def raw_insert(store: MemoryStore, c: MemoryCandidate, *, updated_at: datetime, mentions: int = 1,
-               valid_until: datetime | None = None) -> str:
-    """Insert ``c`` as an active row without the write path (no dedupe, no conflict check),
-    as two sessions writing at the same moment would leave it."""
-    row = {
-        "memory_id": c.candidate_id, "user_id": c.user_id, "kind": c.kind, "subject": c.subject,
-        "value": c.value.casefold(), "text": c.text, "vector": store.embedder.embed_passages([c.text])[0],
-        "embedding_model": store.embedder.model_id, "importance": c.importance, "confidence": c.confidence,
-        "source": c.source, "source_session": c.source_session, "source_turn": c.source_turn,
-        "created_at": c.created_at, "updated_at": updated_at, "last_hit_at": None, "hit_count": 0,
-        "mentions": mentions, "sources": [c.candidate_id], "valid_until": valid_until,
-        "superseded_by": None, "status": "active", "version": 1,
-    }
-    store.table.add(store._table_rows([row]))
-    return c.candidate_id
 
 
 def snapshot(store: MemoryStore, user_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -674,3 +658,31 @@ def test_concurrent_writers_and_consolidation_lose_nothing_and_duplicate_nothing
     assert style[0]["status"] == "active" and style[0]["mentions"] == len(CONCISE_8_WAYS)
     distinct_texts = {r["text"] for r in live if r["user_id"] == "shared"}
     assert len(distinct_texts) == len(CONCURRENT_FACTS) - 2 + 1  # the two near-identical pairs fold
+
+
+# ------------------------------------------------------------- held rows
+
+
+def test_rows_held_for_a_generation_answer_until_the_generation_changes(store: MemoryStore) -> None:
+    store.write([cand("u1", "The user lives in Bern.", subject="home_city", value="Bern")], now=T0)
+    question = "Where does the user live?"
+    first = store.search("u1", question, now=T0 + DAY, generation="g1")
+    assert [m.text for m in first] == ["The user lives in Bern."]
+    store.write([cand("u1", "The user moved to Zurich.", subject="home_city", value="Zurich", turn=2)], now=T0 + DAY)
+    held = store.search("u1", question, now=T0 + DAY, generation="g1")
+    assert [m.text for m in held] == ["The user lives in Bern."], "the same generation is answered from the held rows"
+    fresh = store.search("u1", question, now=T0 + DAY, generation="g2")
+    assert [m.text for m in fresh] == ["The user moved to Zurich."]
+    assert [m.text for m in store.search("u1", question, now=T0 + DAY)] == ["The user moved to Zurich."]
+
+
+def test_held_rows_give_the_same_answers_as_lancedb(store: MemoryStore) -> None:
+    texts = [
+        "The user lives in Bern.", "The user's order A-7731 was delivered.", "用户喜欢喝乌龙茶。",
+        "The user works at Globex.", "The user's daughter is called Mia.", "The user prefers short answers.",
+    ]
+    store.write([cand("u1", t, turn=i, importance=0.3 + 0.1 * i) for i, t in enumerate(texts)], now=T0)
+    for question in ("Where do I live?", "A-7731", "我喜欢喝什么茶？", "Who is my daughter?", "hello"):
+        held = store.search("u1", question, now=T0 + DAY, generation="g", limit=5)
+        direct = store.search("u1", question, now=T0 + DAY, limit=5)
+        assert [(m.memory_id, m.score) for m in held] == [(m.memory_id, m.score) for m in direct], question

@@ -39,7 +39,7 @@ from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
-from tests.support import eventually
+from tests.support import eventually, raw_insert
 
 ALL_STATUSES = ("active", "superseded", "merged", "archived", "expired")
 MEMORY_ACTIVITIES = {
@@ -177,22 +177,6 @@ def candidate(user: str, text: str, *, created_at: datetime | None = None, subje
         user_id=user, text=text, subject=subject, value=value, source="api", source_session=session,
         source_turn=turn, created_at=created_at or datetime.now(timezone.utc), confidence=0.9,
     )
-
-
-def raw_insert(store: MemoryStore, c: MemoryCandidate, *, updated_at: datetime, valid_until: datetime | None = None) -> str:
-    """Insert ``c`` as an active row without the write path (no dedupe, no conflict check),
-    as two workers writing at the same moment could leave it."""
-    row = {
-        "memory_id": c.candidate_id, "user_id": c.user_id, "kind": c.kind, "subject": c.subject,
-        "value": c.value.casefold(), "text": c.text, "vector": store.embedder.embed_passages([c.text])[0],
-        "embedding_model": store.embedder.model_id, "importance": c.importance, "confidence": c.confidence,
-        "source": c.source, "source_session": c.source_session, "source_turn": c.source_turn,
-        "created_at": c.created_at, "updated_at": updated_at, "last_hit_at": None, "hit_count": 0,
-        "mentions": 1, "sources": [c.candidate_id], "valid_until": valid_until,
-        "superseded_by": None, "status": "active", "version": 1,
-    }
-    store.table.add(store._table_rows([row]))
-    return c.candidate_id
 
 
 async def _is_empty(pending: Any) -> bool:

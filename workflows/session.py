@@ -185,7 +185,7 @@ _EXTRACTION_GRACE = timedelta(0)
 """Continue-as-new does not wait for a running memory extraction: it is carried over to the
 next run, which sends it again (a candidate delivered twice is written once), so messages
 are never held up by a model call they do not need."""
-_EXTRACTION_GRACE_FINAL = timedelta(minutes=5)
+_EXTRACTION_GRACE_FINAL = timedelta(seconds=60)
 """How long close and archive wait for memory extractions (the run ends after)."""
 
 
@@ -1125,7 +1125,11 @@ class SessionWorkflow:
                 )
             )
         reasons = [name for name in ("explicit", "preference", "correction", "fact") if getattr(triggers, name)]
-        if status == "completed" and records:
+        # A task's conclusion: a side effect that happened (seed 004 §7.2: the results of
+        # write tools go to long-term memory; those of queries to working memory).
+        if status == "completed" and any(
+            r.result.ok and (spec := self._all_specs.get(r.name)) is not None and spec.permission != "read" for r in records
+        ):
             reasons.append("conclusion")
         if turn - self._last_extracted_turn >= self._cfg.memory_extract_every_turns:
             reasons.append(f"every_{self._cfg.memory_extract_every_turns}_turns")

@@ -467,31 +467,7 @@ class MemoryStore:
                     report.updated.append(row["memory_id"])
                 continue
             new_id = cand.candidate_id
-            row = {
-                "memory_id": new_id,
-                "user_id": user_id,
-                "kind": cand.kind,
-                "subject": subject,
-                "value": value,
-                "text": text,
-                "vector": np.asarray(vector, dtype=np.float32),
-                "embedding_model": self.embedder.model_id,
-                "importance": cand.importance,
-                "confidence": cand.confidence,
-                "source": cand.source,
-                "source_session": cand.source_session,
-                "source_turn": cand.source_turn,
-                "created_at": _utc(cand.created_at) or now,
-                "updated_at": now,
-                "last_hit_at": None,
-                "hit_count": 0,
-                "mentions": 1,
-                "sources": [cand.candidate_id],
-                "valid_until": _utc(cand.valid_until),
-                "superseded_by": None,
-                "status": "active",
-                "version": 1,
-            }
+            row = self.new_row(cand, text, vector, now, subject=subject, value=value)
             inserts[new_id] = row
             report.inserted.append(new_id)
             if subject:
@@ -505,6 +481,40 @@ class MemoryStore:
                         self._stage(old, inserts, updates)
                         report.superseded.append(old["memory_id"])
         return _Plan(inserts=inserts, updates=updates, report=report)
+
+    def new_row(self, cand: MemoryCandidate, text: str, vector: np.ndarray, now: datetime, *,
+                subject: str | None = None, value: str | None = None) -> dict[str, Any]:
+        """The row a new memory gets (active, version 1, stated once at ``now``)."""
+        return {
+            "memory_id": cand.candidate_id,
+            "user_id": cand.user_id,
+            "kind": cand.kind,
+            "subject": _norm_key(cand.subject) if subject is None else subject,
+            "value": _norm_value(cand.value) if value is None else value,
+            "text": text,
+            "vector": np.asarray(vector, dtype=np.float32),
+            "embedding_model": self.embedder.model_id,
+            "importance": cand.importance,
+            "confidence": cand.confidence,
+            "source": cand.source,
+            "source_session": cand.source_session,
+            "source_turn": cand.source_turn,
+            "created_at": _utc(cand.created_at) or now,
+            "updated_at": now,
+            "last_hit_at": None,
+            "hit_count": 0,
+            "mentions": 1,
+            "sources": [cand.candidate_id],
+            "valid_until": _utc(cand.valid_until),
+            "superseded_by": None,
+            "status": "active",
+            "version": 1,
+        }
+
+    def insert_rows(self, rows: list[dict[str, Any]]) -> None:
+        """Add whole rows as they are, bypassing the write path's checks (bulk loads,
+        benchmarks, and tests that set up what racing writers could leave)."""
+        self.table.add(self._table_rows(rows))
 
     @staticmethod
     def _stage(row: dict[str, Any], inserts: dict[str, dict[str, Any]], updates: dict[str, dict[str, Any]]) -> None:
