@@ -103,6 +103,10 @@ def parse_extraction(
         except ValidationError as err:
             problems.append(f"memories[{index}]: {err.errors()[0]['msg']}")
             continue
+        text = " ".join(memory.text.split())[:500]
+        if not text:
+            problems.append(f"memories[{index}]: the text is only whitespace")
+            continue
         if memory.confidence < min_confidence:
             dropped += 1
             continue
@@ -112,7 +116,7 @@ def parse_extraction(
                 kind=memory.kind,
                 subject=memory.subject,
                 value=memory.value[:200],
-                text=" ".join(memory.text.split())[:500],
+                text=text,
                 importance=memory.importance,
                 confidence=memory.confidence,
                 source="model",

@@ -6,10 +6,10 @@ Pydantic only (imported by workflow code). Times are UTC.
 from __future__ import annotations
 
 import hashlib
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
 MemoryKind = Literal["working", "fact", "preference", "episode"]
 """``working``: a fact of the current task, promoted from a session after 3 references;
@@ -56,6 +56,15 @@ class MemoryCandidate(BaseModel):
     source_turn: int = 0
     created_at: datetime
     valid_until: datetime | None = None
+
+    @field_validator("created_at", "valid_until")
+    @classmethod
+    def _aware_utc(cls, value: datetime | None) -> datetime | None:
+        # A naive time (from the API or the CLI) is UTC: compared with the writer's aware
+        # ``forgotten_at``, a naive one would fail the workflow task.
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
     def model_post_init(self, __context: object) -> None:
         if not self.candidate_id:

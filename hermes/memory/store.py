@@ -115,6 +115,9 @@ def check_id(value: str, what: str = "user_id") -> str:
         raise MemoryStoreError(f"{what} is {len(value)} characters; at most {_MAX_ID_CHARS}")
     if any(ord(c) < 32 or ord(c) == 127 for c in value):
         raise MemoryStoreError(f"{what} contains control characters: {value[:80]!r}")
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        # Not encodable as UTF-8: LanceDB would fail with a UnicodeEncodeError, not refuse.
+        raise MemoryStoreError(f"{what} contains lone surrogates: {value[:80]!r}")
     return value
 
 
@@ -135,10 +138,16 @@ def _utc(value: datetime | None) -> datetime | None:
     return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
 
 
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x84\x86-\x9f]")
+"""Control characters that are not whitespace (C0 and C1): terminal escapes, NUL, bells.
+Whitespace ones (tab, newline, U+0085...) are collapsed by ``split``."""
+
+
 def clean_text(text: str, limit: int) -> str:
-    """``text`` on one line, whitespace collapsed, lone surrogates replaced, at most
-    ``limit`` characters (cut with an ellipsis)."""
-    text = " ".join(text.encode("utf-8", "replace").decode("utf-8").split())
+    """``text`` on one line, whitespace collapsed, lone surrogates replaced, other control
+    characters removed (a stored ``ESC[2J`` must not reach a terminal or a context), at
+    most ``limit`` characters (cut with an ellipsis)."""
+    text = " ".join(_CONTROL.sub("", text.encode("utf-8", "replace").decode("utf-8")).split())
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
@@ -799,6 +808,7 @@ class MemoryStore:
         self.check_model()
         now = _utc(now) or datetime.now(timezone.utc)
         report = ConsolidationReport(users=1)
+        forgotten_before = self.forgotten_at(user_id)
         where = self._where(user_id, statuses=("active", "superseded"), model=False)
         rows = self._rows(self.table, where, vectors=True)
         report.rows_before = len(rows)
@@ -907,6 +917,11 @@ class MemoryStore:
                     report.details.append(f"left {r['memory_id']} (changed during consolidation)")
                     status = moves.pop(r["memory_id"])[1]
                     setattr(report, status, getattr(report, status) - 1)
+            if self.forgotten_at(user_id) != forgotten_before:
+                # The user was forgotten after this run read the rows: the copies just
+                # written to the archive must not outlive the forget. (A forget after this
+                # check deletes them itself.)
+                self.archive.delete("memory_id IN (" + ", ".join(sql_str(m) for m in moves) + ")")
         for keep_id, rest in merges.items():
             self._absorb(keep_id, [r for r in rest if r["memory_id"] in moves])
         report.rows_after = self.count(user_id)
@@ -990,7 +1005,7 @@ def _norm_key(subject: str) -> str:
 
 
 def _norm_value(value: str) -> str:
-    return " ".join(value.casefold().split())[:200]
+    return " ".join(_CONTROL.sub("", value.casefold().encode("utf-8", "replace").decode("utf-8")).split())[:200]
 
 
 def _finish_reembed(db: Any, name: str) -> None:
