@@ -127,8 +127,14 @@ class MemoryActivities:
         """The user's rows generation, or None (no Redis, or none recorded: no caching)."""
         if self.redis is None:
             return None
+        key = self.generation_key(user_id)
         try:
-            value = await self.redis.get(self.generation_key(user_id))
+            value = await self.redis.get(key)
+            if value is None:
+                # First search since Redis knew this user: start a generation (a write that
+                # set one meanwhile wins: NX), so the next searches are answered from memory.
+                await self.redis.set(key, uuid.uuid4().hex, nx=True)
+                value = await self.redis.get(key)
         except Exception:  # noqa: BLE001 - Redis down costs speed, never the search
             return None
         return value.decode() if isinstance(value, bytes) else value

@@ -609,10 +609,12 @@ class MemoryStore:
         query = clean_text(query, 2000)
         if not query:
             return []
+        held = self._user_rows(user_id, generation)
+        if held is not None and not held.rows:
+            return []  # a user with no memories costs no embedding
         if vector is None:
             vector = self.embedder.embed_query(query)
         wanted = identifiers(query) if hybrid else frozenset()
-        held = self._user_rows(user_id, generation)
         keyword: set[str] = set()
         if held is not None:
             # The hot path: the user's rows are few (the prefilter's job); an exact scan of
