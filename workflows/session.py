@@ -1094,7 +1094,7 @@ class SessionWorkflow:
                 user_id=self._inp.user_id,
                 kind=rc.kind,
                 subject=rc.subject,
-                value=getattr(rc, "value", "") or "",
+                value=rc.value,
                 text=rc.text,
                 importance=rc.importance,
                 confidence=rc.confidence,

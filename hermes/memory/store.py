@@ -240,7 +240,6 @@ class MemoryStore:
         self._cache: dict[str, _UserRows] = {}
         self._cache_lock = threading.Lock()
         self._model_checked_at = 0.0
-        self._indexed_at_rows = -1
         self.table = self._open(MEMORY_TABLE)
         self.archive = self._open(ARCHIVE_TABLE)
         self._forgotten()
@@ -317,7 +316,6 @@ class MemoryStore:
         archive_have = {i.name for i in self.archive.list_indices()}
         if "user_id_idx" not in archive_have:
             self.archive.create_index("user_id", config=BTree(), replace=True)
-        self._indexed_at_rows = rows
 
     def optimize(self) -> None:
         """Fold new rows into the indexes and compact small fragments (consolidation runs it)."""
@@ -623,15 +621,14 @@ class MemoryStore:
             if kinds:
                 mask &= np.isin(held.kinds, list(kinds))
             keep = np.nonzero(mask)[0]
-            sims = held.matrix[keep] @ vector.astype(np.float32)
-            order = keep[np.argsort(-sims, kind="stable")[:VECTOR_TOP_K]]
-            rows = {held.rows[i]["memory_id"]: dict(held.rows[i], vector=held.matrix[i]) for i in order}
+            scores = held.matrix[keep] @ vector.astype(np.float32)
+            chosen = list(np.argsort(-scores, kind="stable")[:VECTOR_TOP_K])
             if wanted:
-                for i in keep:
-                    r = held.rows[i]
-                    if wanted & identifiers(r["text"]):
-                        keyword.add(r["memory_id"])
-                        rows.setdefault(r["memory_id"], dict(r, vector=held.matrix[i]))
+                matched = [j for j, i in enumerate(keep) if wanted & identifiers(held.rows[i]["text"])]
+                keyword = {held.rows[keep[j]]["memory_id"] for j in matched}
+                chosen += matched
+            rows = {held.rows[keep[j]]["memory_id"]: held.rows[keep[j]] for j in chosen}
+            sims = {held.rows[keep[j]]["memory_id"]: float(scores[j]) for j in chosen}
         else:
             where = self._where(user_id, kinds=kinds, now=now)
             rows = {r["memory_id"]: r for r in self._vector_search(vector, where, VECTOR_TOP_K)}
@@ -639,7 +636,7 @@ class MemoryStore:
                 for r in self._keyword_rows(wanted, where):
                     keyword.add(r["memory_id"])
                     rows.setdefault(r["memory_id"], r)
-        sims = {mid: self._similarity(r, vector) for mid, r in rows.items()}
+            sims = {mid: self._similarity(r, vector) for mid, r in rows.items()}
         best = max(sims.values(), default=1.0)
         query_words = content_words(query) if hybrid else frozenset()
         scored = []
