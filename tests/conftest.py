@@ -6,8 +6,11 @@ Nothing is downloaded: the binaries come from the installed packages.
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import inspect
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +32,43 @@ from hermes.stack import EmbeddedStack, find_binary, free_port, start_dev_enviro
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
+
+ASYNC_TIMEOUT_MARGIN_SECONDS = 30.0
+"""An async test is cancelled this long before its pytest-timeout limit: cancelled inside
+the event loop, it fails with a ``TimeoutError`` naming it and its ``async with`` blocks
+stop their workers and servers, where the signal of pytest-timeout would leave the shared
+event loop with a half-run test in it."""
+
+
+def _test_timeout_seconds(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    if marker is not None and (marker.args or "timeout" in marker.kwargs):
+        return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
+    return float(item.config.getini("timeout") or 0)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """Run each coroutine test under ``asyncio.timeout`` (see ASYNC_TIMEOUT_MARGIN_SECONDS)."""
+    function = getattr(item, "obj", None)
+    limit = _test_timeout_seconds(item)
+    if function is None or not inspect.iscoroutinefunction(function) or limit <= 0:
+        return (yield)
+    seconds = max(limit - ASYNC_TIMEOUT_MARGIN_SECONDS, limit / 2)
+
+    @functools.wraps(function)
+    async def bounded(*args: Any, **kwargs: Any) -> Any:
+        try:
+            async with asyncio.timeout(seconds):
+                return await function(*args, **kwargs)
+        except TimeoutError as err:
+            raise TimeoutError(f"{item.nodeid} did not finish within {seconds:.0f} s (per-test timeout)") from err
+
+    item.obj = bounded  # type: ignore[attr-defined]
+    try:
+        return (yield)
+    finally:
+        item.obj = function  # type: ignore[attr-defined]
 
 
 

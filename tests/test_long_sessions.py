@@ -177,6 +177,7 @@ class PageReader:
         return reply_result(page_reply(request.turn, data["text"]), request)
 
 
+@pytest.mark.timeout(1500)
 async def test_a_thousand_turns_with_5_kb_tool_results_keep_every_run_small_and_every_message_retrievable(
     run_worker, session_id, temporal_client
 ):
