@@ -141,6 +141,7 @@ def build_worker(
         activities=[
             model.call_model,
             model.summarize_context,
+            model.count_tokens,
             tools.list_tools,
             tools.validate_tool_call,
             tools.run_tool,

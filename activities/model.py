@@ -17,9 +17,16 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.blobs import BlobStore, message_from_body, stored_preview, value_ref
+from hermes.blobs import (
+    MAX_INLINE_ARGUMENTS_BYTES,
+    BlobStore,
+    arguments_stand_in,
+    message_from_body,
+    stored_preview,
+    value_ref,
+)
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
-from hermes.models import CallModelInput, CallModelResult, Message, SummarizeInput, Summary, ToolSpec
+from hermes.models import CallModelInput, CallModelResult, CountTokensInput, Message, SummarizeInput, Summary, ToolSpec
 from hermes.providers.base import ModelProvider
 from hermes.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
@@ -59,6 +66,23 @@ def _refuse_deep_arguments(result: CallModelResult) -> CallModelResult:
         for c in calls
     ]
     return result.model_copy(update={"message": result.message.model_copy(update={"tool_calls": fixed})})
+
+
+def _counter(encoding: str) -> TokenCounter:
+    try:
+        return TokenCounter.get(encoding or DEFAULT_ENCODING)
+    except ValueError:  # an encoding this worker cannot load offline
+        return TokenCounter.get(DEFAULT_ENCODING)
+
+
+def _counted(result: CallModelResult, encoding: str) -> CallModelResult:
+    """``result`` with the reply's tokens counted (``Message.tokens``) in the session's
+    ``encoding``, so that the session never encodes a reply itself (its tool-call
+    arguments may be megabytes); unchanged when the session sent no encoding."""
+    if not encoding:
+        return result
+    tokens = _counter(encoding).message(result.message)
+    return result.model_copy(update={"message": result.message.model_copy(update={"tokens": tokens})})
 
 
 class ModelActivities:
@@ -122,11 +146,74 @@ class ModelActivities:
         if not refs:
             return request
         texts = await self.resolve(request.session_id, refs)
-        messages = [message_from_body(texts[r]) for r in message_refs] or request.messages
+        messages = await self._with_whole_arguments([message_from_body(texts[r]) for r in message_refs]) or request.messages
         tools = request.tools
         if request.tools_ref:
             tools = [ToolSpec.model_validate(t) for t in json.loads(texts[request.tools_ref])]
         return request.model_copy(update={"messages": messages, "tools": tools})
+
+    async def _with_whole_arguments(self, messages: list[Message]) -> list[Message]:
+        """``messages`` with the tool-call arguments kept by reference put back, so the
+        provider sees the calls the model made. One the store has lost keeps its
+        stand-in (the model then sees its size and preview)."""
+        refs = [c.arguments_ref for m in messages for c in m.tool_calls if c.arguments_ref]
+        if not refs:
+            return messages
+        found = await self._store_get(refs)
+        out = []
+        for m in messages:
+            if any(c.arguments_ref for c in m.tool_calls):
+                calls = []
+                for c in m.tool_calls:
+                    if c.arguments_ref and c.arguments_ref in found:
+                        c = c.model_copy(update={"arguments": json.loads(found[c.arguments_ref])})
+                    elif c.arguments_ref:
+                        log.warning("arguments %s of tool call %s are not in the content store", c.arguments_ref, c.tool_call_id)
+                    calls.append(c)
+                m = m.model_copy(update={"tool_calls": calls})
+            out.append(m)
+        return out
+
+    async def _keep_large_arguments(self, result: CallModelResult) -> CallModelResult:
+        """Tool calls whose arguments are over :data:`MAX_INLINE_ARGUMENTS_BYTES` keep them
+        in the content store (``ToolCall.arguments_ref``) and carry a stand-in: the
+        session never decodes megabytes. If the store cannot take them, the call is an
+        arguments error (code 1 to the model), never run with a stand-in."""
+        calls = result.message.tool_calls
+        large: dict[int, tuple[str, str]] = {}
+        for index, call in enumerate(calls):
+            if call.arguments_error is not None or call.arguments_ref is not None:
+                continue
+            text = json.dumps(call.arguments, ensure_ascii=False)
+            if len(text.encode("utf-8", "surrogatepass")) > MAX_INLINE_ARGUMENTS_BYTES:
+                large[index] = (value_ref(call.arguments), text)
+        if not large:
+            return result
+        try:
+            await self.store.put_many({ref: text for ref, text in large.values()})
+            stored = True
+        except Exception as err:  # noqa: BLE001 - any store failure: the calls are refused, not lost silently
+            log.warning("large tool-call arguments could not be stored: %s", err)
+            stored = False
+        fixed = []
+        for index, call in enumerate(calls):
+            if index in large:
+                ref, text = large[index]
+                size = len(text.encode("utf-8", "surrogatepass"))
+                if stored:
+                    call = call.model_copy(update={"arguments": arguments_stand_in(ref, text), "arguments_ref": ref})
+                else:
+                    call = call.model_copy(
+                        update={
+                            "arguments": {},
+                            "arguments_error": (
+                                f"arguments: {size} bytes, over the {MAX_INLINE_ARGUMENTS_BYTES} bytes a session holds, "
+                                "and the content store could not keep them; pass large content in smaller pieces"
+                            ),
+                        }
+                    )
+            fixed.append(call)
+        return result.model_copy(update={"message": result.message.model_copy(update={"tool_calls": fixed})})
 
     async def _current_context(self, request: CallModelInput) -> list[str]:
         """The references of the context the session has for this model call now (see
@@ -170,7 +257,18 @@ class ModelActivities:
             raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
         except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
-        return await self._bounded(request.session_id, result)
+        result = _counted(await self._bounded(request.session_id, result), request.encoding)
+        return await self._keep_large_arguments(result)
+
+    @activity.defn(name=names.COUNT_TOKENS)
+    async def count_tokens(self, request: CountTokensInput) -> int:
+        """Exact tokens of ``request.text`` as plain text, with the session's encoding
+        (a local activity: workflow code counts only bounded texts).
+
+        Returns:
+            Tokens, ``>= 0``.
+        """
+        return _counter(request.encoding).text(request.text)
 
     async def _bounded(self, session_id: str, result: CallModelResult) -> CallModelResult:
         """Keep a huge reply out of history: stored by reference, a preview returned."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from datetime import timedelta
@@ -29,11 +30,20 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.blobs import BlobStore, value_ref
+from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
 from hermes.errors import ToolArgumentsError, ToolFailure
-from hermes.models import ListToolsInput, ListToolsResult, RunToolInput, ToolResult, ToolResultCode, ValidateToolCallResult
+from hermes.models import (
+    ListToolsInput,
+    ListToolsResult,
+    RunToolInput,
+    ToolResult,
+    ToolResultCode,
+    ToolSpec,
+    ValidateToolCallResult,
+)
 from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
+from hermes.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter
 
 log = logging.getLogger("hermes.tools")
 
@@ -286,6 +296,22 @@ def _scrub_surrogates(value: Any) -> Any:
     return value
 
 
+def schema_tokens(encoding: str, spec: ToolSpec) -> int:
+    """Tokens ``spec``'s schema takes in a prompt (:meth:`hermes.tokens.TokenCounter.tools`)
+    in ``encoding`` (the default one when this worker cannot load it offline); remembered
+    per encoding and schema, since a session lists the same tools every turn."""
+    return _schema_tokens(encoding, json.dumps(spec.to_openai(), ensure_ascii=False, default=str))
+
+
+@functools.lru_cache(maxsize=4096)
+def _schema_tokens(encoding: str, schema_json: str) -> int:
+    try:
+        counter = TokenCounter.get(encoding or DEFAULT_ENCODING)
+    except ValueError:
+        counter = TokenCounter.get(DEFAULT_ENCODING)
+    return counter.text(schema_json) + PER_TOOL_SCHEMA_TOKENS
+
+
 class ToolActivities:
     """Runs the tools of a registry.
 
@@ -359,6 +385,9 @@ class ToolActivities:
             t.spec(tier_seconds=self.tier_seconds, heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
             for t in tools
         ]
+        if request is not None and request.encoding:
+            # Counted here, once per listing, so that workflow code never encodes schemas.
+            specs = [s.model_copy(update={"tokens": schema_tokens(request.encoding, s)}) for s in specs]
         ref = value_ref([[s.model_dump(mode="json") for s in specs], [g.model_dump(mode="json") for g in groups]])
         if request is not None and request.known_ref == ref:
             return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding, memory=self.memory)
@@ -385,12 +414,39 @@ class ToolActivities:
             )
         return tool
 
+    async def _whole_arguments(self, call: Any) -> dict[str, Any] | ToolResult:
+        """The call's arguments, read from the content store when they were kept by
+        reference (``ToolCall.arguments_ref``), or the result that says they are gone."""
+        if call.arguments_ref is None:
+            return call.arguments
+        try:
+            text = (await self.store.get_many([call.arguments_ref])).get(call.arguments_ref)
+        except Exception as err:  # noqa: BLE001 - the store is down: retry-safe for every tool (nothing ran)
+            raise ApplicationError(
+                f"the arguments of this call are kept by reference ({call.arguments_ref}) and the content store "
+                f"is unavailable: {err}",
+                type="ContentStoreUnavailable",
+            ) from None
+        if text is None:
+            return ToolResult(
+                code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
+                message=(
+                    f"the arguments of this call were kept by reference ({call.arguments_ref}) and are no longer "
+                    "in the content store; the tool was not run"
+                ),
+            )
+        return json.loads(text)
+
     async def _prepare(self, request: RunToolInput) -> tuple[Tool, Any, ToolContext] | ToolResult:
         """Layers one to three: the tool exists, its arguments are valid, its checks pass."""
         call = request.tool_call
         tool = await self._lookup(request)
         if isinstance(tool, ToolResult):
             return tool
+        whole = await self._whole_arguments(call)
+        if isinstance(whole, ToolResult):
+            return whole
+        call = call.model_copy(update={"arguments": whole, "arguments_ref": None})
         try:
             arguments = tool.validate(call.arguments)
         except ToolArgumentsError as err:
@@ -415,11 +471,30 @@ class ToolActivities:
     async def validate_tool_call(self, request: RunToolInput) -> ValidateToolCallResult:
         """Check a call before a human is asked about it (a local activity: cheap, no I/O
         beyond the tool's own checks). Returns the coerced arguments or the error result."""
-        prepared = await self._prepare(request)
+        try:
+            prepared = await self._prepare(request)
+        except ApplicationError as err:  # the content store is down: nothing was run
+            prepared = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=err.message[:2000])
         if isinstance(prepared, ToolResult):
             return ValidateToolCallResult(arguments=request.tool_call.arguments, error=prepared)
         tool, arguments, _ = prepared
-        return ValidateToolCallResult(arguments=tool.dump_arguments(arguments))
+        dumped = tool.dump_arguments(arguments)
+        if request.tool_call.arguments_ref is not None:
+            text = json.dumps(dumped, ensure_ascii=False)
+            if len(text.encode("utf-8", "surrogatepass")) > MAX_INLINE_ARGUMENTS_BYTES:
+                # Large arguments stay out of the session (a local activity's result is
+                # decoded by workflow code): the coerced ones are kept by reference too.
+                ref = value_ref(dumped)
+                try:
+                    await self.store.put_many({ref: text})
+                except Exception as err:  # noqa: BLE001 - reported as the call's result; nothing ran
+                    error = ToolResult(
+                        code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
+                        message=f"the checked arguments ({len(text)} characters) could not be kept by reference: {err}"[:2000],
+                    )
+                    return ValidateToolCallResult(arguments=request.tool_call.arguments, error=error)
+                return ValidateToolCallResult(arguments=arguments_stand_in(ref, text), arguments_ref=ref)
+        return ValidateToolCallResult(arguments=dumped)
 
     @activity.defn(name=names.RUN_TOOL)
     async def run_tool(self, request: RunToolInput) -> ToolResult:

@@ -22,6 +22,12 @@ from typing import Any
 from hermes.models import Message
 
 BLOB_KEY = "hermes:blob:{ref}"
+MAX_INLINE_ARGUMENTS_BYTES = 64 * 1024
+"""Tool-call arguments larger than this (as JSON, UTF-8) are kept by reference in the
+content store (``ToolCall.arguments_ref``), like tool results over 64 KB and replies over
+256 KB: a workflow task that decoded megabytes of arguments on a busy machine passed the
+SDK's 2 s deadlock detector (issue 12)."""
+ARGUMENTS_PREVIEW_CHARS = 1000
 BODY_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
 """What a model sees of a message; the rest (turn, time, ids) is session bookkeeping."""
 
@@ -62,6 +68,20 @@ def stored_preview(text: str, ref: str, what: str, *, preview_chars: int = 4000)
         f"[{what} of {size} bytes, kept by reference as {ref}; the first {min(preview_chars, len(text))} "
         f"characters follow; the tool read_stored_content reads the rest]\n{text[:preview_chars]}"
     )
+
+
+def arguments_stand_in(ref: str, text: str) -> dict[str, Any]:
+    """What ``ToolCall.arguments`` holds while the arguments ``text`` (JSON) are kept by
+    reference under ``ref``: enough for a transcript or an approver to see what they are.
+
+    Returns:
+        ``{"kept_by_reference": ref, "size_bytes": int, "preview": str}``.
+    """
+    return {
+        "kept_by_reference": ref,
+        "size_bytes": len(text.encode("utf-8", "surrogatepass")),
+        "preview": text[:ARGUMENTS_PREVIEW_CHARS],
+    }
 
 
 def message_from_body(text: str) -> Message:

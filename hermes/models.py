@@ -65,6 +65,12 @@ class ToolCall(BaseModel):
     arguments: dict[str, Any] = Field(default_factory=dict)
     arguments_error: str | None = None
     """Set when the model's raw arguments were not a JSON object; the call is then not run."""
+    arguments_ref: str | None = None
+    """Set when the arguments were larger than :data:`hermes.blobs.MAX_INLINE_ARGUMENTS_BYTES`:
+    they are kept whole in the content store under this reference, and ``arguments`` is a
+    stand-in (``kept_by_reference``, ``size_bytes``, ``preview``) that shows what they are.
+    The tool activities and the provider request read the whole arguments; the session
+    (workflow code, whose work must not grow with an input's size) never holds them."""
 
 
 class Message(BaseModel):
@@ -152,6 +158,10 @@ class ToolSpec(BaseModel):
     """Set for a composite tool: its steps, run in order by a child workflow."""
     mcp: McpOrigin | None = None
     """Set for an MCP tool: the server and tool a call goes to (recorded with the list)."""
+    tokens: int | None = None
+    """Tokens its schema takes in a model's prompt (:meth:`hermes.tokens.TokenCounter.tools`),
+    counted by the tool-listing activity with the session's encoding, so workflow code
+    never encodes schemas (None: count it where needed)."""
 
     @model_validator(mode="after")
     def _idempotency(self) -> ToolSpec:
@@ -209,6 +219,9 @@ class CallModelInput(BaseModel):
     max_output_tokens: int | None = None
     context_tokens: int = 0
     """The workflow's estimate of the context's tokens (corrected by reported usage)."""
+    encoding: str = ""
+    """The session's tiktoken encoding: the activity counts the reply's tokens with it
+    (``Message.tokens`` of the result), so workflow code never encodes a reply."""
 
 
 class CallModelResult(BaseModel):
@@ -231,6 +244,17 @@ class ListToolsInput(BaseModel):
     known_ref: str | None = None
     """Reference of the listing the session already has: if the list is the same, only
     the reference comes back (history then records a few bytes, not every schema)."""
+    encoding: str = ""
+    """The session's tiktoken encoding, once known: each listed ``ToolSpec.tokens`` is
+    counted with it (empty: the worker's)."""
+
+
+class CountTokensInput(BaseModel):
+    """A text whose tokens a session needs exactly but may not count in workflow code
+    (longer than :data:`hermes.tokens.BOUNDED_COUNT_CHARS`)."""
+
+    text: str
+    encoding: str
 
 
 class ListToolsResult(BaseModel):
@@ -294,7 +318,11 @@ class ValidateToolCallResult(BaseModel):
     """Outcome of checking a tool call before it is put to a human or a child workflow."""
 
     arguments: dict[str, Any] = Field(default_factory=dict)
-    """The coerced, validated arguments (what an approval shows and the tool receives)."""
+    """The coerced, validated arguments (what an approval shows and the tool receives);
+    a stand-in when ``arguments_ref`` is set."""
+    arguments_ref: str | None = None
+    """Where the coerced arguments are kept when they are too large to return inline
+    (see ``ToolCall.arguments_ref``)."""
     error: ToolResult | None = None
     """Set when the call must not run: code 1 (bad arguments) or 3 (permission)."""
 
@@ -408,6 +436,10 @@ class SessionConfig(BaseModel):
     archive_after_seconds: float = Field(default=7 * 86400.0, gt=0)
     """An idle session writes a snapshot and completes after this long without a message
     (seed 000 §1.3: 7 days); its next message resumes it from the snapshot."""
+    replay_budget_events: int = Field(default=1000, ge=0)
+    """Continue-as-new (between turns) once a run's history has this many events, so a
+    worker that takes the session over replays at most about this many, however long
+    the session is (issue 12: a 146-turn run took 6.6 s to replay); 0: no budget."""
     max_updates_per_run: int = 500
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
     max_completed_ids: int = 256

@@ -11,8 +11,13 @@ Two layers:
 - :func:`encoding_name_for_model` looks at the environment and the file system: call it
   on the worker (an activity, or at start-up), never in workflow code, and record its
   answer so that every replay counts with the same encoding.
-- :class:`TokenCounter` is pure and deterministic for a given encoding name: workflow
-  code may use it (the context builder, :mod:`hermes.context`, does).
+- :class:`TokenCounter` is pure and deterministic for a given encoding name, but its cost
+  grows with the text. Workflow code counts through :class:`BoundedCounter`, whose cost
+  is bounded whatever the input (DESIGN.md "Recovery": workflow code does only bounded
+  work; issue 12: counting a 1.3 MB tool call in workflow code passed the SDK's 2 s
+  deadlock detector on a busy machine); exact counts of large inputs come from
+  activities (the model call counts its reply, the tool listing its schemas, a local
+  activity a long user message) and are recorded in history with them.
 
 Chat-format overhead follows the OpenAI cookbook, "How to count tokens with tiktoken"
 (https://cookbook.openai.com/examples/how_to_count_tokens_with_tiktoken): 3 tokens per
@@ -54,6 +59,14 @@ function-call wrapper); not documented by OpenAI, corrected by :func:`usage_corr
 PER_TOOL_SCHEMA_TOKENS = 8
 """Estimated framing of one tool schema in the request (providers render the ``tools``
 list into the prompt in their own format); an estimate, see :meth:`TokenCounter.tools`."""
+
+BOUNDED_COUNT_CHARS = 16_384
+"""Texts up to this many characters are counted exactly by :class:`BoundedCounter`;
+longer ones are estimated from samples of this many characters in all (tiktoken encodes
+about 5-20 MB/s on one core, so this is at most a few milliseconds, even on a loaded
+machine well under the deadlock detector's 2 s)."""
+ESTIMATE_SAMPLES = 4
+"""Evenly spaced windows an estimate of a long text counts (start, middle, end)."""
 
 CORRECTION_MIN = 0.5
 CORRECTION_MAX = 2.0
@@ -305,6 +318,93 @@ class TokenCounter:
         """
         return sum(
             self.text(json.dumps(spec.to_openai(), ensure_ascii=False, default=str)) + PER_TOOL_SCHEMA_TOKENS
+            for spec in specs
+        )
+
+
+class BoundedCounter:
+    """Token counts for workflow code, at a bounded cost per call.
+
+    Counts like :class:`TokenCounter` (same chat-format overhead) but a text longer than
+    ``max_chars`` is estimated (:meth:`estimate_text`) instead of encoded whole, a
+    precounted ``Message.tokens`` or ``ToolSpec.tokens`` is used as it is, and the counts
+    of texts that come back every model call (the system prompt, the summary) are
+    remembered. Deterministic: the same inputs give the same counts on every replay.
+
+    Args:
+        counter: the exact counter of the session's encoding.
+        max_chars: texts up to this many characters are counted exactly.
+    """
+
+    _CACHE_SIZE = 64
+
+    def __init__(self, counter: TokenCounter, max_chars: int = BOUNDED_COUNT_CHARS):
+        self.counter = counter
+        self.encoding_name = counter.encoding_name
+        self.max_chars = max(max_chars, ESTIMATE_SAMPLES * 16)
+        self._cache: dict[tuple[str, str], int] = {}
+
+    def estimate_text(self, s: str) -> int:
+        """Tokens of ``s``: exact up to ``max_chars`` characters; beyond, the tokens of
+        :data:`ESTIMATE_SAMPLES` evenly spaced windows (``max_chars`` characters in all)
+        scaled to the whole length, rounded up.
+
+        Args:
+            s: any text.
+
+        Returns:
+            Tokens, ``>= 0``; an estimate (typically within 10%) for a long text.
+        """
+        if len(s) <= self.max_chars:
+            return self.counter.text(s)
+        window = self.max_chars // ESTIMATE_SAMPLES
+        step = (len(s) - window) // (ESTIMATE_SAMPLES - 1)
+        sampled = sum(self.counter.text(s[i * step : i * step + window]) for i in range(ESTIMATE_SAMPLES))
+        return math.ceil(sampled * len(s) / (window * ESTIMATE_SAMPLES))
+
+    def text(self, s: str) -> int:
+        """As :meth:`TokenCounter.text`, bounded (:meth:`estimate_text`)."""
+        return self.estimate_text(s) if s else 0
+
+    def message(self, m: Message) -> int:
+        """As :meth:`TokenCounter.message`, bounded: ``m.tokens`` when set; the counts of
+        plain messages (no tool calls) are remembered by role and content, so a system
+        prompt or summary sent with every model call is counted once.
+
+        Returns:
+            Tokens, ``> 0``.
+        """
+        if m.tokens is not None:
+            return m.tokens
+        key = None
+        if not m.tool_calls and not m.name:
+            key = (m.role, m.content or "")
+            cached = self._cache.get(key)
+            if cached is not None:
+                return cached
+        total = PER_MESSAGE_TOKENS + self.counter.text(m.role) + self.text(m.content or "")
+        if m.name and m.role != "tool":
+            total += self.counter.text(m.name) + PER_NAME_TOKENS
+        for call in m.tool_calls:
+            arguments = json.dumps(call.arguments, ensure_ascii=False, default=str)
+            total += PER_TOOL_CALL_TOKENS + self.text(call.name) + self.text(arguments)
+        if key is not None:
+            if len(self._cache) >= self._CACHE_SIZE:
+                self._cache.clear()
+            self._cache[key] = total
+        return total
+
+    def messages(self, messages: Sequence[Message]) -> int:
+        """As :meth:`TokenCounter.messages`, bounded per message."""
+        return sum(self.message(m) for m in messages) + REPLY_PRIMER_TOKENS
+
+    def tools(self, specs: Sequence[ToolSpec]) -> int:
+        """As :meth:`TokenCounter.tools`; a spec's ``tokens`` (counted by the tool
+        listing activity) is used as it is, others are counted bounded."""
+        return sum(
+            spec.tokens
+            if spec.tokens is not None
+            else self.text(json.dumps(spec.to_openai(), ensure_ascii=False, default=str)) + PER_TOOL_SCHEMA_TOKENS
             for spec in specs
         )
 

@@ -25,6 +25,7 @@ with workflow.unsafe.imports_passed_through():
     from hermes import names
     from hermes.models import (
         ApprovalAuditBatch,
+        CountTokensInput,
         ApprovalAuditEntry,
         ApprovalDecision,
         ApprovalPolicy,
@@ -66,9 +67,9 @@ with workflow.unsafe.imports_passed_through():
         SearchMemoriesResult,
     )
     from hermes.memory.rules import Triggers, detect_triggers, extract_by_rules
-    from hermes.memory.working import add_items, items_from_tool_result, note_references
+    from hermes.memory.working import REFERENCE_SCAN_CHARS, add_items, items_from_tool_result, note_references
     from hermes.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
-    from hermes.tokens import DEFAULT_ENCODING, TokenCounter, usage_correction
+    from hermes.tokens import BOUNDED_COUNT_CHARS, DEFAULT_ENCODING, BoundedCounter, TokenCounter, usage_correction
     from hermes.tools.arguments import argument_descriptions
     from hermes.tools.routing import offered_tools, route_groups
 
@@ -161,7 +162,8 @@ def _slim(result: TurnResult, limit: int, *, cut_reply: bool = True) -> TurnResu
 
 def _fingerprint(call: ToolCall) -> str:
     """Identity of a call by tool and arguments, to recognise the same call again."""
-    text = json.dumps([call.name, call.arguments], sort_keys=True, ensure_ascii=False, default=str)
+    identity = [call.name, call.arguments] + ([call.arguments_ref] if call.arguments_ref else [])
+    text = json.dumps(identity, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
@@ -180,7 +182,19 @@ archive timers, and the history-size budget (issue 5)."""
 _PATCH_MEMORY = "long-term-memory"
 """Memories recalled before a turn's model calls and written after its reply, working
 memory, "forget me" (issue 6)."""
-_PATCHES = (_PATCH_TOOL_LAYER_V2, _PATCH_STOP_ON_CLOSE, _PATCH_AUDIT_LOG, _PATCH_BOUNDED_CONTEXT, _PATCH_MEMORY)
+_PATCH_BOUNDED_WORK = "bounded-workflow-work"
+"""Workflow code does only bounded work and a run replays in bounded time (issue 12):
+tokens of replies, tool schemas and long user messages are counted by activities, other
+texts by :class:`hermes.tokens.BoundedCounter`; the run continues as new on a replay
+budget (``SessionConfig.replay_budget_events``)."""
+_PATCHES = (
+    _PATCH_TOOL_LAYER_V2,
+    _PATCH_STOP_ON_CLOSE,
+    _PATCH_AUDIT_LOG,
+    _PATCH_BOUNDED_CONTEXT,
+    _PATCH_MEMORY,
+    _PATCH_BOUNDED_WORK,
+)
 _EXTRACTION_GRACE = timedelta(0)
 """Continue-as-new does not wait for a running memory extraction: it is carried over to the
 next run, which sends it again (a candidate delivered twice is written once), so messages
@@ -245,6 +259,7 @@ class SessionWorkflow:
         """The last full tool listing of this run: its reference, tools and groups."""
         """Counts tool listings: a cached tool list is one of the same listing."""
         self._tool_bodies: dict[str, str] = {}
+        self._bounded_counter: BoundedCounter | None = None
         self._idle_marked = carry.status == "idle"
         self._archived_state = False
         self._summarizing = False
@@ -500,6 +515,17 @@ class SessionWorkflow:
             or workflow.info().is_continue_as_new_suggested()
             or self._live_bytes > self._cfg.max_carry_bytes * 3 // 2
             or self._history_over(1)
+            or self._replay_budget_spent()
+        )
+
+    def _replay_budget_spent(self) -> bool:
+        """This run's history has ``replay_budget_events`` events: a worker taking the
+        session over (after a crash, a deploy or a cache eviction) replays the run, so
+        its length bounds the time to resume, at turn 10 as at turn 10,000."""
+        return (
+            self._cfg.replay_budget_events > 0
+            and workflow.info().get_current_history_length() >= self._cfg.replay_budget_events
+            and self._patched(_PATCH_BOUNDED_WORK)
         )
 
     def _history_over(self, times: int) -> bool:
@@ -874,9 +900,10 @@ class SessionWorkflow:
             self._idle_marked = False
             if not self._halted_on and self._status != "closed":
                 workflow.upsert_search_attributes([names.SA_STATUS.value_set("active")])
-        self._add_message(
-            Message(role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id)
+        user_message = Message(
+            role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id
         )
+        self._add_message(user_message)
         if not self._title:
             self._title = " ".join(inp.text.split())[:60]
             # In the memo too, so a session index rebuilt from visibility keeps the title.
@@ -897,6 +924,7 @@ class SessionWorkflow:
         try:
             specs, tool_groups = await self._list_tools()
             self._all_specs = specs
+            await self._count_exactly(user_message)
             if self._memory_active():
                 await self._recall(turn, inp.text)
             if self._cfg.tool_routing == "keywords":
@@ -1110,7 +1138,8 @@ class SessionWorkflow:
             spec = self._all_specs.get(record.name)
             if record.result.ok and spec is not None and spec.permission == "read":
                 self._working = add_items(self._working, items_from_tool_result(record.name, record.result.data, turn))
-        for item in note_references(self._working, [text, reply], turn, self._cfg.memory_promote_after_refs):
+        scan = REFERENCE_SCAN_CHARS if self._patched(_PATCH_BOUNDED_WORK) else None
+        for item in note_references(self._working, [text, reply], turn, self._cfg.memory_promote_after_refs, scan):
             candidates.append(
                 MemoryCandidate(
                     user_id=self._inp.user_id,
@@ -1238,7 +1267,7 @@ class SessionWorkflow:
         if message.ref is None:
             message.ref = message_ref(message)
         if message.tokens is None and self._encoding and not message.internal:
-            message.tokens = TokenCounter.get(self._encoding).message(message)
+            message.tokens = self._counter().message(message)
         self._by_ref[message.ref] = message
 
     def _add_notice(self, turn: int, text: str) -> None:
@@ -1305,7 +1334,16 @@ class SessionWorkflow:
         bounded = self._patched(_PATCH_BOUNDED_CONTEXT)
         result = await workflow.execute_local_activity(
             names.LIST_TOOLS,
-            *([ListToolsInput(known_ref=self._listing[0] if self._listing else None)] if bounded else []),
+            *(
+                [
+                    ListToolsInput(
+                        known_ref=self._listing[0] if self._listing else None,
+                        encoding=self._encoding if self._patched(_PATCH_BOUNDED_WORK) else "",
+                    )
+                ]
+                if bounded
+                else []
+            ),
             result_type=ListToolsResult,
             start_to_close_timeout=timedelta(seconds=10),
         )
@@ -1412,6 +1450,7 @@ class SessionWorkflow:
             tools_ref=tools_ref,
             step=step,
             context_tokens=built.tokens,
+            encoding=self._encoding if self._patched(_PATCH_BOUNDED_WORK) else "",
         )
 
     def _tool_list(self, tools: list[ToolSpec]) -> tuple[str | None, int]:
@@ -1432,11 +1471,39 @@ class SessionWorkflow:
             self._tool_lists[key] = cached
         return cached
 
-    def _counter(self) -> TokenCounter:
+    def _counter(self) -> TokenCounter | BoundedCounter:
+        """The session's token counter: bounded in cost per text (runs with the
+        ``bounded-workflow-work`` patch), or exact (runs recorded before it)."""
         try:
-            return TokenCounter.get(self._encoding or DEFAULT_ENCODING)
+            exact = TokenCounter.get(self._encoding or DEFAULT_ENCODING)
         except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
-            return TokenCounter.get(DEFAULT_ENCODING)
+            exact = TokenCounter.get(DEFAULT_ENCODING)
+        if not self._patched(_PATCH_BOUNDED_WORK):
+            return exact
+        if self._bounded_counter is None or self._bounded_counter.counter is not exact:
+            self._bounded_counter = BoundedCounter(exact)
+        return self._bounded_counter
+
+    async def _count_exactly(self, message: Message) -> None:
+        """Set the exact tokens of a user message too long to count in workflow code,
+        from a local activity (recorded, so a replay does not count it again). On a
+        failure the bounded estimate stays."""
+        text = message.content or ""
+        if not self._encoding or len(text) <= BOUNDED_COUNT_CHARS or not self._patched(_PATCH_BOUNDED_WORK):
+            return
+        try:
+            tokens = await workflow.execute_local_activity(
+                names.COUNT_TOKENS,
+                CountTokensInput(text=text, encoding=self._encoding),
+                result_type=int,
+                start_to_close_timeout=timedelta(seconds=10),
+                retry_policy=RetryPolicy(maximum_attempts=2),
+                summary="count tokens",
+            )
+        except FailureError:
+            workflow.logger.warning("exact token count of turn %d's message failed; estimated", message.turn)
+            return
+        message.tokens = self._counter().message(message.model_copy(update={"content": "", "tokens": None})) + tokens
 
     def _build_context(self, turn: int, tools: list[ToolSpec], tool_tokens: int | None = None) -> BuiltContext:
         """System prompt, memories, summary and the recent turns that fit the token budget
@@ -1647,7 +1714,10 @@ class SessionWorkflow:
                 if checked.error is not None:
                     early[call.tool_call_id] = checked.error
                     continue
-                prepared[call.tool_call_id] = call.model_copy(update={"arguments": checked.arguments})
+                update: dict[str, Any] = {"arguments": checked.arguments}
+                if call.arguments_ref is not None or checked.arguments_ref is not None:
+                    update["arguments_ref"] = checked.arguments_ref
+                prepared[call.tool_call_id] = call.model_copy(update=update)
                 if policy.action != "run":
                     gated[call.tool_call_id] = self._request_approval(turn, prepared[call.tool_call_id], spec, policy, reason)
             await self._flush_audit()

@@ -49,10 +49,22 @@ def add_items(items: list[WorkingItem], new: list[WorkingItem]) -> list[WorkingI
     return out[-MAX_ITEMS:]
 
 
-def note_references(items: list[WorkingItem], texts: list[str], turn: int, promote_at: int = 3) -> list[WorkingItem]:
+REFERENCE_SCAN_CHARS = 16_384
+"""Only the first this-many characters of each text are searched for references: this
+runs in workflow code, whose work must not grow with a message's size (issue 12)."""
+
+
+def note_references(
+    items: list[WorkingItem],
+    texts: list[str],
+    turn: int,
+    promote_at: int = 3,
+    scan_chars: int | None = REFERENCE_SCAN_CHARS,
+) -> list[WorkingItem]:
     """Count one reference per item named in ``texts`` this ``turn`` (not the turn that
-    made it); returns the items that reach ``promote_at`` now (marked promoted)."""
-    joined = "\n".join(texts).casefold()
+    made it; in the first ``scan_chars`` characters of each text, None: all); returns
+    the items that reach ``promote_at`` now (marked promoted)."""
+    joined = "\n".join(t[:scan_chars] if scan_chars is not None else t for t in texts).casefold()
     promoted = []
     for item in items:
         if item.promoted or item.turn >= turn or item.last_ref_turn == turn:
