@@ -1069,6 +1069,7 @@ class SessionWorkflow:
                 self._inp.user_id,
                 result_type=ForgetReport,
                 start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary="forget the user",
             )
@@ -1196,6 +1197,7 @@ class SessionWorkflow:
                     inp,
                     result_type=ExtractMemoriesResult,
                     start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds + 30),
+                    heartbeat_timeout=self._model_heartbeat(),
                     # Until delivered: the candidates are in this input, nowhere else.
                     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=60)),
                     summary=f"memories of turn {inp.turn} ({', '.join(inp.reasons) or 'rules'})",
@@ -1324,6 +1326,13 @@ class SessionWorkflow:
                     m.tokens = self._counter().message(m)
         return specs, groups
 
+    def _model_heartbeat(self) -> timedelta | None:
+        """Heartbeat timeout of the model activities (calls, summaries, extraction): an
+        attempt on a dead worker is retried after it. Only an activity option: the
+        commands, and so replay, are the same with or without it."""
+        seconds = self._cfg.model_heartbeat_seconds
+        return timedelta(seconds=seconds) if seconds > 0 else None
+
     async def _call_model(self, turn: int, tools: list[ToolSpec], step: int = 0) -> CallModelResult:
         """One model step. The context goes by reference; a provider's "context too long"
         triggers one forced compaction and one retry (never a loop).
@@ -1342,6 +1351,8 @@ class SessionWorkflow:
                 request,
                 result_type=CallModelResult,
                 start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+                # A call on a worker that died is retried after seconds, not the timeout.
+                heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     backoff_coefficient=2.0,
@@ -1548,6 +1559,7 @@ class SessionWorkflow:
                 ),
                 result_type=Summary,
                 start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+                heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30),
