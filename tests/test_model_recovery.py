@@ -1,6 +1,9 @@
 """A model call whose worker dies or is stopped: retried in seconds, or finished, never billed twice.
 
-The workers are real subprocesses (``python worker.py``, configured only through the
+In process (``ActivityEnvironment``): model calls, summaries and memory extractions
+heartbeat while the provider thinks (the provider answers only after some heartbeats).
+
+With real workers: the workers are real subprocesses (``python worker.py``, configured only through the
 environment, as in tests/test_crash.py) using the OpenAI-compatible provider against a
 local HTTP server speaking the chat-completions wire. The server holds the first request
 it gets until the test releases it (so the test can kill or stop the worker meanwhile),
@@ -20,6 +23,7 @@ Long-term memory is off in the workers: its extraction would be a second model r
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import signal
@@ -28,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -37,10 +42,15 @@ from temporalio.api.enums.v1 import EventType, TaskQueueType, TimeoutType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 from temporalio.client import Client
+from temporalio.testing import ActivityEnvironment
 
+from activities.heartbeat import beat_interval_seconds, heartbeating
+from activities.memory import MemoryActivities
+from activities.model import ModelActivities
 from hermes import names
 from hermes.client import HermesClient
-from hermes.models import SessionConfig
+from hermes.memory.models import ConversationExcerpt, ExtractMemoriesInput
+from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, SummarizeInput
 from hermes.stack import free_port
 from tests.test_crash import kill_group, worker_log
 
@@ -51,6 +61,93 @@ HEARTBEAT_SECONDS = SessionConfig().model_heartbeat_seconds
 OLD_GRACEFUL_SECONDS = 5.0
 """The worker's graceful shutdown before it became a setting: a call held longer than this
 after SIGTERM would have been cancelled and sent to the provider again."""
+
+
+# ------------------------------------------------- in process: the activities heartbeat
+
+
+class ThinkingProvider:
+    """A provider that answers only once the activity has heartbeated ``beats`` times
+    while it waited (a provider that never answers would hang, so the test bounds it)."""
+
+    name = "thinking"
+
+    def __init__(self, beats: int) -> None:
+        self.beats = beats
+        self.seen = 0
+        self._enough = asyncio.Event()
+
+    def on_heartbeat(self, *details: Any) -> None:
+        self.seen += 1
+        if self.seen >= self.beats:
+            self._enough.set()
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        await self._enough.wait()
+        return CallModelResult(message=Message(role="assistant", content=f"thought for {self.seen} heartbeats"))
+
+
+def activity_env(provider: ThinkingProvider, heartbeat_timeout_seconds: float) -> ActivityEnvironment:
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(env.info, heartbeat_timeout=timedelta(seconds=heartbeat_timeout_seconds))
+    env.on_heartbeat = provider.on_heartbeat
+    return env
+
+
+async def test_a_model_call_heartbeats_while_it_waits_on_the_provider():
+    provider = ThinkingProvider(beats=3)
+    request = CallModelInput(session_id="s-beats", turn=1, messages=[Message(role="user", content="think")])
+    result = await asyncio.wait_for(
+        activity_env(provider, 0.2).run(ModelActivities(provider).call_model, request), 10
+    )
+    assert result.message.content == "thought for 3 heartbeats"
+
+
+async def test_a_summary_heartbeats_while_it_waits_on_the_provider():
+    provider = ThinkingProvider(beats=3)
+    request = SummarizeInput(session_id="s-beats", message_refs=[], upto_turn=1, previous_summary="earlier")
+    summary = await asyncio.wait_for(
+        activity_env(provider, 0.2).run(ModelActivities(provider).summarize_context, request), 10
+    )
+    assert summary.text == "thought for 3 heartbeats"
+
+
+async def test_a_memory_extraction_heartbeats_while_it_waits_on_the_provider():
+    provider = ThinkingProvider(beats=3)
+    request = ExtractMemoriesInput(
+        user_id="u-beats",
+        session_id="s-beats",
+        turn=1,
+        created_at=datetime.now(timezone.utc),
+        excerpt=[ConversationExcerpt(turn=1, role="user", text="I live in Lyon")],
+        use_model=True,
+    )
+    memory = MemoryActivities(lambda: None, provider=provider)  # type: ignore[arg-type, return-value]
+    result = await asyncio.wait_for(activity_env(provider, 0.2).run(memory.extract_memories, request), 10)
+    assert provider.seen >= 3 and result.delivered == 0  # the answer is not an extraction: nothing to deliver
+
+
+def test_heartbeats_are_queued_four_times_per_heartbeat_timeout():
+    # The SDK sends the newest queued heartbeat every 0.8 x timeout: one is always queued.
+    assert beat_interval_seconds(2.0) == 0.5
+    assert beat_interval_seconds(0.1) == 0.05
+    assert beat_interval_seconds(None) == beat_interval_seconds(0) == 5.0
+
+
+async def test_heartbeating_outside_an_activity_does_nothing_and_a_bad_interval_is_refused():
+    async with heartbeating():
+        pass
+    env = ActivityEnvironment()
+
+    async def bad() -> None:
+        async with heartbeating(0):
+            pass
+
+    with pytest.raises(ValueError, match="interval_seconds"):
+        await env.run(bad)
+
+
+# ---------------------------------------------- worker subprocesses and a provider
 
 
 class HoldingProvider:
