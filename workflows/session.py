@@ -1303,7 +1303,11 @@ class SessionWorkflow:
 
     async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
         # Recorded in history once per turn, so replay never depends on a worker's registry;
-        # an unchanged list is recorded as its reference only.
+        # an unchanged list is recorded as its reference only. A local activity (it cannot
+        # heartbeat; a worker dying during it is noticed at the workflow task timeout, as
+        # during any workflow task): it is cached and bounded (hermes.mcp.tools, 8 s per
+        # MCP server), and a regular one would add three events and a server round trip
+        # to every turn.
         bounded = self._patched(_PATCH_BOUNDED_CONTEXT)
         result = await workflow.execute_local_activity(
             names.LIST_TOOLS,
