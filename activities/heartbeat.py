@@ -16,12 +16,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from temporalio import activity
 
 T = TypeVar("T")
+
+log = logging.getLogger("hermes.activities.heartbeat")
 
 IDLE_INTERVAL_SECONDS = 5.0
 """Beat interval of an activity scheduled without a heartbeat timeout: heartbeats still
@@ -69,6 +72,9 @@ async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[N
     Args:
         interval_seconds: default: :func:`beat_interval_seconds` of the running
             attempt's heartbeat timeout.
+
+    Raises:
+        ValueError: ``interval_seconds`` is not positive.
     """
     if not _can_heartbeat():
         yield
@@ -81,7 +87,11 @@ async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[N
 
     async def loop() -> None:
         while True:
-            activity.heartbeat()
+            try:
+                activity.heartbeat()
+            except Exception:  # noqa: BLE001 - never fail the work for a heartbeat; its timeout will tell
+                log.warning("heartbeats stopped", exc_info=True)
+                return
             await asyncio.sleep(interval_seconds)
 
     beater = asyncio.create_task(loop(), name="heartbeat")
