@@ -154,7 +154,10 @@ def build_worker(
         max_cached_workflows=max_cached_workflows,
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
-        graceful_shutdown_timeout=timedelta(seconds=5),
+        # On shutdown the worker stops polling at once, and the model and tool calls it
+        # runs finish and report within this (a deploy must not call a provider twice);
+        # only what is still running after it is cancelled, to be retried elsewhere.
+        graceful_shutdown_timeout=timedelta(seconds=settings.resolved_worker_shutdown_seconds),
     )
 
 
@@ -179,6 +182,7 @@ def _memory_activities(
         batch_size=settings.memory_batch_size,
         batch_seconds=settings.memory_batch_seconds,
         redis=redis,
+        heartbeat_seconds=settings.model_heartbeat_seconds,
     )
 
 
@@ -199,7 +203,9 @@ def open_mcp(settings: Settings, registry: ToolRegistry) -> Any:
 
 
 async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | None = None) -> None:
-    """Connect, register the search attributes, and serve until ``stop`` is set or a signal."""
+    """Connect, register the search attributes, and serve until ``stop`` is set or a
+    SIGTERM / SIGINT; then stop gracefully: no new work is taken, and the activities
+    running finish and report (up to ``settings.resolved_worker_shutdown_seconds``)."""
     from hermes.names import SEARCH_ATTRIBUTES
     from hermes.stack import ensure_search_attributes
 
@@ -224,6 +230,10 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
     try:
         async with worker:
             await stop.wait()
+            log.info(
+                "worker stopping: taking no new work; running activities have up to %.0f s to finish",
+                settings.resolved_worker_shutdown_seconds,
+            )
     finally:
         if mcp is not None:
             await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker

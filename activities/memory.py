@@ -20,6 +20,7 @@ from temporalio.client import Client, WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating
 from hermes import names
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
 from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
@@ -55,6 +56,7 @@ class MemoryActivities:
         task_queue: where memory writers run.
         batch_size: ``batch_size`` / ``batch_seconds`` for writers this worker starts.
         redis: a ``redis.asyncio.Redis`` (optional): the read path's generation tokens.
+        heartbeat_seconds: ``heartbeat_seconds`` for writers this worker starts.
     """
 
     def __init__(
@@ -67,7 +69,10 @@ class MemoryActivities:
         batch_size: int = 10,
         batch_seconds: float = 5.0,
         redis: Any = None,
+        heartbeat_seconds: float = 2.0,
     ) -> None:
+        self.heartbeat_seconds = heartbeat_seconds
+        """Heartbeat timeout the writers this worker starts set on their store activities."""
         self.redis = redis
         """Keeps each user's rows generation (``hermes:memory:gen:<user>``): searches of a
         user whose rows did not change are answered from memory, in any worker."""
@@ -90,10 +95,14 @@ class MemoryActivities:
             return self._store
 
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``fn(store, *args, **kwargs)`` in a thread, heartbeating meanwhile (writes and
+        consolidations can take minutes; a dead worker's are retried in seconds)."""
+
         def call() -> Any:
             return fn(self.store(), *args, **kwargs)
 
-        return await asyncio.to_thread(call)
+        async with heartbeating():
+            return await asyncio.to_thread(call)
 
     # -------------------------------------------------------------- read
 
@@ -183,8 +192,13 @@ class MemoryActivities:
 
         A model failure or an unreadable answer delivers the rule candidates alone and says
         so in ``error``; a delivery failure raises (the activity is retried; a candidate
-        delivered twice is written once).
+        delivered twice is written once). Heartbeats throughout.
         """
+        async with heartbeating():
+            return await self._extract(inp)
+
+    async def _extract(self, inp: ExtractMemoriesInput) -> ExtractMemoriesResult:
+        """:meth:`extract_memories` without its heartbeats."""
         result = ExtractMemoriesResult()
         candidates = list(inp.rule_candidates)
         if inp.use_model and inp.excerpt and self.provider is not None:
@@ -238,7 +252,12 @@ class MemoryActivities:
             raise ApplicationError("no Temporal client to deliver memories with", non_retryable=True)
         await self.client.start_workflow(
             names.MEMORY_WRITER_WORKFLOW,
-            MemoryWriterInput(user_id=user_id, batch_size=self.batch_size, batch_seconds=self.batch_seconds),
+            MemoryWriterInput(
+                user_id=user_id,
+                batch_size=self.batch_size,
+                batch_seconds=self.batch_seconds,
+                heartbeat_seconds=self.heartbeat_seconds,
+            ),
             id=names.memory_writer_id(user_id),
             task_queue=self.task_queue,
             start_signal=names.ADD_MEMORIES,
@@ -281,14 +300,20 @@ class MemoryActivities:
             raise ApplicationError("no Temporal client", non_retryable=True)
         operation = WithStartWorkflowOperation(
             names.MEMORY_WRITER_WORKFLOW,
-            MemoryWriterInput(user_id=user_id, batch_size=self.batch_size, batch_seconds=self.batch_seconds),
+            MemoryWriterInput(
+                user_id=user_id,
+                batch_size=self.batch_size,
+                batch_seconds=self.batch_seconds,
+                heartbeat_seconds=self.heartbeat_seconds,
+            ),
             id=names.memory_writer_id(user_id),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
-        return await self.client.execute_update_with_start_workflow(
-            names.FORGET_USER, start_workflow_operation=operation, result_type=ForgetReport
-        )
+        async with heartbeating():  # waits for the writer, which may be writing a batch
+            return await self.client.execute_update_with_start_workflow(
+                names.FORGET_USER, start_workflow_operation=operation, result_type=ForgetReport
+            )
 
     # ------------------------------------------------------ consolidation
 

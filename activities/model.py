@@ -16,6 +16,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import heartbeating
 from hermes import names
 from hermes.blobs import (
     MAX_INLINE_ARGUMENTS_BYTES,
@@ -241,7 +242,8 @@ class ModelActivities:
 
     @activity.defn(name=names.CALL_MODEL)
     async def call_model(self, request: CallModelInput) -> CallModelResult:
-        """Ask the provider for the next assistant message.
+        """Ask the provider for the next assistant message, heartbeating while it waits
+        (see :mod:`activities.heartbeat`).
 
         Raises:
             ApplicationError: ``type="ModelUnavailableError"`` (retried, honouring
@@ -249,16 +251,19 @@ class ModelActivities:
                 retried: the session compacts once and retries), ``"ModelRequestError"``
                 or ``"ScriptExhaustedError"`` (not retried).
         """
-        resolved = await self.resolve_context(request)
-        try:
-            result = _refuse_deep_arguments(await self.provider.complete(resolved))
-        except ModelUnavailableError as err:
-            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
-            raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
-        except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
-            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
-        result = _counted(await self._bounded(request.session_id, result), request.encoding)
-        return await self._keep_large_arguments(result)
+        # Heartbeats while waiting on the store and the provider: a dead worker's call
+        # is retried after the heartbeat timeout (seconds), not the start-to-close one.
+        async with heartbeating():
+            resolved = await self.resolve_context(request)
+            try:
+                result = _refuse_deep_arguments(await self.provider.complete(resolved))
+            except ModelUnavailableError as err:
+                delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
+                raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
+            except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
+                raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+            result = _counted(await self._bounded(request.session_id, result), request.encoding)
+            return await self._keep_large_arguments(result)
 
     @activity.defn(name=names.COUNT_TOKENS)
     async def count_tokens(self, request: CountTokensInput) -> int:
@@ -288,7 +293,7 @@ class ModelActivities:
     @activity.defn(name=names.SUMMARIZE_CONTEXT)
     async def summarize_context(self, request: SummarizeInput) -> Summary:
         """Fold the referenced messages and the previous summary into a new summary of at
-        most ``request.max_tokens`` tokens (seed 002 §2.2: about 800).
+        most ``request.max_tokens`` tokens (seed 002 §2.2: about 800), heartbeating.
 
         Returns:
             The summary (its text may be empty: the session then keeps the messages).
@@ -296,6 +301,11 @@ class ModelActivities:
         Raises:
             ApplicationError: as :meth:`call_model` (the session retries later).
         """
+        async with heartbeating():
+            return await self._summarize(request)
+
+    async def _summarize(self, request: SummarizeInput) -> Summary:
+        """:meth:`summarize_context` without its heartbeats."""
         counter = TokenCounter.get(request.encoding or DEFAULT_ENCODING)
         texts = await self.resolve(request.session_id, list(request.message_refs))
         lines: list[tuple[int, str]] = []

@@ -17,8 +17,6 @@ built-in ``read_stored_content`` tool; without Redis only the preview is kept.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -29,6 +27,7 @@ from pydantic_core import to_jsonable_python
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.heartbeat import with_heartbeat
 from hermes import names
 from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
 from hermes.errors import ToolArgumentsError, ToolFailure
@@ -522,7 +521,7 @@ class ToolActivities:
         tool, arguments, context = prepared
         if tool.idempotent:
             try:
-                value = await self._with_heartbeat(tool.invoke(arguments, context))
+                value = await with_heartbeat(tool.invoke(arguments, context))
             except ToolFailure as err:
                 return failure_result(err)
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
@@ -563,7 +562,7 @@ class ToolActivities:
                 data={"outcome": "unknown", "ledger_key": key},
             )
         try:
-            result = to_tool_result(await self._with_heartbeat(tool.invoke(arguments, context)))
+            result = to_tool_result(await with_heartbeat(tool.invoke(arguments, context)))
         except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - the tool failed; record and report
             # (KeyboardInterrupt / SystemExit raised by tool code, not by this process:
             # recorded as the tool's failure, never left looking like a crashed worker.)
@@ -575,20 +574,3 @@ class ToolActivities:
             key, json.dumps({"state": "done", "result": result.model_dump(mode="json")}), ex=IDEMPOTENCY_TTL_SECONDS
         )
         return result
-
-    async def _with_heartbeat(self, coro: Any) -> Any:
-        """Await ``coro`` while heartbeating, so a crashed worker is noticed in seconds."""
-        interval = max(self.heartbeat_timeout_seconds / 3, 0.2)
-
-        async def beat() -> None:
-            while True:
-                activity.heartbeat()
-                await asyncio.sleep(interval)
-
-        beater = asyncio.create_task(beat())
-        try:
-            return await coro
-        finally:
-            beater.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await beater

@@ -51,6 +51,12 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = 120.0
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5
+    model_heartbeat_seconds: float = Field(default=2.0, ge=0)
+    """Heartbeat timeout of model calls, summaries, memory extraction and memory store
+    writes: an attempt whose worker died is retried after at most this long instead of
+    after ``model_timeout_seconds``. The worker sends one heartbeat RPC per 0.8 x this per
+    running activity. 0: no heartbeat timeout (e.g. while workers that do not heartbeat
+    model calls are still serving)."""
 
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Extra modules whose ``@tool`` functions are registered (comma-separated)."""
@@ -69,13 +75,21 @@ class Settings(BaseSettings):
     """Tool timeout tiers (seed 002 §3.3: 15 s / 30 s / 60 s)."""
     tool_result_max_bytes: int = 64_000
     """Tool results larger than this (JSON) are cut to a preview before they enter history."""
-    tool_heartbeat_seconds: float = 5.0
-    """A tool activity that has not heartbeated for this long is treated as crashed."""
+    tool_heartbeat_seconds: float = Field(default=2.0, gt=0)
+    """A tool activity that has not heartbeated for this long is treated as crashed (one
+    heartbeat RPC per 0.8 x this per running tool call)."""
 
     sticky_schedule_to_start_seconds: float = 2.0
     """How long a session waits for its cached worker before another worker takes it.
     The SDK default is 10 s; 2 s brings a reply after a worker crash to 2-3.5 s (DESIGN.md)."""
     max_concurrent_activities: int = 100
+    worker_shutdown_seconds: float | None = Field(default=None, gt=0)
+    """On SIGTERM / SIGINT the worker stops taking work and lets the model and tool calls
+    it is running finish and report for up to this long, then cancels them (they are
+    retried elsewhere). Unset: ``model_timeout_seconds + 30`` (150 s; at least the batch
+    tier), so a deploy never calls a provider twice for one step. Give the process
+    manager a longer stop grace period (Kubernetes ``terminationGracePeriodSeconds``,
+    compose ``stop_grace_period``)."""
 
     memory_enabled: bool = True
     """Long-term memory: retrieval before a turn's model calls, writes after its reply."""
@@ -98,6 +112,14 @@ class Settings(BaseSettings):
     memory_batch_size: int = Field(default=10, ge=1)
     memory_batch_seconds: float = Field(default=5.0, gt=0)
     """Memory writes are batched: 10 items or 5 s, whichever comes first (seed 004 §9)."""
+
+    @property
+    def resolved_worker_shutdown_seconds(self) -> float:
+        """``worker_shutdown_seconds``, or the longest an activity attempt runs by default
+        (memory extraction: model timeout + 30 s; the batch tool tier)."""
+        if self.worker_shutdown_seconds is not None:
+            return self.worker_shutdown_seconds
+        return max(self.model_timeout_seconds + 30.0, self.tier_batch_seconds)
 
     @property
     def resolved_memory_uri(self) -> str:

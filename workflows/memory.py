@@ -42,6 +42,11 @@ _WRITE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interv
 """Store writes retry without limit: a candidate is never dropped because LanceDB was down."""
 
 
+def _heartbeat(seconds: float) -> timedelta | None:
+    """The heartbeat timeout of a store activity (0: none)."""
+    return timedelta(seconds=seconds) if seconds > 0 else None
+
+
 @workflow.defn(name=names.MEMORY_WRITER_WORKFLOW)
 class MemoryWriterWorkflow:
     @workflow.init
@@ -165,6 +170,7 @@ class MemoryWriterWorkflow:
                         pending=self._pending,
                         seen=self._seen,
                         forgotten_at=self._forgotten_at,
+                        heartbeat_seconds=inp.heartbeat_seconds,
                     )
                 )
 
@@ -181,6 +187,7 @@ class MemoryWriterWorkflow:
             names.FORGET_MEMORIES,
             self._inp.user_id,
             start_to_close_timeout=timedelta(seconds=60),
+            heartbeat_timeout=_heartbeat(self._inp.heartbeat_seconds),
             retry_policy=_WRITE_RETRY,
             summary=f"forget {self._inp.user_id}",
         )
@@ -201,6 +208,7 @@ class MemoryWriterWorkflow:
                 names.WRITE_MEMORIES,
                 WriteMemoriesInput(user_id=self._inp.user_id, candidates=batch),
                 start_to_close_timeout=timedelta(seconds=120),
+                heartbeat_timeout=_heartbeat(self._inp.heartbeat_seconds),
                 retry_policy=_WRITE_RETRY,
                 summary=f"{len(batch)} memories",
                 result_type=WriteReport,
@@ -241,6 +249,7 @@ class MemoryConsolidationWorkflow:
             users = await workflow.execute_activity(
                 names.LIST_MEMORY_USERS,
                 start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=_heartbeat(inp.heartbeat_seconds),
                 retry_policy=RetryPolicy(maximum_attempts=5),
                 summary="users with memories",
                 result_type=list[str],
@@ -254,6 +263,7 @@ class MemoryConsolidationWorkflow:
                     names.CONSOLIDATE_MEMORIES,
                     ConsolidateInput(user_id=user, now=now, archive_after_days=days),
                     start_to_close_timeout=timedelta(minutes=5),
+                    heartbeat_timeout=_heartbeat(inp.heartbeat_seconds),
                     retry_policy=RetryPolicy(maximum_attempts=5),
                     summary=f"consolidate {user}",
                     result_type=ConsolidationReport,
@@ -264,11 +274,18 @@ class MemoryConsolidationWorkflow:
             report = report.merge(part)
             if workflow.info().is_continue_as_new_suggested() and index + 1 < len(users):
                 workflow.continue_as_new(
-                    ConsolidationInput(archive_after_days=days, users=users, report=report, done_users=index + 1)
+                    ConsolidationInput(
+                        archive_after_days=days,
+                        users=users,
+                        report=report,
+                        done_users=index + 1,
+                        heartbeat_seconds=inp.heartbeat_seconds,
+                    )
                 )
         await workflow.execute_activity(
             names.OPTIMIZE_MEMORIES,
             start_to_close_timeout=timedelta(minutes=10),
+            heartbeat_timeout=_heartbeat(inp.heartbeat_seconds),
             retry_policy=RetryPolicy(maximum_attempts=2),
             summary="refresh indexes",
         )

@@ -1097,6 +1097,7 @@ class SessionWorkflow:
                 self._inp.user_id,
                 result_type=ForgetReport,
                 start_to_close_timeout=timedelta(seconds=60),
+                heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(maximum_attempts=3),
                 summary="forget the user",
             )
@@ -1225,6 +1226,7 @@ class SessionWorkflow:
                     inp,
                     result_type=ExtractMemoriesResult,
                     start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds + 30),
+                    heartbeat_timeout=self._model_heartbeat(),
                     # Until delivered: the candidates are in this input, nowhere else.
                     retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=60)),
                     summary=f"memories of turn {inp.turn} ({', '.join(inp.reasons) or 'rules'})",
@@ -1330,7 +1332,11 @@ class SessionWorkflow:
 
     async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
         # Recorded in history once per turn, so replay never depends on a worker's registry;
-        # an unchanged list is recorded as its reference only.
+        # an unchanged list is recorded as its reference only. A local activity (it cannot
+        # heartbeat; a worker dying during it is noticed at the workflow task timeout, as
+        # during any workflow task): it is cached and bounded (hermes.mcp.tools, 8 s per
+        # MCP server), and a regular one would add three events and a server round trip
+        # to every turn.
         bounded = self._patched(_PATCH_BOUNDED_CONTEXT)
         result = await workflow.execute_local_activity(
             names.LIST_TOOLS,
@@ -1362,6 +1368,13 @@ class SessionWorkflow:
                     m.tokens = self._counter().message(m)
         return specs, groups
 
+    def _model_heartbeat(self) -> timedelta | None:
+        """Heartbeat timeout of the model activities (calls, summaries, extraction): an
+        attempt on a dead worker is retried after it. Only an activity option: the
+        commands, and so replay, are the same with or without it."""
+        seconds = self._cfg.model_heartbeat_seconds
+        return timedelta(seconds=seconds) if seconds > 0 else None
+
     async def _call_model(self, turn: int, tools: list[ToolSpec], step: int = 0) -> CallModelResult:
         """One model step. The context goes by reference; a provider's "context too long"
         triggers one forced compaction and one retry (never a loop).
@@ -1380,6 +1393,8 @@ class SessionWorkflow:
                 request,
                 result_type=CallModelResult,
                 start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+                # A call on a worker that died is retried after seconds, not the timeout.
+                heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     backoff_coefficient=2.0,
@@ -1615,6 +1630,7 @@ class SessionWorkflow:
                 ),
                 result_type=Summary,
                 start_to_close_timeout=timedelta(seconds=self._cfg.model_timeout_seconds),
+                heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(
                     initial_interval=timedelta(seconds=1),
                     maximum_interval=timedelta(seconds=30),

@@ -25,8 +25,12 @@ from hermes.tools.registry import Tool, ToolContext
 log = logging.getLogger("hermes.mcp")
 
 _MAX_LIST_SECONDS = 8.0
-"""Longest wait for one server's tool list while a turn starts (the listing is a local
-activity); a slower server's tools are left out of that turn and retried next turn."""
+"""Longest wait for one server's whole listing (tools, resources, prompts) while a turn
+starts; a slower server's tools are left out of that turn and asked again next turn.
+The listing is a local activity (10 s start-to-close): it runs inside the session's
+workflow task, so it must end well within that (a timed-out local activity is retried
+without limit); and the shorter it is, the smaller the window in which a dying worker
+holds the session (until the workflow task timeout)."""
 
 
 class McpUnavailable(Exception):
@@ -131,13 +135,16 @@ class McpToolset:
         fresh). A server that cannot list in time is left out, with a warning."""
         servers = self.config.enabled_servers()
 
+        async def lists(name: str) -> tuple[list[Any], list[Any], list[Any]]:
+            tools = await self.manager.list_tools(name)
+            resources, prompts = await asyncio.gather(self.manager.list_resources(name), self.manager.list_prompts(name))
+            return tools, resources, prompts
+
         async def listing(name: str) -> list[Any]:
+            # One deadline for the server's three lists together (not one each).
             budget = min(servers[name].timeout_seconds, _MAX_LIST_SECONDS)
             try:
-                tools = await asyncio.wait_for(self.manager.list_tools(name), budget)
-                resources, prompts = await asyncio.wait_for(
-                    asyncio.gather(self.manager.list_resources(name), self.manager.list_prompts(name)), budget
-                )
+                tools, resources, prompts = await asyncio.wait_for(lists(name), budget)
             except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
                 log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
                 return []

@@ -185,6 +185,9 @@ class MemoryWriterInput(BaseModel):
     """Recent candidate ids (a candidate delivered twice is written once)."""
     forgotten_at: datetime | None = None
     """Candidates created before this were said before the user asked to be forgotten."""
+    heartbeat_seconds: float = Field(default=2.0, ge=0)
+    """Heartbeat timeout of the writer's store activities (``HERMES_MODEL_HEARTBEAT_SECONDS``):
+    a write on a dead worker is retried after this long; 0: none (start-to-close only)."""
 
 
 class WriteMemoriesInput(BaseModel):
@@ -270,6 +273,9 @@ class ConsolidationInput(BaseModel):
     report: ConsolidationReport = Field(default_factory=ConsolidationReport)
     """Carried across continue-as-new."""
     done_users: int = 0
+    heartbeat_seconds: float = Field(default=2.0, ge=0)
+    """Heartbeat timeout of the consolidation's store activities
+    (``HERMES_MODEL_HEARTBEAT_SECONDS``); 0: none (start-to-close only)."""
 
 
 class WorkingItem(BaseModel):

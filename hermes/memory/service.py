@@ -57,7 +57,9 @@ async def ensure_consolidation_schedule(client: Any, settings: Settings, *, task
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             names.MEMORY_CONSOLIDATION_WORKFLOW,
-            ConsolidationInput(archive_after_days=settings.archive_after_days),
+            ConsolidationInput(
+                archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.model_heartbeat_seconds
+            ),
             id="hermes-memory-consolidation-run",
             task_queue=task_queue or settings.task_queue,
         ),
