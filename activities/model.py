@@ -8,6 +8,7 @@ session workflow itself (the ``get_message_bodies`` query), then fills the store
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from datetime import timedelta
@@ -256,13 +257,18 @@ class ModelActivities:
         async with heartbeating():
             resolved = await self.resolve_context(request)
             try:
-                result = _refuse_deep_arguments(await self.provider.complete(resolved))
+                result = await self.provider.complete(resolved)
             except ModelUnavailableError as err:
                 delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
                 raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
             except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
                 raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
-            result = _counted(await self._bounded(request.session_id, result), request.encoding)
+            # Checking and counting a reply is CPU work that grows with its size (a tool
+            # call's arguments may be megabytes): in a thread, so the event loop keeps
+            # sending heartbeats (a blocked loop would look like a dead worker).
+            result = await asyncio.to_thread(_refuse_deep_arguments, result)
+            result = await self._bounded(request.session_id, result)
+            result = await asyncio.to_thread(_counted, result, request.encoding)
             return await self._keep_large_arguments(result)
 
     @activity.defn(name=names.COUNT_TOKENS)
@@ -273,7 +279,7 @@ class ModelActivities:
         Returns:
             Tokens, ``>= 0``.
         """
-        return _counter(request.encoding).text(request.text)
+        return await asyncio.to_thread(_counter(request.encoding).text, request.text)
 
     async def _bounded(self, session_id: str, result: CallModelResult) -> CallModelResult:
         """Keep a huge reply out of history: stored by reference, a preview returned."""
@@ -308,53 +314,9 @@ class ModelActivities:
         """:meth:`summarize_context` without its heartbeats."""
         counter = TokenCounter.get(request.encoding or DEFAULT_ENCODING)
         texts = await self.resolve(request.session_id, list(request.message_refs))
-        lines: list[tuple[int, str]] = []
-        # No one message may crowd out the rest (or, after a provider refused a context
-        # for one huge message, make the summary request too long as well).
-        per_message = max(200, request.max_input_tokens // 8)
-        turns = request.message_turns if len(request.message_turns) == len(request.message_refs) else None
-        for index, ref in enumerate(request.message_refs):
-            m = message_from_body(texts[ref])
-            turn = turns[index] if turns else request.upto_turn
-            if m.role == "tool":
-                lines.append((turn, f"tool result ({m.name or 'tool'}): {(m.content or '')[:600]}"))
-            elif m.role == "assistant" and m.tool_calls:
-                calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)[:200]})" for c in m.tool_calls)
-                lines.append((turn, f"assistant called: {calls}"))
-            elif m.content:
-                text = counter.truncate(m.content, per_message)
-                cut = " [cut]" if len(text) < len(m.content) else ""
-                lines.append((turn, f"{m.role}: {text}{cut}"))
-        # Oldest first, whole turns only, within the input budget: the summary covers what
-        # it was shown, and turns left out stay in the context for the next summary.
-        kept: list[tuple[int, str]] = []
-        upto, used = request.upto_turn, 0
-        for turn, line in lines:
-            cost = counter.text(line) + 1
-            if used + cost > request.max_input_tokens and kept:
-                if turns:
-                    whole = [item for item in kept if item[0] < turn]
-                    # At least one turn, even cut, so that the summary always moves on.
-                    kept, upto = (whole, turn - 1) if whole else (kept, turn)
-                break
-            kept.append((turn, line))
-            used += cost
-        conversation = "\n".join(line for _, line in kept)
-        prompt = []
-        if request.previous_summary:
-            prompt.append(f"Previous summary:\n{request.previous_summary}\n")
-        prompt.append(f"Conversation up to turn {upto}:\n{conversation}")
-        call = CallModelInput(
-            session_id=request.session_id,
-            turn=request.upto_turn,
-            messages=[
-                Message(role="system", content=SUMMARY_INSTRUCTION.format(max_tokens=request.max_tokens)),
-                Message(role="user", content="\n".join(prompt)),
-            ],
-            model=request.model,
-            purpose="summary",
-            max_output_tokens=request.max_tokens,
-        )
+        # Token counting of up to the whole input budget: in a thread, so that the event
+        # loop keeps sending this worker's heartbeats meanwhile.
+        call, upto = await asyncio.to_thread(_summary_request, request, texts, counter)
         try:
             result = await self.provider.complete(call)
         except ModelUnavailableError as err:
@@ -364,4 +326,56 @@ class ModelActivities:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0)
+
+
+def _summary_request(request: SummarizeInput, texts: dict[str, str], counter: TokenCounter) -> tuple[CallModelInput, int]:
+    """The summary's model request from the referenced messages, and the turn it covers up to."""
+    lines: list[tuple[int, str]] = []
+    # No one message may crowd out the rest (or, after a provider refused a context
+    # for one huge message, make the summary request too long as well).
+    per_message = max(200, request.max_input_tokens // 8)
+    turns = request.message_turns if len(request.message_turns) == len(request.message_refs) else None
+    for index, ref in enumerate(request.message_refs):
+        m = message_from_body(texts[ref])
+        turn = turns[index] if turns else request.upto_turn
+        if m.role == "tool":
+            lines.append((turn, f"tool result ({m.name or 'tool'}): {(m.content or '')[:600]}"))
+        elif m.role == "assistant" and m.tool_calls:
+            calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)[:200]})" for c in m.tool_calls)
+            lines.append((turn, f"assistant called: {calls}"))
+        elif m.content:
+            text = counter.truncate(m.content, per_message)
+            cut = " [cut]" if len(text) < len(m.content) else ""
+            lines.append((turn, f"{m.role}: {text}{cut}"))
+    # Oldest first, whole turns only, within the input budget: the summary covers what
+    # it was shown, and turns left out stay in the context for the next summary.
+    kept: list[tuple[int, str]] = []
+    upto, used = request.upto_turn, 0
+    for turn, line in lines:
+        cost = counter.text(line) + 1
+        if used + cost > request.max_input_tokens and kept:
+            if turns:
+                whole = [item for item in kept if item[0] < turn]
+                # At least one turn, even cut, so that the summary always moves on.
+                kept, upto = (whole, turn - 1) if whole else (kept, turn)
+            break
+        kept.append((turn, line))
+        used += cost
+    conversation = "\n".join(line for _, line in kept)
+    prompt = []
+    if request.previous_summary:
+        prompt.append(f"Previous summary:\n{request.previous_summary}\n")
+    prompt.append(f"Conversation up to turn {upto}:\n{conversation}")
+    call = CallModelInput(
+        session_id=request.session_id,
+        turn=request.upto_turn,
+        messages=[
+            Message(role="system", content=SUMMARY_INSTRUCTION.format(max_tokens=request.max_tokens)),
+            Message(role="user", content="\n".join(prompt)),
+        ],
+        model=request.model,
+        purpose="summary",
+        max_output_tokens=request.max_tokens,
+    )
+    return call, upto
 

@@ -17,6 +17,7 @@ built-in ``read_stored_content`` tool; without Redis only the preview is kept.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -27,7 +28,7 @@ from pydantic_core import to_jsonable_python
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import with_heartbeat
+from activities.heartbeat import heartbeating, with_heartbeat
 from hermes import names
 from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
 from hermes.errors import ToolArgumentsError, ToolFailure
@@ -434,7 +435,8 @@ class ToolActivities:
                     "in the content store; the tool was not run"
                 ),
             )
-        return json.loads(text)
+        # Megabytes of JSON: parsed in a thread, so the event loop keeps heartbeating.
+        return await asyncio.to_thread(json.loads, text)
 
     async def _prepare(self, request: RunToolInput) -> tuple[Tool, Any, ToolContext] | ToolResult:
         """Layers one to three: the tool exists, its arguments are valid, its checks pass."""
@@ -445,9 +447,10 @@ class ToolActivities:
         whole = await self._whole_arguments(call)
         if isinstance(whole, ToolResult):
             return whole
+        large = call.arguments_ref is not None
         call = call.model_copy(update={"arguments": whole, "arguments_ref": None})
         try:
-            arguments = tool.validate(call.arguments)
+            arguments = await asyncio.to_thread(tool.validate, call.arguments) if large else tool.validate(call.arguments)
         except ToolArgumentsError as err:
             return arguments_result(err, tool)
         info = activity.info() if activity.in_activity() else None
@@ -511,7 +514,11 @@ class ToolActivities:
         # The one exit of every path (early answers, Python, HTTP and MCP tools, the
         # exactly-once ledger's stored results): nested at most MAX_RESULT_NESTING levels
         # and at most max_result_bytes, or the session could not decode it.
-        return await self.bounded(await self._run_tool(request))
+        # Heartbeats from the first moment, not only while the tool runs: reading and
+        # checking megabytes of arguments on a busy machine takes longer than the
+        # heartbeat timeout.
+        async with heartbeating():
+            return await self.bounded(await self._run_tool(request))
 
     async def _run_tool(self, request: RunToolInput) -> ToolResult:
         """:meth:`run_tool` before :meth:`bounded`."""
