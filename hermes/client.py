@@ -498,12 +498,12 @@ class HermesClient:
         cid = client_message_id or f"msg-{uuid.uuid4()}"
         loop = asyncio.get_running_loop()
         busy_deadline = loop.time() + busy_timeout_seconds
+        # When the current run of transient failures began (None: none since the
+        # session last answered).
         outage_since: float | None = None
-        """When the current run of transient failures began (None: none since the
-        session last answered)."""
+        # Whether any attempt failed after the message could have been recorded: then
+        # "busy" would be a guess, and the client never says it.
         may_have_been_taken = False
-        """Whether any attempt failed after the message could have been recorded: then
-        "busy" would be a guess, and the client never says it."""
         attempt = 0
         resume: SessionCarry | None = None
         while True:
@@ -566,7 +566,9 @@ class HermesClient:
                     outage_since = now
             if may_have_been_taken:
                 assert outage_since is not None
-                if now + delay > max(outage_since + self.retry_timeout_seconds, busy_deadline):
+                # Busy refusals after such an attempt are retried to the same deadline:
+                # only the session's answer to this id can settle what happened to it.
+                if now + delay > outage_since + self.retry_timeout_seconds:
                     raise SessionUnavailableError(
                         f"session {session_id!r} did not answer within {self.retry_timeout_seconds:g} s "
                         f"(last error: {reason}); the message may have been taken: resend it with the same "
