@@ -410,6 +410,25 @@ async def own_temporal(data_dir: Any, port: int) -> AsyncIterator[EmbeddedStack]
         await stack.stop_async()
 
 
+class FailureSpy:
+    """A Temporal client that records the failures its update-with-start calls raise
+    (what a caller without the client's retries would have seen)."""
+
+    def __init__(self, client: Client):
+        self._client = client
+        self.failures: list[BaseException] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def execute_update_with_start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self._client.execute_update_with_start_workflow(*args, **kwargs)
+        except Exception as err:
+            self.failures.append(err)
+            raise
+
+
 @pytest.mark.timeout(300)
 async def test_a_temporal_server_killed_and_restarted_mid_turn_costs_the_caller_nothing(
     tmp_path, redis, redis_url, session_id
@@ -424,14 +443,17 @@ async def test_a_temporal_server_killed_and_restarted_mid_turn_costs_the_caller_
             client, settings, provider=model, registry=register_builtins(ToolRegistry()), redis=redis, memory=False
         )
         async with worker:
-            hermes = HermesClient(client, task_queue=task_queue, redis=redis)
+            spy = FailureSpy(client)
+            hermes = HermesClient(spy, task_queue=task_queue, redis=redis)  # type: ignore[arg-type]
             assert (await hermes.send_message(session_id, "before")).reply == "echo: before"
             turn = asyncio.ensure_future(hermes.send_message(session_id, "slow, across the restart"))
             await asyncio.wait_for(model.started.wait(), 60)
 
-            temporal_pid = stack.pids["temporal"]
-            os.killpg(temporal_pid, signal.SIGKILL)
+            os.killpg(stack.pids["temporal"], signal.SIGKILL)
             await stack.stop_async()  # reaps it; the database file stays
+            # Down until the SDK's own retries gave up and the call failed (about 10 s):
+            # from here on only HermesClient's retries stand between the caller and it.
+            await eventually(lambda: _true(bool(spy.failures)), what="a failed call", timeout_seconds=120)
             assert not turn.done()
             await stack.start_async()  # same port, same database
             model.release.set()
@@ -441,6 +463,7 @@ async def test_a_temporal_server_killed_and_restarted_mid_turn_costs_the_caller_
             # The worker reconnected too: the next turn runs as usual.
             assert (await hermes.send_message(session_id, "after")).reply == "echo: after"
             transcript = await hermes.get_transcript(session_id)
+    assert any(isinstance(f, RPCError | WorkflowUpdateRPCTimeoutOrCancelledError) for f in spy.failures)
     users = [m.content for m in transcript if m.role == "user"]
     assert users == ["before", "slow, across the restart", "after"]
 
