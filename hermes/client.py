@@ -556,6 +556,12 @@ class HermesClient:
                     resume = await self._archived_snapshot(session_id)
                     if resume is not None:
                         continue  # at once: start the session again from its snapshot
+                if may_have_been_taken:
+                    # The run that may have taken it has ended since: only its transcript tells.
+                    raise SessionClosedError(
+                        f"session {session_id!r} is closed; the message may have been taken before it closed "
+                        f"(look for client message id {cid!r} in its transcript)"
+                    ) from None
                 raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
             now = loop.time()
             delay = backoff_seconds(attempt)
