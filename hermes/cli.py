@@ -73,9 +73,14 @@ from hermes.demo import (
 from hermes.errors import (
     ConfigError,
     HermesError,
+    MessageFailedError,
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
+    SessionHaltedError,
+    SessionNotFoundError,
+    SessionUnavailableError,
+    TemporalRequestError,
 )
 from hermes.models import PendingApproval, TurnResult
 from hermes.process import exit_now
@@ -197,8 +202,24 @@ def _explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         return err.message, err.code
     if isinstance(err, MessageRejectedError):
         return f"message rejected: {err}", EXIT_REFUSED
-    if isinstance(err, (SessionClosedError, SessionBusyError)):
+    if isinstance(err, (SessionClosedError, SessionBusyError, SessionHaltedError, SessionNotFoundError)):
         return str(err), EXIT_REFUSED
+    if isinstance(err, SessionUnavailableError):
+        return (
+            f"Temporal at {temporal} (or the session's worker) did not answer within "
+            f"{settings.client_retry_seconds:g} s (HERMES_CLIENT_RETRY_SECONDS; last error: {err.last_error})",
+            EXIT_UNAVAILABLE,
+        )
+    if isinstance(err, TemporalRequestError):
+        if "no mapping defined for search attribute" in str(err):
+            return (
+                f"{err}: the Hermes search attributes are not registered on {temporal}; "
+                "`hermes dev` and `hermes worker` register them on start",
+                EXIT_UNAVAILABLE,
+            )
+        return str(err), EXIT_REFUSED
+    if isinstance(err, MessageFailedError):
+        return f"the session failed the message: {err.reason}", EXIT_REFUSED
     if isinstance(err, DemoFailed):
         return f"demo failed: {err}", EXIT_REFUSED
     if isinstance(err, StackAlreadyRunning):
@@ -264,6 +285,8 @@ _UNCERTAIN_STATUSES = frozenset(
 
 def _may_have_been_taken(err: BaseException) -> bool:
     """Whether a send that failed with ``err`` may still have been recorded by the session."""
+    if isinstance(err, SessionUnavailableError):
+        return err.may_have_been_taken
     if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
         return True
     return isinstance(err, RPCError) and err.status in _UNCERTAIN_STATUSES
@@ -679,7 +702,8 @@ def chat(
     ] = None,
     user: UserOption = _default_user(),
 ) -> None:
-    """Talk to a session interactively. /quit exits, /close closes the session."""
+    """Talk to a session interactively. /quit exits, /close closes the session, /retry
+    resends a message whose reply was lost in an outage (under the same id)."""
     settings = Settings()
     _keep_undecodable_input()
     with _reported_errors(settings), asyncio.Runner() as runner:
@@ -711,9 +735,8 @@ def _chat_loop(
         try:
             transcript = runner.run(_answer(hermes.get_transcript(session_id, include_archived=True), settings))
             existing = True
-        except RPCError as err:
-            if err.status != RPCStatusCode.NOT_FOUND:
-                raise
+        except SessionNotFoundError:
+            pass
     if existing:
         out.rule(f"session {session_id}")
         for message in transcript:
@@ -731,6 +754,9 @@ def _chat_loop(
         out.print(f"New session [bold]{escape(session_id)}[/] (continue later with: hermes chat --session {escape(session_id)})")
     out.print("Type a message. /quit exits, /close closes the session.", style="dim")
     view = _ChatView(out, session_id, user)
+    unconfirmed: tuple[str, str] | None = None
+    """A message (text, id) that may have been taken without a reply: /retry resends it
+    under the same id, which returns its reply instead of running it twice."""
     while True:
         try:
             text = out.input("[bold cyan]you › [/]").strip()
@@ -745,9 +771,18 @@ def _chat_loop(
             runner.run(hermes.close(session_id))
             out.print(f"Session {escape(session_id)} closed.")
             return
+        if text == "/retry":
+            if unconfirmed is None:
+                err_console.print("error: no message to retry", style="red")
+                continue
+            text, message_id = unconfirmed
+        else:
+            message_id = f"msg-{uuid.uuid4()}"
         try:
             check_message_text(text)
-            result = runner.run(send_watched(hermes, session_id, text, view, user_id=user))
+            result = runner.run(
+                send_watched(hermes, session_id, text, view, user_id=user, client_message_id=message_id)
+            )
         except KeyboardInterrupt:
             out.print(
                 "(interrupted: the session finishes this turn on its own; "
@@ -755,9 +790,17 @@ def _chat_loop(
                 style="yellow",
             )
             continue
-        except (MessageRejectedError, SessionBusyError) as err:
+        except (MessageRejectedError, SessionBusyError, SessionHaltedError) as err:
             err_console.print(f"error: {escape(str(err))}", style="red")
             continue
+        except SessionUnavailableError as err:
+            explained, _ = _explain(err, settings) or (str(err), EXIT_UNAVAILABLE)
+            if err.may_have_been_taken:
+                unconfirmed = (text, message_id)
+                explained += "; the message may have been taken: type /retry to resend it under the same id"
+            err_console.print(f"error: {escape(explained)}", style="red")
+            continue
+        unconfirmed = None
         print_reply(out, result)
 
 
@@ -872,10 +915,8 @@ def show(
             transcript = await _answer(hermes.get_transcript(session_id, include_archived=True), settings)
             trace = await _answer(hermes.get_trace(session_id), settings)
             return state, transcript, trace
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
-            raise
+        except SessionNotFoundError:
+            raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
         finally:
             await hermes.redis.aclose()
 
@@ -983,10 +1024,8 @@ def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, appro
                 ) from None
             pending = [p.tool_call_id for p in await _answer(hermes.get_pending_approvals(session_id), settings)]
             return record, pending
-        except RPCError as err:
-            if err.status == RPCStatusCode.NOT_FOUND:
-                raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
-            raise
+        except SessionNotFoundError:
+            raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
         finally:
             await hermes.redis.aclose()
 

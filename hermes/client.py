@@ -4,22 +4,40 @@
     result = await client.send_message("s-1", "What time is it in Shanghai?", user_id="alice")
     print(result.reply)
 
-A session is created by its first message (update-with-start). Messages that the
-server cannot take right now (more than Temporal's 10 in-flight updates, or a session
-continuing as new) are retried here with backoff and, past ``busy_timeout_seconds``,
-refused with :class:`SessionBusyError`: never silently dropped.
+A session is created by its first message (update-with-start). The client hides
+Temporal's transient failures: a server restart, a lost connection, an aborted update,
+a workflow task failing for a moment, or more than Temporal's 10 updates in flight are
+retried here with exponential backoff and jitter, and every call raises only the errors
+of :mod:`hermes.errors` (never a raw ``RPCError``):
+
+* a message is resent under the **same client message id**: a transport error can come
+  after the session took the message, and only a resend with the same id is safe (it
+  returns the first reply and runs no second turn);
+* past ``busy_timeout_seconds`` of refusals, :class:`SessionBusyError`: the message was
+  not taken and never will be (the session answers a resend of a message it knows
+  instead of refusing it, and the client says "busy" only when no attempt may have been
+  taken);
+* past ``retry_timeout_seconds`` of failures, :class:`SessionUnavailableError`, which
+  says whether the message may have been taken.
+
+Queries and signals ride the same retries. Signals are safe to resend: a decision on a
+settled tool call changes nothing, close and set_system_prompt are idempotent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import unicodedata
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from temporalio.client import (
     Client,
+    RPCTimeoutOrCancelledError,
+    WorkflowQueryFailedError,
     WithStartWorkflowOperation,
     WorkflowFailureError,
     WorkflowHandle,
@@ -31,7 +49,17 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import names
 from hermes.blobs import BlobStore, stored_preview, value_ref
-from hermes.errors import MessageRejectedError, SessionBusyError, SessionClosedError
+from hermes.errors import (
+    HermesError,
+    MessageFailedError,
+    MessageRejectedError,
+    SessionBusyError,
+    SessionClosedError,
+    SessionHaltedError,
+    SessionNotFoundError,
+    SessionUnavailableError,
+    TemporalRequestError,
+)
 from hermes.models import (
     ApprovalAuditEntry,
     ApprovalDecision,
@@ -147,6 +175,146 @@ def _too_many_tokens(text: str, size: int, config: SessionConfig) -> bool:
     return TokenCounter.get().text(text) > half
 
 
+T = TypeVar("T")
+
+DEFAULT_RETRY_TIMEOUT_SECONDS = 120.0
+"""How long a call keeps retrying transient failures by default: long enough to ride
+out a restart of the Temporal server (a dev server restarts in seconds, a cluster's
+rolling restart in about a minute)."""
+
+_FIRST_DELAY_SECONDS = 0.05
+_MAX_DELAY_SECONDS = 2.0
+
+_TRANSIENT_STATUSES = frozenset(
+    {
+        RPCStatusCode.UNAVAILABLE,  # "tcp connect error", "workflow update was aborted", a shard moving
+        RPCStatusCode.UNKNOWN,  # "transport error": the connection broke mid-call
+        RPCStatusCode.DEADLINE_EXCEEDED,
+        RPCStatusCode.CANCELLED,  # by the transport, not by the caller (checked apart)
+        RPCStatusCode.RESOURCE_EXHAUSTED,  # 10 updates in flight, a busy workflow, rate limits, closing
+        RPCStatusCode.ABORTED,
+        RPCStatusCode.INTERNAL,
+    }
+)
+"""gRPC statuses worth retrying: the server was down, overloaded or mid-restart."""
+
+FailureKind = Literal["busy", "transient", "exists", "fatal"]
+
+
+def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKind:
+    """What one failed Temporal call means for retrying it.
+
+    Args:
+        err: what the call raised.
+        admitted: for a message, whether the server answered the update-with-start at
+            least once in this attempt (the update was then admitted: it may be taken).
+
+    Returns:
+        ``busy``: refused before it could be taken (the session's validator said busy,
+        or Temporal refused to admit the update: 10 in flight, the run closing); retry,
+        and the message was not taken by this attempt. ``transient``: the server was
+        unreachable, restarting or failed mid-call; retry with the same id, the message
+        may have been taken. ``exists``: update-with-start found a closed session.
+        ``fatal``: not worth retrying (see :func:`documented_error`).
+    """
+    if isinstance(err, WorkflowAlreadyStartedError):
+        return "exists"
+    if isinstance(err, WorkflowUpdateFailedError):
+        kind = err.cause.type if isinstance(err.cause, ApplicationError) else None
+        # UnprocessedUpdate: the server rejected an update its worker never handled
+        # (e.g. the run ended in the same task); it was not taken.
+        return "busy" if kind in ("SessionBusyError", "UnprocessedUpdate") else "fatal"
+    if isinstance(err, RPCTimeoutOrCancelledError):
+        return "transient"
+    if not isinstance(err, RPCError):
+        return "fatal"
+    if err.status == RPCStatusCode.ALREADY_EXISTS:
+        # A bare ALREADY_EXISTS: a server that sends it without the details the SDK needs
+        # to say so (the time-skipping test server).
+        return "exists"
+    if err.status == RPCStatusCode.RESOURCE_EXHAUSTED and not admitted:
+        # Refused before admission (the registry's limit, a busy workflow lock, a rate
+        # limit, or the run closing: an admitted update of a closing run is aborted).
+        return "busy"
+    if err.status in _TRANSIENT_STATUSES:
+        return "transient"
+    message = err.message.lower()
+    if err.status == RPCStatusCode.FAILED_PRECONDITION and "workflow task in failed state" in message:
+        # The session's workflow task is failing (e.g. during a server restart). An
+        # update admitted earlier may still be taken once it recovers: not "busy".
+        return "transient"
+    if err.status == RPCStatusCode.NOT_FOUND and ("update" in message or "already completed" in message):
+        # "workflow update was aborted by closing workflow", an update the restarted
+        # server forgot, a run that ended under it: the resend finds the session (or
+        # its closed state) again.
+        return "transient"
+    return "fatal"
+
+
+def documented_error(err: BaseException, session_id: str) -> HermesError | None:
+    """The documented error that stands for a non-retryable Temporal failure ``err``, or
+    None when ``err`` is not a Temporal failure (raise it unchanged)."""
+    if isinstance(err, WorkflowUpdateFailedError):
+        cause = err.cause
+        kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
+        message = cause.message if isinstance(cause, ApplicationError) else str(cause)
+        if kind == "MessageRejectedError":
+            return MessageRejectedError(message)
+        if kind == "SessionClosedError":
+            return SessionClosedError(f"session {session_id!r} is closed")
+        if kind == "SessionHaltedError":
+            return SessionHaltedError(message)
+        return MessageFailedError(
+            f"session {session_id!r} failed the message ({kind}: {message})", reason=f"{kind}: {message}"
+        )
+    if isinstance(err, WorkflowQueryFailedError):
+        return TemporalRequestError(f"session {session_id!r} failed the query: {err.message}", status="QUERY_FAILED")
+    if isinstance(err, RPCError):
+        if err.status == RPCStatusCode.NOT_FOUND:
+            return SessionNotFoundError(f"no session {session_id!r} ({err.message})")
+        return TemporalRequestError(
+            f"Temporal refused the request ({err.status.name}): {err.message}", status=err.status.name
+        )
+    return None
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, RPCError):
+        return f"{err.status.name}: {err.message}"
+    if isinstance(err, WorkflowUpdateFailedError):
+        return str(err.cause)
+    return f"{type(err).__name__}: {err}"
+
+
+def _being_cancelled() -> bool:
+    """Whether the caller cancelled this task: the SDK turns a cancellation into
+    ``WorkflowUpdateRPCTimeoutOrCancelledError``, which must not be retried."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
+
+
+def _start_answered(start: WithStartWorkflowOperation[Any, Any]) -> bool:
+    """Whether the start half of an update-with-start was answered (so the server had
+    admitted the update at least once). Reads the start's own future either way, so
+    that asyncio does not print "Future exception was never retrieved" for it."""
+    future = getattr(start, "_workflow_handle", None)
+    if not isinstance(future, asyncio.Future):
+        return True  # cannot tell: assume the worst (it may have been taken)
+    if not future.done():
+        return False
+    if future.cancelled():
+        return False
+    return future.exception() is None
+
+
+def backoff_seconds(attempt: int, *, first: float = _FIRST_DELAY_SECONDS, cap: float = _MAX_DELAY_SECONDS) -> float:
+    """The pause before retry number ``attempt`` (0-based): ``first`` doubling up to
+    ``cap``, with "equal jitter" (half fixed, half random) so that many callers refused
+    at the same moment do not come back at the same moment."""
+    delay = min(cap, first * (2 ** min(attempt, 30)))
+    return delay / 2 + random.uniform(0, delay / 2)
+
+
 class HermesClient:
     """Talks to session workflows.
 
@@ -155,6 +323,15 @@ class HermesClient:
         task_queue: where new sessions are started.
         redis: optional ``redis.asyncio.Redis`` for the session index.
         config: the :class:`SessionConfig` given to sessions this client creates.
+        retry_timeout_seconds: how long a call keeps retrying transient Temporal failures
+            (server unreachable or restarting, transport errors, aborted updates, a
+            failing workflow task), in seconds from the first failure since the session
+            last answered; then :class:`SessionUnavailableError`. Default 120 s, long
+            enough to ride out a Temporal server restart (``HERMES_CLIENT_RETRY_SECONDS``
+            with :meth:`connect`).
+
+    Raises:
+        ValueError: ``retry_timeout_seconds`` is not positive.
     """
 
     def __init__(
@@ -164,17 +341,22 @@ class HermesClient:
         task_queue: str = names.DEFAULT_TASK_QUEUE,
         redis: Any = None,
         config: SessionConfig | None = None,
+        retry_timeout_seconds: float = DEFAULT_RETRY_TIMEOUT_SECONDS,
     ):
+        if not retry_timeout_seconds > 0:
+            raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
         self.client = client
         self.task_queue = task_queue
         self.redis = redis
         self.config = config or SessionConfig()
+        self.retry_timeout_seconds = retry_timeout_seconds
 
     @classmethod
     async def connect(
         cls, settings: Settings | None = None, *, runtime: Runtime | None = None, **kwargs: Any
     ) -> HermesClient:
-        """Connect with the settings' Temporal address, namespace, task queue and Redis.
+        """Connect with the settings' Temporal address, namespace, task queue, Redis and
+        retry timeout (``HERMES_CLIENT_RETRY_SECONDS``).
 
         Args:
             settings: default: :func:`hermes.settings.get_settings`.
@@ -205,7 +387,52 @@ class HermesClient:
                 model_timeout_seconds=settings.model_timeout_seconds,
                 model_max_attempts=settings.model_max_attempts,
             ),
+            retry_timeout_seconds=settings.client_retry_seconds,
         )
+
+    async def _call(self, session_id: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
+        """Run one query, signal or describe, retrying transient failures.
+
+        Args:
+            session_id: the session it is about (for the errors).
+            what: what is done, for the errors (e.g. ``"get_state"``).
+            call: makes and awaits one attempt.
+
+        Raises:
+            SessionNotFoundError: no such session.
+            SessionUnavailableError: still failing ``retry_timeout_seconds`` after the
+                first failure.
+            TemporalRequestError: Temporal refused the request itself.
+        """
+        loop = asyncio.get_running_loop()
+        first_failure: float | None = None
+        attempt = 0
+        while True:
+            try:
+                return await call()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - sorted below; unknown ones re-raised
+                if _being_cancelled():
+                    raise asyncio.CancelledError from err
+                kind = classify_failure(err)
+                if kind == "fatal" or kind == "exists":
+                    documented = documented_error(err, session_id)
+                    if documented is None:
+                        raise
+                    raise documented from err
+                now = loop.time()
+                first_failure = now if first_failure is None else first_failure
+                delay = backoff_seconds(attempt)
+                if now + delay > first_failure + self.retry_timeout_seconds:
+                    raise SessionUnavailableError(
+                        f"{what} on session {session_id!r}: Temporal did not answer within "
+                        f"{self.retry_timeout_seconds:g} s ({_describe(err)})",
+                        session_id=session_id,
+                        last_error=_describe(err),
+                    ) from err
+                await asyncio.sleep(delay)
+                attempt += 1
 
     def handle(self, session_id: str) -> WorkflowHandle[Any, Any]:
         return self.client.get_workflow_handle(session_id)
@@ -225,6 +452,13 @@ class HermesClient:
     ) -> TurnResult:
         """Send one user message and wait for the reply; creates the session if needed.
 
+        Transient failures (Temporal unreachable or restarting, transport errors,
+        aborted updates, a failing workflow task) are retried for
+        ``retry_timeout_seconds`` after the first of them, and a busy session for
+        ``busy_timeout_seconds``, always under the same ``client_message_id``: a
+        transport error can come after the session took the message, and only a resend
+        with the same id is safe (it returns the first reply and runs no second turn).
+
         Args:
             session_id: the session (workflow id).
             text: the user's message: valid UTF-8 text (no lone surrogates), not only
@@ -238,16 +472,23 @@ class HermesClient:
             client_message_id: id for de-duplication; a resend with the same id returns
                 the first reply. Generated when not given.
             config: settings of a new session (default: the client's).
-            busy_timeout_seconds: how long to keep retrying while the session is busy.
+            busy_timeout_seconds: how long to keep retrying while the session refuses
+                the message as busy, in seconds from the first attempt.
 
         Returns:
             The reply and the tool calls made for it.
 
         Raises:
             MessageRejectedError: empty, not valid text, too large (or too large to send
-                inline and it could not be stored); nothing was sent.
-            SessionClosedError: the session is closed.
-            SessionBusyError: the session stayed too busy to take the message.
+                inline and it could not be stored); not taken.
+            SessionClosedError: the session is closed; not taken.
+            SessionHaltedError: the session waits for a human's decision; not taken.
+            SessionBusyError: the session stayed too busy to take the message; not taken,
+                and it will never be processed (no attempt could have been taken).
+            SessionUnavailableError: Temporal or the session did not answer in time; its
+                ``may_have_been_taken`` says whether to resend with the same id.
+            TemporalRequestError: Temporal refused the request itself; not taken.
+            MessageFailedError: the session failed the message unexpectedly.
         """
         config = config or self.config
         size = check_message_text(text, max_message_bytes=config.max_message_bytes, can_store=self.redis is not None)
@@ -255,8 +496,15 @@ class HermesClient:
         if size > config.max_message_bytes or (self.redis is not None and _too_many_tokens(text, size, config)):
             text, stored = await self._store_message(text, config.max_message_bytes)
         cid = client_message_id or f"msg-{uuid.uuid4()}"
-        delay = 0.05
-        deadline = asyncio.get_running_loop().time() + busy_timeout_seconds
+        loop = asyncio.get_running_loop()
+        busy_deadline = loop.time() + busy_timeout_seconds
+        # When the current run of transient failures began (None: none since the
+        # session last answered).
+        outage_since: float | None = None
+        # Whether any attempt failed after the message could have been recorded: then
+        # "busy" would be a guess, and the client never says it.
+        may_have_been_taken = False
+        attempt = 0
         resume: SessionCarry | None = None
         while True:
             start = WithStartWorkflowOperation(
@@ -288,41 +536,60 @@ class HermesClient:
                     id=cid,
                     result_type=TurnResult,
                 )
-            except WorkflowUpdateFailedError as err:
-                cause = err.cause
-                kind = cause.type if isinstance(cause, ApplicationError) else None
-                message = cause.message if isinstance(cause, ApplicationError) else str(err)
-                if kind == "MessageRejectedError":
-                    raise MessageRejectedError(message) from None
-                if kind == "SessionClosedError":
-                    raise SessionClosedError(f"session {session_id!r} is closed") from None
-                if kind != "SessionBusyError":
-                    raise
-                reason = message
-            except (WorkflowAlreadyStartedError, RPCError) as err:
-                # ALREADY_EXISTS as a bare RPCError: a server that sends it without the
-                # details the SDK needs to say so (the time-skipping test server).
-                already = isinstance(err, WorkflowAlreadyStartedError) or err.status == RPCStatusCode.ALREADY_EXISTS
-                if not already:
-                    if err.status != RPCStatusCode.RESOURCE_EXHAUSTED:
-                        raise
-                    reason = err.message
-                else:
-                    # The start operation holds the same error in a future of its own; read
-                    # it so asyncio does not print "Future exception was never retrieved".
-                    with contextlib.suppress(Exception):
-                        await start.workflow_handle()
-                    if resume is None:
-                        resume = await self._archived_snapshot(session_id)
-                        if resume is not None:
-                            continue  # at once: start the session again from its snapshot
-                    raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
-            if asyncio.get_running_loop().time() + delay > deadline:
+            except asyncio.CancelledError:
+                _start_answered(start)
+                raise
+            except Exception as err:  # noqa: BLE001 - sorted below; unknown ones re-raised
+                admitted = _start_answered(start)
+                if _being_cancelled():
+                    raise asyncio.CancelledError from err
+                kind = classify_failure(err, admitted=admitted)
+                reason = _describe(err)
+                failure: BaseException = err
+            if kind == "fatal":
+                documented = documented_error(failure, session_id)
+                if documented is None:
+                    raise failure
+                raise documented from failure
+            if kind == "exists":
+                if resume is None:
+                    resume = await self._archived_snapshot(session_id)
+                    if resume is not None:
+                        continue  # at once: start the session again from its snapshot
+                if may_have_been_taken:
+                    # The run that may have taken it has ended since: only its transcript tells.
+                    raise SessionClosedError(
+                        f"session {session_id!r} is closed; the message may have been taken before it closed "
+                        f"(look for client message id {cid!r} in its transcript)"
+                    ) from None
+                raise SessionClosedError(f"session {session_id!r} is closed; use a new session id") from None
+            now = loop.time()
+            delay = backoff_seconds(attempt)
+            if kind == "transient":
+                may_have_been_taken = True
+                if admitted or outage_since is None:
+                    # The session answered this attempt: an outage starts from here.
+                    outage_since = now
+            if may_have_been_taken:
+                assert outage_since is not None
+                # Busy refusals after such an attempt are retried to the same deadline:
+                # only the session's answer to this id can settle what happened to it.
+                if now + delay > outage_since + self.retry_timeout_seconds:
+                    raise SessionUnavailableError(
+                        f"session {session_id!r} did not answer within {self.retry_timeout_seconds:g} s "
+                        f"(last error: {reason}); the message may have been taken: resend it with the same "
+                        f"client message id {cid!r} to get its reply (a new id could run it twice)",
+                        session_id=session_id,
+                        client_message_id=cid,
+                        may_have_been_taken=True,
+                        last_error=reason,
+                    ) from failure
+            elif now + delay > busy_deadline:
                 raise SessionBusyError(
                     f"session {session_id!r} is busy ({reason}); the message was not taken, retry later"
                 )
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
+            attempt += 1
 
     async def _archived_snapshot(self, session_id: str) -> SessionCarry | None:
         """The snapshot of a session archived after a long idle time (None if the session
@@ -333,16 +600,15 @@ class HermesClient:
             SessionClosedError: archived, but the snapshot is nowhere to be found.
         """
         try:
-            description = await self.handle(session_id).describe()
-        except RPCError:
+            description = await self._call(session_id, "describe", self.handle(session_id).describe)
+        except (SessionNotFoundError, TemporalRequestError):
             return None
         if description.typed_search_attributes.get(names.SA_STATUS) != "archived":
             return None
         # Past the namespace's retention the result is gone (NOT_FOUND): then Redis.
-        with contextlib.suppress(RPCError, WorkflowFailureError):
-            state = await self.client.get_workflow_handle(
-                session_id, run_id=description.run_id, result_type=SessionState
-            ).result()
+        final_run = self.client.get_workflow_handle(session_id, run_id=description.run_id, result_type=SessionState)
+        with contextlib.suppress(SessionNotFoundError, TemporalRequestError, WorkflowFailureError):
+            state = await self._call(session_id, "the archived run's result", final_run.result)
             if state.snapshot is not None:
                 return state.snapshot
         if self.redis is not None:
@@ -381,32 +647,60 @@ class HermesClient:
         return (await BlobStore(self.redis).get_many([ref])).get(ref)
 
     # ----------------------------------------------------------- signals
+    #
+    # Resending a signal is safe (each one is retried like a message): a decision on a
+    # tool call that is already decided is recorded as ``already_decided`` and changes
+    # nothing (``SessionWorkflow._decide``); close and set_system_prompt are idempotent.
+    # A cancel that arrived although its answer was lost, then resent, finds no turn to
+    # cancel or the same one, unless the next turn started in between (a rare outage).
+
+    async def _signal(self, session_id: str, name: str, *args: Any) -> None:
+        handle = self.handle(session_id)
+        await self._call(session_id, name, lambda: handle.signal(name, *args))
 
     async def approve(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
-        """Approve a pending tool call (a no-op for unknown or settled ids; see ``decisions``)."""
-        await self.handle(session_id).signal(
-            names.APPROVE_TOOL_CALL, ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
-        )
+        """Approve a pending tool call (a no-op for unknown or settled ids; see ``decisions``).
+
+        Raises:
+            SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
+                :meth:`get_state`.
+        """
+        decision = ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
+        await self._signal(session_id, names.APPROVE_TOOL_CALL, decision)
 
     async def reject(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
-        """Reject a pending tool call; the model is told it was denied."""
-        await self.handle(session_id).signal(
-            names.REJECT_TOOL_CALL, ApprovalDecision(tool_call_id=tool_call_id, approved=False, approver=approver, reason=reason)
-        )
+        """Reject a pending tool call; the model is told it was denied. Raises as :meth:`approve`."""
+        decision = ApprovalDecision(tool_call_id=tool_call_id, approved=False, approver=approver, reason=reason)
+        await self._signal(session_id, names.REJECT_TOOL_CALL, decision)
 
     async def set_system_prompt(self, session_id: str, system_prompt: str) -> None:
-        await self.handle(session_id).signal(names.SET_SYSTEM_PROMPT, system_prompt)
+        """Replace the session's system prompt from its next model call on. Raises as :meth:`approve`."""
+        await self._signal(session_id, names.SET_SYSTEM_PROMPT, system_prompt)
 
     async def cancel_turn(self, session_id: str) -> None:
-        await self.handle(session_id).signal(names.CANCEL_TURN)
+        """Stop the session's current turn (queued messages still run). Raises as :meth:`approve`."""
+        await self._signal(session_id, names.CANCEL_TURN)
 
     async def close(self, session_id: str) -> None:
-        await self.handle(session_id).signal(names.CLOSE_SESSION)
+        """Close the session: pending approvals are denied, new messages refused. Raises as :meth:`approve`."""
+        await self._signal(session_id, names.CLOSE_SESSION)
 
     # ----------------------------------------------------------- queries
 
+    async def _query(self, session_id: str, name: str, result_type: Any) -> Any:
+        handle = self.handle(session_id)
+        return await self._call(session_id, name, lambda: handle.query(name, result_type=result_type))
+
     async def get_state(self, session_id: str) -> SessionState:
-        return await self.handle(session_id).query(names.GET_STATE, result_type=SessionState)
+        """The session's state (status, turn count, pending approvals, decisions...).
+
+        Raises:
+            SessionNotFoundError: no such session.
+            SessionUnavailableError: Temporal or the session's worker did not answer
+                within ``retry_timeout_seconds`` of the first failure.
+            TemporalRequestError: Temporal refused the query.
+        """
+        return await self._query(session_id, names.GET_STATE, SessionState)
 
     async def get_transcript(self, session_id: str, *, include_archived: bool = True) -> list[Message]:
         """The session's messages in order, all of them by default.
@@ -416,8 +710,12 @@ class HermesClient:
             include_archived: also the oldest messages that a long session moved to the
                 transcript archive in Redis (see ``SessionConfig.max_carry_bytes``; needs
                 the client's Redis); False: only those the workflow still holds.
+
+        Raises:
+            SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
+                :meth:`get_state`.
         """
-        live = await self.handle(session_id).query(names.GET_TRANSCRIPT, result_type=list[Message])
+        live = await self._query(session_id, names.GET_TRANSCRIPT, list[Message])
         if not include_archived or self.redis is None:
             return live
         from activities.transcript import read_archive
@@ -431,7 +729,8 @@ class HermesClient:
         return [m for m in archived if m.turn < live[0].turn] + live
 
     async def get_pending_approvals(self, session_id: str) -> list[PendingApproval]:
-        return await self.handle(session_id).query(names.GET_PENDING_APPROVALS, result_type=list[PendingApproval])
+        """The session's pending approvals, oldest first. Raises as :meth:`get_state`."""
+        return await self._query(session_id, names.GET_PENDING_APPROVALS, list[PendingApproval])
 
     async def list_pending_approvals(self, *, user_id: str | None = None, limit: int = 200) -> list[PendingApproval]:
         """Every pending approval across running sessions, oldest first.
@@ -448,14 +747,16 @@ class HermesClient:
         from hermes.session_index import sessions_query
 
         query = sessions_query("ExecutionStatus = 'Running'", f"{names.SA_PENDING_APPROVALS.name} > 0", user_id=user_id)
-        session_ids: list[str] = []
-        async for execution in self.client.list_workflows(query, limit=limit):
-            session_ids.append(execution.id)
+
+        async def listing() -> list[str]:
+            return [execution.id async for execution in self.client.list_workflows(query, limit=limit)]
+
+        session_ids = await self._call("*", "list_pending_approvals", listing)
 
         async def pending_of(session_id: str) -> list[PendingApproval]:
             try:
                 found = await self.get_pending_approvals(session_id)
-            except RPCError:
+            except (SessionNotFoundError, TemporalRequestError):
                 return []  # it ended between the listing and the query
             return [p if p.session_id else p.model_copy(update={"session_id": session_id}) for p in found]
 
@@ -479,7 +780,8 @@ class HermesClient:
         return await read_audit(self.redis, session_id=session_id, limit=limit)
 
     async def get_trace(self, session_id: str) -> list[TraceStep]:
-        return await self.handle(session_id).query(names.GET_TRACE, result_type=list[TraceStep])
+        """One record per step of the session (model calls, tool calls). Raises as :meth:`get_state`."""
+        return await self._query(session_id, names.GET_TRACE, list[TraceStep])
 
     async def wait_for_approval(self, session_id: str, *, timeout_seconds: float = 30.0, poll_seconds: float = 0.1) -> PendingApproval:
         """Wait until the session has a pending approval and return the oldest.
@@ -492,11 +794,8 @@ class HermesClient:
             while True:
                 try:
                     pending = await self.get_pending_approvals(session_id)
-                except RPCError as err:
-                    # The message that creates the session may still be on its way.
-                    if err.status != RPCStatusCode.NOT_FOUND:
-                        raise
-                    pending = []
+                except SessionNotFoundError:
+                    pending = []  # the message that creates the session may still be on its way
                 if pending:
                     return pending[0]
                 await asyncio.sleep(poll_seconds)
@@ -526,12 +825,7 @@ class HermesClient:
         """
         from hermes.memory.models import MemoryBatch, WriteReport
 
-        return await self.client.execute_update_with_start_workflow(
-            names.WRITE_MEMORIES_NOW,
-            MemoryBatch(candidates=candidates),
-            start_workflow_operation=self._writer_start(user_id),
-            result_type=WriteReport,
-        )
+        return await self._writer_update(user_id, names.WRITE_MEMORIES_NOW, MemoryBatch(candidates=candidates), WriteReport)
 
     async def forget_user(self, user_id: str) -> Any:
         """Delete every long-term memory of ``user_id`` (both tables) and drop what is
@@ -542,9 +836,25 @@ class HermesClient:
         """
         from hermes.memory.models import ForgetReport
 
-        return await self.client.execute_update_with_start_workflow(
-            names.FORGET_USER, start_workflow_operation=self._writer_start(user_id), result_type=ForgetReport
-        )
+        return await self._writer_update(user_id, names.FORGET_USER, None, ForgetReport)
+
+    async def _writer_update(self, user_id: str, update: str, arg: Any, result_type: Any) -> Any:
+        """One update of the user's memory writer (started if needed), retried like a
+        message under one update id, so a resend is answered by the first attempt."""
+        update_id = f"{update}-{uuid.uuid4()}"
+        writer_id = names.memory_writer_id(user_id)
+
+        async def attempt() -> Any:
+            start = self._writer_start(user_id)
+            try:
+                return await self.client.execute_update_with_start_workflow(
+                    update, *([] if arg is None else [arg]), start_workflow_operation=start, id=update_id,
+                    result_type=result_type,
+                )
+            finally:
+                _start_answered(start)
+
+        return await self._call(writer_id, update, attempt)
 
     async def consolidate_memories(self, *, archive_after_days: float, users: list[str] | None = None) -> Any:
         """Run the memory consolidation now (the one the schedule runs hourly) and wait.
@@ -554,13 +864,20 @@ class HermesClient:
         """
         from hermes.memory.models import ConsolidationInput, ConsolidationReport
 
-        return await self.client.execute_workflow(
-            names.MEMORY_CONSOLIDATION_WORKFLOW,
-            ConsolidationInput(archive_after_days=archive_after_days, users=users),
-            id=f"hermes-memory-consolidation-manual-{uuid.uuid4()}",
-            task_queue=self.task_queue,
-            result_type=ConsolidationReport,
-        )
+        workflow_id = f"hermes-memory-consolidation-manual-{uuid.uuid4()}"
+
+        async def attempt() -> Any:
+            # The same id on every attempt: a resend joins the run the first one started.
+            return await self.client.execute_workflow(
+                names.MEMORY_CONSOLIDATION_WORKFLOW,
+                ConsolidationInput(archive_after_days=archive_after_days, users=users),
+                id=workflow_id,
+                task_queue=self.task_queue,
+                result_type=ConsolidationReport,
+                id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
+            )
+
+        return await self._call(workflow_id, "consolidate_memories", attempt)
 
     async def list_sessions(self, user_id: str, *, limit: int = 50, rebuild: bool = False) -> list[SessionIndexEntry]:
         """The user's sessions, newest activity first, from the Redis index.

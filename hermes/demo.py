@@ -32,11 +32,10 @@ from pydantic import BaseModel, ValidationError
 from rich.console import Console
 from rich.markup import escape
 from rich.text import Text
-from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import names
 from hermes.client import HermesClient
-from hermes.errors import HermesError
+from hermes.errors import HermesError, SessionNotFoundError
 from hermes.models import (
     DecisionRecord,
     Message,
@@ -268,9 +267,9 @@ async def _known_tool_call_ids(hermes: HermesClient, session_id: str) -> set[str
     when the session did not answer in time (its worker may be down)."""
     try:
         transcript = await asyncio.wait_for(hermes.get_transcript(session_id), _POLL_QUERY_TIMEOUT_SECONDS)
-    except RPCError as err:
-        return set() if err.status == RPCStatusCode.NOT_FOUND else None
-    except asyncio.TimeoutError:
+    except SessionNotFoundError:
+        return set()
+    except (HermesError, asyncio.TimeoutError):
         return None
     known: set[str] = set()
     for message in transcript:
@@ -309,7 +308,8 @@ async def decide(
 
     Raises:
         asyncio.TimeoutError: the session did not record the decision in time (no worker?).
-        temporalio.service.RPCError: no such session (``NOT_FOUND``) or the server failed.
+        SessionNotFoundError: no such session.
+        SessionUnavailableError: Temporal did not answer (see :class:`HermesClient`).
     """
     before = sum(1 for d in (await hermes.get_state(session_id)).decisions if d.tool_call_id == tool_call_id)
     if approved:
@@ -358,8 +358,8 @@ async def send_watched(
         The turn's result.
 
     Raises:
-        MessageRejectedError, SessionClosedError, SessionBusyError: as
-            :meth:`HermesClient.send_message`.
+        MessageRejectedError, SessionClosedError, SessionBusyError, SessionHaltedError,
+            SessionUnavailableError...: as :meth:`HermesClient.send_message`.
     """
     known = await _known_tool_call_ids(hermes, session_id)
     shown_calls: set[str] = set()
@@ -382,7 +382,7 @@ async def send_watched(
                 pending = await asyncio.wait_for(
                     hermes.get_pending_approvals(session_id), _POLL_QUERY_TIMEOUT_SECONDS
                 )
-            except (RPCError, asyncio.TimeoutError):
+            except (HermesError, asyncio.TimeoutError):
                 transcript, pending = [], []  # not started yet, or no worker answered
             for message in transcript if known is not None else []:
                 if message.role == "user" and message.content == text:

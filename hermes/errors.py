@@ -14,8 +14,21 @@ Exception tree::
     │   ├── ModelRequestError       provider refused the request: 4xx such as 401 (not retryable)
     │   └── ScriptExhaustedError    the scripted model has no step for this point
     ├── MessageRejectedError   a user message the session will not take (empty, too large)
-    ├── SessionBusyError       too many messages in flight; retry later
-    └── SessionClosedError     the session was closed; start a new one
+    ├── SessionBusyError       not taken: too many messages in flight; retry later
+    ├── SessionHaltedError     not taken: a tool call waits for a human's decision
+    ├── SessionClosedError     not taken: the session was closed; start a new one
+    ├── SessionNotFoundError   no session with this id (a query or a signal)
+    ├── SessionUnavailableError  Temporal (or the session) did not answer before the
+    │                            deadline; a message MAY have been taken: resend it
+    │                            with the same client message id
+    ├── TemporalRequestError   Temporal refused the request itself (e.g. a payload over
+    │                            its limit, no permission); nothing happened
+    └── MessageFailedError     the session failed the message in a way the client does
+                                 not know (a bug to report); see its ``reason``
+
+:class:`hermes.client.HermesClient` raises only these (never a raw ``RPCError``): it
+retries transient Temporal failures itself, resending a message under the same client
+message id, which is the only safe resend (see README "Client errors").
 
 Activities convert these to ``temporalio.exceptions.ApplicationError`` with
 ``type`` set to the class name, so a workflow (and a client) can tell them apart.
@@ -135,8 +148,76 @@ class MessageRejectedError(HermesError):
 
 
 class SessionBusyError(HermesError):
-    """The session has too many messages in flight; the message was not taken. Retry later."""
+    """The session stayed too busy to take the message (Temporal's 10 updates in flight,
+    or the session continuing as new) until the client's busy deadline. The message was
+    not taken, and it is never processed later: retry it, with the same or a new id."""
+
+
+class SessionHaltedError(HermesError):
+    """The session takes no message until a human approves or rejects the tool call it
+    is halted on (an expired approval under ``on_expiry="halt"``). Not taken."""
 
 
 class SessionClosedError(HermesError):
-    """The session is closed; send to a new session id."""
+    """The session is closed; send to a new session id. The message was not taken."""
+
+
+class SessionNotFoundError(HermesError, LookupError):
+    """No session with this id (a query or a signal to a session never started)."""
+
+
+class SessionUnavailableError(HermesError):
+    """Temporal, or the session's workflow, did not answer before the client's retry
+    deadline (a server restart or outage longer than the deadline, no worker...).
+
+    Attributes:
+        session_id: the session.
+        client_message_id: for a message, the id it was sent under; None otherwise.
+        may_have_been_taken: for a message, whether it may have reached the session (an
+            attempt failed after it could have been recorded). Then resend it with the
+            same ``client_message_id``: that returns the first reply and never runs a
+            second turn, while a new id could.
+        last_error: the last failure seen, for the log.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str,
+        client_message_id: str | None = None,
+        may_have_been_taken: bool = False,
+        last_error: str = "",
+    ):
+        self.session_id = session_id
+        self.client_message_id = client_message_id
+        self.may_have_been_taken = may_have_been_taken
+        self.last_error = last_error
+        super().__init__(message)
+
+
+class TemporalRequestError(HermesError):
+    """Temporal refused the request as such (invalid, too large, not permitted, search
+    attributes not registered...): retrying it unchanged will not help. Nothing happened.
+
+    Attributes:
+        status: the gRPC status name, e.g. ``INVALID_ARGUMENT``.
+    """
+
+    def __init__(self, message: str, *, status: str):
+        self.status = status
+        super().__init__(message)
+
+
+class MessageFailedError(HermesError):
+    """The session failed the message with a failure this client does not know (not one
+    of the refusals above): a bug or an operator's action (e.g. the workflow terminated
+    mid-turn). Whether it ran is unknown; see ``hermes show``.
+
+    Attributes:
+        reason: the failure's type and message.
+    """
+
+    def __init__(self, message: str, *, reason: str):
+        self.reason = reason
+        super().__init__(message)

@@ -41,6 +41,10 @@ class Settings(BaseSettings):
     codec_port: int = 8081
     """Port of the codec server `hermes dev` runs for its Web UI (``hermes.codec_server``:
     the UI shows the messages behind the content references of model calls)."""
+    client_retry_seconds: float = Field(default=120.0, gt=0)
+    """How long a client call (``HermesClient``, ``hermes send``/``chat``/...) keeps
+    retrying transient Temporal failures, from the first failure since the session last
+    answered: long enough to ride out a Temporal server restart."""
 
     model_provider: Literal["scripted", "openai"] = "scripted"
     script: Path | None = None

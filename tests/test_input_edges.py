@@ -213,7 +213,9 @@ async def test_send_cut_off_by_an_outage_prints_a_resend_command_that_returns_th
 ):
     text = "What is (17 + 25) * 3?"
     async with proxy_to(temporal_client) as proxy:
-        env = dict(cli_env, TEMPORAL_ADDRESS=f"127.0.0.1:{proxy.port}")
+        # The client rides out outages up to HERMES_CLIENT_RETRY_SECONDS (120 s by
+        # default); this one lasts longer than the 3 s given here.
+        env = dict(cli_env, TEMPORAL_ADDRESS=f"127.0.0.1:{proxy.port}", HERMES_CLIENT_RETRY_SECONDS="3")
         # No worker yet: the message waits in the session until the connection is lost.
         send = asyncio.ensure_future(run_cli("send", session_id, text, "--user", "alice", env=env, cwd=tmp_path))
         await wait_for_session(temporal_client, session_id)

@@ -639,6 +639,15 @@ class SessionWorkflow:
             self._remember(cid, result)
         return _slim(result, _MAX_TURN_RESULT_BYTES)
 
+    def _knows(self, cid: str | None) -> bool:
+        """Whether message ``cid`` was taken by this session: running or queued now, or
+        answered (its reply cached, or its turn still in the transcript this run holds)."""
+        if cid is None:
+            return False
+        if cid in self._completed or cid in self._in_flight_ids:
+            return True
+        return any(m.role == "user" and m.client_message_id == cid for m in self._messages)
+
     def _answer_from_transcript(self, cid: str) -> TurnResult | None:
         """The reply to a message already answered whose cached reply was evicted:
         rebuilt from the transcript, so a late resend never runs a second turn."""
@@ -680,8 +689,16 @@ class SessionWorkflow:
 
     @send_message.validator
     def _validate_send_message(self, inp: SendMessageInput) -> None:
+        # A resend of a message this session knows is always taken, even while closing,
+        # rolling over or halted: its handler only waits for or returns the first reply.
+        # So a refusal (busy, closed, halted) always means "never taken", and a client
+        # that resends under a new id after it never gets the turn twice. Only which
+        # updates are accepted changes, never the commands of an accepted one: replay-safe.
         if inp.client_message_id is not None and inp.client_message_id in self._completed:
-            return  # a resend: always answerable, even while closing or rolling over
+            return
+        if self._status == "closed" or self._draining or self._halted_on:
+            if self._knows(inp.client_message_id):
+                return
         if self._status == "closed":
             raise ApplicationError("the session is closed", type="SessionClosedError", non_retryable=True)
         if not inp.text or not inp.text.strip():

@@ -1,0 +1,527 @@
+"""The client hides outages, and "busy" means not taken.
+
+* Unit level, with a fake Temporal client: which failures are retried, that a message
+  is resent under the same client message id, that the deadlines raise the documented
+  errors, that "busy" is never said once an attempt may have been taken, and that the
+  update-with-start's start future never goes unretrieved.
+* A session's validator takes a resend of a message it already answered while the run
+  drains for continue-as-new, instead of calling it busy (the real cause of a "busy"
+  said of a message that was processed).
+* A Temporal dev server of this test's own, SIGKILLed and restarted mid-turn: the
+  caller gets its reply and no error.
+* A flood of messages to one session with a short busy deadline: every refused message
+  is absent from the transcript, every accepted one present exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import os
+import signal
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+from temporalio.client import (
+    Client,
+    WorkflowUpdateFailedError,
+    WorkflowUpdateRPCTimeoutOrCancelledError,
+    WorkflowUpdateStage,
+)
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
+
+from hermes import names
+from hermes.client import HermesClient, backoff_seconds, classify_failure
+from hermes.errors import (
+    HermesError,
+    MessageFailedError,
+    SessionBusyError,
+    SessionClosedError,
+    SessionHaltedError,
+    SessionNotFoundError,
+    SessionUnavailableError,
+    TemporalRequestError,
+)
+from hermes.models import CallModelInput, CallModelResult, Message, SendMessageInput, SessionConfig, TurnResult
+from hermes.settings import Settings
+from hermes.stack import EmbeddedStack, free_port
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry
+from tests.support import eventually
+from worker import build_worker
+
+
+def rpc(status: RPCStatusCode, message: str = "boom") -> RPCError:
+    return RPCError(message, status, b"")
+
+
+def refused(kind: str, message: str = "refused") -> WorkflowUpdateFailedError:
+    """What the SDK raises when the session's update validator refuses a message."""
+    return WorkflowUpdateFailedError(ApplicationError(message, type=kind))
+
+
+# --------------------------------------------------------------------------- classification
+
+
+@pytest.mark.parametrize(
+    "err, admitted, kind",
+    [
+        (rpc(RPCStatusCode.UNAVAILABLE, "tcp connect error"), False, "transient"),
+        (rpc(RPCStatusCode.UNKNOWN, "transport error"), True, "transient"),
+        (rpc(RPCStatusCode.UNAVAILABLE, "workflow update was aborted"), True, "transient"),
+        (rpc(RPCStatusCode.DEADLINE_EXCEEDED), False, "transient"),
+        (rpc(RPCStatusCode.CANCELLED), True, "transient"),
+        (WorkflowUpdateRPCTimeoutOrCancelledError(), True, "transient"),
+        (rpc(RPCStatusCode.FAILED_PRECONDITION, "Unable to query workflow due to Workflow Task in failed state."), False, "transient"),
+        (rpc(RPCStatusCode.NOT_FOUND, "workflow update was aborted by closing workflow"), True, "transient"),
+        # Refused before admission: not taken. After admission: it may have been taken.
+        (rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "limit on number of concurrent in-flight updates has been reached (10)"), False, "busy"),
+        (rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "Workflow is busy."), True, "transient"),
+        (refused("SessionBusyError"), True, "busy"),
+        (refused("UnprocessedUpdate"), True, "busy"),
+        (refused("SessionClosedError"), True, "fatal"),
+        (refused("SessionHaltedError"), True, "fatal"),
+        (rpc(RPCStatusCode.ALREADY_EXISTS), False, "exists"),
+        (rpc(RPCStatusCode.INVALID_ARGUMENT, "Blob data size exceeds limit."), False, "fatal"),
+        (rpc(RPCStatusCode.NOT_FOUND, "workflow not found for ID: s-1"), False, "fatal"),
+        (rpc(RPCStatusCode.FAILED_PRECONDITION, "something else"), False, "fatal"),
+        (ValueError("a bug"), False, "fatal"),
+    ],
+)
+def test_failures_are_classified_as_transient_busy_or_fatal(err, admitted, kind):
+    assert classify_failure(err, admitted=admitted) == kind
+
+
+def test_backoff_doubles_up_to_its_cap_with_jitter():
+    for attempt in range(12):
+        nominal = min(2.0, 0.05 * 2**attempt)
+        delays = [backoff_seconds(attempt) for _ in range(50)]
+        assert all(nominal / 2 <= d <= nominal for d in delays)
+    assert len({backoff_seconds(10) for _ in range(20)}) > 1  # jittered
+
+
+def test_a_non_positive_retry_timeout_is_refused_with_its_name():
+    with pytest.raises(ValueError, match="retry_timeout_seconds must be positive"):
+        HermesClient(object(), retry_timeout_seconds=0)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- a fake Temporal client
+
+
+class Admitted:
+    """An outcome of one update-with-start attempt whose start half was answered (the
+    server admitted the update) before ``error`` was raised."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class FakeTemporal:
+    """Stands in for ``temporalio.client.Client``: each update-with-start attempt takes
+    the next scripted outcome (a result, an exception raised before admission, or an
+    :class:`Admitted`), and settles the start operation's future as the SDK does."""
+
+    def __init__(self, *outcomes: Any, queries: list[Any] | None = None):
+        self.outcomes = list(outcomes)
+        self.queries = list(queries or [])
+        self.attempts: list[tuple[str, str | None]] = []
+        """(update id, client message id) of every attempt."""
+        self.signals: list[str] = []
+
+    async def execute_update_with_start_workflow(self, update: str, arg: SendMessageInput, **kwargs: Any) -> Any:
+        start = kwargs["start_workflow_operation"]
+        self.attempts.append((kwargs["id"], arg.client_message_id))
+        await asyncio.sleep(0)
+        outcome = self.outcomes.pop(0)
+        if isinstance(outcome, Admitted):
+            start._workflow_handle.set_result(self.get_workflow_handle(start._start_workflow_input.id))
+            raise outcome.error
+        if isinstance(outcome, BaseException):
+            start._workflow_handle.set_exception(outcome)
+            raise outcome
+        start._workflow_handle.set_result(self.get_workflow_handle(start._start_workflow_input.id))
+        return outcome
+
+    def get_workflow_handle(self, workflow_id: str, **_: Any) -> Any:
+        fake = self
+
+        class Handle:
+            id = workflow_id
+
+            async def query(self, name: str, **_: Any) -> Any:
+                outcome = fake.queries.pop(0)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return outcome
+
+            async def signal(self, name: str, *args: Any) -> None:
+                fake.signals.append(name)
+                outcome = fake.queries.pop(0)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+
+        return Handle()
+
+
+def reply(text: str = "hi") -> TurnResult:
+    return TurnResult(session_id="s-1", turn=1, reply=text)
+
+
+@contextlib.contextmanager
+def unretrieved_futures() -> Iterator[list[str]]:
+    """Collects asyncio's "exception was never retrieved" reports made in the block."""
+    loop = asyncio.get_running_loop()
+    previous = loop.get_exception_handler()
+    seen: list[str] = []
+
+    def handler(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        seen.append(str(context.get("message")))
+
+    loop.set_exception_handler(handler)
+    try:
+        yield seen
+        gc.collect()  # an unretrieved future reports when it is collected
+    finally:
+        loop.set_exception_handler(previous)
+
+
+async def test_a_message_rides_out_transient_failures_under_the_same_message_id():
+    fake = FakeTemporal(
+        rpc(RPCStatusCode.UNAVAILABLE, "tcp connect error"),
+        Admitted(rpc(RPCStatusCode.UNKNOWN, "transport error")),
+        rpc(RPCStatusCode.UNAVAILABLE, "workflow update was aborted"),
+        rpc(RPCStatusCode.FAILED_PRECONDITION, "Unable to perform workflow execution update due to Workflow Task in failed state."),
+        Admitted(WorkflowUpdateRPCTimeoutOrCancelledError()),
+        reply("made it"),
+    )
+    hermes = HermesClient(fake, retry_timeout_seconds=30)  # type: ignore[arg-type]
+    with unretrieved_futures() as unretrieved:
+        result = await hermes.send_message("s-1", "hello", client_message_id="m-1")
+    assert result.reply == "made it"
+    assert fake.attempts == [("m-1", "m-1")] * 6
+    assert unretrieved == []
+
+
+async def test_a_generated_message_id_is_kept_for_every_resend():
+    fake = FakeTemporal(rpc(RPCStatusCode.UNAVAILABLE), rpc(RPCStatusCode.UNAVAILABLE), reply())
+    await HermesClient(fake).send_message("s-1", "hello")  # type: ignore[arg-type]
+    [cid] = {cid for _, cid in fake.attempts}
+    assert cid is not None and cid.startswith("msg-") and len(fake.attempts) == 3
+
+
+async def test_busy_refusals_past_the_busy_deadline_raise_busy_and_leave_no_unretrieved_future():
+    fake = FakeTemporal(*[rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "limit on number of concurrent in-flight updates")] * 3, *[refused("SessionBusyError", "the session is continuing as new")] * 100)
+    hermes = HermesClient(fake)  # type: ignore[arg-type]
+    with unretrieved_futures() as unretrieved:
+        with pytest.raises(SessionBusyError, match="not taken"):
+            await hermes.send_message("s-1", "hello", busy_timeout_seconds=0.3)
+    assert len(fake.attempts) >= 2  # retried (how often depends on the jitter)
+    assert unretrieved == []
+
+
+async def test_busy_is_never_said_once_an_attempt_may_have_been_taken():
+    # The first attempt was admitted, then the result's poll failed: the message may be
+    # running. Later attempts are refused as busy, but the client cannot know that the
+    # first one was not taken, so it says the outcome is unknown, with the id to resend.
+    fake = FakeTemporal(
+        Admitted(rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "Workflow is busy.")),
+        *[refused("SessionBusyError")] * 200,
+    )
+    hermes = HermesClient(fake, retry_timeout_seconds=0.5)  # type: ignore[arg-type]
+    with pytest.raises(SessionUnavailableError) as raised:
+        await hermes.send_message("s-1", "hello", client_message_id="m-7", busy_timeout_seconds=0.1)
+    assert raised.value.may_have_been_taken and raised.value.client_message_id == "m-7"
+    assert "resend it with the same client message id 'm-7'" in str(raised.value)
+    assert {cid for _, cid in fake.attempts} == {"m-7"}
+
+
+async def test_an_outage_past_the_retry_deadline_raises_unavailable_naming_the_last_error():
+    fake = FakeTemporal(*[rpc(RPCStatusCode.UNAVAILABLE, "tcp connect error")] * 200)
+    hermes = HermesClient(fake, retry_timeout_seconds=0.4)  # type: ignore[arg-type]
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    with pytest.raises(SessionUnavailableError, match="tcp connect error") as raised:
+        await hermes.send_message("s-1", "hello", client_message_id="m-2")
+    assert 0.2 <= loop.time() - began < 5
+    assert raised.value.may_have_been_taken and raised.value.last_error == "UNAVAILABLE: tcp connect error"
+
+
+@pytest.mark.parametrize(
+    "error, documented",
+    [
+        (refused("SessionClosedError"), SessionClosedError),
+        (refused("SessionHaltedError", "the session is halted until a human approves"), SessionHaltedError),
+        (WorkflowUpdateFailedError(ApplicationError("kaput", type="KeyError")), MessageFailedError),
+        (rpc(RPCStatusCode.INVALID_ARGUMENT, "Blob data size exceeds limit."), TemporalRequestError),
+        (rpc(RPCStatusCode.PERMISSION_DENIED, "no"), TemporalRequestError),
+    ],
+)
+async def test_a_refusal_that_retrying_cannot_change_raises_its_documented_error_at_once(error, documented):
+    fake = FakeTemporal(error, reply())
+    with pytest.raises(documented) as raised:
+        await HermesClient(fake).send_message("s-1", "hello")  # type: ignore[arg-type]
+    assert isinstance(raised.value, HermesError) and len(fake.attempts) == 1
+
+
+async def test_the_callers_cancellation_is_not_retried():
+    class Hanging(FakeTemporal):
+        async def execute_update_with_start_workflow(self, update: str, arg: Any, **kwargs: Any) -> Any:
+            self.attempts.append((kwargs["id"], arg.client_message_id))
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError as err:
+                # As the SDK does: a cancelled update call becomes this error.
+                kwargs["start_workflow_operation"]._workflow_handle.set_exception(err)
+                raise WorkflowUpdateRPCTimeoutOrCancelledError() from err
+
+    fake = Hanging()
+    task = asyncio.ensure_future(HermesClient(fake).send_message("s-1", "hello"))  # type: ignore[arg-type]
+    await eventually(lambda: _true(bool(fake.attempts)), what="the first attempt")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert len(fake.attempts) == 1
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_queries_and_signals_retry_transient_failures_and_name_a_missing_session():
+    state = object()  # whatever the query answers
+    fake = FakeTemporal(
+        queries=[
+            rpc(RPCStatusCode.UNAVAILABLE, "tcp connect error"),
+            rpc(RPCStatusCode.FAILED_PRECONDITION, "Unable to query workflow due to Workflow Task in failed state."),
+            state,
+            rpc(RPCStatusCode.UNKNOWN, "transport error"),
+            None,  # the approve signal's second attempt
+            rpc(RPCStatusCode.NOT_FOUND, "workflow not found for ID: s-2"),
+        ]
+    )
+    hermes = HermesClient(fake, retry_timeout_seconds=30)  # type: ignore[arg-type]
+    assert await hermes.get_state("s-1") == state
+    await hermes.approve("s-1", "call-1", approver="bob")
+    assert fake.signals == [names.APPROVE_TOOL_CALL] * 2
+    with pytest.raises(SessionNotFoundError, match="s-2"):
+        await hermes.get_transcript("s-2")
+
+
+# --------------------------------------------------------------------------- a model to hold turns
+
+
+class GatedEcho:
+    """Echoes the last user message. The first call for a message containing "slow"
+    waits until :attr:`release` is set (a retried call does not wait)."""
+
+    name = "gated-echo"
+
+    def __init__(self) -> None:
+        self.started = asyncio.Event()
+        self.release = asyncio.Event()
+        self.calls: list[str] = []
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        text = next(m.content for m in reversed(request.messages) if m.role == "user") or ""
+        first = text not in self.calls
+        self.calls.append(text)
+        if "slow" in text and first:
+            self.started.set()
+            await asyncio.wait_for(self.release.wait(), 240)
+        return CallModelResult(message=Message(role="assistant", content=f"echo: {text}"), provider=self.name)
+
+
+async def refused_as_busy(temporal_client: Client, session_id: str, text: str) -> bool:
+    """Send one message once, bypassing the client's retries; True if the session's
+    validator refused it as busy (else it was taken, and waits for its turn)."""
+    handle = await temporal_client.get_workflow_handle(session_id).start_update(
+        names.SEND_MESSAGE,
+        SendMessageInput(text=text, client_message_id=f"probe-{uuid.uuid4()}"),
+        wait_for_stage=WorkflowUpdateStage.ACCEPTED,
+    )
+    try:
+        # A refusal is known at once (the stage is COMPLETED); a taken message would
+        # wait for the held turn.
+        await asyncio.wait_for(handle.result(), 0.5)
+    except WorkflowUpdateFailedError as err:
+        return isinstance(err.cause, ApplicationError) and err.cause.type == "SessionBusyError"
+    except (asyncio.TimeoutError, WorkflowUpdateRPCTimeoutOrCancelledError):
+        pass  # the SDK turns wait_for's cancellation into the latter
+    return False
+
+
+@pytest.mark.timeout(180)
+async def test_a_resend_of_an_answered_message_during_a_roll_over_is_answered_not_refused_as_busy(
+    run_worker, session_id, temporal_client
+):
+    """The real cause of "busy" said of a processed message: a message answered in an
+    earlier run, whose reply left the resend cache, resent while the next run drained
+    for continue-as-new, was refused as busy by the validator (it checked only the
+    cache). A caller trusting that resends under a new id and gets the turn twice."""
+    model = GatedEcho()
+    config = SessionConfig(max_completed_ids=1, max_updates_per_run=2)
+    async with run_worker(model, config=config) as hermes:
+        first = await hermes.send_message(session_id, "first", client_message_id="m-first")
+        await hermes.send_message(session_id, "second", client_message_id="m-second")
+        # Two messages: the run continues as new when idle; "m-first" left the cache.
+        await eventually(lambda: _run_index_at_least(hermes, session_id, 1), what="the first continue-as-new")
+
+        # Hold a turn and queue more messages than the run may take: it drains.
+        held = [asyncio.ensure_future(hermes.send_message(session_id, "slow one"))]
+        await asyncio.wait_for(model.started.wait(), 30)
+        held += [asyncio.ensure_future(hermes.send_message(session_id, f"queued {i}")) for i in range(6)]
+        await eventually(
+            lambda: refused_as_busy(temporal_client, session_id, "new"), what="the run to drain", timeout_seconds=60
+        )
+
+        # One attempt, no busy retries: the session must answer it, not refuse it.
+        again = await hermes.send_message(session_id, "first", client_message_id="m-first", busy_timeout_seconds=0)
+        assert (again.turn, again.reply) == (first.turn, "echo: first")
+
+        model.release.set()
+        await asyncio.gather(*held)
+        transcript = await hermes.get_transcript(session_id)
+    ids = [m.client_message_id for m in transcript if m.role == "user"]
+    assert ids.count("m-first") == 1
+    assert model.calls.count("first") == 1
+
+
+async def _run_index_at_least(hermes: HermesClient, session_id: str, index: int) -> bool:
+    return (await hermes.get_state(session_id)).run_index >= index
+
+
+# --------------------------------------------------------------------------- a server restart
+
+
+@contextlib.asynccontextmanager
+async def own_temporal(data_dir: Any, port: int) -> AsyncIterator[EmbeddedStack]:
+    stack = EmbeddedStack(
+        data_dir, temporal_port=port, start_redis=False, ui=False, search_attributes=names.SEARCH_ATTRIBUTES
+    )
+    await stack.start_async()
+    try:
+        yield stack
+    finally:
+        await stack.stop_async()
+
+
+class FailureSpy:
+    """A Temporal client that records the failures its update-with-start calls raise
+    (what a caller without the client's retries would have seen)."""
+
+    def __init__(self, client: Client):
+        self._client = client
+        self.failures: list[BaseException] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def execute_update_with_start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await self._client.execute_update_with_start_workflow(*args, **kwargs)
+        except Exception as err:
+            self.failures.append(err)
+            raise
+
+
+@pytest.mark.timeout(300)
+async def test_a_temporal_server_killed_and_restarted_mid_turn_costs_the_caller_nothing(
+    tmp_path, redis, redis_url, session_id
+):
+    port = free_port()
+    task_queue = f"tq-{uuid.uuid4()}"
+    model = GatedEcho()
+    async with own_temporal(tmp_path / "temporal", port) as stack:
+        client = await Client.connect(stack.temporal_address, data_converter=pydantic_data_converter)
+        settings = Settings(redis_url=redis_url, task_queue=task_queue, temporal_address=stack.temporal_address)
+        worker = build_worker(
+            client, settings, provider=model, registry=register_builtins(ToolRegistry()), redis=redis, memory=False
+        )
+        async with worker:
+            spy = FailureSpy(client)
+            hermes = HermesClient(spy, task_queue=task_queue, redis=redis)  # type: ignore[arg-type]
+            assert (await hermes.send_message(session_id, "before")).reply == "echo: before"
+            turn = asyncio.ensure_future(hermes.send_message(session_id, "slow, across the restart"))
+            await asyncio.wait_for(model.started.wait(), 60)
+
+            os.killpg(stack.pids["temporal"], signal.SIGKILL)
+            await stack.stop_async()  # reaps it; the database file stays
+            # Down until the SDK's own retries gave up and the call failed (about 10 s):
+            # from here on only HermesClient's retries stand between the caller and it.
+            await eventually(lambda: _true(bool(spy.failures)), what="a failed call", timeout_seconds=120)
+            assert not turn.done()
+            await stack.start_async()  # same port, same database
+            model.release.set()
+
+            result = await asyncio.wait_for(turn, 240)
+            assert result.reply == "echo: slow, across the restart"
+            # The worker reconnected too: the next turn runs as usual.
+            assert (await hermes.send_message(session_id, "after")).reply == "echo: after"
+            transcript = await hermes.get_transcript(session_id)
+    assert any(isinstance(f, RPCError | WorkflowUpdateRPCTimeoutOrCancelledError) for f in spy.failures)
+    users = [m.content for m in transcript if m.role == "user"]
+    assert users == ["before", "slow, across the restart", "after"]
+
+
+# --------------------------------------------------------------------------- a flood
+
+
+@pytest.mark.timeout(480)
+async def test_in_a_flood_every_refused_message_is_absent_and_every_accepted_one_present_once(
+    run_worker, session_id
+):
+    """300 messages, 100 at a time, to one session that rolls over every 60 messages,
+    with a 1 s busy deadline. A message is taken (its reply), refused as busy (never
+    processed), or, when an attempt failed after the update was admitted (the server
+    aborts the admitted updates of a run that continues as new: "workflow update was
+    aborted") and the session stayed busy past the retry deadline, of unknown outcome:
+    then a resend with the same id must return its reply, and it runs once."""
+    total, at_once = 300, 100
+    config = SessionConfig(max_updates_per_run=60, max_completed_ids=16)
+    model = GatedEcho()
+    async with run_worker(model, config=config) as hermes:
+        hermes.retry_timeout_seconds = 20.0
+        await hermes.send_message(session_id, "hello", user_id="flood")
+        gate = asyncio.Semaphore(at_once)
+        outcomes: dict[str, Any] = {}
+
+        async def one(i: int) -> None:
+            cid = f"flood-{i}"
+            async with gate:
+                try:
+                    outcomes[cid] = await hermes.send_message(
+                        session_id, f"message {i}", client_message_id=cid, busy_timeout_seconds=1.0
+                    )
+                except (SessionBusyError, SessionUnavailableError) as err:
+                    outcomes[cid] = err
+
+        with unretrieved_futures() as unretrieved:
+            await asyncio.gather(*(one(i) for i in range(total)))
+        unknown = [cid for cid, o in outcomes.items() if isinstance(o, SessionUnavailableError)]
+        assert all(outcomes[cid].may_have_been_taken for cid in unknown)
+        hermes.retry_timeout_seconds = 120.0
+        for cid in unknown:  # the documented way out: resend under the same id
+            outcomes[cid] = await hermes.send_message(
+                session_id, f"message {cid.split('-')[1]}", client_message_id=cid, busy_timeout_seconds=60
+            )
+        transcript = await hermes.get_transcript(session_id)
+        state = await hermes.get_state(session_id)
+
+    taken = [cid for cid, o in outcomes.items() if isinstance(o, TurnResult)]
+    busy = [cid for cid, o in outcomes.items() if isinstance(o, SessionBusyError)]
+    assert len(taken) + len(busy) == total
+    assert busy, "no message was refused: the flood did not reach the busy limit"
+    counts: dict[str, int] = {}
+    for m in transcript:
+        if m.role == "user" and m.client_message_id:
+            counts[m.client_message_id] = counts.get(m.client_message_id, 0) + 1
+    assert [cid for cid in busy if cid in counts] == []  # refused, yet processed
+    assert [cid for cid in taken if counts.get(cid) != 1] == []  # taken, but missing or twice
+    assert all(outcomes[cid].reply == f"echo: message {cid.split('-')[1]}" for cid in taken)
+    assert state.run_index >= 2  # the flood rolled over, so refusals while draining were exercised
+    assert not [u for u in unretrieved if "never retrieved" in u]
