@@ -386,6 +386,7 @@ class HermesClient:
             or SessionConfig(
                 model_timeout_seconds=settings.model_timeout_seconds,
                 model_max_attempts=settings.model_max_attempts,
+                model_heartbeat_seconds=settings.model_heartbeat_seconds,
             ),
             retry_timeout_seconds=settings.client_retry_seconds,
         )

@@ -447,7 +447,10 @@ class SessionConfig(BaseModel):
     max_updates_per_run: int = 500
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
     max_completed_ids: int = 256
-    """How many client message ids are remembered for de-duplication of resends."""
+    """How many replies are remembered for resends (returned as they were)."""
+    max_answered_ids: int = Field(default=2000, ge=0)
+    """How many client message ids (with their turn) are remembered beyond the replies:
+    a resend of one of them is answered "already answered in turn N", never run again."""
     max_system_prompt_bytes: int = 100_000
     """Larger system prompts sent by signal are refused (listed in the state's notices)."""
     approval_policies: dict[Permission, ApprovalPolicy] = Field(default_factory=_default_policies)
@@ -635,6 +638,10 @@ class SessionCarry(BaseModel):
     last_active_at: datetime | None = None
     token_estimate: int = 0
     completed: dict[str, TurnResult] = Field(default_factory=dict)
+    answered_ids: dict[str, int] = Field(default_factory=dict)
+    """Client message ids of the newest answered messages (at most
+    ``SessionConfig.max_answered_ids``) and their turns: a resend whose reply has left the
+    resend cache and whose turn has left the state is recognised, never run again."""
     trace: list[TraceStep] = Field(default_factory=list)
     decisions: list[DecisionRecord] = Field(default_factory=list)
     title: str = ""

@@ -216,6 +216,7 @@ class SessionWorkflow:
         self._last_active_at = carry.last_active_at or self._created_at
         self._token_estimate = carry.token_estimate
         self._completed: dict[str, TurnResult] = dict(carry.completed)
+        self._answered: dict[str, int] = dict(carry.answered_ids)
         self._trace: list[TraceStep] = list(carry.trace)
         self._decisions: list[DecisionRecord] = list(carry.decisions)
         self._settled: list[str] = list(carry.settled_tool_call_ids)
@@ -553,6 +554,7 @@ class SessionWorkflow:
             last_active_at=self._last_active_at,
             token_estimate=self._token_estimate,
             completed=self._completed,
+            answered_ids=self._answered,
             trace=self._trace[-_MAX_TRACE:],
             decisions=self._decisions[-_MAX_DECISIONS:],
             title=self._title,
@@ -620,11 +622,29 @@ class SessionWorkflow:
             if cid in self._completed:
                 return self._completed[cid]
             if cid in self._in_flight_ids:
-                await workflow.wait_condition(lambda: cid in self._completed)
-                return self._completed[cid]
+                await workflow.wait_condition(lambda: cid in self._completed or cid not in self._in_flight_ids)
+                if cid in self._completed:
+                    return self._completed[cid]
+                raise ApplicationError(
+                    "the first copy of this message failed before it was answered; send it again with a new id",
+                    type="MessageFailedError",
+                    non_retryable=True,
+                )
             answered = self._answer_from_transcript(cid)
             if answered is not None:
                 return answered
+            if cid in self._answered and self._patched(_PATCH_BOUNDED_WORK):
+                turn = self._answered[cid]
+                return TurnResult(
+                    session_id=self._inp.session_id,
+                    turn=turn,
+                    reply="",
+                    client_message_id=cid,
+                    warnings=[
+                        f"This message was already answered in turn {turn}; the reply is no longer held by the "
+                        "session, read it in the transcript. It was not run again."
+                    ],
+                )
             self._in_flight_ids.add(cid)
         self._queued += 1
         try:
@@ -644,7 +664,7 @@ class SessionWorkflow:
         answered (its reply cached, or its turn still in the transcript this run holds)."""
         if cid is None:
             return False
-        if cid in self._completed or cid in self._in_flight_ids:
+        if cid in self._completed or cid in self._in_flight_ids or cid in self._answered:
             return True
         return any(m.role == "user" and m.client_message_id == cid for m in self._messages)
 
@@ -676,6 +696,9 @@ class SessionWorkflow:
     def _remember(self, cid: str, result: TurnResult) -> None:
         """Keep a reply for resends, within a count and a byte budget (it is carried
         across continue-as-new, so it must stay far below the 2 MB payload limit)."""
+        self._answered[cid] = result.turn
+        while len(self._answered) > self._cfg.max_answered_ids:
+            self._answered.pop(next(iter(self._answered)))
         cached = _slim(result, _MAX_CACHED_RESULT_BYTES, cut_reply=False)
         size = len(cached.model_dump_json())
         self._completed[cid] = cached
