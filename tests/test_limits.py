@@ -325,3 +325,25 @@ async def test_a_message_over_half_the_context_budget_is_kept_by_reference_and_a
         ref = re.search(r"b:[0-9a-f]{32}", first).group(0)
         assert await hermes.get_stored_content(ref) == text
         assert (await hermes.send_message(session_id, "small")).reply == "got 5 chars"
+
+
+async def test_a_resend_whose_reply_and_turn_have_left_the_session_is_not_run_again(run_worker, session_id, redis):
+    """The reply left the resend cache (one reply kept) and the turn left the state for
+    the transcript archive (a tiny carry budget): the session still knows the message id
+    across continue-as-new and says it was answered, instead of running it twice."""
+    model = Echo()
+    config = SessionConfig(max_updates_per_run=2, max_carry_bytes=3000, max_completed_ids=1)
+    async with run_worker(model, config=config) as hermes:
+        first = await hermes.send_message(session_id, "the first message " + "x" * 1500, client_message_id="m-1")
+        for n in range(2, 7):
+            await hermes.send_message(session_id, f"message {n} " + "y" * 1500, client_message_id=f"m-{n}")
+        state = await hermes.get_state(session_id)
+        live = await hermes.get_transcript(session_id, include_archived=False)
+        assert state.run_index >= 2 and state.archived_messages > 0
+        assert all(m.client_message_id != "m-1" for m in live), "the first turn is still held: nothing to test"
+        again = await hermes.send_message(session_id, "the first message " + "x" * 1500, client_message_id="m-1")
+        assert again.turn == first.turn and again.reply == ""
+        assert any("already answered in turn" in w for w in again.warnings), again.warnings
+        transcript = await hermes.get_transcript(session_id)
+        assert [m.client_message_id for m in transcript if m.role == "user"].count("m-1") == 1
+        assert (await hermes.get_state(session_id)).turn_count == 6  # no seventh turn ran
