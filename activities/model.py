@@ -179,7 +179,8 @@ class ModelActivities:
             return result
         ref = value_ref(content)
         try:
-            await self.store.put_many({ref: content})
+            # Kept for good (the durable store, then Redis): the reply has no other copy.
+            await self.store.keep_many({ref: content})
         except Exception as err:  # noqa: BLE001
             log.warning("a %d-character reply could not be stored (%s); it is cut", len(content), err)
             text = content[: MAX_REPLY_BYTES // 4] + f"\n[reply cut: {len(content)} characters, over the limit]"
