@@ -28,7 +28,8 @@ with quotes or SQL in it selects that id and nothing else.
 The connection is opened lazily, once per store object (one per worker process and one per
 client), outside workflow code; every call runs LanceDB's synchronous API in a thread.
 Each table is compacted in the background every :data:`COMPACT_EVERY_WRITES` writes made
-by this process (each write adds a fragment; reads slow down with their number).
+by this process (each write adds a fragment; reads slow down with their number), and gets
+scalar indexes on ``key`` and ``owner`` the first time.
 
 Errors: every failure to reach or write the store raises :class:`DurableStoreError`
 (naming the URI and the table), so a caller can say "not saved" and never confirms what
@@ -304,8 +305,16 @@ class DurableStore:
             task.add_done_callback(self._background.discard)
 
     def _compact(self, table: str) -> None:
+        """Compact small fragments, fold new rows into the indexes, and create the scalar
+        indexes on ``key`` (point reads, the merge of every write) and ``owner`` (lists)
+        once the table has had this many writes."""
         try:
-            self._table(table).optimize(cleanup_older_than=_KEEP_VERSIONS_FOR)
+            handle = self._table(table)
+            have = {column for index in handle.list_indices() for column in index.columns}
+            for column in ("key", "owner"):
+                if column not in have:
+                    handle.create_scalar_index(column, index_type="BTREE")
+            handle.optimize(cleanup_older_than=_KEEP_VERSIONS_FOR)
         except Exception as err:  # noqa: BLE001 - upkeep: the next round tries again
             log.warning("durable store %s (%s): compaction failed: %s", self.uri, table, err)
         finally:
