@@ -27,6 +27,7 @@ from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
 from hermes.blobs import BlobStore
+from hermes.durable import DurableStore
 from hermes.errors import ConfigError
 from hermes.providers import ModelProvider, make_provider
 from hermes.settings import Settings, get_settings
@@ -93,6 +94,7 @@ def build_worker(
     max_cached_workflows: int = 1000,
     mcp: Any = None,
     memory: Any = True,
+    durable: DurableStore | None = None,
 ) -> Worker:
     """A worker for sessions. Arguments left out come from ``settings``.
 
@@ -109,6 +111,9 @@ def build_worker(
         memory: True: long-term memory as the settings say (``memory_enabled``, the store
             at ``resolved_memory_uri``, opened on first use); False: none; or a
             :class:`hermes.memory.store.MemoryStore` (or a callable returning one) to use.
+        durable: the store of what must outlive Redis (notes, content kept by reference,
+            the transcript archive, snapshots, the audit log, the exactly-once ledger); by
+            default one at ``settings.resolved_memory_uri``, opened on first use.
     """
     settings = settings or get_settings()
     provider = provider or make_provider(settings)
@@ -117,7 +122,8 @@ def build_worker(
     else:
         registry.check_references()
     redis = redis if redis is not None else connect_redis(settings.resolved_redis_url)
-    model = ModelActivities(provider, store=BlobStore(redis), client=client)
+    durable = durable if durable is not None else DurableStore(settings.resolved_memory_uri)
+    model = ModelActivities(provider, store=BlobStore(redis, durable=durable), client=client)
     encoding = encoding_name_for_model(settings.model)
     TokenCounter.get(encoding)  # loaded now, outside the workflow sandbox
     tools = ToolActivities(
@@ -128,10 +134,11 @@ def build_worker(
         max_result_bytes=settings.tool_result_max_bytes,
         mcp=mcp,
         encoding=encoding,
+        durable=durable,
     )
     index = SessionIndexActivities(redis)
-    transcript = TranscriptActivities(redis)
-    audit = AuditActivities(redis)
+    transcript = TranscriptActivities(redis, durable)
+    audit = AuditActivities(redis, durable)
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
     return Worker(

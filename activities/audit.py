@@ -1,10 +1,13 @@
 """The approval audit log: every approval request, decision and verdict, across sessions.
 
-Kept in Redis, append-only and idempotent (an activity retried after a crash writes
-the same entry again, not a second one):
+Kept in the durable store (:mod:`hermes.durable`, LanceDB table ``hermes_approval_audit``:
+it must outlive a Redis loss) and in Redis, append-only and idempotent (an activity
+retried after a crash writes the same entry again, not a second one):
 
 - ``hermes:audit:approvals`` (sorted set): ``<session_id>|<entry_id>`` scored by time;
 - ``hermes:audit:approval:<session_id>`` (hash): ``entry_id`` -> the entry as JSON.
+
+Reads take the durable store when there is one, else Redis.
 
 The session's own state keeps its recent decisions too (``SessionState.decisions``);
 this log outlives a session's bounded list and its workflow history retention.
@@ -18,6 +21,7 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
+from hermes.durable import AUDIT, DurableStore, Record, composite_key
 from hermes.models import ApprovalAuditBatch, ApprovalAuditEntry
 
 log = logging.getLogger("hermes.audit")
@@ -37,8 +41,26 @@ async def write_audit(redis: Any, entry: ApprovalAuditEntry) -> None:
         await pipe.execute()
 
 
-async def read_audit(redis: Any, *, session_id: str | None = None, limit: int = 100) -> list[ApprovalAuditEntry]:
-    """The newest ``limit`` entries (of one session, or of all), oldest first."""
+def _durable_record(entry: ApprovalAuditEntry) -> Record:
+    # seq 0 for all: the order is the entry's time, then its key.
+    return Record(
+        key=composite_key(entry.session_id, entry.entry_id), owner=entry.session_id, at=entry.at, value=entry.model_dump_json()
+    )
+
+
+async def read_audit(
+    redis: Any, *, session_id: str | None = None, limit: int = 100, durable: DurableStore | None = None
+) -> list[ApprovalAuditEntry]:
+    """The newest ``limit`` entries (of one session, or of all), oldest first: from the
+    durable store when given, else from Redis.
+
+    Raises:
+        DurableStoreError: the durable store cannot be read.
+    """
+    if durable is not None:
+        records = await durable.list(AUDIT, owner=session_id, limit=limit)
+        entries = sorted((ApprovalAuditEntry.model_validate_json(r.value) for r in records), key=lambda e: (e.at, e.entry_id))
+        return entries[-limit:]
     if session_id is not None:
         raw = await redis.hvals(audit_session_key(session_id))
         entries = sorted((ApprovalAuditEntry.model_validate_json(r) for r in raw), key=lambda e: (e.at, e.entry_id))
@@ -54,23 +76,39 @@ async def read_audit(redis: Any, *, session_id: str | None = None, limit: int = 
 
 
 class AuditActivities:
-    """Holds the Redis client; ``record_approval_audit`` runs as a local activity."""
+    """Holds Redis and the durable store; ``record_approval_audit`` runs as a local activity.
 
-    def __init__(self, redis: Any):
+    Args:
+        redis: a ``redis.asyncio.Redis``, or None.
+        durable: the durable store (the copy that must survive), or None: Redis alone.
+    """
+
+    def __init__(self, redis: Any, durable: DurableStore | None = None):
         self.redis = redis
+        self.durable = durable
 
     @activity.defn(name=names.RECORD_APPROVAL_AUDIT)
     async def record_approval_audit(self, batch: ApprovalAuditBatch) -> bool:
         """Append entries to the audit log (idempotent: a retry rewrites the same ones).
 
         Returns:
-            False when no Redis is configured (nothing is written).
+            False when neither store is configured (nothing is written).
 
         Raises:
-            redis.RedisError: Redis unreachable; the workflow's retry policy retries.
+            DurableStoreError: the durable store did not take them; the workflow's retry
+                policy retries.
+            redis.RedisError: Redis unreachable and no durable store; idem.
         """
-        if self.redis is None:
+        if self.redis is None and self.durable is None:
             return False
-        for entry in batch.entries:
-            await write_audit(self.redis, entry)
+        if self.durable is not None:
+            await self.durable.insert(AUDIT, [_durable_record(e) for e in batch.entries])
+        if self.redis is not None:
+            try:
+                for entry in batch.entries:
+                    await write_audit(self.redis, entry)
+            except Exception as err:  # noqa: BLE001
+                if self.durable is None:
+                    raise
+                log.warning("approval audit kept durably but not in Redis: %s", err)
         return True

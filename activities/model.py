@@ -161,7 +161,11 @@ class ModelActivities:
         refs = [c.arguments_ref for m in messages for c in m.tool_calls if c.arguments_ref]
         if not refs:
             return messages
-        found = await self._store_get(refs)
+        try:
+            found = await self.store.read_many(refs)
+        except Exception as err:  # noqa: BLE001 - the stand-ins stay; the call still goes out
+            log.warning("tool-call arguments kept by reference could not be read: %s", err)
+            found = {}
         out = []
         for m in messages:
             if any(c.arguments_ref for c in m.tool_calls):
@@ -192,7 +196,7 @@ class ModelActivities:
         if not large:
             return result
         try:
-            await self.store.put_many({ref: text for ref, text in large.values()})
+            await self.store.keep_many({ref: text for ref, text in large.values()})
             stored = True
         except Exception as err:  # noqa: BLE001 - any store failure: the calls are refused, not lost silently
             log.warning("large tool-call arguments could not be stored: %s", err)
@@ -288,7 +292,8 @@ class ModelActivities:
             return result
         ref = value_ref(content)
         try:
-            await self.store.put_many({ref: content})
+            # Kept for good (the durable store, then Redis): the reply has no other copy.
+            await self.store.keep_many({ref: content})
         except Exception as err:  # noqa: BLE001
             log.warning("a %d-character reply could not be stored (%s); it is cut", len(content), err)
             text = content[: MAX_REPLY_BYTES // 4] + f"\n[reply cut: {len(content)} characters, over the limit]"

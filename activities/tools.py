@@ -5,14 +5,17 @@ and validated (structure, format); its checks pass (business rules, permission);
 it runs, with heartbeats. Whatever happens becomes a ``{code, message, data}`` result.
 
 A non-idempotent tool runs at most once per ``session_id:tool_call_id``: before it
-runs, a record is set in Redis with ``SET NX``; a later attempt that finds the record
-returns the stored result, or, if the first attempt never finished, reports the
-outcome as unknown instead of running the tool again.
+runs, a record is set in Redis with ``SET NX`` (the fast, atomic claim) and in the durable
+store (:mod:`hermes.durable`, table ``hermes_tool_calls``: the copy that survives a
+Redis loss); a later attempt that finds either record returns the stored result, or, if
+the first attempt never finished, reports the outcome as unknown instead of running the
+tool again. Losing Redis therefore never re-runs a side effect.
 
 A result whose JSON is larger than ``max_result_bytes`` never enters history whole: the
-whole result is kept in the content store (:mod:`hermes.blobs`, Redis) by reference and
-the session gets a preview naming the reference, which the model reads with the
-built-in ``read_stored_content`` tool; without Redis only the preview is kept.
+whole result is kept by reference (:meth:`hermes.blobs.BlobStore.keep_many`: the durable
+store, and Redis as the fast path) and the session gets a preview naming the reference,
+which the model reads with the built-in ``read_stored_content`` tool; with no store, or
+if keeping it fails, only the preview is kept (and it says so).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from temporalio.exceptions import ApplicationError
 from activities.heartbeat import heartbeating, with_heartbeat
 from hermes import names
 from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
+from hermes.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.models import (
     ListToolsInput,
@@ -321,6 +325,8 @@ class ToolActivities:
         max_result_bytes: larger tool results are cut to a preview (see :func:`cap_result`).
         tier_seconds: tier name -> timeout in seconds.
         heartbeat_timeout_seconds: heartbeat timeout the workflow sets on tool calls.
+        durable: the durable store (tools' notes, results kept by reference, the
+            exactly-once ledger's second copy); ``None``: Redis alone.
     """
 
     def __init__(
@@ -334,6 +340,7 @@ class ToolActivities:
         mcp: Any = None,
         encoding: str = "",
         memory: bool = False,
+        durable: DurableStore | None = None,
     ):
         self.memory = memory
         """Whether this worker serves long-term memory (reported with the tool list)."""
@@ -343,7 +350,8 @@ class ToolActivities:
         """A :class:`hermes.mcp.tools.McpToolset`, when MCP servers are configured."""
         self.registry = registry
         self.redis = redis
-        self.store = BlobStore(redis)
+        self.durable = durable
+        self.store = BlobStore(redis, durable=durable)
         """Where results over ``max_result_bytes`` are kept whole (never expire: a session
         may read them months later)."""
         self.max_result_bytes = max_result_bytes
@@ -353,7 +361,7 @@ class ToolActivities:
     async def bounded(self, result: ToolResult) -> ToolResult:
         """``result``, or, when its JSON exceeds ``max_result_bytes``, a preview of it
         (:func:`cap_result`) with the whole result JSON kept in the content store under
-        ``value_ref(json)``. Without Redis, or if storing fails, only the preview is
+        ``value_ref(json)``. With no store, or if keeping it fails, only the preview is
         kept (and it says so). Never raises for the store: a tool that did its work is
         never reported as failed because its result was large."""
         result = shallow_result(result)
@@ -361,10 +369,10 @@ class ToolActivities:
         if 0 <= size <= self.max_result_bytes:
             return result
         ref = None
-        if text is not None and self.redis is not None:
+        if text is not None and self.store.can_keep:
             ref = value_ref(text)
             try:
-                await self.store.put_many({ref: text})
+                await self.store.keep_many({ref: text})
             except Exception as err:  # noqa: BLE001 - the preview still goes on
                 log.warning("a tool result of %d bytes could not be stored (%s); only its preview is kept", size, err)
                 ref = None
@@ -420,7 +428,7 @@ class ToolActivities:
         if call.arguments_ref is None:
             return call.arguments
         try:
-            text = (await self.store.get_many([call.arguments_ref])).get(call.arguments_ref)
+            text = (await self.store.read_many([call.arguments_ref])).get(call.arguments_ref)
         except Exception as err:  # noqa: BLE001 - the store is down: retry-safe for every tool (nothing ran)
             raise ApplicationError(
                 f"the arguments of this call are kept by reference ({call.arguments_ref}) and the content store "
@@ -462,6 +470,7 @@ class ToolActivities:
             attempt=info.attempt if info else 1,
             redis=self.redis,
             call_key=request.call_key,
+            durable=self.durable,
         )
         try:
             await tool.run_checks(arguments, context)
@@ -488,7 +497,7 @@ class ToolActivities:
                 # decoded by workflow code): the coerced ones are kept by reference too.
                 ref = value_ref(dumped)
                 try:
-                    await self.store.put_many({ref: text})
+                    await self.store.keep_many({ref: text})
                 except Exception as err:  # noqa: BLE001 - reported as the call's result; nothing ran
                     error = ToolResult(
                         code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
@@ -543,22 +552,63 @@ class ToolActivities:
         return await self._run_at_most_once(request, tool, arguments, context)
 
     async def _run_at_most_once(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
+        """Run a non-idempotent tool at most once per ``request.call_key``.
+
+        The claim is a Redis ``SET NX`` (atomic across concurrent attempts) and a durable
+        record (inserted only if absent). A claim that Redis grants but the durable store
+        already holds means Redis lost the record (flushed, evicted): the durable one
+        decides, and the tool is not run again. While Redis is unreachable the durable
+        record alone claims the call (Temporal runs one attempt at a time).
+
+        Returns:
+            The tool's result; a stored result for a call that finished before; code 4
+            (outcome unknown) for one that started and never reported; code 2 when the
+            claim could not be recorded (the tool did not run).
+        """
         key = idempotency_key(request.call_key)
-        if self.redis is None:
+        if self.redis is None and self.durable is None:
             return ToolResult(
                 code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
-                message="no idempotency store (Redis) is configured; a non-idempotent tool is not run without one",
+                message="no idempotency store (Redis or the durable store) is configured; a non-idempotent tool is not run without one",
             )
         started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
-        claimed = await self.redis.set(key, started, nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
-        if not claimed:
-            record = json.loads(await self.redis.get(key) or "{}")
+        record: dict[str, Any] | None = None
+        redis_ok = self.redis is not None
+        if self.redis is not None:
+            try:
+                claimed = await self.redis.set(key, started, nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
+            except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
+                if self.durable is None:
+                    raise
+                log.warning("tool call %s: Redis unavailable (%s); claimed in the durable store alone", key, err)
+                claimed, redis_ok = True, False
+            if not claimed:
+                record = json.loads(await self.redis.get(key) or "{}")
+        if record is None and self.durable is not None:
+            try:
+                inserted = await self.durable.insert(
+                    TOOL_CALLS, [Record(key=request.call_key, owner=request.session_id, value=started)]
+                )
+                if not inserted:
+                    found = (await self.durable.get(TOOL_CALLS, [request.call_key])).get(request.call_key)
+                    record = json.loads(found.value) if found is not None else {}
+                    log.warning("tool call %s: Redis had no record, the durable store had one", key)
+            except DurableStoreError as err:
+                result = ToolResult(
+                    code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
+                    message=f"{tool.name} was not run: its exactly-once record could not be kept ({err})",
+                    data={"outcome": "not_run"},
+                )
+                # So that a retried attempt answers the same, never runs it.
+                await self._record(key, {"state": "done", "result": result.model_dump(mode="json")}, durable=None, redis=redis_ok)
+                return result
+        if record is not None:
             if record.get("state") == "done":
+                await self._record(key, record, durable=None, redis=redis_ok)
                 return ToolResult.model_validate(record["result"])
             log.warning("tool call %s started before and never finished; not running it again", key)
-            if record.get("state") == "started":
-                record["state"] = "unknown"
-                await self.redis.set(key, json.dumps(record), ex=IDEMPOTENCY_TTL_SECONDS)
+            record = {**record, "state": "unknown"}
+            await self._record(key, record, durable=None, redis=redis_ok)
             return ToolResult(
                 code=ToolResultCode.OUTCOME_UNKNOWN,
                 message=(
@@ -577,7 +627,22 @@ class ToolActivities:
         # (Outside the try: storing a large result never turns a done call into a failure.
         # Bounded before it is recorded, so that a replay returns the same decodable result.)
         result = await self.bounded(result)
-        await self.redis.set(
-            key, json.dumps({"state": "done", "result": result.model_dump(mode="json")}), ex=IDEMPOTENCY_TTL_SECONDS
-        )
+        done = {"state": "done", "result": result.model_dump(mode="json")}
+        await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok)
         return result
+
+    async def _record(self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool) -> None:
+        """Write a ledger record to Redis and (``durable``: call key, session id) to the
+        durable store. Failures are logged, not raised: the tool has run (or is reported
+        as not run), and a missing "done" record costs only an "outcome unknown" later."""
+        text = json.dumps(record)
+        if durable is not None and self.durable is not None:
+            try:
+                await self.durable.upsert(TOOL_CALLS, [Record(key=durable[0], owner=durable[1], value=text)])
+            except DurableStoreError as err:
+                log.warning("tool call %s: the durable record not updated: %s", key, err)
+        if redis and self.redis is not None:
+            try:
+                await self.redis.set(key, text, ex=IDEMPOTENCY_TTL_SECONDS)
+            except Exception as err:  # noqa: BLE001
+                log.warning("tool call %s: the Redis record not updated: %s", key, err)

@@ -5,9 +5,13 @@ hashes of the context's messages (DESIGN.md, "How history stays small"). Each bo
 enters history once, in the update or activity result that produced it; the bodies are
 cached here, in Redis, under ``hermes:blob:<ref>``, and an activity that misses one
 asks the session workflow for it with the ``get_message_bodies`` query. Redis is a
-cache for the bodies of live sessions (losing it costs speed, never a message), and the
-store of large inputs kept by reference (run it with AOF, as ``docker-compose.yml`` and
-``hermes dev`` do).
+cache for the bodies of live sessions (losing it costs speed, never a message).
+
+Large inputs kept by reference (a user message, a tool result or a reply too large for
+history) have no other copy: :meth:`BlobStore.keep_many` writes them to the durable store
+(:mod:`hermes.durable`, LanceDB) first and to Redis as the fast path, and
+:meth:`BlobStore.read_many` reads Redis first and the durable store on a miss, so they
+outlive a ``FLUSHALL``.
 
 A reference is ``"m:"`` (a message body) or ``"b:"`` (any other value) followed by the
 first 32 hex digits (128 bits) of the SHA-256 of the canonical JSON of the value.
@@ -17,9 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from typing import Any
 
+from hermes.durable import CONTENT, DurableStore, Record
 from hermes.models import Message
+
+log = logging.getLogger("hermes.blobs")
 
 BLOB_KEY = "hermes:blob:{ref}"
 MAX_INLINE_ARGUMENTS_BYTES = 64 * 1024
@@ -90,16 +98,74 @@ def message_from_body(text: str) -> Message:
 
 
 class BlobStore:
-    """Bodies by reference in Redis (a ``redis.asyncio.Redis``; bytes or str replies).
+    """Bodies by reference in Redis (a ``redis.asyncio.Redis``; bytes or str replies), and
+    content kept by reference in the durable store too.
 
     Args:
-        redis: the client; ``None`` makes every read a miss and every write a no-op.
+        redis: the client; ``None`` makes every Redis read a miss and every write a no-op.
         ttl_seconds: how long an entry lives after its last write; ``None``: forever.
+        durable: where content kept by reference survives Redis (:meth:`keep_many`,
+            :meth:`read_many`); ``None``: Redis alone.
     """
 
-    def __init__(self, redis: Any, *, ttl_seconds: int | None = None):
+    def __init__(self, redis: Any, *, ttl_seconds: int | None = None, durable: DurableStore | None = None):
         self.redis = redis
         self.ttl_seconds = ttl_seconds
+        self.durable = durable
+
+    @property
+    def can_keep(self) -> bool:
+        """Whether :meth:`keep_many` stores anything (a durable store or a Redis)."""
+        return self.durable is not None or self.redis is not None
+
+    async def keep_many(self, items: dict[str, str]) -> None:
+        """Keep ``ref -> text`` for good: in the durable store (when configured), then in
+        Redis. Idempotent (a reference names its content).
+
+        Raises:
+            DurableStoreError: the durable store did not take it (nothing is confirmed;
+                Redis is not written either, so a reference is never handed out that
+                only Redis holds).
+            redis.RedisError: no durable store, and Redis did not take it.
+            RuntimeError: neither is configured.
+        """
+        if not items:
+            return
+        if not self.can_keep:
+            raise RuntimeError("no content store (durable store or Redis) is configured")
+        if self.durable is None:
+            await self.put_many(items)
+            return
+        await self.durable.insert(CONTENT, [Record(key=ref, value=text) for ref, text in items.items()])
+        try:
+            await self.put_many(items)
+        except Exception as err:  # noqa: BLE001 - the durable copy is written; Redis is the fast path
+            log.warning("content kept durably but not cached in Redis: %s", err)
+
+    async def read_many(self, refs: list[str]) -> dict[str, str]:
+        """The texts of ``refs``: from Redis, then the durable store for the misses (which
+        are cached in Redis again). Missing ones are left out.
+
+        Raises:
+            DurableStoreError: a Redis miss, and the durable store cannot be read.
+        """
+        try:
+            found = await self.get_many(refs)
+        except Exception as err:  # noqa: BLE001 - Redis down: the durable store answers
+            if self.durable is None:
+                raise
+            log.warning("content store (Redis) unavailable (%s); reading the durable store", err)
+            found = {}
+        missing = [r for r in dict.fromkeys(refs) if r not in found]
+        if missing and self.durable is not None:
+            kept = {ref: record.value for ref, record in (await self.durable.get(CONTENT, missing)).items()}
+            if kept:
+                found.update(kept)
+                try:
+                    await self.put_many(kept)
+                except Exception as err:  # noqa: BLE001 - a cache refill only
+                    log.debug("content not cached again in Redis: %s", err)
+        return found
 
     async def put_many(self, items: dict[str, str]) -> None:
         """Store ``ref -> text``; writing the same reference twice is harmless."""

@@ -49,6 +49,7 @@ from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import names
 from hermes.blobs import BlobStore, stored_preview, value_ref
+from hermes.durable import DurableStore
 from hermes.errors import (
     HermesError,
     MessageFailedError,
@@ -96,8 +97,9 @@ def check_message_text(text: str, *, max_message_bytes: int | None = None, can_s
         text: the user's message.
         max_message_bytes: the largest size taken inline, in UTF-8 bytes; None: no
             size check (other than :data:`MAX_STORED_MESSAGE_BYTES`).
-        can_store: a larger message can be kept by reference (the caller has the
-            content store, Redis): then only :data:`MAX_STORED_MESSAGE_BYTES` applies.
+        can_store: a larger message can be kept by reference (the caller has a content
+            store: the durable store or Redis): then only :data:`MAX_STORED_MESSAGE_BYTES`
+            applies.
 
     Returns:
         The message's size in UTF-8 bytes.
@@ -131,7 +133,8 @@ def check_message_text(text: str, *, max_message_bytes: int | None = None, can_s
     if max_message_bytes is not None and size > max_message_bytes and not can_store:
         raise MessageRejectedError(
             f"the message is {size} bytes; the limit is {max_message_bytes} bytes "
-            "(send large content as a file or a link, or configure Redis (REDIS_URL) for the client, "
+            "(send large content as a file or a link, or give the client a content store (the durable store at "
+            "HERMES_MEMORY_URI, or Redis at REDIS_URL) "
             "so that larger messages are kept by reference)"
         )
     return size
@@ -321,7 +324,8 @@ class HermesClient:
     Args:
         client: a Temporal client using ``pydantic_data_converter``.
         task_queue: where new sessions are started.
-        redis: optional ``redis.asyncio.Redis`` for the session index.
+        redis: optional ``redis.asyncio.Redis`` for the session index (and the fast
+            copy of what the durable store keeps).
         config: the :class:`SessionConfig` given to sessions this client creates.
         retry_timeout_seconds: how long a call keeps retrying transient Temporal failures
             (server unreachable or restarting, transport errors, aborted updates, a
@@ -329,6 +333,9 @@ class HermesClient:
             last answered; then :class:`SessionUnavailableError`. Default 120 s, long
             enough to ride out a Temporal server restart (``HERMES_CLIENT_RETRY_SECONDS``
             with :meth:`connect`).
+        durable: optional :class:`hermes.durable.DurableStore` (the workers' one, e.g. at
+            ``settings.resolved_memory_uri``): large messages are kept there by reference,
+            and archived transcripts, snapshots and the audit log are read from it.
 
     Raises:
         ValueError: ``retry_timeout_seconds`` is not positive.
@@ -342,6 +349,7 @@ class HermesClient:
         redis: Any = None,
         config: SessionConfig | None = None,
         retry_timeout_seconds: float = DEFAULT_RETRY_TIMEOUT_SECONDS,
+        durable: DurableStore | None = None,
     ):
         if not retry_timeout_seconds > 0:
             raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
@@ -350,6 +358,7 @@ class HermesClient:
         self.redis = redis
         self.config = config or SessionConfig()
         self.retry_timeout_seconds = retry_timeout_seconds
+        self.durable = durable
 
     @classmethod
     async def connect(
@@ -362,7 +371,7 @@ class HermesClient:
             settings: default: :func:`hermes.settings.get_settings`.
             runtime: the Temporal runtime of the connection (its logging and metrics);
                 default: the SDK's process-wide one.
-            **kwargs: ``redis`` and ``config`` override what the settings give.
+            **kwargs: ``redis``, ``config`` and ``durable`` override what the settings give.
         """
         from worker import connect_client, connect_redis
 
@@ -382,6 +391,7 @@ class HermesClient:
             client,
             task_queue=settings.task_queue,
             redis=kwargs.pop("redis", None) or connect_redis(settings.resolved_redis_url),
+            durable=kwargs.pop("durable", None) or DurableStore(settings.resolved_memory_uri),
             config=kwargs.pop("config", None)
             or SessionConfig(
                 model_timeout_seconds=settings.model_timeout_seconds,
@@ -464,9 +474,10 @@ class HermesClient:
             session_id: the session (workflow id).
             text: the user's message: valid UTF-8 text (no lone surrogates), not only
                 whitespace or invisible characters. Larger than ``config.max_message_bytes``
-                UTF-8 bytes, it is kept by reference in the content store (Redis) and the
-                session gets a preview naming the reference (the model reads the rest
-                with ``read_stored_content``); without Redis it is refused. At most
+                UTF-8 bytes, it is kept by reference (in the durable store, and in Redis as
+                the fast path) and the session gets a preview naming the reference (the
+                model reads the rest with ``read_stored_content``); with neither store it
+                is refused. At most
                 :data:`MAX_STORED_MESSAGE_BYTES` in any case.
             user_id: owner of a new session (ignored for an existing one).
             channel: where the conversation happens, e.g. ``cli``, ``web``.
@@ -492,9 +503,9 @@ class HermesClient:
             MessageFailedError: the session failed the message unexpectedly.
         """
         config = config or self.config
-        size = check_message_text(text, max_message_bytes=config.max_message_bytes, can_store=self.redis is not None)
+        size = check_message_text(text, max_message_bytes=config.max_message_bytes, can_store=self._content.can_keep)
         stored: StoredContent | None = None
-        if size > config.max_message_bytes or (self.redis is not None and _too_many_tokens(text, size, config)):
+        if size > config.max_message_bytes or (self._content.can_keep and _too_many_tokens(text, size, config)):
             text, stored = await self._store_message(text, config.max_message_bytes)
         cid = client_message_id or f"msg-{uuid.uuid4()}"
         loop = asyncio.get_running_loop()
@@ -595,7 +606,7 @@ class HermesClient:
     async def _archived_snapshot(self, session_id: str) -> SessionCarry | None:
         """The snapshot of a session archived after a long idle time (None if the session
         ended otherwise): the final run's result, or (past Temporal's retention) the copy
-        in Redis.
+        in the durable store (or Redis).
 
         Raises:
             SessionClosedError: archived, but the snapshot is nowhere to be found.
@@ -606,21 +617,21 @@ class HermesClient:
             return None
         if description.typed_search_attributes.get(names.SA_STATUS) != "archived":
             return None
-        # Past the namespace's retention the result is gone (NOT_FOUND): then Redis.
+        # Past the namespace's retention the result is gone (NOT_FOUND): then the durable copy.
         final_run = self.client.get_workflow_handle(session_id, run_id=description.run_id, result_type=SessionState)
         with contextlib.suppress(SessionNotFoundError, TemporalRequestError, WorkflowFailureError):
             state = await self._call(session_id, "the archived run's result", final_run.result)
             if state.snapshot is not None:
                 return state.snapshot
-        if self.redis is not None:
+        if self.redis is not None or self.durable is not None:
             from activities.transcript import read_snapshot
 
-            snapshot = await read_snapshot(self.redis, session_id)
+            snapshot = await read_snapshot(self.redis, session_id, self.durable)
             if snapshot is not None:
                 return snapshot
         raise SessionClosedError(
             f"session {session_id!r} was archived, but its snapshot is not available (the final run's result "
-            "has passed the namespace's retention, and Redis has no copy); use a new session id"
+            "has passed the namespace's retention, and neither the durable store nor Redis has a copy); use a new session id"
         )
 
     async def _store_message(self, text: str, max_message_bytes: int) -> tuple[str, StoredContent]:
@@ -631,7 +642,7 @@ class HermesClient:
         """
         preview, stored = message_by_reference(text, max_message_bytes=max_message_bytes)
         try:
-            await BlobStore(self.redis).put_many({stored.ref: text})
+            await self._content.keep_many({stored.ref: text})
         except Exception as err:  # noqa: BLE001 - any store failure: the message is not sent
             raise MessageRejectedError(
                 f"the message is {stored.size_bytes} bytes, over the {max_message_bytes}-byte limit of inline "
@@ -642,10 +653,19 @@ class HermesClient:
     async def get_stored_content(self, ref: str) -> str | None:
         """The whole text kept by reference under ``ref`` (a large message, tool result
         JSON or reply; ``ref`` as its preview names it), or ``None`` when this client has
-        no Redis or nothing is stored under it."""
-        if self.redis is None:
+        no store or nothing is stored under it (Redis first, then the durable store).
+
+        Raises:
+            DurableStoreError: not in Redis, and the durable store cannot be read.
+        """
+        if not self._content.can_keep:
             return None
-        return (await BlobStore(self.redis).get_many([ref])).get(ref)
+        return (await self._content.read_many([ref])).get(ref)
+
+    @property
+    def _content(self) -> BlobStore:
+        """Content kept by reference: the durable store, with Redis as the fast path."""
+        return BlobStore(self.redis, durable=self.durable)
 
     # ----------------------------------------------------------- signals
     #
@@ -709,20 +729,20 @@ class HermesClient:
         Args:
             session_id: the session.
             include_archived: also the oldest messages that a long session moved to the
-                transcript archive in Redis (see ``SessionConfig.max_carry_bytes``; needs
-                the client's Redis); False: only those the workflow still holds.
+                transcript archive (see ``SessionConfig.max_carry_bytes``; needs the
+                client's durable store or Redis); False: only those the workflow still holds.
 
         Raises:
             SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
                 :meth:`get_state`.
         """
         live = await self._query(session_id, names.GET_TRANSCRIPT, list[Message])
-        if not include_archived or self.redis is None:
+        if not include_archived or (self.redis is None and self.durable is None):
             return live
         from activities.transcript import read_archive
 
         state = await self.get_state(session_id)
-        archived = await read_archive(self.redis, session_id, state.chain_id)
+        archived = await read_archive(self.redis, session_id, state.chain_id, self.durable)
         if not live:
             return archived
         # Whole turns are archived, so turn numbers join the two without overlap, even if
@@ -765,20 +785,22 @@ class HermesClient:
         return sorted((p for found in lists for p in found), key=lambda p: (p.requested_at, p.session_id, p.tool_call_id))
 
     async def get_approval_audit(self, *, session_id: str | None = None, limit: int = 100) -> list[ApprovalAuditEntry]:
-        """The approval audit log (Redis): requests, decisions and verdicts, oldest first.
+        """The approval audit log (the durable store, else Redis): requests, decisions and
+        verdicts, oldest first.
 
         Args:
             session_id: only this session's entries; default: the newest of all sessions.
             limit: at most this many (the newest).
 
         Raises:
-            RuntimeError: the client has no Redis connection.
+            RuntimeError: the client has neither a durable store nor Redis.
+            DurableStoreError: the durable store cannot be read.
         """
         from activities.audit import read_audit
 
-        if self.redis is None:
-            raise RuntimeError("the approval audit log needs a Redis connection")
-        return await read_audit(self.redis, session_id=session_id, limit=limit)
+        if self.redis is None and self.durable is None:
+            raise RuntimeError("the approval audit log needs the durable store or a Redis connection")
+        return await read_audit(self.redis, session_id=session_id, limit=limit, durable=self.durable)
 
     async def get_trace(self, session_id: str) -> list[TraceStep]:
         """One record per step of the session (model calls, tool calls). Raises as :meth:`get_state`."""

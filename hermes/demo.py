@@ -708,6 +708,7 @@ async def run_demo(
     from hermes.providers.scripted import ScriptedModel
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
+    from hermes.durable import DurableStore
     from worker import build_worker, connect_redis
 
     settings = settings or Settings()
@@ -742,7 +743,9 @@ async def run_demo(
                 redis=redis,
             )
             async with worker:
-                hermes = HermesClient(client, task_queue=settings.task_queue, redis=redis)
+                hermes = HermesClient(
+                    client, task_queue=settings.task_queue, redis=redis, durable=DurableStore(settings.resolved_memory_uri)
+                )
                 console.print(f"Session [bold]{session_id}[/] (user {DEMO_USER}), worker on task queue {settings.task_queue}")
                 console.print()
                 view = _DemoView(console, session_id)

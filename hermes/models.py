@@ -473,7 +473,7 @@ class SessionConfig(BaseModel):
     max_carry_bytes: int = 400_000
     """Byte budget of the state carried across continue-as-new (it enters history twice
     per continue-as-new, and Temporal warns above 512 KB per payload); older turns beyond
-    it are archived (Redis, ``hermes:transcript_archive:<session_id>``) first."""
+    it are archived (the durable store, table ``hermes_transcript``, with a copy in Redis) first."""
     memory_enabled: bool = True
     """Long-term memory for this session (when the worker serves it): memories recalled
     before the turn's model calls, written after its reply (DESIGN.md "Memory")."""

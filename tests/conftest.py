@@ -25,6 +25,7 @@ from temporalio.worker import Worker
 
 from hermes import names
 from hermes.client import HermesClient
+from hermes.durable import DurableStore
 from hermes.models import SessionConfig
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
@@ -160,7 +161,13 @@ def run_worker(temporal_client: Client, settings: Settings, redis: Any) -> Calla
             **kwargs,
         )
         async with worker:
-            yield HermesClient(temporal_client, task_queue=settings.task_queue, redis=redis, config=config)
+            yield HermesClient(
+                temporal_client,
+                task_queue=settings.task_queue,
+                redis=redis,
+                config=config,
+                durable=DurableStore(settings.resolved_memory_uri),
+            )
 
     return run
 

@@ -1,8 +1,9 @@
 """Human approval of `write` tool calls, end to end on a real Temporal server and Redis.
 
 The built-in ``save_note`` tool (permission ``write``, not idempotent) is the tool under
-approval: its side effect is a row in the Redis list ``hermes:notes:<user_id>``, so
-"it ran" and "it ran once" are read from Redis, not inferred from the reply.
+approval: its side effect is a row in the durable store's notes table (LanceDB, this test's
+``HERMES_MEMORY_URI``), so "it ran" and "it ran once" are read from there, not inferred
+from the reply.
 
 Expiry uses the time-skipping test server (``temporal-test-server``): the approval waits
 600 s of workflow time, and the test skips that time instead of sleeping. That server
@@ -18,6 +19,7 @@ import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +28,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from hermes import names
 from hermes.client import HermesClient
+from hermes.durable import NOTES, DurableStore
 from hermes.errors import SessionClosedError
 from hermes.models import SessionConfig, SessionState, ToolResultCode, TurnResult
 from hermes.providers.scripted import ScriptedModel
@@ -60,8 +63,15 @@ def user_id() -> str:
 
 
 @pytest.fixture
-def notes_key(user_id: str) -> str:
-    return f"hermes:notes:{user_id}"
+def saved_notes(user_id: str, _memory_store_per_test: Path) -> Callable[[], Awaitable[list[dict[str, Any]]]]:
+    """The user's saved notes, oldest first, as the workers' durable store holds them
+    (at this test's ``HERMES_MEMORY_URI``)."""
+    store = DurableStore(_memory_store_per_test)
+
+    async def read() -> list[dict[str, Any]]:
+        return [json.loads(r.value) for r in await store.list(NOTES, owner=user_id)]
+
+    return read
 
 
 @pytest_asyncio.fixture
@@ -95,7 +105,7 @@ async def decisions_for(hermes: HermesClient, session_id: str, tool_call_id: str
 
 @pytest.mark.parametrize("max_cached_workflows", [1000, 0], ids=["cached", "replayed"])
 async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_approver(
-    run_worker, session_id, user_id, notes_key, redis, turns, max_cached_workflows
+    run_worker, session_id, user_id, saved_notes, redis, turns, max_cached_workflows
 ):
     # With no workflow cache every workflow task replays the history: the approval wait,
     # the decision and the tool call must replay deterministically.
@@ -103,7 +113,7 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
         turn = turns(hermes.send_message(session_id, "Please note my shopping list", user_id=user_id))
         pending = await hermes.wait_for_approval(session_id, timeout_seconds=20)
         assert not turn.done()
-        assert await redis.llen(notes_key) == 0, "a write tool ran before it was approved"
+        assert len(await saved_notes()) == 0, "a write tool ran before it was approved"
 
         await hermes.approve(session_id, pending.tool_call_id, approver="bob", reason="fine by me")
         result = await asyncio.wait_for(turn, 30)
@@ -120,7 +130,7 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
     assert record.result.code == ToolResultCode.OK
     assert result.reply == "code=0 message=note saved"
 
-    notes = [json.loads(n) for n in await redis.lrange(notes_key, 0, -1)]
+    notes = await saved_notes()
     assert len(notes) == 1
     # The idempotency key: session id, session chain (first run id), turn, tool-call id.
     key = notes[0]["note_id"]
@@ -133,7 +143,7 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
 
 
 async def test_a_rejected_write_tool_call_is_not_run_and_the_model_sees_the_denial(
-    run_worker, session_id, user_id, notes_key, redis, turns
+    run_worker, session_id, user_id, saved_notes, redis, turns
 ):
     async with run_worker(NOTE_SCRIPT) as hermes:
         turn = turns(hermes.send_message(session_id, "note this down", user_id=user_id))
@@ -147,7 +157,7 @@ async def test_a_rejected_write_tool_call_is_not_run_and_the_model_sees_the_deni
     assert record.approver == "carol"
     assert record.result.code == ToolResultCode.DENIED_BY_HUMAN
     assert "rejected" in record.result.message and "not today" in record.result.message
-    assert await redis.llen(notes_key) == 0, "a rejected tool call ran"
+    assert len(await saved_notes()) == 0, "a rejected tool call ran"
 
     # The model's next step was given the denial (the scripted reply renders the tool result).
     assert result.status == "completed"
@@ -158,7 +168,7 @@ async def test_a_rejected_write_tool_call_is_not_run_and_the_model_sees_the_deni
 
 
 async def test_approving_an_unknown_tool_call_id_changes_nothing_and_is_audited(
-    run_worker, session_id, user_id, notes_key, redis, turns
+    run_worker, session_id, user_id, saved_notes, redis, turns
 ):
     async with run_worker(NOTE_SCRIPT) as hermes:
         turn = turns(hermes.send_message(session_id, "note it", user_id=user_id))
@@ -173,16 +183,16 @@ async def test_approving_an_unknown_tool_call_id_changes_nothing_and_is_audited(
         still = await hermes.get_pending_approvals(session_id)
         assert [p.tool_call_id for p in still] == [pending.tool_call_id]
         assert not turn.done()
-        assert await redis.llen(notes_key) == 0
+        assert len(await saved_notes()) == 0
 
         await hermes.reject(session_id, pending.tool_call_id)
         result = await asyncio.wait_for(turn, 30)
 
     assert result.tool_calls[0].approval == "rejected"
-    assert await redis.llen(notes_key) == 0
+    assert len(await saved_notes()) == 0
 
 
-async def test_a_second_approval_of_the_same_call_has_no_effect(run_worker, session_id, user_id, notes_key, redis, turns):
+async def test_a_second_approval_of_the_same_call_has_no_effect(run_worker, session_id, user_id, saved_notes, redis, turns):
     async with run_worker(NOTE_SCRIPT) as hermes:
         turn = turns(hermes.send_message(session_id, "note it", user_id=user_id))
         pending = await hermes.wait_for_approval(session_id, timeout_seconds=20)
@@ -203,7 +213,7 @@ async def test_a_second_approval_of_the_same_call_has_no_effect(run_worker, sess
         ("third", "already_decided"),
         ("fourth", "already_decided"),
     ]
-    assert await redis.llen(notes_key) == 1, "the note must be saved exactly once"
+    assert len(await saved_notes()) == 1, "the note must be saved exactly once"
 
 
 # ------------------------------------------------------- visibility of pending
@@ -260,7 +270,7 @@ async def test_the_pending_approvals_search_attribute_is_1_while_waiting_and_0_a
         await eventually(lambda: is_value(0))
 
 
-async def test_closing_the_session_denies_a_pending_approval(run_worker, session_id, user_id, notes_key, redis, turns):
+async def test_closing_the_session_denies_a_pending_approval(run_worker, session_id, user_id, saved_notes, redis, turns):
     async with run_worker(NOTE_SCRIPT) as hermes:
         turn = turns(hermes.send_message(session_id, "note it", user_id=user_id))
         pending = await hermes.wait_for_approval(session_id, timeout_seconds=20)
@@ -282,7 +292,7 @@ async def test_closing_the_session_denies_a_pending_approval(run_worker, session
     assert "closed" in record.result.message
     # The close also stops the turn: no further model step runs after it.
     assert result.status == "closed" and "closed" in result.reply
-    assert await redis.llen(notes_key) == 0
+    assert len(await saved_notes()) == 0
     assert final.status == "closed" and final.pending_approvals == []
     assert description.status == WorkflowExecutionStatus.COMPLETED
     assert description.typed_search_attributes.get(names.SA_PENDING_APPROVALS) == 0
@@ -292,7 +302,7 @@ async def test_closing_the_session_denies_a_pending_approval(run_worker, session
 
 
 async def test_an_unapproved_tool_call_is_denied_after_expiry_and_not_run(
-    time_skipping_env, redis_url, redis, task_queue, session_id, user_id, notes_key, turns
+    time_skipping_env, redis_url, redis, task_queue, session_id, user_id, saved_notes, turns
 ):
     env = time_skipping_env
     settings = Settings(redis_url=redis_url, task_queue=task_queue, temporal_address="unused:0")
@@ -322,7 +332,7 @@ async def test_an_unapproved_tool_call_is_denied_after_expiry_and_not_run(
     assert record.result.code == ToolResultCode.DENIED_BY_HUMAN
     assert "in time" in record.result.message and "not run" in record.result.message
     assert result.reply.startswith("code=5 message=nobody approved this tool call in time")
-    assert await redis.llen(notes_key) == 0, "an expired tool call ran"
+    assert len(await saved_notes()) == 0, "an expired tool call ran"
     assert pending_after == []
     [approval_step] = [s for s in trace if s.action_type == "approval"]
     assert approval_step.status == "expired"

@@ -121,11 +121,14 @@ def wait_until_no_process_uses(data_dir: Path, timeout_seconds: float = 15.0) ->
 
 
 @pytest.fixture
-def cli_env(temporal_client: Client, redis_url: str, task_queue: str) -> dict[str, str]:
+def cli_env(temporal_client: Client, redis_url: str, task_queue: str, _memory_store_per_test: Path) -> dict[str, str]:
+    # The CLI reads what the workers keep durably (the audit log, archived transcripts)
+    # from the same LanceDB URI as theirs, as a deployment configures it.
     return clean_env(
         TEMPORAL_ADDRESS=temporal_client.service_client.config.target_host,
         REDIS_URL=redis_url,
         HERMES_TASK_QUEUE=task_queue,
+        HERMES_MEMORY_URI=str(_memory_store_per_test),
     )
 
 

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from activities.transcript import read_archive
+from hermes.durable import NOTES
 from hermes.models import (
     CallModelInput,
     CallModelResult,
@@ -86,7 +87,7 @@ async def test_a_write_call_with_a_reused_id_can_be_approved_in_every_turn(run_w
             assert result.tool_calls[0].result.code == ToolResultCode.OK
         state = await hermes.get_state(session_id)
         assert [d.outcome for d in state.decisions] == ["applied", "applied"]
-        assert await redis.llen("hermes:notes:reuser") == 2
+        assert len(await hermes.durable.list(NOTES, owner="reuser")) == 2
 
 
 class BigResults:
@@ -172,7 +173,7 @@ async def test_many_large_messages_never_make_a_model_call_exceed_the_payload_li
 async def test_a_turn_too_large_for_the_context_window_ends_clearly_and_the_session_goes_on(run_worker, session_id):
     config = SessionConfig(context_window_tokens=5_000)
     async with run_worker(Echo(), config=config) as hermes:
-        hermes.redis = None  # a client without the content store sends it inline
+        hermes.redis = hermes.durable = None  # a client without a content store sends it inline
         too_big = await hermes.send_message(session_id, "x " * 30_000)
         assert too_big.status == "context_too_large"
         assert "4000 tokens" in too_big.reply  # the budget: the window less the 20% reserve

@@ -27,6 +27,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from activities.transcript import SNAPSHOT_KEY, read_snapshot
+from hermes.durable import NOTES
 from hermes import names
 from hermes.client import HermesClient
 from hermes.context import SUMMARY_TEMPLATE, ContextPolicy
@@ -360,7 +361,7 @@ async def test_a_turn_of_100_sequential_tool_calls_over_a_100k_token_conversatio
         state = await hermes.get_state(session_id)
         transcript = await hermes.get_transcript(session_id, include_archived=True)
         histories = await run_histories(temporal_client, session_id, state.chain_id)
-        notes = await redis.lrange(f"hermes:notes:{user_id}", 0, -1)
+        notes = await hermes.durable.list(NOTES, owner=user_id)
 
     assert queued.turn_count == 6
     assert result.status == "completed" and result.reply == f"done: {BatchJob.steps} steps"

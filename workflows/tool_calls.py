@@ -22,7 +22,8 @@ def tool_activity_options(spec: ToolSpec) -> dict[str, Any]:
 
     Idempotent and keyed tools retry with 200 ms x2 backoff, 3 attempts (seed 004 §4.3).
     A non-idempotent tool runs once: later attempts (after a worker crash) only read
-    its exactly-once record in Redis and report the stored result or "outcome unknown".
+    its exactly-once record (Redis, then the durable store) and report the stored result
+    or "outcome unknown".
     """
     retry = RetryPolicy(
         initial_interval=timedelta(milliseconds=200),

@@ -7,6 +7,9 @@
 | save_note     | write      | no         | approval, exactly-once side effect        |
 | list_notes    | read       | yes        | reading what a side effect wrote          |
 | read_stored_content | read | yes        | large inputs kept by reference            |
+
+Notes are kept in the durable store (:mod:`hermes.durable`, table ``hermes_notes``), not in
+Redis: "note saved" is said only after that write, and the notes outlive a ``FLUSHALL``.
 """
 
 from __future__ import annotations
@@ -20,10 +23,9 @@ from datetime import datetime, timezone as dt_timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from hermes.blobs import BlobStore
+from hermes.durable import NOTES, DurableStoreError, Record
 from hermes.models import ToolResult, ToolResultCode
 from hermes.tools.registry import ToolContext, ToolRegistry
-
-_NOTES_KEY = "hermes:notes:{user_id}"
 
 
 def current_time(timezone: str = "UTC") -> ToolResult:
@@ -170,16 +172,21 @@ async def save_note(title: str, text: str, context: ToolContext) -> ToolResult:
         title: short title of the note, e.g. "Shopping list".
         text: the note's content.
     """
-    if context.redis is None:
-        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the note store (Redis) is not configured")
+    if context.durable is None:
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the note store is not configured; the note was not saved")
+    saved_at = datetime.now(dt_timezone.utc)
     note = {
         "note_id": context.idempotency_key,
         "title": title,
         "text": text,
         "session_id": context.session_id,
-        "saved_at": datetime.now(dt_timezone.utc).isoformat(timespec="seconds"),
+        "saved_at": saved_at.isoformat(timespec="seconds"),
     }
-    await context.redis.rpush(_NOTES_KEY.format(user_id=context.user_id), json.dumps(note, ensure_ascii=False))
+    try:
+        record = Record(key=note["note_id"], owner=context.user_id, at=saved_at, value=json.dumps(note, ensure_ascii=False))
+        await context.durable.insert(NOTES, [record])
+    except DurableStoreError as err:
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"the note was not saved: {err}")
     return ToolResult(message="note saved", data={"note_id": note["note_id"], "title": title})
 
 
@@ -189,12 +196,15 @@ async def list_notes(context: ToolContext, limit: int = 20) -> ToolResult:
     Args:
         limit: how many of the most recent notes to return, 1 to 100.
     """
-    if context.redis is None:
-        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the note store (Redis) is not configured")
     if not 1 <= limit <= 100:
         return ToolResult(code=ToolResultCode.BAD_ARGUMENTS, message=f"limit: expected 1 to 100, received {limit}")
-    raw = await context.redis.lrange(_NOTES_KEY.format(user_id=context.user_id), -limit, -1)
-    notes = [json.loads(item) for item in raw]
+    if context.durable is None:
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the note store is not configured")
+    try:
+        records = await context.durable.list(NOTES, owner=context.user_id, limit=limit)
+    except DurableStoreError as err:
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"the notes could not be read: {err}")
+    notes = [json.loads(r.value) for r in records]
     return ToolResult(data={"count": len(notes), "notes": notes})
 
 
@@ -248,9 +258,15 @@ async def read_stored_content(ref: str, context: ToolContext, offset: int = 0, l
             code=ToolResultCode.BAD_ARGUMENTS,
             message=f"length: expected 1 to {READ_MAX_CHARS} characters, received {length}; read larger content in slices",
         )
-    if context.redis is None:
-        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the content store (Redis) is not configured")
-    text = (await BlobStore(context.redis).get_many([ref])).get(ref)
+    store = BlobStore(context.redis, durable=context.durable)
+    if not store.can_keep:
+        return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message="the content store is not configured")
+    try:
+        text = (await store.read_many([ref])).get(ref)
+    except Exception as err:  # noqa: BLE001 - Redis and the durable store both failed
+        return ToolResult(
+            code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"the content store cannot be read: {type(err).__name__}: {err}"
+        )
     if text is None:
         return ToolResult(
             code=ToolResultCode.BAD_ARGUMENTS,

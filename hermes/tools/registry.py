@@ -58,8 +58,11 @@ class ToolContext:
     turn: int
     attempt: int = 1
     redis: Any = None
-    """The worker's ``redis.asyncio.Redis`` client, for tools that keep state there."""
+    """The worker's ``redis.asyncio.Redis`` client: a fast path, never the only copy of
+    anything that must survive (that goes to ``durable``)."""
     call_key: str = ""
+    durable: Any = None
+    """The worker's :class:`hermes.durable.DurableStore` (LanceDB), for what tools keep."""
 
     @property
     def idempotency_key(self) -> str:

@@ -1,0 +1,325 @@
+"""What must survive lives in the durable store (LanceDB), not in Redis alone: each kind is
+written, Redis is flushed (``FLUSHALL``), and it is read back whole. Real Temporal, Redis
+and LanceDB (this test's ``HERMES_MEMORY_URI``); only the model is scripted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from temporalio.testing import ActivityEnvironment
+
+from activities.model import MAX_REPLY_BYTES, ModelActivities
+from activities.tools import ToolActivities, idempotency_key, to_tool_result
+from activities.transcript import TranscriptActivities, read_snapshot
+from hermes.blobs import BlobStore, value_ref
+from hermes.durable import NOTES, TOOL_CALLS, DurableStore, DurableStoreError, Record
+from hermes.models import (
+    CallModelInput,
+    CallModelResult,
+    Message,
+    RunToolInput,
+    SessionCarry,
+    SessionConfig,
+    SnapshotInput,
+    ToolCall,
+    ToolResultCode,
+)
+from hermes.providers.scripted import ScriptedModel
+from hermes.tools.builtin import list_notes, read_stored_content, register_builtins, save_note
+from hermes.tools.registry import ToolContext, ToolRegistry
+from tests.support import eventually
+
+REF_IN_TEXT = re.compile(r"(b:[0-9a-f]{32})")
+
+
+def notes_script(titles: list[str]) -> dict[str, Any]:
+    """One turn per title saving a note (needs approval), and a turn listing them all."""
+    turns: list[dict[str, Any]] = [
+        {
+            "match": f"note {title}$",
+            "steps": [
+                {"tool_calls": [{"name": "save_note", "arguments": {"title": title, "text": f"text of {title} ✓"}}]},
+                {"reply": "{{ last_tool_result.message }}"},
+            ],
+        }
+        for title in titles
+    ]
+    turns.append(
+        {
+            "match": "list",
+            "steps": [
+                {"tool_calls": [{"name": "list_notes", "arguments": {"limit": 100}}]},
+                {"reply": "{{ last_tool_result.data.count }} notes"},
+            ],
+        }
+    )
+    return {"turns": turns}
+
+
+async def save_notes_with_approval(hermes: Any, session_id: str, user_id: str, titles: list[str]) -> None:
+    for title in titles:
+        turn = asyncio.ensure_future(hermes.send_message(session_id, f"note {title}", user_id=user_id))
+        try:
+            pending = await hermes.wait_for_approval(session_id, timeout_seconds=30)
+            await hermes.approve(session_id, pending.tool_call_id, approver=user_id)
+            result = await asyncio.wait_for(turn, 60)
+        finally:
+            turn.cancel()
+        assert result.reply == "note saved", result
+
+
+async def test_notes_confirmed_as_saved_are_all_listed_after_redis_is_flushed(run_worker, session_id, redis):
+    user_id = "ann o'neil"  # a quote in the id: filters must quote it
+    titles = ["milk", "豆腐", "bread 🍞"]
+    async with run_worker(notes_script(titles)) as hermes:
+        await save_notes_with_approval(hermes, session_id, user_id, titles)
+        await redis.flushall()
+
+        listed = await hermes.send_message(session_id, "list my notes", user_id=user_id)
+
+    assert listed.reply == "3 notes"
+    notes = listed.tool_calls[0].result.data["notes"]
+    assert [(n["title"], n["text"]) for n in notes] == [(t, f"text of {t} ✓") for t in titles]
+    assert all(n["session_id"] == session_id for n in notes)
+
+
+async def test_the_approval_audit_is_whole_after_redis_is_flushed(run_worker, session_id, redis):
+    user_id = "audited-user"
+    async with run_worker(notes_script(["one", "two"])) as hermes:
+        await save_notes_with_approval(hermes, session_id, user_id, ["one", "two"])
+
+        async def both_verdicts() -> list[Any]:
+            entries = await hermes.get_approval_audit(session_id=session_id)
+            return entries if sum(e.event == "verdict" for e in entries) == 2 else []
+
+        before = await eventually(both_verdicts, what="both verdicts in the audit log")
+        await redis.flushall()
+        after = await hermes.get_approval_audit(session_id=session_id)
+        across_sessions = await hermes.get_approval_audit(limit=1000)
+
+    assert after == before
+    assert [(e.event, e.outcome) for e in after if e.event != "decision"] == [
+        ("requested", ""),
+        ("verdict", "approved"),
+    ] * 2
+    assert all(e.approver == user_id for e in after if e.event == "verdict")
+    assert [e for e in across_sessions if e.session_id == session_id] == after
+
+
+class ReadsWhatItIsShown:
+    """A stand-in model: a message naming a reference makes it read 500 characters from
+    the middle of it with ``read_stored_content``; anything else gets "got it"."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.reads: list[dict[str, Any]] = []
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        last = request.messages[-1]
+
+        def say(content: str | None = None, calls: list[ToolCall] | None = None) -> CallModelResult:
+            return CallModelResult(message=Message(role="assistant", content=content, tool_calls=calls or []), provider=self.name)
+
+        if last.role == "tool":
+            self.reads.append(json.loads(last.content or "{}"))
+            return say("read it")
+        found = REF_IN_TEXT.search(last.content or "")
+        if last.role == "user" and found and (last.content or "").startswith("read "):
+            size = int(re.search(r"size (\d+)", last.content or "").group(1))  # type: ignore[union-attr]
+            arguments = {"ref": found.group(1), "offset": size // 2, "length": 500}
+            return say(calls=[ToolCall(tool_call_id=f"r{request.turn}", name="read_stored_content", arguments=arguments)])
+        return say("got it")
+
+
+async def test_a_large_message_kept_by_reference_is_read_by_the_model_after_redis_is_flushed(run_worker, session_id, redis):
+    text = "".join(f"{n:06d} 长文 Ünïcödé 🌏 \"quoted\"\n" for n in range(40_000))  # about 1.5 MB
+    ref = value_ref(text)
+    model = ReadsWhatItIsShown()
+    async with run_worker(model) as hermes:
+        first = await hermes.send_message(session_id, text)
+        assert first.reply == "got it"
+        await redis.flushall()
+
+        turn = await hermes.send_message(session_id, f"read {ref} size {len(text)}")
+        whole = await hermes.get_stored_content(ref)
+
+    assert turn.reply == "read it" and turn.tool_calls[0].result.code == ToolResultCode.OK
+    middle = len(text) // 2
+    assert model.reads[0]["data"]["text"] == text[middle : middle + 500]
+    assert whole == text
+
+
+class Silent:
+    name = "test"
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:  # pragma: no cover - never called
+        raise AssertionError("no model call expected")
+
+
+@pytest.mark.parametrize("producer", ["tool result", "model reply"])
+async def test_a_large_result_or_reply_kept_by_reference_is_readable_after_redis_is_flushed(
+    redis, _memory_store_per_test: Path, producer
+):
+    durable = DurableStore(_memory_store_per_test)
+    big = "".join(f"{n:06d} résultat 結果 \"q\"\n" for n in range(20_000))
+    if producer == "tool result":
+        tools = ToolActivities(register_builtins(ToolRegistry()), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+        kept = await tools.bounded(to_tool_result({"lines": big}))
+        ref, whole = kept.data["ref"], to_tool_result({"lines": big}).model_dump_json()
+    else:
+        model = ModelActivities(Silent(), store=BlobStore(redis, durable=durable))
+        reply = CallModelResult(message=Message(role="assistant", content=big * (MAX_REPLY_BYTES // len(big) + 1)), provider="test")
+        kept = await model._bounded("s", reply)
+        whole = reply.message.content or ""
+        (ref,) = REF_IN_TEXT.findall((kept.message.content or "")[:300])
+    await redis.flushall()
+
+    context = ToolContext(session_id="s", user_id="u", tool_call_id="c", turn=1, redis=redis, durable=durable)
+    read = await read_stored_content(ref, context, offset=1000, length=3000)
+    assert read.code == ToolResultCode.OK, read.message
+    assert read.data["text"] == whole[1000:4000] and read.data["total_chars"] == len(whole)
+    # Read once, it is in Redis again: the fast path is refilled.
+    assert await BlobStore(redis).get_many([ref]) == {ref: whole}
+
+
+async def test_an_archived_transcript_is_whole_after_redis_is_flushed(run_worker, session_id, redis):
+    # A small carry budget: every few turns the oldest move to the transcript archive.
+    config = SessionConfig(max_updates_per_run=3, max_carry_bytes=4000)
+    model = ScriptedModel.from_dict({"turns": [], "fallback": "ok " + "r" * 300})
+    async with run_worker(model, config=config) as hermes:
+        for n in range(1, 13):
+            assert (await hermes.send_message(session_id, f"message {n} " + "u" * 300)).status == "completed"
+        state = await hermes.get_state(session_id)
+        assert state.archived_messages > 0, "nothing was archived: the test would prove nothing"
+        await redis.flushall()
+        transcript = await hermes.get_transcript(session_id, include_archived=True)
+
+    users = [m.content.split(" ")[1] for m in transcript if m.role == "user" and m.content]
+    assert users == [str(n) for n in range(1, 13)]
+    assert [m.role for m in transcript] == ["user", "assistant"] * 12
+
+
+async def test_a_session_snapshot_is_read_from_the_durable_store_after_redis_is_flushed(redis, _memory_store_per_test: Path):
+    durable = DurableStore(_memory_store_per_test)
+    carry = SessionCarry(
+        messages=[Message(role="user", content="hello 世界", turn=1), Message(role="assistant", content="hi", turn=1)],
+        turn_count=1,
+        title="it's a title",
+        chain_id="chain-1",
+    )
+    activities = TranscriptActivities(redis, durable)
+    session_id = "snap 'quoted' session"
+    await ActivityEnvironment().run(activities.save_snapshot, SnapshotInput(session_id=session_id, carry=carry))
+    await ActivityEnvironment().run(activities.save_snapshot, SnapshotInput(session_id=session_id, carry=carry))  # a retry
+    await redis.flushall()
+
+    assert await read_snapshot(redis, session_id, durable) == carry
+    assert await read_snapshot(redis, "another session", durable) is None
+
+
+def counting_registry(runs: list[str]) -> ToolRegistry:
+    registry = ToolRegistry()
+
+    def send_payment(amount: int) -> dict[str, Any]:
+        """Send a payment (a side effect: runs at most once)."""
+        runs.append(f"paid {amount}")
+        return {"paid": amount}
+
+    registry.register(send_payment, idempotent=False, permission="read")
+    return registry
+
+
+def payment_call(tool_call_id: str) -> RunToolInput:
+    return RunToolInput(
+        session_id="pay-session",
+        user_id="u",
+        turn=1,
+        chain_id="c",
+        idempotent=False,
+        tool_call=ToolCall(tool_call_id=tool_call_id, name="send_payment", arguments={"amount": 5}),
+    )
+
+
+async def test_a_non_idempotent_call_retried_after_redis_is_flushed_is_not_run_again(redis, _memory_store_per_test: Path):
+    runs: list[str] = []
+    durable = DurableStore(_memory_store_per_test)
+    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+    request = payment_call("t1")
+
+    first = await ActivityEnvironment().run(tools.run_tool, request)
+    await redis.flushall()
+    retried = await ActivityEnvironment().run(tools.run_tool, request)
+
+    assert runs == ["paid 5"]
+    assert first.code == ToolResultCode.OK and retried == first
+    # The Redis record is back, so later attempts take the fast path.
+    assert json.loads(await redis.get(idempotency_key(request.call_key)))["state"] == "done"
+
+
+async def test_a_call_that_started_and_never_reported_is_an_unknown_outcome_after_redis_is_flushed(
+    redis, _memory_store_per_test: Path
+):
+    runs: list[str] = []
+    durable = DurableStore(_memory_store_per_test)
+    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+    request = payment_call("t2")
+    # What a worker killed mid-call leaves: the claim, and no result.
+    started = json.dumps({"state": "started", "attempt": 1, "tool": "send_payment"})
+    await durable.insert(TOOL_CALLS, [Record(key=request.call_key, owner="pay-session", value=started)])
+
+    retried = await ActivityEnvironment().run(tools.run_tool, request)
+
+    assert runs == []
+    assert retried.code == ToolResultCode.OUTCOME_UNKNOWN and retried.data["outcome"] == "unknown"
+
+
+@pytest.fixture
+def broken_store(tmp_path: Path) -> DurableStore:
+    """A durable store at a path that is a file: every open fails."""
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("x")
+    return DurableStore(blocker / "store")
+
+
+async def test_a_note_the_store_cannot_take_is_reported_as_not_saved(broken_store, redis):
+    context = ToolContext(session_id="s", user_id="u", tool_call_id="c", turn=1, redis=redis, durable=broken_store)
+
+    saved = await save_note("t", "x", context)
+    listed = await list_notes(context)
+
+    assert saved.code == ToolResultCode.DEPENDENCY_UNAVAILABLE and "not saved" in saved.message
+    assert str(broken_store.uri) in saved.message and "note saved" not in saved.message
+    assert listed.code == ToolResultCode.DEPENDENCY_UNAVAILABLE and "could not be read" in listed.message
+
+
+async def test_a_non_idempotent_call_is_not_run_when_its_durable_record_cannot_be_kept(broken_store, redis):
+    runs: list[str] = []
+    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=broken_store)
+    request = payment_call("t3")
+
+    first = await ActivityEnvironment().run(tools.run_tool, request)
+    retried = await ActivityEnvironment().run(tools.run_tool, request)
+
+    assert runs == []
+    assert first.code == ToolResultCode.DEPENDENCY_UNAVAILABLE and "was not run" in first.message
+    assert retried == first
+
+
+async def test_rows_are_selected_by_their_exact_owner_and_a_retried_write_changes_nothing(_memory_store_per_test: Path):
+    store = DurableStore(_memory_store_per_test)
+    assert await store.insert(NOTES, [Record(key="k1", owner="x' OR '1'='1", value="first")]) == 1
+    assert await store.insert(NOTES, [Record(key="k1", owner="x' OR '1'='1", value="retried")]) == 0
+    await store.insert(NOTES, [Record(key="k2", owner="someone else", value="other")])
+
+    assert [r.value for r in await store.list(NOTES, owner="x' OR '1'='1")] == ["first"]
+    assert await store.list(NOTES, owner="x") == []
+    assert set(await store.get(NOTES, ["k1", "k2", "it's missing"])) == {"k1", "k2"}
+    with pytest.raises(DurableStoreError, match="NUL"):
+        await store.list(NOTES, owner="a\x00b")
