@@ -58,7 +58,8 @@ from typing import Any
 
 import yaml
 
-from _common import headline, parser, run  # noqa: I001 - also puts the repository on sys.path
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -m bench.soak` too
+from _common import headline, parser, run  # noqa: E402, I001 - also puts the repository on sys.path
 
 from hermes.client import HermesClient  # noqa: E402
 from hermes.errors import MessageRejectedError, SessionClosedError  # noqa: E402
