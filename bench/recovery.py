@@ -665,11 +665,28 @@ async def main() -> None:
         p.error("--turns: every level must be at least 1")
     cases = tuple(c for c in CASES if c in (args.cases or CASES))
 
-    # The main task is cancelled on SIGTERM as on Ctrl-C, so every `finally` runs.
+    # On SIGTERM the main task is cancelled, as asyncio does on Ctrl-C, so every `finally`
+    # runs (servers and workers stopped); then the exit code says which signal it was.
     main_task = asyncio.current_task()
     assert main_task is not None
-    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, main_task.cancel)
+    stopped_by: list[int] = []
 
+    def on_signal(signum: int) -> None:
+        stopped_by.append(signum)
+        main_task.cancel()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_signal, signal.SIGTERM)
+    try:
+        await measure_all(args, levels, cases, repetitions, case_timeout)
+    except asyncio.CancelledError:
+        if stopped_by:
+            print("\nstopped by SIGTERM; servers and workers stopped", file=sys.stderr)
+            raise SystemExit(128 + stopped_by[0]) from None
+        raise
+
+
+async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...], repetitions: int, case_timeout: float) -> None:
+    """Start everything, run every measurement, stop everything, print the figures."""
     rows = settings_in_force(args)
     print("settings in force (workers' environment):")
     for what, _, _, shown in rows:
