@@ -73,7 +73,7 @@ except ImportError:  # run as a file: bench/ is on the path, not the repository 
     import _common  # type: ignore[no-redef]
 
 from temporalio.api.common.v1 import WorkflowExecution  # noqa: E402
-from temporalio.api.enums.v1 import PendingActivityState, TaskQueueType  # noqa: E402
+from temporalio.api.enums.v1 import PendingActivityState, TaskQueueType, TimeoutType  # noqa: E402
 from temporalio.api.taskqueue.v1 import TaskQueue  # noqa: E402
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest  # noqa: E402
 
@@ -409,13 +409,24 @@ async def cached_on_pid(client: Any, handle: Any, workers: Workers) -> int:
 
 async def timeline(
     client: Any, session_id: str, run_id: str, case: str, label: str, kill_at: float, reply_at: float,
-    killed: int, endpoint: ModelEndpoint, marker_file: Path,
+    killed: int, endpoint: ModelEndpoint, marker_file: Path, problems: list[str],
 ) -> dict[str, float]:
     """Phases of one recovery in seconds (see the module docstring); those that could not
-    be found are left out."""
+    be found are left out. Workflow-task failures and timeouts after the kill are appended
+    to ``problems`` (a sticky schedule-to-start timeout is one of them)."""
     phases: dict[str, float] = {}
     events = (await client.get_workflow_handle(session_id, run_id=run_id).fetch_history()).events
     after = [e for e in events if _event_seconds(e) >= kill_at - 0.001]
+    for e in after:
+        if e.HasField("workflow_task_failed_event_attributes"):
+            failed = e.workflow_task_failed_event_attributes
+            problems.append(f"workflow task failed ({failed.cause}): {failed.failure.message.splitlines()[0][:160] if failed.failure.message else ''}")
+        elif e.HasField("workflow_task_timed_out_event_attributes"):
+            kind = e.workflow_task_timed_out_event_attributes.timeout_type
+            if kind == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START:
+                problems.append("sticky wait timed out")  # the expected way off a dead worker's sticky queue
+            else:
+                problems.append(f"workflow task {TimeoutType.Name(kind).removeprefix('TIMEOUT_TYPE_').lower()} timeout")
     resumed_from = kill_at
     if case in ("tool", "model"):
         if case == "tool":
@@ -480,6 +491,15 @@ class Bench:
         session.turns += 1
         return result
 
+    async def _send(self, session: Session, text: str, cid: str, busy_seconds: float) -> Any:
+        return await self.hermes.send_message(
+            session.session_id, text, user_id="bench", client_message_id=cid, busy_timeout_seconds=max(busy_seconds, 1.0)
+        )
+
+    async def build_many(self, turns: int, count: int) -> list[Session]:
+        """``count`` new sessions, built concurrently (see :meth:`build`)."""
+        return list(await asyncio.gather(*(self.build(turns) for _ in range(count))))
+
     async def build(self, turns: int) -> Session:
         """A new session with ``turns`` filler turns done (one model call each)."""
         self.counter += 1
@@ -497,11 +517,12 @@ class Bench:
         handle = self.client.get_workflow_handle(session.session_id)
         text = f"{case} {label}"
         expected = {"idle": "ok", "tool": "tool done", "model": "model done"}[case]
+        cid = f"bench-{self.tag}-{label}"
         turn: asyncio.Task[Any] | None = None
         if case == "idle":
             victim = await cached_on_pid(self.client, handle, self.workers)
         else:
-            turn = asyncio.ensure_future(self.hermes.send_message(session.session_id, text, user_id="bench"))
+            turn = asyncio.ensure_future(self._send(session, text, cid, self.case_timeout + 30.0))
             deadline = time.monotonic() + 30.0
             while not (read_markers(self.marker_file, label) if case == "tool" else self.endpoint.arrivals_of(label)):
                 if turn.done():
@@ -513,31 +534,48 @@ class Bench:
         description = await handle.describe()
         self.workers.kill(victim)
         kill_at, killed_mono = time.time(), time.monotonic()
+        deadline = killed_mono + self.case_timeout
         if turn is None:
-            turn = asyncio.ensure_future(self.hermes.send_message(session.session_id, text, user_id="bench"))
-        note = ""
-        try:
-            result = await asyncio.wait_for(asyncio.shield(turn), self.case_timeout)
-        except asyncio.TimeoutError:
-            result = None
+            turn = asyncio.ensure_future(self._send(session, text, cid, self.case_timeout))
+        result, errors = None, []
+        while True:
+            try:
+                result = await asyncio.wait_for(asyncio.shield(turn), max(0.0, deadline - time.monotonic()))
+                break
+            except asyncio.TimeoutError:
+                turn.cancel()
+                await asyncio.gather(turn, return_exceptions=True)
+                break
+            except Exception as err:  # noqa: BLE001 - today raw Temporal errors reach callers (issue 12)
+                # What a careful caller does: resend with the same client message id (safe:
+                # the session de-duplicates it) until the deadline.
+                errors.append(f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}")
+                if time.monotonic() + 0.2 >= deadline:
+                    break
+                await asyncio.sleep(0.2)
+                turn = asyncio.ensure_future(self._send(session, text, cid, deadline - time.monotonic()))
         elapsed = time.monotonic() - killed_mono
         reply_at = time.time()
+        notes = []
         if result is None:
-            turn.cancel()
-            await asyncio.gather(turn, return_exceptions=True)
             with contextlib.suppress(Exception):
                 await handle.terminate(reason="bench: no reply within the case timeout")
-            note = f"no reply within {self.case_timeout:.0f} s"
+            notes.append(f"no reply within {self.case_timeout:.0f} s")
         else:
             session.turns += 1
             if result.reply != expected:
                 raise RuntimeError(f"{case} {label}: reply {result.reply!r}, expected {expected!r}")
         # Two alive again before anything else runs (the replacement starts after the reply).
         self.workers.spawn()
+        problems: list[str] = []
         phases = await timeline(
             self.client, session.session_id, description.run_id, case, label, kill_at, reply_at,
-            victim, self.endpoint, self.marker_file,
+            victim, self.endpoint, self.marker_file, problems,
         )
+        counted: dict[str, int] = {}
+        for problem in problems + [f"client got {e}" for e in errors]:
+            counted[problem] = counted.get(problem, 0) + 1
+        notes += [f"{n} x {p}" if n > 1 else p for p, n in counted.items()]
         work = WORK_SECONDS if case != "idle" else 0.0
         return Sample(
             case=case,
@@ -545,7 +583,7 @@ class Bench:
             recovery=None if result is None else elapsed - work,
             history_events=description.history_length,
             phases=phases,
-            note=note,
+            note="; ".join(notes),
         )
 
 
@@ -651,6 +689,7 @@ async def main() -> None:
     p.add_argument("--model-timeout", type=float, help="HERMES_MODEL_TIMEOUT_SECONDS (model call start-to-close)")
     p.add_argument("--turns", type=int, nargs="+", help=f"session turn levels (default {' '.join(map(str, TURN_LEVELS))})")
     p.add_argument("--cases", nargs="+", choices=CASES, help="cases to run (default all)")
+    p.add_argument("--log-dir", type=Path, help="keep the workers' logs in this directory (default: deleted)")
     args = p.parse_args()
     for name in ("tool_heartbeat", "model_heartbeat", "sticky_timeout", "model_timeout", "case_timeout"):
         value = getattr(args, name)
@@ -693,7 +732,7 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
         print(f"  {what}: {shown}")
     print(
         f"  slow call: {WORK_SECONDS:g} s per attempt; repetitions {repetitions}; case timeout {case_timeout:g} s; "
-        f"turns {', '.join(map(str, levels))}; memory off; cpus {os.cpu_count()}",
+        f"turns {', '.join(map(str, levels))}; memory off; cpus {os.cpu_count()}, load average {_load()}",
         flush=True,
     )
 
@@ -729,7 +768,9 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
                 )
                 # The client reads the same settings (a session's config comes from them).
                 os.environ.update(overrides)
-                workers = Workers(env, tmp_path)
+                log_dir = args.log_dir or tmp_path
+                log_dir.mkdir(parents=True, exist_ok=True)
+                workers = Workers(env, log_dir)
                 hermes = None
                 try:
                     await two_workers(stack.client, task_queue, workers)
@@ -748,31 +789,37 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
                         await hermes.redis.aclose()
     finally:
         endpoint.stop()
-    print(f"\nworkers started: {workers.started}; wall time {time.monotonic() - started:.0f} s")
+    print(f"\nworkers started: {workers.started}; wall time {time.monotonic() - started:.0f} s; load average {_load()}")
     report(samples, case_timeout, levels, cases)
 
 
 async def run_all(bench: Bench, levels: tuple[int, ...], cases: tuple[str, ...], repetitions: int) -> list[Sample]:
-    """Every case ``repetitions`` times at every level, in order. A session is built anew
-    when it has gone ``max(2, level // 10)`` turns past its level, or was terminated."""
+    """Every case ``repetitions`` times at every level. Each case has a session of its own,
+    all of a level built concurrently first; one is built anew when it has gone
+    ``max(2, level // 10)`` turns past its level. A case that times out (its session is
+    terminated) skips its remaining repetitions at that level."""
     samples: list[Sample] = []
     for level in levels:
         tolerance = max(2, level // 10)
-        session: Session | None = None
+        building = time.monotonic()
+        await two_workers(bench.client, bench.task_queue, bench.workers)
+        sessions = dict(zip(cases, await bench.build_many(level, len(cases))))
+        print(f"turn {level}: {len(cases)} sessions built in {time.monotonic() - building:.1f} s (load {_load()})", flush=True)
         for case in cases:
             for _ in range(repetitions):
-                if session is None or session.turns > level + tolerance:
-                    building = time.monotonic()
-                    session = await bench.build(level)
-                    print(f"turn {level}: a session built in {time.monotonic() - building:.1f} s", flush=True)
-                sample = await bench.measure(case, level, session)
+                if sessions[case].turns > level + tolerance:
+                    sessions[case] = await bench.build(level)
+                sample = await bench.measure(case, level, sessions[case])
                 samples.append(sample)
                 print(sample_line(sample), flush=True)
                 if sample.recovery is None:
                     print(f"  {case} at turn {level}: timed out, its remaining repetitions skipped", flush=True)
-                    session = None  # terminated
                     break
     return samples
+
+
+def _load() -> str:
+    return " ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 if __name__ == "__main__":
