@@ -381,12 +381,13 @@ async def running_activity_pid(handle: Any, activity_type: str, workers: Workers
     raise RuntimeError(f"no running {activity_type} activity on a bench worker; seen: {seen[-3:]}")
 
 
-async def cached_on_pid(client: Any, handle: Any, workers: Workers) -> int:
+async def cached_on_pid(client: Any, handle: Any) -> int | None:
     """The pid of the worker that completed the session's last workflow task (the one
-    holding it in its cache), once the session is quiescent.
+    holding it in its cache, whose sticky queue gets its next task), once the session is
+    quiescent.
 
     Raises:
-        RuntimeError: the session stayed busy for 10 s, or that worker is not one of ours.
+        RuntimeError: the session stayed busy for 10 s, or has no completed workflow task.
     """
     deadline = time.monotonic() + 10.0
     while True:
@@ -400,10 +401,7 @@ async def cached_on_pid(client: Any, handle: Any, workers: Workers) -> int:
     history = await client.get_workflow_handle(handle.id, run_id=description.run_id).fetch_history()
     for event in reversed(history.events):
         if event.HasField("workflow_task_completed_event_attributes"):
-            pid = _pid_of(event.workflow_task_completed_event_attributes.identity)
-            if pid in workers.alive():
-                return pid
-            raise RuntimeError(f"the last workflow task was completed by {pid}, not a live bench worker")
+            return _pid_of(event.workflow_task_completed_event_attributes.identity)
     raise RuntimeError("no completed workflow task in the session's history")
 
 
@@ -547,8 +545,16 @@ class Bench:
         expected = {"idle": "ok", "tool": "tool done", "model": "model done"}[case]
         cid = f"bench-{self.tag}-{label}"
         turn: asyncio.Task[Any] | None = None
+        if await cached_on_pid(self.client, handle) not in self.workers.alive():
+            # Built before an earlier kill, on the worker killed then: one turn moves it to
+            # a live worker (a replay, not measured), as a user's next message would.
+            result = await self.send(session, "filler home")
+            if result.reply != "ok":
+                raise RuntimeError(f"homing turn: unexpected reply {result.reply!r}")
         if case == "idle":
-            victim = await cached_on_pid(self.client, handle, self.workers)
+            victim = await cached_on_pid(self.client, handle)
+            if victim not in self.workers.alive():
+                raise RuntimeError(f"the session is cached on {victim}, not on a live bench worker")
         else:
             turn = asyncio.ensure_future(self._send(session, text, cid, self.case_timeout + 30.0))
             deadline = time.monotonic() + 30.0
