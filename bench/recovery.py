@@ -1,7 +1,7 @@
 """Recovery after a worker is killed: the time from a SIGKILL to the session's reply.
 
     python bench/recovery.py --quick                     # 2 repetitions per case and turn
-    python bench/recovery.py                             # 5 repetitions
+    python bench/recovery.py                             # 3 repetitions
     python bench/recovery.py --tool-heartbeat 2 --sticky-timeout 1
 
 A Temporal dev server, a Redis and two worker *processes* (``python worker.py``, configured
@@ -12,8 +12,11 @@ scripted model; the slow tool is ``bench/recovery_tools.py`` (``HERMES_TOOL_MODU
 Long-term memory is off in the workers (``HERMES_MEMORY_ENABLED=false``): the figures are
 the session's own recovery.
 
-Sessions are measured at turn 10 and at turn 300 (filler turns of one model call each
-first; a turn-10 session is used for at most 3 measurements, then a new one is built).
+Sessions are measured at turn 10 and at turn 300, one session per measurement, those of a
+level built concurrently first with filler turns of one model call each (about 13.5
+history events a turn: the dev server suggests continue-as-new at 4,096 events, so at turn
+300 the current run still holds the whole session). A session measured twice would have
+just continued as new the second time, hence one each.
 Cases, each one SIGKILL of a whole worker process group:
 
 * ``tool``: the worker running a tool call that takes 1 s (``recovery_work``, idempotent,
@@ -342,6 +345,10 @@ class Sample:
     note: str = ""
 
 
+def description_length(description: Any) -> int:
+    return description.history_length
+
+
 def _pid_of(identity: str) -> int | None:
     head = identity.split("@", 1)[0]
     return int(head) if head.isdigit() else None
@@ -490,6 +497,33 @@ class Bench:
         session.turns += 1
         return result
 
+    async def _send_until(
+        self, session: Session, text: str, cid: str, first: asyncio.Future[Any] | None, deadline: float
+    ) -> tuple[Any, list[str]]:
+        """The reply to ``text`` (``first``: a send already under way, or None to start
+        one), resending with the same client message id after an error until
+        ``deadline`` (monotonic). Returns (reply or None, the errors the client got)."""
+        turn = first
+        if turn is None:
+            turn = asyncio.ensure_future(self._send(session, text, cid, deadline - time.monotonic()))
+        errors: list[str] = []
+        while True:
+            try:
+                return await asyncio.wait_for(asyncio.shield(turn), max(0.0, deadline - time.monotonic())), errors
+            except asyncio.TimeoutError:
+                turn.cancel()
+                await asyncio.gather(turn, return_exceptions=True)
+                return None, errors
+            except Exception as err:  # noqa: BLE001 - today raw Temporal errors reach callers (issue 12)
+                # What a careful caller does: resend with the same client message id (safe:
+                # the session de-duplicates it) until the deadline.
+                errors.append(f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}")
+                pause = min(0.1 * 2 ** len(errors), 0.5)
+                if time.monotonic() + pause >= deadline:
+                    return None, errors
+                await asyncio.sleep(pause)
+                turn = asyncio.ensure_future(self._send(session, text, cid, deadline - time.monotonic()))
+
     async def _send(self, session: Session, text: str, cid: str, busy_seconds: float) -> Any:
         return await self.hermes.send_message(
             session.session_id, text, user_id="bench", client_message_id=cid, busy_timeout_seconds=max(busy_seconds, 1.0)
@@ -548,9 +582,17 @@ class Bench:
         if await cached_on_pid(self.client, handle) not in self.workers.alive():
             # Built before an earlier kill, on the worker killed then: one turn moves it to
             # a live worker (a replay, not measured), as a user's next message would.
-            result = await self.send(session, "filler home")
-            if result.reply != "ok":
-                raise RuntimeError(f"homing turn: unexpected reply {result.reply!r}")
+            homed, errors = await self._send_until(
+                session, "filler home", f"bench-{self.tag}-home{self.counter}",
+                None, time.monotonic() + self.case_timeout,
+            )
+            if homed is None:
+                await self.close(session)
+                why = f"{len(errors)} x {errors[-1]}" if errors else "no reply"
+                return Sample(case, level, None, description_length(await handle.describe()), {},
+                              f"could not move the session to a live worker within {self.case_timeout:.0f} s "
+                              f"before the measurement: {why}")
+            session.turns += 1
         if case == "idle":
             victim = await cached_on_pid(self.client, handle)
             if victim not in self.workers.alive():
@@ -569,26 +611,7 @@ class Bench:
         self.workers.kill(victim)
         kill_at, killed_mono = time.time(), time.monotonic()
         deadline = killed_mono + self.case_timeout
-        if turn is None:
-            turn = asyncio.ensure_future(self._send(session, text, cid, self.case_timeout))
-        result, errors = None, []
-        while True:
-            try:
-                result = await asyncio.wait_for(asyncio.shield(turn), max(0.0, deadline - time.monotonic()))
-                break
-            except asyncio.TimeoutError:
-                turn.cancel()
-                await asyncio.gather(turn, return_exceptions=True)
-                break
-            except Exception as err:  # noqa: BLE001 - today raw Temporal errors reach callers (issue 12)
-                # What a careful caller does: resend with the same client message id (safe:
-                # the session de-duplicates it) until the deadline.
-                errors.append(f"{type(err).__name__}: {str(err).splitlines()[0][:120] if str(err) else ''}")
-                pause = min(0.1 * 2 ** len(errors), 0.5)
-                if time.monotonic() + pause >= deadline:
-                    break
-                await asyncio.sleep(pause)
-                turn = asyncio.ensure_future(self._send(session, text, cid, deadline - time.monotonic()))
+        result, errors = await self._send_until(session, text, cid, turn, deadline)  # idle: sent now
         elapsed = time.monotonic() - killed_mono
         reply_at = time.time()
         notes = []
@@ -716,7 +739,7 @@ def report(samples: list[Sample], cap: float, levels: tuple[int, ...], cases: tu
 
 async def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
-    p.add_argument("-r", "--repetitions", type=int, help="measurements per case and turn (default 5, --quick 2)")
+    p.add_argument("-r", "--repetitions", type=int, help="measurements per case and turn (default 3, --quick 2)")
     p.add_argument("--case-timeout", type=float, help="seconds to wait for a reply after a kill (default 150, --quick 30)")
     p.add_argument("--tool-heartbeat", type=float, help="HERMES_TOOL_HEARTBEAT_SECONDS for the workers")
     p.add_argument("--model-heartbeat", type=float, help="HERMES_MODEL_HEARTBEAT_SECONDS for the workers (if the setting exists)")
@@ -730,7 +753,7 @@ async def main() -> None:
         value = getattr(args, name)
         if value is not None and value <= 0:
             p.error(f"--{name.replace('_', '-')} must be a positive number of seconds, not {value}")
-    repetitions = args.repetitions or (2 if args.quick else 5)
+    repetitions = args.repetitions or (2 if args.quick else 3)
     if repetitions < 1:
         p.error("--repetitions must be at least 1")
     case_timeout = args.case_timeout or (30.0 if args.quick else 150.0)
