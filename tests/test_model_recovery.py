@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from temporalio.service import RPCError
 from temporalio.api.enums.v1 import EventType, TaskQueueType, TimeoutType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
@@ -302,13 +303,16 @@ async def until(
 async def polling_pids(client: Client, task_queue: str) -> set[int]:
     """Pids of the workers that polled ``task_queue``'s activities lately (a worker's
     identity is ``<pid>@<host>``)."""
-    answer = await client.workflow_service.describe_task_queue(
-        DescribeTaskQueueRequest(
-            namespace=client.namespace,
-            task_queue=TaskQueue(name=task_queue),
-            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+    try:
+        answer = await client.workflow_service.describe_task_queue(
+            DescribeTaskQueueRequest(
+                namespace=client.namespace,
+                task_queue=TaskQueue(name=task_queue),
+                task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_ACTIVITY,
+            )
         )
-    )
+    except RPCError:  # a transient failure of a busy dev server ("operation was canceled"): poll again
+        return set()
     return {int(p.identity.split("@", 1)[0]) for p in answer.pollers if p.identity.split("@", 1)[0].isdigit()}
 
 
