@@ -83,9 +83,12 @@ class Settings(BaseSettings):
     """A tool activity that has not heartbeated for this long is treated as crashed (one
     heartbeat RPC per 0.8 x this per running tool call)."""
 
-    sticky_schedule_to_start_seconds: float = 2.0
-    """How long a session waits for its cached worker before another worker takes it.
-    The SDK default is 10 s; 2 s brings a reply after a worker crash to 2-3.5 s (DESIGN.md)."""
+    sticky_schedule_to_start_seconds: float = Field(default=1.0, gt=0)
+    """How long a session waits for its cached worker before another worker takes it
+    (and replays it). The SDK default is 10 s; after a worker crash this wait is part of
+    the time to the reply (bench/recovery.py): 1 s, with replays bounded by the replay
+    budget, keeps that at most 4 s. A worker too busy to poll its sticky queue within it
+    costs a replay on another worker."""
     max_concurrent_activities: int = 100
     worker_shutdown_seconds: float | None = Field(default=None, gt=0)
     """On SIGTERM / SIGINT the worker stops taking work and lets the model and tool calls

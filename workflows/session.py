@@ -1436,7 +1436,9 @@ class SessionWorkflow:
                 # A call on a worker that died is retried after seconds, not the timeout.
                 heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(
-                    initial_interval=timedelta(seconds=1),
+                    # 0.5 s as the openai SDK's own first retry: after a worker crash this
+                    # wait is part of the time to the reply.
+                    initial_interval=timedelta(milliseconds=500),
                     backoff_coefficient=2.0,
                     maximum_interval=timedelta(seconds=30),
                     maximum_attempts=self._cfg.model_max_attempts,
