@@ -260,13 +260,7 @@ class ModelActivities:
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
         async with heartbeating():
             resolved = await self.resolve_context(request)
-            try:
-                result = await self.provider.complete(resolved)
-            except ModelUnavailableError as err:
-                delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
-                raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
-            except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
-                raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+            result = await self._complete(resolved)
             # Checking and counting a reply is CPU work that grows with its size (a tool
             # call's arguments may be megabytes): in a thread, so the event loop keeps
             # sending heartbeats (a blocked loop would look like a dead worker).
@@ -284,6 +278,22 @@ class ModelActivities:
             Tokens, ``>= 0``.
         """
         return await asyncio.to_thread(_counter(request.encoding).text, request.text)
+
+    async def _complete(self, request: CallModelInput) -> CallModelResult:
+        """The provider's answer to ``request``, its errors as Temporal sees them.
+
+        Raises:
+            ApplicationError: ``ModelUnavailableError`` (retried, after ``Retry-After``
+                when the provider sent one); ``ContextTooLongError``, ``ModelRequestError``
+                or ``ScriptExhaustedError`` (not retried).
+        """
+        try:
+            return await self.provider.complete(request)
+        except ModelUnavailableError as err:
+            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
+            raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
+        except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
+            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
 
     async def _bounded(self, session_id: str, result: CallModelResult) -> CallModelResult:
         """Keep a huge reply out of history: stored by reference, a preview returned."""
@@ -322,13 +332,7 @@ class ModelActivities:
         # Token counting of up to the whole input budget: in a thread, so that the event
         # loop keeps sending this worker's heartbeats meanwhile.
         call, upto = await asyncio.to_thread(_summary_request, request, texts, counter)
-        try:
-            result = await self.provider.complete(call)
-        except ModelUnavailableError as err:
-            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
-            raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
-        except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
-            raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
+        result = await self._complete(call)
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0)
 
