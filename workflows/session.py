@@ -664,7 +664,11 @@ class SessionWorkflow:
         answered (its reply cached, or its turn still in the transcript this run holds)."""
         if cid is None:
             return False
-        if cid in self._completed or cid in self._in_flight_ids or cid in self._answered:
+        if cid in self._completed or cid in self._in_flight_ids:
+            return True
+        # Runs without the patch answer only what they hold (the handler would run an
+        # evicted one again); read from the decided patches: a validator issues no command.
+        if cid in self._answered and self._patches.get(_PATCH_BOUNDED_WORK, False):
             return True
         return any(m.role == "user" and m.client_message_id == cid for m in self._messages)
 
