@@ -393,6 +393,7 @@ async def test_chat_asks_for_approval_inline_then_resumes_and_closes_the_session
 # --------------------------------------------------------------------------- demo and dev
 
 
+@pytest.mark.timeout(1200)  # a dozen CLI processes or a whole demo: minutes under load
 async def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path):
     data_dir = tmp_path / "data"
     env = stack_env(data_dir)
@@ -419,6 +420,7 @@ async def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path):
     assert wait_until_no_process_uses(data_dir) == []
 
 
+@pytest.mark.timeout(1200)  # a dozen CLI processes or a whole demo: minutes under load
 async def test_demo_keep_serves_until_sigterm_then_stops_everything(tmp_path):
     data_dir = tmp_path / "data"
     env = stack_env(data_dir)
@@ -462,6 +464,7 @@ async def read_until(proc: asyncio.subprocess.Process, marker: str, timeout_seco
             return "".join(seen)
 
 
+@pytest.mark.timeout(1200)  # a dozen CLI processes or a whole demo: minutes under load
 async def test_second_dev_on_a_data_dir_in_use_exits_non_zero_and_demo_reuses_the_running_stack(tmp_path):
     data_dir = tmp_path / "data"
     env = stack_env(data_dir)

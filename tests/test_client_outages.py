@@ -355,7 +355,7 @@ async def refused_as_busy(temporal_client: Client, session_id: str, text: str) -
     return False
 
 
-@pytest.mark.timeout(180)
+@pytest.mark.timeout(600)
 async def test_a_resend_of_an_answered_message_during_a_roll_over_is_answered_not_refused_as_busy(
     run_worker, session_id, temporal_client
 ):
@@ -429,7 +429,7 @@ class FailureSpy:
             raise
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 async def test_a_temporal_server_killed_and_restarted_mid_turn_costs_the_caller_nothing(
     tmp_path, redis, redis_url, session_id
 ):
@@ -471,7 +471,7 @@ async def test_a_temporal_server_killed_and_restarted_mid_turn_costs_the_caller_
 # --------------------------------------------------------------------------- a flood
 
 
-@pytest.mark.timeout(480)
+@pytest.mark.timeout(900)
 async def test_in_a_flood_every_refused_message_is_absent_and_every_accepted_one_present_once(
     run_worker, session_id
 ):

@@ -25,6 +25,7 @@ def memory_env(temporal_client: Client, redis_url: str, task_queue: str, _memory
     )
 
 
+@pytest.mark.timeout(1200)  # a dozen CLI processes or a whole demo: minutes under load
 async def test_memory_commands_add_list_search_consolidate_and_forget(run_worker: Any, memory_env: dict[str, str], tmp_path: Path) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     other = f"other-{uuid.uuid4().hex[:8]}"

@@ -370,7 +370,7 @@ async def start_turn(
     return turn, first
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 async def test_a_model_call_on_a_killed_worker_is_retried_on_another_after_a_heartbeat_timeout(
     spawn_worker, temporal_client, redis, task_queue, session_id, provider, tmp_path
 ):
@@ -410,7 +410,7 @@ async def test_a_model_call_on_a_killed_worker_is_retried_on_another_after_a_hea
     assert second.poll() is None
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize(
     "command",
     [("worker.py",), ("-m", "hermes.cli", "worker"), ("-m", "hermes.cli", "dev")],
