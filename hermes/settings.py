@@ -55,7 +55,7 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = 120.0
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5
-    model_heartbeat_seconds: float = Field(default=1.0, ge=0)
+    model_heartbeat_seconds: float = Field(default=2.0, ge=0)
     """Heartbeat timeout of model calls, summaries, memory extraction and memory store
     writes: an attempt whose worker died is retried after at most this long instead of
     after ``model_timeout_seconds``. The worker sends one heartbeat RPC per 0.8 x this per
@@ -79,7 +79,7 @@ class Settings(BaseSettings):
     """Tool timeout tiers (seed 002 §3.3: 15 s / 30 s / 60 s)."""
     tool_result_max_bytes: int = 64_000
     """Tool results larger than this (JSON) are cut to a preview before they enter history."""
-    tool_heartbeat_seconds: float = Field(default=1.0, gt=0)
+    tool_heartbeat_seconds: float = Field(default=2.0, gt=0)
     """A tool activity that has not heartbeated for this long is treated as crashed (one
     heartbeat RPC per 0.8 x this per running tool call)."""
 
