@@ -664,6 +664,9 @@ class SessionCarry(BaseModel):
     last_summary_turn: int = 0
     encoding: str = ""
     token_correction: float = 1.0
+    context_tokens: int = 0
+    """Estimated tokens of the last model call's context (``SessionState.context_tokens``):
+    carried, so a session that just continued as new does not report 0."""
     """Reported prompt tokens over our estimate (moving average), applied to the budget."""
     status: str = "active"
     working_memory: list[WorkingItem] = Field(default_factory=list)

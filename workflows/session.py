@@ -252,7 +252,7 @@ class SessionWorkflow:
         self._synthetic: dict[str, str] = {}
         """Bodies of what a context adds around the transcript (system prompt, summary,
         memories) and of offered tool lists, by reference, for ``get_message_bodies``."""
-        self._context_tokens = 0
+        self._context_tokens = carry.context_tokens
         self._inflight_context: tuple[int, int, list[str]] | None = None
         self._tool_lists: dict[tuple[Any, ...], tuple[str, int]] = {}
         self._tools_generation = 0
@@ -571,6 +571,7 @@ class SessionWorkflow:
             last_summary_turn=self._last_summary_turn,
             encoding=self._encoding,
             token_correction=self._token_correction,
+            context_tokens=self._context_tokens,
             status="idle" if self._idle_marked else "active",
             working_memory=self._working,
             last_extracted_turn=self._last_extracted_turn,
