@@ -15,7 +15,7 @@ async def eventually(
     probe: Callable[[], Awaitable[T]],
     *,
     what: str = "the condition",
-    timeout_seconds: float = 15.0,
+    timeout_seconds: float = 60.0,
     poll_seconds: float = 0.05,
 ) -> T:
     """Poll ``probe`` until it returns something truthy (and return that); fail with an

@@ -607,6 +607,13 @@ async def test_approval_flows_are_deterministic_when_every_workflow_task_replays
         await hermes.approve(session_id, by_args['{"account_id": "acc-1"}'], approver="bob")
         await hermes.approve(session_id, "no-such-call", approver="bob")
         await eventually(lambda: _state_with_decisions(hermes, session_id, 3))
+
+        async def approved_call_ran() -> bool:
+            return runs == ["acc-1"]
+
+        # The cancel comes after the approved call ran (on a loaded machine it may still
+        # be on its way when the decisions are recorded).
+        await eventually(approved_call_ran, what="the approved call to run")
         await hermes.cancel_turn(session_id)
         cancelled = await first
         second = asyncio.create_task(hermes.send_message(session_id, "again", user_id="alice"))
