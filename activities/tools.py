@@ -47,7 +47,7 @@ from hermes.models import (
 )
 from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
-from hermes.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter
+from hermes.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
 
 log = logging.getLogger("hermes.tools")
 
@@ -304,7 +304,7 @@ def schema_tokens(encoding: str, spec: ToolSpec) -> int:
     """Tokens ``spec``'s schema takes in a prompt (:meth:`hermes.tokens.TokenCounter.tools`)
     in ``encoding`` (the default one when this worker cannot load it offline); remembered
     per encoding and schema, since a session lists the same tools every turn."""
-    return _schema_tokens(encoding, json.dumps(spec.to_openai(), ensure_ascii=False, default=str))
+    return _schema_tokens(encoding, schema_json(spec))
 
 
 @functools.lru_cache(maxsize=4096)

@@ -34,7 +34,7 @@ import math
 import os
 import tempfile
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 
 import tiktoken
@@ -180,6 +180,23 @@ def encoding_name_for_model(model: str | None) -> str:
     return DEFAULT_ENCODING
 
 
+def message_tokens(m: Message, text: Callable[[str], int]) -> int:
+    """The cookbook's chat-format count of ``m`` (see :meth:`TokenCounter.message`), with
+    ``text`` counting each string: one formula for the exact and the bounded counter."""
+    total = PER_MESSAGE_TOKENS + text(m.role) + text(m.content or "")
+    if m.name and m.role != "tool":
+        total += text(m.name) + PER_NAME_TOKENS
+    for call in m.tool_calls:
+        arguments = json.dumps(call.arguments, ensure_ascii=False, default=str)
+        total += PER_TOOL_CALL_TOKENS + text(call.name) + text(arguments)
+    return total
+
+
+def schema_json(spec: ToolSpec) -> str:
+    """The text whose tokens stand for ``spec`` in a prompt (its ``to_openai()`` JSON)."""
+    return json.dumps(spec.to_openai(), ensure_ascii=False, default=str)
+
+
 class TokenCounter:
     """Counts tokens of text, chat messages and tool schemas with one tiktoken encoding.
 
@@ -283,13 +300,7 @@ class TokenCounter:
         Returns:
             Tokens, ``> 0``.
         """
-        total = PER_MESSAGE_TOKENS + self.text(m.role) + self.text(m.content or "")
-        if m.name and m.role != "tool":
-            total += self.text(m.name) + PER_NAME_TOKENS
-        for call in m.tool_calls:
-            arguments = json.dumps(call.arguments, ensure_ascii=False, default=str)
-            total += PER_TOOL_CALL_TOKENS + self.text(call.name) + self.text(arguments)
-        return total
+        return message_tokens(m, self.text)
 
     def messages(self, messages: Sequence[Message]) -> int:
         """Tokens of a whole chat context: each message (:meth:`message`) + the reply primer.
@@ -317,7 +328,7 @@ class TokenCounter:
             Tokens; ``0`` for no tools, and more for a larger schema.
         """
         return sum(
-            self.text(json.dumps(spec.to_openai(), ensure_ascii=False, default=str)) + PER_TOOL_SCHEMA_TOKENS
+            self.text(schema_json(spec)) + PER_TOOL_SCHEMA_TOKENS
             for spec in specs
         )
 
@@ -382,12 +393,7 @@ class BoundedCounter:
             cached = self._cache.get(key)
             if cached is not None:
                 return cached
-        total = PER_MESSAGE_TOKENS + self.counter.text(m.role) + self.text(m.content or "")
-        if m.name and m.role != "tool":
-            total += self.counter.text(m.name) + PER_NAME_TOKENS
-        for call in m.tool_calls:
-            arguments = json.dumps(call.arguments, ensure_ascii=False, default=str)
-            total += PER_TOOL_CALL_TOKENS + self.text(call.name) + self.text(arguments)
+        total = message_tokens(m, self.text)
         if key is not None:
             if len(self._cache) >= self._CACHE_SIZE:
                 self._cache.clear()
@@ -404,7 +410,7 @@ class BoundedCounter:
         return sum(
             spec.tokens
             if spec.tokens is not None
-            else self.text(json.dumps(spec.to_openai(), ensure_ascii=False, default=str)) + PER_TOOL_SCHEMA_TOKENS
+            else self.text(schema_json(spec)) + PER_TOOL_SCHEMA_TOKENS
             for spec in specs
         )
 
