@@ -77,6 +77,19 @@ def _counter(encoding: str) -> TokenCounter:
         return TokenCounter.get(DEFAULT_ENCODING)
 
 
+def _large_arguments(calls: list[Any]) -> dict[int, tuple[str, str]]:
+    """Index -> (reference, JSON text) of the tool calls whose arguments are over
+    :data:`MAX_INLINE_ARGUMENTS_BYTES` (calls already refused or kept are skipped)."""
+    large: dict[int, tuple[str, str]] = {}
+    for index, call in enumerate(calls):
+        if call.arguments_error is not None or call.arguments_ref is not None:
+            continue
+        text = json.dumps(call.arguments, ensure_ascii=False)
+        if len(text.encode("utf-8", "surrogatepass")) > MAX_INLINE_ARGUMENTS_BYTES:
+            large[index] = (value_ref(call.arguments), text)
+    return large
+
+
 def _counted(result: CallModelResult, encoding: str) -> CallModelResult:
     """``result`` with the reply's tokens counted (``Message.tokens``) in the session's
     ``encoding``, so that the session never encodes a reply itself (its tool-call
@@ -186,13 +199,8 @@ class ModelActivities:
         session never decodes megabytes. If the store cannot take them, the call is an
         arguments error (code 1 to the model), never run with a stand-in."""
         calls = result.message.tool_calls
-        large: dict[int, tuple[str, str]] = {}
-        for index, call in enumerate(calls):
-            if call.arguments_error is not None or call.arguments_ref is not None:
-                continue
-            text = json.dumps(call.arguments, ensure_ascii=False)
-            if len(text.encode("utf-8", "surrogatepass")) > MAX_INLINE_ARGUMENTS_BYTES:
-                large[index] = (value_ref(call.arguments), text)
+        # Serialising and hashing megabytes: in a thread, so the event loop keeps heartbeating.
+        large = await asyncio.to_thread(_large_arguments, calls) if calls else {}
         if not large:
             return result
         try:
