@@ -263,6 +263,39 @@ async def test_hung_server_fails_within_timeout_and_is_killed(make_manager):
     await wait_for(lambda: not [p for p, i in _procs().items() if i[1] == group and i[2] != "Z"], 5, "the tree to go")
 
 
+async def test_a_start_slower_than_the_request_serves_the_next_request(make_manager):
+    """A server that takes 2 s to start, asked with a 0.5 s request timeout: the first call
+    fails naming the start, the start goes on (``startup_timeout_seconds``, not the request's
+    limit), and a later call uses that same process instead of killing and starting again."""
+    slow = {"command": sys.executable, "args": [str(SERVERS / "slow_start.py"), "2"], "timeout_seconds": 0.5}
+    manager = make_manager({"slow": slow})
+    with pytest.raises(McpUnavailableError, match=r"'slow' did not start within 0.5 s") as err:
+        await manager.call_tool("slow", "ok", {})
+    assert err.value.reason == "timeout"
+    group = status_of(manager, "slow").process_group
+    assert group is not None and status_of(manager, "slow").state == "starting"
+    await wait_for(lambda: status_of(manager, "slow").state == "ready", 60, "the slow start to finish")
+    assert text_of(await manager.call_tool("slow", "ok", {})) == "ok"
+    status = status_of(manager, "slow")
+    assert status.process_group == group and status.restarts == 0
+
+
+async def test_a_start_past_its_startup_timeout_is_reported_as_such(make_manager):
+    """The reported cause is the timeout, not the exit (code 0) of the server closed for it."""
+    slow = {
+        "command": sys.executable,
+        "args": [str(SERVERS / "slow_start.py"), "30"],
+        "startup_timeout_seconds": 1,
+    }
+    manager = make_manager({"slow": slow})
+    with pytest.raises(McpUnavailableError) as err:
+        await manager.call_tool("slow", "ok", {}, timeout_seconds=20)
+    assert err.value.reason == "start"
+    assert "no answer to initialize within 1 s" in str(err.value)
+    assert "exited" not in str(err.value)
+    assert "no answer to initialize within 1 s" in status_of(manager, "slow").last_error
+
+
 async def test_bad_command_path_fails_fast_naming_the_server_with_secrets_masked(make_manager):
     secret = "s3cr3t-token-value"
     manager = make_manager(

@@ -17,6 +17,7 @@ Cursor and VS Code share, so a block copied from a server's README works as it i
           "transport": "streamable-http",                # or "sse" for older servers
           # Hermes' keys (any server):
           "timeout_seconds": 30,                         # per request, > 0 (default 30)
+          "startup_timeout_seconds": 60,                 # start + initialize, > 0 (default 60)
           "allow": ["get_*", "search_*"],                # globs over the server's tool names
           "deny": ["*_admin"],                           # (fnmatch, case-sensitive; deny wins)
           "permission": "read",                          # read | write | admin (default read)
@@ -95,6 +96,7 @@ from hermes.tools.registry import TOOL_NAME_RE
 __all__ = [
     "DEFAULT_IDLE_SECONDS",
     "DEFAULT_LIST_TTL_SECONDS",
+    "DEFAULT_STARTUP_TIMEOUT_SECONDS",
     "DEFAULT_TIMEOUT_SECONDS",
     "TOOL_NAME_MAX_CHARS",
     "TOOL_NAME_RE",
@@ -117,6 +119,12 @@ Transport = Literal["stdio", "streamable-http", "sse"]
 
 DEFAULT_TIMEOUT_SECONDS = 30.0
 """Per MCP request (seed 000 §5.2: "MCP request timeout 30 s, so nothing hangs")."""
+DEFAULT_STARTUP_TIMEOUT_SECONDS = 60.0
+"""How long a server has to start and answer ``initialize``. Separate from the request
+timeout, as Codex's ``startup_timeout_sec`` is: ``npx -y`` fetching a package, or a Python
+server importing its SDK on a loaded machine, takes longer than a request should. A caller
+still waits no longer than its own request's deadline; the start goes on in the background
+for the next caller (see :mod:`hermes.mcp.manager`)."""
 DEFAULT_LIST_TTL_SECONDS = 300.0
 """How long a server's tool list is used before it is asked again (seed 004 §5.3)."""
 DEFAULT_IDLE_SECONDS = 300.0
@@ -141,6 +149,8 @@ _EDITOR_KEY_HINTS = {
     "autoApprove": "approvals follow `permission` (per server or per tool in `tools`)",
     "alwaysAllow": "approvals follow `permission` (per server or per tool in `tools`)",
     "timeout": "Hermes writes `timeout_seconds`",
+    "startup_timeout_sec": "Hermes writes `startup_timeout_seconds`",
+    "tool_timeout_sec": "Hermes writes `timeout_seconds`",
 }
 """Keys other clients use that Hermes does not take, with what to write instead."""
 
@@ -179,6 +189,7 @@ class _ServerDecl(_Decl):
     transport: _TransportName | None = None
     type: _TransportName | None = None
     timeout_seconds: float = Field(DEFAULT_TIMEOUT_SECONDS, gt=0, allow_inf_nan=False)
+    startup_timeout_seconds: float = Field(DEFAULT_STARTUP_TIMEOUT_SECONDS, gt=0, allow_inf_nan=False)
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
     permission: Permission = "read"
@@ -224,6 +235,9 @@ class ServerConfig(BaseModel):
     url: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     timeout_seconds: float = DEFAULT_TIMEOUT_SECONDS
+    """Per request, seconds (the server's start included when it is not running)."""
+    startup_timeout_seconds: float = DEFAULT_STARTUP_TIMEOUT_SECONDS
+    """The most a start (spawn or connect, then ``initialize``) may take, seconds."""
     allow: tuple[str, ...] | None = None
     """Globs over the server's tool names; ``None``: every tool."""
     deny: tuple[str, ...] = ()
@@ -537,6 +551,7 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
         url=decl.url,
         headers=dict(decl.headers),
         timeout_seconds=decl.timeout_seconds,
+        startup_timeout_seconds=decl.startup_timeout_seconds,
         allow=None if decl.allow is None else tuple(decl.allow),
         deny=tuple(decl.deny),
         permission=decl.permission,

@@ -23,7 +23,9 @@ Life of a connection::
   next attempt is. A connection that stayed up :data:`STABLE_SECONDS` resets the doubling.
 - **Timeout**: each request has one deadline, ``timeout_seconds`` (the call's, else the
   server's), covering the start of the server when it is not running, so nothing a
-  caller awaits can outlast it.
+  caller awaits can outlast it. The start itself has its own limit,
+  ``startup_timeout_seconds`` (default 60 s): a slow start outlives the caller that began
+  it and serves the next one, instead of being killed and begun again by every caller.
 
 stdio process trees: a server is started through a small supervisor (``python -c``,
 :data:`_SUPERVISOR`) in a session and process group of its own (``start_new_session``).
@@ -732,56 +734,34 @@ class McpManager:
         failure: str | None = None
         try:
             async with contextlib.AsyncExitStack() as stack:
-                read, write = await stack.enter_async_context(self._transport(srv, conn))
-
-                async def on_message(message: Any) -> None:
-                    kind = _LIST_CHANGED.get(type(message))
-                    if kind is not None:
-                        srv.forget(kind)
-                        log.info("MCP server %s: %s list changed", srv.name, kind)
-                    elif isinstance(message, Exception):
-                        log.debug("MCP server %s: transport error: %s", srv.name, srv.mask(str(message)))
-
-                session = await stack.enter_async_context(
-                    ClientSession(
-                        read,
-                        write,
-                        message_handler=on_message,
-                        client_info=types.Implementation(name="hermes-agent", version="0.1.0"),
-                    )
-                )
-                conn.init_scope = anyio.CancelScope()
-                with conn.init_scope:
-                    with anyio.fail_after(srv.config.timeout_seconds):
-                        await session.initialize()
-                conn.init_scope = None
-                if conn.ended.is_set() or self._closed:
-                    raise _Ended()
-                conn.session = session
-                conn.opened_at = conn.last_used = time.monotonic()
-                srv.retry_at = None
-                ready.set_result(None)
-                await self._serve(srv, conn)
+                try:
+                    await self._open(srv, conn, ready, stack)
+                except _Ended:
+                    raise
+                except Exception as err:
+                    # The first cause is the one reported: closing the stack below makes
+                    # a stdio server exit (code 0), which would otherwise hide a timeout.
+                    failure = self._start_failure(srv, conn, err)
+                    if conn.process is not None and "exited" not in failure:
+                        failure += _exit_note(conn.process)
+                    conn.end(failure)
+                    raise
         except _Ended:
             pass
-        except _StartError as err:
-            failure = str(err)
-        except TimeoutError:
-            failure = f"no answer to initialize within {srv.config.timeout_seconds:g} s"
-        except MCPError as err:
-            failure = f"handshake failed: {err.message}" if conn.session is None else err.message
         except Exception as err:  # noqa: BLE001 - every way a connection can break is reported
-            failure = _first_line(err)
+            failure = self._start_failure(srv, conn, err)
         finally:
+            # A reason recorded before the close is the cause (an exit it saw is in it); an
+            # exit code seen only now is the close's doing (143: our SIGTERM), not news.
             if conn.end_reason is not None:
                 failure = conn.end_reason
             elif failure is None and not conn.deliberate and not self._closed:
                 failure = "the connection closed"
-            if conn.deliberate:
-                failure = None
-            if conn.process is not None and failure is not None and conn.process.returncode is not None:
+            elif conn.process is not None and failure is not None and conn.process.returncode is not None:
                 if "exited" not in failure:
                     failure = f"{failure} (the server process exited with code {conn.process.returncode})"
+            if conn.deliberate:
+                failure = None
             if failure is not None and conn.stderr_tail:
                 failure = f"{failure}; stderr: {conn.stderr_text()}"
             if failure is not None:
@@ -803,6 +783,53 @@ class McpManager:
                     )
                 )
                 ready.exception()  # retrieved here too: no "never retrieved" warning
+
+    async def _open(
+        self, srv: _Server, conn: _Connection, ready: asyncio.Future[None], stack: contextlib.AsyncExitStack
+    ) -> None:
+        """Open the transport and session on ``stack``, initialize within the server's
+        ``startup_timeout_seconds``, mark ``ready``, then serve until the connection ends."""
+        read, write = await stack.enter_async_context(self._transport(srv, conn))
+
+        async def on_message(message: Any) -> None:
+            kind = _LIST_CHANGED.get(type(message))
+            if kind is not None:
+                srv.forget(kind)
+                log.info("MCP server %s: %s list changed", srv.name, kind)
+            elif isinstance(message, Exception):
+                log.debug("MCP server %s: transport error: %s", srv.name, srv.mask(str(message)))
+
+        session = await stack.enter_async_context(
+            ClientSession(
+                read,
+                write,
+                message_handler=on_message,
+                client_info=types.Implementation(name="hermes-agent", version="0.1.0"),
+            )
+        )
+        conn.init_scope = anyio.CancelScope()
+        with conn.init_scope:
+            with anyio.fail_after(srv.config.startup_timeout_seconds):
+                await session.initialize()
+        conn.init_scope = None
+        if conn.ended.is_set() or self._closed:
+            raise _Ended()
+        conn.session = session
+        conn.opened_at = conn.last_used = time.monotonic()
+        srv.retry_at = None
+        ready.set_result(None)
+        await self._serve(srv, conn)
+
+    @staticmethod
+    def _start_failure(srv: _Server, conn: _Connection, err: Exception) -> str:
+        """What broke a connection, in a line."""
+        if isinstance(err, _StartError):
+            return str(err)
+        if isinstance(err, TimeoutError) and conn.session is None:
+            return f"no answer to initialize within {srv.config.startup_timeout_seconds:g} s"
+        if isinstance(err, MCPError):
+            return f"handshake failed: {err.message}" if conn.session is None else err.message
+        return _first_line(err)
 
     async def _serve(self, srv: _Server, conn: _Connection) -> None:
         """Wait until the connection is ended, closing it when idle too long."""

@@ -7,6 +7,7 @@ Each is a script run as its own process, over stdio unless said otherwise:
   serves it over streamable HTTP instead.
 - ``crashy.py``: a tool that kills the server mid-call (``os._exit``).
 - ``hang.py``: a tool that blocks the server's whole event loop forever.
+- ``slow_start.py``: sleeps ``argv[1]`` seconds before it serves (a slow start).
 - ``stubborn.py``: ignores SIGTERM and spawns a grandchild that ignores it too.
 - ``owner.py``: a process that owns an ``McpManager`` (killed with SIGKILL by a test).
 """
