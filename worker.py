@@ -162,6 +162,9 @@ def build_worker(
         max_cached_workflows=max_cached_workflows,
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
+        # A heartbeat RPC at least every third of the heartbeat timeout (the SDK's own
+        # 0.8 x leaves a fifth of it for a loaded machine's delays).
+        max_heartbeat_throttle_interval=timedelta(seconds=settings.resolved_heartbeat_throttle_seconds),
         # On shutdown the worker stops polling at once, and the model and tool calls it
         # runs finish and report within this (a deploy must not call a provider twice);
         # only what is still running after it is cancelled, to be retried elsewhere.

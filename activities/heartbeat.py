@@ -7,7 +7,9 @@ is failed with a heartbeat timeout and retried on another worker.
 :func:`heartbeating` beats in the background while it is entered; code that receives a
 stream (a model's chunks) also calls :func:`beat` per chunk. Both only queue a
 heartbeat: the SDK sends at most one heartbeat RPC per 0.8 x ``heartbeat_timeout`` per
-running activity (the newest one queued), so beating more often costs no RPCs. Outside
+running activity, or per the worker's ``max_heartbeat_throttle_interval`` when that is
+shorter (Hermes' workers: a third of the timeout, ``HERMES_HEARTBEAT_THROTTLE_SECONDS``),
+sending the newest one queued, so beating more often costs no RPCs. Outside
 an activity (a unit test calling the method directly) and in a local activity (which
 runs inside its workflow task and cannot heartbeat) both do nothing.
 """
@@ -36,9 +38,9 @@ _MIN_INTERVAL_SECONDS = 0.05
 def beat_interval_seconds(heartbeat_timeout_seconds: float | None) -> float:
     """How often to queue a heartbeat for an activity with this heartbeat timeout.
 
-    A quarter of the timeout: the SDK sends the queued heartbeat every 0.8 x timeout,
-    so one is always queued when it does, even if the event loop is late by up to
-    half the timeout.
+    A sixth of the timeout: the worker sends the queued heartbeat every third of it
+    (``max_heartbeat_throttle_interval``), so one is queued each time it does even when
+    the event loop is late by a sixth of the timeout.
 
     Args:
         heartbeat_timeout_seconds: the attempt's heartbeat timeout; None or 0: none set.
@@ -48,7 +50,7 @@ def beat_interval_seconds(heartbeat_timeout_seconds: float | None) -> float:
     """
     if not heartbeat_timeout_seconds or heartbeat_timeout_seconds <= 0:
         return IDLE_INTERVAL_SECONDS
-    return max(heartbeat_timeout_seconds / 4, _MIN_INTERVAL_SECONDS)
+    return max(heartbeat_timeout_seconds / 6, _MIN_INTERVAL_SECONDS)
 
 
 def _can_heartbeat() -> bool:

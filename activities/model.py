@@ -100,6 +100,30 @@ def _counted(result: CallModelResult, encoding: str) -> CallModelResult:
     return result.model_copy(update={"message": result.message.model_copy(update={"tokens": tokens})})
 
 
+PROVIDER_RETRY_FIRST_SECONDS = 0.5
+"""First wait before a call the provider failed (429, 5xx, a dropped connection) is sent
+again: the openai SDK's own first delay. It doubles per attempt up to
+:data:`PROVIDER_RETRY_MAX_SECONDS`. A call whose worker died is retried sooner, after the
+workflow's retry policy's 0.1 s: that wait is part of the time to the reply."""
+PROVIDER_RETRY_MAX_SECONDS = 30.0
+
+
+def provider_retry_delay(retry_after_seconds: float | None) -> timedelta:
+    """How long the next attempt waits after the provider failed this one.
+
+    Args:
+        retry_after_seconds: the provider's ``Retry-After``, if it sent one (honoured as is).
+
+    Returns:
+        ``Retry-After`` when given, else 0.5 s x 2^(attempt - 1), at most 30 s (the attempt
+        from :func:`temporalio.activity.info`; 1 outside an activity).
+    """
+    if retry_after_seconds is not None:
+        return timedelta(seconds=retry_after_seconds)
+    attempt = activity.info().attempt if activity.in_activity() else 1
+    return timedelta(seconds=min(PROVIDER_RETRY_MAX_SECONDS, PROVIDER_RETRY_FIRST_SECONDS * 2 ** (attempt - 1)))
+
+
 class ModelActivities:
     """Holds the provider, the content store and the Temporal client (for the
     ``get_message_bodies`` query); ``call_model`` and ``summarize_context`` are
@@ -298,8 +322,9 @@ class ModelActivities:
         try:
             return await self.provider.complete(request)
         except ModelUnavailableError as err:
-            delay = timedelta(seconds=err.retry_after_seconds) if err.retry_after_seconds is not None else None
-            raise ApplicationError(str(err), type=type(err).__name__, next_retry_delay=delay) from None
+            raise ApplicationError(
+                str(err), type=type(err).__name__, next_retry_delay=provider_retry_delay(err.retry_after_seconds)
+            ) from None
         except (ContextTooLongError, ModelRequestError, ScriptExhaustedError) as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
 

@@ -83,6 +83,13 @@ class Settings(BaseSettings):
     """A tool activity that has not heartbeated for this long is treated as crashed (one
     heartbeat RPC per 0.8 x this per running tool call)."""
 
+    heartbeat_throttle_seconds: float | None = Field(default=None, gt=0)
+    """The most time between two heartbeat RPCs of one running activity (the SDK's
+    ``max_heartbeat_throttle_interval``; it sends one per 0.8 x the heartbeat timeout when
+    this is longer). Unset: a third of the shorter of the model and tool heartbeat
+    timeouts, so a heartbeat is late only after two thirds of the timeout went by without
+    one (at 0.8 x it was after a fifth: a busy machine's hiccup looked like a dead worker)."""
+
     sticky_schedule_to_start_seconds: float = Field(default=1.0, gt=0)
     """How long a session waits for its cached worker before another worker takes it
     (and replays it). The SDK default is 10 s; after a worker crash this wait is part of
@@ -127,6 +134,15 @@ class Settings(BaseSettings):
         if self.worker_shutdown_seconds is not None:
             return self.worker_shutdown_seconds
         return max(self.model_timeout_seconds + 30.0, self.tier_batch_seconds)
+
+    @property
+    def resolved_heartbeat_throttle_seconds(self) -> float:
+        """``heartbeat_throttle_seconds``, or a third of the shortest heartbeat timeout
+        (at least 0.1 s)."""
+        if self.heartbeat_throttle_seconds is not None:
+            return self.heartbeat_throttle_seconds
+        timeouts = [t for t in (self.model_heartbeat_seconds, self.tool_heartbeat_seconds) if t > 0]
+        return max(0.1, min(timeouts) / 3)
 
     @property
     def resolved_memory_uri(self) -> str:

@@ -9,6 +9,7 @@ other 4xx are not retried at all.
 
 from __future__ import annotations
 
+import dataclasses
 import email.utils
 import json
 import threading
@@ -21,7 +22,9 @@ from typing import Any
 import pytest
 from temporalio.exceptions import ApplicationError
 
-from activities.model import ModelActivities
+from temporalio.testing import ActivityEnvironment
+
+from activities.model import ModelActivities, provider_retry_delay
 from hermes.errors import ConfigError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, Message, ToolResultCode
 from hermes.providers import make_provider
@@ -202,9 +205,11 @@ async def test_an_unreachable_endpoint_is_a_retryable_error_without_sdk_retries(
     [
         (429, {"retry_after": "1"}, "ModelUnavailableError", True, timedelta(seconds=1)),
         (429, {"retry_after_ms": "1500"}, "ModelUnavailableError", True, timedelta(seconds=1.5)),
-        (503, {}, "ModelUnavailableError", True, None),
-        (408, {}, "ModelUnavailableError", True, None),
-        (409, {}, "ModelUnavailableError", True, None),
+        # No Retry-After: the activity's own backoff, 0.5 s at the first attempt (a worker
+        # crash is retried after the policy's shorter 0.1 s).
+        (503, {}, "ModelUnavailableError", True, timedelta(seconds=0.5)),
+        (408, {}, "ModelUnavailableError", True, timedelta(seconds=0.5)),
+        (409, {}, "ModelUnavailableError", True, timedelta(seconds=0.5)),
         (401, {}, "ModelRequestError", False, None),
         (400, {}, "ModelRequestError", False, None),
         (404, {}, "ModelRequestError", False, None),
@@ -226,15 +231,26 @@ async def test_the_activity_maps_http_status_to_retryable_or_not_and_honours_ret
 
 
 @pytest.mark.parametrize("hint", ["soon", "nan", "inf", "86400"])
-async def test_an_unusable_retry_after_leaves_the_backoff_to_the_retry_policy(fake_openai, hint):
+async def test_an_unusable_retry_after_leaves_the_backoff_to_the_activity(fake_openai, hint):
     # Unparsable, non-finite or absurdly long hints must not break the error mapping
-    # nor park the session: the call stays retryable with the policy's own backoff.
+    # nor park the session: the call stays retryable with the activity's own backoff.
     fake_openai.then(429, error_body("rate limited"), retry_after=hint)
     with pytest.raises(ApplicationError) as info:
         await ModelActivities(provider_for(fake_openai)).call_model(request())
     assert info.value.type == "ModelUnavailableError"
     assert info.value.non_retryable is False
-    assert info.value.next_retry_delay is None
+    assert info.value.next_retry_delay == timedelta(seconds=0.5)
+
+
+def test_without_retry_after_the_wait_doubles_per_attempt_up_to_30_s():
+    def delay_at(attempt: int, retry_after: float | None = None) -> timedelta:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        return env.run(provider_retry_delay, retry_after)
+
+    assert [delay_at(n).total_seconds() for n in (1, 2, 3, 4)] == [0.5, 1.0, 2.0, 4.0]
+    assert delay_at(12) == timedelta(seconds=30)
+    assert delay_at(3, retry_after=7.0) == timedelta(seconds=7)  # the provider's word wins
 
 
 async def test_a_retry_after_http_date_becomes_the_delay_until_that_date(fake_openai):

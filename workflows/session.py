@@ -1441,9 +1441,10 @@ class SessionWorkflow:
                 # A call on a worker that died is retried after seconds, not the timeout.
                 heartbeat_timeout=self._model_heartbeat(),
                 retry_policy=RetryPolicy(
-                    # 0.5 s as the openai SDK's own first retry: after a worker crash this
-                    # wait is part of the time to the reply.
-                    initial_interval=timedelta(milliseconds=500),
+                    # After a worker crash (a heartbeat timeout) this wait is part of the
+                    # time to the reply; a provider's failure sets its own longer wait
+                    # (activities.model.provider_retry_delay: 0.5 s doubling, Retry-After).
+                    initial_interval=timedelta(milliseconds=100),
                     backoff_coefficient=2.0,
                     maximum_interval=timedelta(seconds=30),
                     maximum_attempts=self._cfg.model_max_attempts,
