@@ -48,6 +48,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+from hermes import lance
 from hermes.errors import HermesError
 
 log = logging.getLogger("hermes.durable")
@@ -154,12 +155,11 @@ class DurableStore:
             if table is not None:
                 return table
             if self._db is None:
-                import lancedb
-
                 if "://" not in self.uri:
                     Path(self.uri).mkdir(parents=True, exist_ok=True)
-                # Strong consistency: other workers and clients write the same tables.
-                self._db = lancedb.connect(self.uri, read_consistency_interval=timedelta(0))
+                # Strong consistency (other workers and clients write the same tables) and
+                # capped caches: with LanceDB's defaults every write's version stayed cached.
+                self._db = lance.connect(self.uri)
             try:
                 table = self._db.create_table(name, schema=_schema(), exist_ok=True)
             except (ValueError, OSError, RuntimeError):

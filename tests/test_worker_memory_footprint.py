@@ -111,3 +111,32 @@ def test_a_memory_store_caps_the_metadata_lancedb_caches_for_every_version(
     assert session is not None, "LanceDB's default caches are gigabytes and keep every version's metadata"
     assert 0 < session.size_bytes <= LANCE_METADATA_CACHE_BYTES + 256 * 1024 * 1024
     assert store.count("u1") == 10
+
+
+def test_the_durable_store_and_the_memory_store_share_one_capped_lancedb_session(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+):
+    """The durable store writes on every turn (transcript archive, snapshots, exactly-once
+    records, content by reference); with LanceDB's default session each write's version
+    stayed cached (issue 12: the soak's worker grew without end)."""
+    import lancedb
+
+    from hermes import lance
+    from hermes.durable import NOTES, DurableStore, Record
+
+    sessions: list[Any] = []
+    connect = lancedb.connect
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        sessions.append(kwargs.get("session"))
+        return connect(*args, **kwargs)
+
+    monkeypatch.setattr(lancedb, "connect", spy)
+    durable = DurableStore(str(tmp_path / "memory"))
+    for i in range(5):
+        durable.upsert_sync(NOTES, [Record(key=f"note-{i}", value=f"note {i}", owner="u1")])
+    assert len(durable.list_sync(NOTES, owner="u1")) == 5
+    MemoryStore(tmp_path / "memory", CountingEmbedder())
+
+    assert len(sessions) == 2 and sessions[0] is sessions[1] is lance.shared_session()
+    assert 0 < sessions[0].size_bytes <= lance.METADATA_CACHE_BYTES + lance.INDEX_CACHE_BYTES

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from hermes import lance
 from hermes.errors import HermesError
 from hermes.memory.embeddings import Embedder
 from hermes.memory.models import (
@@ -86,16 +87,11 @@ USER_CACHE_SECONDS = 60.0
 """A user's cached rows are read again at least this often (hit statistics move)."""
 USER_CACHE_USERS = 2000
 """Users whose rows one process holds (the oldest loaded goes first)."""
-LANCE_INDEX_CACHE_BYTES = 256 * 1024 * 1024
-LANCE_METADATA_CACHE_BYTES = 16 * 1024 * 1024
-"""Caps of the LanceDB caches of one store: index pages (room for the vector index of
-100k rows) and metadata (manifests, fragment metadata). LanceDB's own defaults are
-gigabytes, sized for a database server: with strong consistency every write makes a
-table version whose metadata stayed cached, and a worker writing memories grew by
-about 0.3 MB per write, without end (``bench/soak.py``; a store writing and searching
-200 times: +98 MB with the defaults, +77 MB and flat from the 150th with a 16 MB
-metadata cache; the index cache did not grow). The hot path keeps a user's rows itself
-(``USER_CACHE_USERS``), so the metadata cache needs little more than the current versions."""
+LANCE_INDEX_CACHE_BYTES = lance.INDEX_CACHE_BYTES
+LANCE_METADATA_CACHE_BYTES = lance.METADATA_CACHE_BYTES
+"""Caps of the process's LanceDB caches (see :mod:`hermes.lance`, shared with the durable
+store): measured here first, a store writing and searching 200 times grew +98 MB with
+LanceDB's defaults, +77 MB and flat from the 150th with a 16 MB metadata cache."""
 _REEMBED_SUFFIX = "__reembed"
 
 
@@ -235,8 +231,6 @@ class MemoryStore:
     """
 
     def __init__(self, uri: str | Path, embedder: Embedder, *, vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS):
-        import lancedb
-
         self.uri = str(uri)
         self.embedder = embedder
         self.thresholds = embedder.thresholds
@@ -244,13 +238,7 @@ class MemoryStore:
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         # Strong consistency: other workers and the CLI write to the same tables.
-        self._db = lancedb.connect(
-            self.uri,
-            read_consistency_interval=timedelta(0),
-            session=lancedb.Session(
-                index_cache_size_bytes=LANCE_INDEX_CACHE_BYTES, metadata_cache_size_bytes=LANCE_METADATA_CACHE_BYTES
-            ),
-        )
+        self._db = lance.connect(self.uri)
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
         self._cache: dict[str, _UserRows] = {}
@@ -1041,9 +1029,7 @@ def reembed(uri: str | Path, embedder: Embedder, *, batch_size: int = 256, progr
     Returns:
         Rows re-embedded per table.
     """
-    import lancedb
-
-    db = lancedb.connect(str(uri), read_consistency_interval=timedelta(0))
+    db = lance.connect(str(uri))
     done: dict[str, int] = {}
     existing = set(getattr(db.list_tables(), "tables", None) or db.table_names())
     for name in (MEMORY_TABLE, ARCHIVE_TABLE):
