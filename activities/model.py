@@ -17,7 +17,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import beat, heartbeating
 from hermes import names
 from hermes.blobs import (
     MAX_INLINE_ARGUMENTS_BYTES,
@@ -131,6 +131,9 @@ class ModelActivities:
 
     def __init__(self, provider: ModelProvider, *, store: BlobStore | None = None, client: Any = None):
         self.provider = provider
+        if getattr(provider, "on_chunk", False) is None:
+            # A streaming provider heartbeats per chunk: a long generation is progress.
+            provider.on_chunk = beat  # type: ignore[attr-defined]
         self.store = store or BlobStore(None)
         self.client = client
 
@@ -416,6 +419,7 @@ def _summary_request(request: SummarizeInput, texts: dict[str, str], counter: To
             Message(role="user", content="\n".join(prompt)),
         ],
         model=request.model,
+        profile=request.profile,
         purpose="summary",
         max_output_tokens=request.max_tokens,
     )

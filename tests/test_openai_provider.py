@@ -33,6 +33,7 @@ from hermes.settings import Settings
 from hermes.stack import free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
+from tests.fake_providers import completion_to_chunks
 
 MODEL = "fake-model"
 
@@ -84,6 +85,15 @@ class FakeOpenAI:
                         }
                     )
                     status, headers, body = fake.responses.pop(0) if fake.responses else (200, {}, fake.default)
+                if status == 200 and fake.requests[-1]["body"].get("stream") and "choices" in body:
+                    # Asked to stream: the same answer as OpenAI streams it.
+                    events = b"".join(f"data: {json.dumps(e)}\n\n".encode() for e in completion_to_chunks(body))
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Content-Length", str(len(events) + len(b"data: [DONE]\n\n")))
+                    self.end_headers()
+                    self.wfile.write(events + b"data: [DONE]\n\n")
+                    return
                 data = json.dumps(body).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
