@@ -70,6 +70,35 @@ def _refuse_deep_arguments(result: CallModelResult) -> CallModelResult:
     return result.model_copy(update={"message": result.message.model_copy(update={"tool_calls": fixed})})
 
 
+SMALL_REPLY_UNITS = 8192
+"""A reply with at most this many characters of text and argument values (and nodes) is
+checked inline: under the inline-arguments, reply and nesting limits by construction."""
+
+
+def _is_small(result: CallModelResult, budget: int = SMALL_REPLY_UNITS) -> bool:
+    """Whether the reply's text, reasoning and tool-call arguments come to at most
+    ``budget`` characters and nodes; stops counting at the budget, so the check itself
+    costs at most ``budget`` steps however large the reply is."""
+    message = result.message
+    used = len(message.content or "") + len(message.reasoning or "")
+    stack: list[Any] = [c.arguments for c in message.tool_calls]
+    while stack:
+        if used > budget:
+            return False
+        value = stack.pop()
+        used += 1
+        if isinstance(value, str):
+            used += len(value)
+        elif isinstance(value, dict):
+            used += sum(len(k) for k in value) if len(value) < budget else budget
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    # Characters are at most 4 UTF-8 bytes (6 as JSON escapes): far under the 64 KB
+    # inline-arguments and 256 KB reply limits.
+    return used <= budget
+
+
 def _counter(encoding: str) -> TokenCounter:
     try:
         return TokenCounter.get(encoding or DEFAULT_ENCODING)
@@ -296,6 +325,10 @@ class ModelActivities:
         async with heartbeating():
             resolved = await self.resolve_context(request)
             result = await self._complete(resolved)
+            if _is_small(result):
+                # Most replies: a few kilobytes, checked and counted in well under a
+                # millisecond; a thread hop would cost more than the work (bench/model_call.py).
+                return _counted(_refuse_deep_arguments(result), request.encoding)
             # Checking and counting a reply is CPU work that grows with its size (a tool
             # call's arguments may be megabytes): in a thread, so the event loop keeps
             # sending heartbeats (a blocked loop would look like a dead worker).
