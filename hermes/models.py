@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 
 Role = Literal["system", "user", "assistant", "tool"]
+ProviderProfileName = Literal["openai", "openai-reasoning", "deepseek", "qwen", "moonshot", "ollama", "vllm", "llamacpp"]
+"""The provider dialects of :mod:`hermes.providers.profiles`."""
 Permission = Literal["read", "write", "admin"]
 Tier = Literal["query", "external", "batch"]
 Idempotency = Literal["idempotent", "keyed", "none"]
@@ -210,7 +212,7 @@ class CallModelInput(BaseModel):
     tools: list[ToolSpec] = Field(default_factory=list)
     model: str | None = None
     """Overrides the worker's configured model name, if set."""
-    profile: str | None = None
+    profile: ProviderProfileName | None = None
     """Provider profile (:data:`hermes.providers.profiles.PROFILES`) for this call, from the
     session's config; None: the worker's ``HERMES_MODEL_PROFILE`` or the one its base URL names."""
     message_refs: list[str] = Field(default_factory=list)
@@ -294,7 +296,7 @@ class SummarizeInput(BaseModel):
     max_input_tokens: int = 60_000
     """The conversation text given to the model is cut to this many tokens."""
     model: str | None = None
-    profile: str | None = None
+    profile: ProviderProfileName | None = None
     """Provider profile of the session (see ``CallModelInput.profile``)."""
     encoding: str = ""
 
@@ -410,7 +412,7 @@ class SessionConfig(BaseModel):
         "answer in the user's language."
     )
     model: str | None = None
-    model_profile: str | None = None
+    model_profile: ProviderProfileName | None = None
     """Provider profile for this session's model calls (``openai``, ``openai-reasoning``,
     ``deepseek``, ``qwen``, ``moonshot``, ``ollama``, ``vllm``, ``llamacpp``); None: the
     worker's ``HERMES_MODEL_PROFILE``, or the one its base URL names."""

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
 from hermes import names
+from hermes.models import ProviderProfileName
 
 
 def _env(name: str) -> AliasChoices:
@@ -52,9 +53,7 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(default=None, validation_alias=_env("openai_base_url"))
     openai_api_key: SecretStr | None = Field(default=None, validation_alias=_env("openai_api_key"))
     model: str = "gpt-4o-mini"
-    model_profile: Literal[
-        "auto", "openai", "openai-reasoning", "deepseek", "qwen", "moonshot", "ollama", "vllm", "llamacpp"
-    ] = "auto"
+    model_profile: Literal["auto"] | ProviderProfileName = "auto"
     """The provider's dialect (:mod:`hermes.providers.profiles`): output-limit parameter,
     reasoning fields kept and sent back, null content, parallel tool calls, stream usage.
     ``auto``: chosen from the base URL where it is unambiguous (api.openai.com, with

@@ -293,6 +293,15 @@ def completion_to_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
 # ------------------------------------------------------------ the server
 
 
+def _dumps(value: Any) -> bytes:
+    """UTF-8 JSON as providers send it; escaped where a lone surrogate could not be encoded
+    (a test of what Hermes does with one, as some servers send)."""
+    try:
+        return json.dumps(value, ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(value).encode()
+
+
 class FakeProvider:
     """One provider's endpoint (see the module docstring), recording every request.
 
@@ -347,7 +356,7 @@ class FakeProvider:
                 return self._json(200, completion(fake.profile, step, body, step_index))
 
             def _json(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
-                data = json.dumps(body, ensure_ascii=False).encode()
+                data = _dumps(body)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(data)))
@@ -363,7 +372,7 @@ class FakeProvider:
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
                 for event in events:
-                    self._write_chunk(f"data: {json.dumps(event, ensure_ascii=False)}\n\n".encode())
+                    self._write_chunk(b"data: " + _dumps(event) + b"\n\n")
                     if fake.chunk_delay_seconds:
                         time.sleep(fake.chunk_delay_seconds)
                 self._write_chunk(b"data: [DONE]\n\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from typing import Any
 
 import openai
@@ -22,7 +23,7 @@ from activities.heartbeat import beat
 from activities.model import ModelActivities
 from hermes.blobs import body_json, message_from_body, message_ref
 from hermes.errors import ConfigError, ModelRequestError
-from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, ToolResultCode
+from hermes.models import CallModelInput, CallModelResult, Message, ProviderProfileName, SessionConfig, ToolResultCode
 from hermes.providers import make_provider, openai as openai_provider
 from hermes.providers import profiles as profiles_module
 from hermes.providers.openai import OpenAIProvider
@@ -293,6 +294,9 @@ def test_an_unknown_profile_is_a_config_error_naming_the_choices(monkeypatch, tm
     monkeypatch.setenv("HERMES_MODEL_PROFILE", "nope")
     with pytest.raises(ValueError, match="model_profile"):
         Settings()
+    with pytest.raises(ValueError, match="model_profile"):
+        SessionConfig(model_profile="nope")
+    assert set(typing.get_args(ProviderProfileName)) == set(PROFILES) == set(FAKES)
 
 
 async def test_a_sessions_profile_overrides_the_workers():

@@ -52,8 +52,9 @@ from typing import Literal
 from urllib.parse import urlsplit
 
 from hermes.errors import ConfigError
+from hermes.models import ProviderProfileName
 
-ProfileName = Literal["openai", "openai-reasoning", "deepseek", "qwen", "moonshot", "ollama", "vllm", "llamacpp"]
+__all__ = ["PROFILES", "ProviderProfile", "ProviderProfileName", "detect_profile", "resolve_profile"]
 
 
 @dataclass(frozen=True)
