@@ -346,3 +346,12 @@ async def test_a_deepseek_thinking_tool_turn_completes_through_a_session_and_its
     [sent] = [m for m in second["messages"] if m["role"] == "assistant"]
     assert sent["reasoning_content"] == "先算 6*7，再看时间。"
     assert json.loads(next(m for m in second["messages"] if m["role"] == "tool")["content"])["code"] == 0
+
+
+def test_reasoning_is_carried_across_continue_as_new_and_old_carries_still_decode():
+    from hermes.models import SessionCarry
+
+    carry = SessionCarry(messages=[Message(role="assistant", content="42", reasoning="6*7")])
+    assert SessionCarry.model_validate_json(carry.model_dump_json()).messages[0].reasoning == "6*7"
+    old = '{"messages": [{"role": "assistant", "content": "42", "tool_calls": []}], "turn_count": 1}'
+    assert SessionCarry.model_validate_json(old).messages[0].reasoning is None
