@@ -17,7 +17,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.heartbeat import heartbeating
+from activities.heartbeat import beat, heartbeating
 from hermes import names
 from hermes.blobs import (
     MAX_INLINE_ARGUMENTS_BYTES,
@@ -68,6 +68,35 @@ def _refuse_deep_arguments(result: CallModelResult) -> CallModelResult:
         for c in calls
     ]
     return result.model_copy(update={"message": result.message.model_copy(update={"tool_calls": fixed})})
+
+
+SMALL_REPLY_UNITS = 8192
+"""A reply with at most this many characters of text and argument values (and nodes) is
+checked inline: under the inline-arguments, reply and nesting limits by construction."""
+
+
+def _is_small(result: CallModelResult, budget: int = SMALL_REPLY_UNITS) -> bool:
+    """Whether the reply's text, reasoning and tool-call arguments come to at most
+    ``budget`` characters and nodes; stops counting at the budget, so the check itself
+    costs at most ``budget`` steps however large the reply is."""
+    message = result.message
+    used = len(message.content or "") + len(message.reasoning or "")
+    stack: list[Any] = [c.arguments for c in message.tool_calls]
+    while stack:
+        if used > budget:
+            return False
+        value = stack.pop()
+        used += 1
+        if isinstance(value, str):
+            used += len(value)
+        elif isinstance(value, dict):
+            used += sum(len(k) for k in value) if len(value) < budget else budget
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    # Characters are at most 4 UTF-8 bytes (6 as JSON escapes): far under the 64 KB
+    # inline-arguments and 256 KB reply limits.
+    return used <= budget
 
 
 def _counter(encoding: str) -> TokenCounter:
@@ -131,6 +160,9 @@ class ModelActivities:
 
     def __init__(self, provider: ModelProvider, *, store: BlobStore | None = None, client: Any = None):
         self.provider = provider
+        if getattr(provider, "on_chunk", False) is None:
+            # A streaming provider heartbeats per chunk: a long generation is progress.
+            provider.on_chunk = beat  # type: ignore[attr-defined]
         self.store = store or BlobStore(None)
         self.client = client
 
@@ -293,6 +325,10 @@ class ModelActivities:
         async with heartbeating():
             resolved = await self.resolve_context(request)
             result = await self._complete(resolved)
+            if _is_small(result):
+                # Most replies: a few kilobytes, checked and counted in well under a
+                # millisecond; a thread hop would cost more than the work (bench/model_call.py).
+                return _counted(_refuse_deep_arguments(result), request.encoding)
             # Checking and counting a reply is CPU work that grows with its size (a tool
             # call's arguments may be megabytes): in a thread, so the event loop keeps
             # sending heartbeats (a blocked loop would look like a dead worker).
@@ -416,6 +452,7 @@ def _summary_request(request: SummarizeInput, texts: dict[str, str], counter: To
             Message(role="user", content="\n".join(prompt)),
         ],
         model=request.model,
+        profile=request.profile,
         purpose="summary",
         max_output_tokens=request.max_tokens,
     )

@@ -47,6 +47,9 @@ def _digest(text: str) -> str:
 def body_json(message: Message) -> str:
     """The body of ``message`` as canonical JSON (what its reference hashes)."""
     body = message.model_dump(mode="json", include=set(BODY_FIELDS))
+    if message.reasoning is not None:
+        # Only when set: bodies without reasoning keep the references they always had.
+        body["reasoning"] = message.reasoning
     return json.dumps(body, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
 
 

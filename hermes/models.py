@@ -16,6 +16,8 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 
 Role = Literal["system", "user", "assistant", "tool"]
+ProviderProfileName = Literal["openai", "openai-reasoning", "deepseek", "qwen", "moonshot", "ollama", "vllm", "llamacpp"]
+"""The provider dialects of :mod:`hermes.providers.profiles`."""
 Permission = Literal["read", "write", "admin"]
 Tier = Literal["query", "external", "batch"]
 Idempotency = Literal["idempotent", "keyed", "none"]
@@ -96,6 +98,12 @@ class Message(BaseModel):
     ref: str | None = None
     """Content hash of the message body (:func:`hermes.blobs.message_ref`): model calls
     carry this reference instead of the body, which enters workflow history only once."""
+    reasoning: str | None = None
+    """For ``role="assistant"``: the model's reasoning, as its provider returned it
+    (``reasoning_content`` / ``reasoning``; see :mod:`hermes.providers.profiles`). Kept in
+    the transcript and carried across continue-as-new; never shown as the reply; sent back
+    only to providers that require it (DeepSeek and Kimi thinking models, on messages with
+    tool calls)."""
 
 
 class Summary(BaseModel):
@@ -204,6 +212,9 @@ class CallModelInput(BaseModel):
     tools: list[ToolSpec] = Field(default_factory=list)
     model: str | None = None
     """Overrides the worker's configured model name, if set."""
+    profile: ProviderProfileName | None = None
+    """Provider profile (:data:`hermes.providers.profiles.PROFILES`) for this call, from the
+    session's config; None: the worker's ``HERMES_MODEL_PROFILE`` or the one its base URL names."""
     message_refs: list[str] = Field(default_factory=list)
     """Content hashes of the context's messages, in order (see :mod:`hermes.blobs`)."""
     context_ref: str | None = None
@@ -285,6 +296,8 @@ class SummarizeInput(BaseModel):
     max_input_tokens: int = 60_000
     """The conversation text given to the model is cut to this many tokens."""
     model: str | None = None
+    profile: ProviderProfileName | None = None
+    """Provider profile of the session (see ``CallModelInput.profile``)."""
     encoding: str = ""
 
 
@@ -399,6 +412,10 @@ class SessionConfig(BaseModel):
         "answer in the user's language."
     )
     model: str | None = None
+    model_profile: ProviderProfileName | None = None
+    """Provider profile for this session's model calls (``openai``, ``openai-reasoning``,
+    ``deepseek``, ``qwen``, ``moonshot``, ``ollama``, ``vllm``, ``llamacpp``); None: the
+    worker's ``HERMES_MODEL_PROFILE``, or the one its base URL names."""
     max_iterations: int = 10
     """Model/tool iterations per turn (seed 000 §2.2: 10)."""
     context_window_tokens: int = 128_000

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
 from hermes import names
+from hermes.models import ProviderProfileName
 
 
 def _env(name: str) -> AliasChoices:
@@ -52,6 +53,17 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(default=None, validation_alias=_env("openai_base_url"))
     openai_api_key: SecretStr | None = Field(default=None, validation_alias=_env("openai_api_key"))
     model: str = "gpt-4o-mini"
+    model_profile: Literal["auto"] | ProviderProfileName = "auto"
+    """The provider's dialect (:mod:`hermes.providers.profiles`): output-limit parameter,
+    reasoning fields kept and sent back, null content, parallel tool calls, stream usage.
+    ``auto``: chosen from the base URL where it is unambiguous (api.openai.com, with
+    ``openai-reasoning`` for o1/o3/o4/gpt-5 models; api.deepseek.com; dashscope*.aliyuncs.com;
+    api.moonshot.*; port 11434 for Ollama), else ``openai``. A session may set its own
+    (``SessionConfig.model_profile``)."""
+    model_stream: bool = True
+    """Stream chat completions (``stream: true``) where the profile supports it: each
+    chunk heartbeats the model call, so a long generation is never taken for a dead
+    worker. The reply is the same either way."""
     model_timeout_seconds: float = 120.0
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5

@@ -12,11 +12,9 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import json
-import threading
 import time
 from collections.abc import Iterator
 from datetime import timedelta
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -33,6 +31,7 @@ from hermes.settings import Settings
 from hermes.stack import free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
+from tests.fake_providers import FakeProvider
 
 MODEL = "fake-model"
 
@@ -56,62 +55,22 @@ def error_body(message: str, kind: str = "invalid_request_error") -> dict[str, A
     return {"error": {"message": message, "type": kind, "param": None, "code": None}}
 
 
-class FakeOpenAI:
+class FakeOpenAI(FakeProvider):
     """A chat-completions endpoint that plays scripted responses and records requests.
 
     Responses are ``(status, headers, body)``; when the list is used up every further
-    request gets ``default``.
+    request gets ``default``. A request that asks to stream gets a 200 answer as OpenAI
+    streams it (:class:`tests.fake_providers.FakeProvider` with raw answers).
     """
 
     def __init__(self) -> None:
-        self.responses: list[tuple[int, dict[str, str], dict[str, Any]]] = []
+        super().__init__("openai")
+        self.responses = self.scripted
         self.default = completion("default reply")
-        self.requests: list[dict[str, Any]] = []
-        self._lock = threading.Lock()
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802 - http.server's naming
-                length = int(self.headers.get("Content-Length") or 0)
-                raw = self.rfile.read(length)
-                with fake._lock:
-                    fake.requests.append(
-                        {
-                            "path": self.path,
-                            "headers": {k.lower(): v for k, v in self.headers.items()},
-                            "body": json.loads(raw or b"{}"),
-                            "at": time.monotonic(),
-                        }
-                    )
-                    status, headers, body = fake.responses.pop(0) if fake.responses else (200, {}, fake.default)
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - quiet
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.server.daemon_threads = True
-        self.port = self.server.server_address[1]
-        self.base_url = f"http://127.0.0.1:{self.port}/v1"
-        self._thread = threading.Thread(
-            target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-openai", daemon=True
-        )
 
     def start(self) -> FakeOpenAI:
-        self._thread.start()
+        super().start()
         return self
-
-    def stop(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-        self._thread.join(timeout=5)
 
     def then(self, status: int, body: dict[str, Any], **headers: str) -> FakeOpenAI:
         self.responses.append((status, {k.replace("_", "-"): v for k, v in headers.items()}, body))

@@ -108,7 +108,7 @@ def _json_bytes(value: Any) -> int:
 def _message_bytes(m: Message) -> int:
     """Serialized size of a message in bytes, as JSON with its escapes (a control
     character takes 6 bytes), since payload limits apply to the JSON."""
-    size = 160 + _json_bytes(m.content or "")
+    size = 160 + _json_bytes(m.content or "") + (_json_bytes(m.reasoning) if m.reasoning else 0)
     for call in m.tool_calls:
         size += 160 + _json_bytes(call.name) + _json_bytes(call.arguments) + _json_bytes(call.tool_call_id)
     return size
@@ -1487,7 +1487,7 @@ class SessionWorkflow:
             # Runs recorded before: the same commands (activity inputs are not replayed).
             return CallModelInput(
                 session_id=self._inp.session_id, turn=turn, messages=self._legacy_context(turn), tools=tools,
-                model=self._cfg.model,
+                model=self._cfg.model, profile=self._cfg.model_profile,
             )
         tools_ref, tool_tokens = self._tool_list(tools)
         built = self._build_context(turn, tools, tool_tokens)
@@ -1509,6 +1509,7 @@ class SessionWorkflow:
             session_id=self._inp.session_id,
             turn=turn,
             model=self._cfg.model,
+            profile=self._cfg.model_profile,
             context_ref=context_ref,
             tools_ref=tools_ref,
             step=step,
@@ -1674,6 +1675,7 @@ class SessionWorkflow:
                     max_tokens=self._cfg.summary_max_tokens,
                     max_input_tokens=max_input_tokens or max(policy.budget - 2 * self._cfg.summary_max_tokens, 1000),
                     model=self._cfg.model,
+                    profile=self._cfg.model_profile,
                     encoding=self._encoding,
                 ),
                 result_type=Summary,

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall
+
+if TYPE_CHECKING:
+    from hermes.providers.profiles import ProviderProfile
 
 
 class ModelProvider(Protocol):
@@ -23,27 +26,40 @@ class ModelProvider(Protocol):
         ...
 
 
-def to_openai_messages(messages: list[Message]) -> list[dict[str, Any]]:
-    """Our messages in chat-completions format (``tool_calls`` with JSON-string arguments)."""
+def to_openai_messages(messages: list[Message], profile: ProviderProfile | None = None) -> list[dict[str, Any]]:
+    """Our messages in chat-completions format (``tool_calls`` with JSON-string arguments).
+
+    Args:
+        messages: the context, in order.
+        profile: the provider's dialect (default: OpenAI's). It decides whether an
+            assistant message with tool calls may have ``"content": null`` (Ollama: no,
+            ``""`` is sent) and whether its reasoning goes back with it (DeepSeek and Kimi
+            thinking models require it there; everywhere else reasoning stays out).
+    """
+    null_content = profile.null_content if profile is not None else True
+    send_back = profile.reasoning_sent_back if profile is not None else None
     out: list[dict[str, Any]] = []
     for m in messages:
         if m.role == "tool":
             out.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content or ""})
         elif m.role == "assistant" and m.tool_calls:
-            out.append(
-                {
-                    "role": "assistant",
-                    "content": m.content,
-                    "tool_calls": [
-                        {
-                            "id": c.tool_call_id,
-                            "type": "function",
-                            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-                        }
-                        for c in m.tool_calls
-                    ],
-                }
-            )
+            wire: dict[str, Any] = {
+                "role": "assistant",
+                "content": m.content if (m.content is not None or null_content) else "",
+                "tool_calls": [
+                    {
+                        "id": c.tool_call_id,
+                        "type": "function",
+                        "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+                    }
+                    for c in m.tool_calls
+                ],
+            }
+            if send_back:
+                # "" when the transcript has none (a step recorded before, or by another
+                # provider): the field must be there, its text is the model's own.
+                wire[send_back] = m.reasoning or ""
+            out.append(wire)
         else:
             out.append({"role": m.role, "content": m.content or ""})
     return out

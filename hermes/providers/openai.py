@@ -1,5 +1,6 @@
 """Any OpenAI-compatible chat-completions endpoint with tools (OpenAI, DeepSeek,
-Qwen/DashScope, Moonshot, Ollama, vLLM, llama.cpp server), through the ``openai`` package.
+Qwen/DashScope, Moonshot, Ollama, vLLM, llama.cpp server), through the ``openai`` package,
+each in its own dialect (:mod:`hermes.providers.profiles`), streamed where it can be.
 
 The SDK's own retries are off (``max_retries=0``): Temporal owns retries. HTTP status
 maps to retryable or not as in the Temporal samples: 408, 409, 429 and 5xx are retried,
@@ -12,6 +13,7 @@ import email.utils
 import math
 import re
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import openai
@@ -19,6 +21,7 @@ import openai
 from hermes.errors import ConfigError, ContextTooLongError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, Usage
 from hermes.providers.base import parse_tool_call, to_openai_messages
+from hermes.providers.profiles import ProviderProfile, resolve_profile
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -71,12 +74,45 @@ def is_retryable_status(status: int) -> bool:
 
 
 class OpenAIProvider:
-    """A :class:`~hermes.providers.base.ModelProvider` over the chat-completions wire."""
+    """A :class:`~hermes.providers.base.ModelProvider` over the chat-completions wire.
+
+    Each call is shaped by a provider profile (:mod:`hermes.providers.profiles`): the one
+    the request names (a session's ``model_profile``), else the worker's, else the one the
+    base URL names. Where the profile streams and ``stream`` is on, the answer is read as
+    server-sent events, ``on_chunk`` is called per chunk (the model activity heartbeats
+    there), and the result is the one the same answer gives without streaming.
+
+    Args:
+        model: default model name (a request's ``model`` overrides it).
+        base_url: the endpoint; None: OpenAI's.
+        api_key: bearer key; None for servers that need none.
+        timeout_seconds: the HTTP timeout of one call.
+        profile: a profile name, or None / ``auto`` to choose from ``base_url`` and the model.
+        stream: stream where the profile supports it.
+        on_chunk: called once per streamed chunk (e.g. :func:`activities.heartbeat.beat`).
+
+    Raises:
+        ConfigError: ``profile`` is not a known profile.
+    """
 
     name = "openai"
 
-    def __init__(self, *, model: str, base_url: str | None, api_key: str | None, timeout_seconds: float = 120.0):
+    def __init__(
+        self,
+        *,
+        model: str,
+        base_url: str | None,
+        api_key: str | None,
+        timeout_seconds: float = 120.0,
+        profile: str | None = None,
+        stream: bool = True,
+        on_chunk: Callable[[], None] | None = None,
+    ):
         self.model = model
+        self.base_url = base_url
+        self.profile = None if profile in (None, "auto") else resolve_profile(profile, base_url, model).name
+        self.stream = stream
+        self.on_chunk = on_chunk
         self.client = openai.AsyncOpenAI(
             base_url=base_url,
             api_key=api_key or "not-needed",
@@ -99,17 +135,44 @@ class OpenAIProvider:
             base_url=settings.openai_base_url,
             api_key=key,
             timeout_seconds=settings.model_timeout_seconds,
+            profile=settings.model_profile,
+            stream=settings.model_stream,
         )
 
-    async def complete(self, request: CallModelInput) -> CallModelResult:
+    def profile_for(self, request: CallModelInput) -> ProviderProfile:
+        """The profile of this call: the request's, the provider's, or the base URL's.
+
+        Raises:
+            ConfigError: the request names an unknown profile.
+        """
+        return resolve_profile(request.profile or self.profile, self.base_url, request.model or self.model)
+
+    def request_body(self, request: CallModelInput, profile: ProviderProfile, *, stream: bool) -> dict[str, Any]:
+        """The keyword arguments of ``chat.completions.create`` for ``request``."""
         model = request.model or self.model
-        kwargs: dict[str, Any] = {"model": model, "messages": to_openai_messages(request.messages)}
+        kwargs: dict[str, Any] = {"model": model, "messages": to_openai_messages(request.messages, profile)}
         if request.tools:
             kwargs["tools"] = [t.to_openai() for t in request.tools]
+            if profile.ask_parallel_tool_calls:
+                kwargs["parallel_tool_calls"] = True
         if request.max_output_tokens:
-            kwargs["max_tokens"] = request.max_output_tokens
+            kwargs[profile.output_limit_parameter] = request.max_output_tokens
+        if stream:
+            kwargs["stream"] = True
+            if profile.stream_usage_option:
+                kwargs["stream_options"] = {"include_usage": True}
+        return kwargs
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        profile = self.profile_for(request)
+        stream = self.stream and profile.stream
+        kwargs = self.request_body(request, profile, stream=stream)
+        model = kwargs["model"]
         try:
-            response = await self.client.chat.completions.create(**kwargs)
+            if stream:
+                reply = await self._streamed(kwargs, profile)
+            else:
+                reply = _reply_of(await self.client.chat.completions.create(**kwargs), profile)
         except openai.APIStatusError as err:
             detail = f"{err.status_code} from {model}: {_short(err.message)}"
             if is_retryable_status(err.status_code):
@@ -121,26 +184,161 @@ class OpenAIProvider:
             raise ModelRequestError(detail, status_code=err.status_code) from None
         except (openai.APIConnectionError, openai.APITimeoutError) as err:
             raise ModelUnavailableError(f"cannot reach the model endpoint: {err}") from None
-        if not response.choices:
+        except openai.APIError as err:
+            # An error event inside a stream (the HTTP status was 200): worth another attempt.
+            raise ModelUnavailableError(f"{model} failed mid-answer: {_short(err.message)}") from None
+        if reply is None:
             raise ModelUnavailableError(f"{model} returned no choices")
-        choice = response.choices[0].message
-        calls = [
-            parse_tool_call(c.id or "", _clean(c.function.name) or "", _clean(c.function.arguments))
-            for c in (choice.tool_calls or [])
-            if getattr(c, "function", None) is not None
-        ]
-        usage = Usage()
-        if response.usage is not None:
-            usage = Usage(
-                prompt_tokens=response.usage.prompt_tokens or 0,
-                completion_tokens=response.usage.completion_tokens or 0,
+        return reply.result(request, self.name, model)
+
+    async def _streamed(self, kwargs: dict[str, Any], profile: ProviderProfile) -> _Reply | None:
+        """Read a streamed answer, calling ``on_chunk`` per chunk."""
+        stream = await self.client.chat.completions.create(**kwargs)
+        reply = _Reply()
+        on_chunk = self.on_chunk
+        async for chunk in stream:
+            if on_chunk is not None:
+                on_chunk()
+            reply.add_chunk(chunk, profile)
+        return reply if reply.choices else None
+
+
+class _Reply:
+    """An answer being read: from one response, or assembled from streamed chunks
+    (tool-call deltas by ``index``, usage from whichever chunk carries it)."""
+
+    __slots__ = ("choices", "content", "reasoning", "calls", "usage", "model")
+
+    def __init__(self) -> None:
+        self.choices = 0
+        self.content: list[str] = []
+        self.reasoning: list[str] = []
+        self.calls: list[dict[str, Any]] = []
+        self.usage: Any = None
+        self.model = ""
+
+    def add_chunk(self, chunk: Any, profile: ProviderProfile) -> None:
+        if chunk.model:
+            self.model = chunk.model
+        if chunk.usage is not None:
+            self.usage = chunk.usage
+        for choice in chunk.choices or ():
+            if choice.index:  # n > 1 is never asked for
+                continue
+            self.choices += 1
+            extra = choice.model_extra or {}
+            if extra.get("usage"):  # Moonshot: usage in the last chunk's choice
+                self.usage = extra["usage"]
+            delta = choice.delta
+            if delta is None:
+                continue
+            if delta.content:
+                self.content.append(delta.content)
+            text = _reasoning_of(delta, profile)
+            if text:
+                self.reasoning.append(text)
+            for tc in delta.tool_calls or ():
+                self._add_call_delta(tc)
+
+    def _add_call_delta(self, tc: Any) -> None:
+        function = tc.function
+        name = (function.name if function is not None else None) or ""
+        arguments = function.arguments if function is not None else None
+        index = tc.index if isinstance(tc.index, int) else len(self.calls)
+        slot = next((c for c in self.calls if c["index"] == index), None)
+        if slot is not None and tc.id and slot["id"] and tc.id != slot["id"]:
+            # A server that numbers every call 0 (each arrives whole): a new id is a new call.
+            slot = None
+            index = max(c["index"] for c in self.calls) + 1
+        if slot is None:
+            slot = {"index": index, "id": "", "name": "", "arguments": []}
+            self.calls.append(slot)
+        if tc.id:
+            slot["id"] = tc.id
+        if name and name != slot["name"]:
+            slot["name"] += name
+        if isinstance(arguments, dict):
+            slot["arguments"] = arguments  # an object instead of a JSON string: taken as is
+        elif arguments and isinstance(slot["arguments"], list):
+            slot["arguments"].append(arguments)
+
+    def add_response(self, response: Any, profile: ProviderProfile) -> None:
+        self.model = response.model or ""
+        self.usage = response.usage
+        if not response.choices:
+            return
+        self.choices = 1
+        message = response.choices[0].message
+        if message.content:
+            self.content.append(message.content)
+        text = _reasoning_of(message, profile)
+        if text:
+            self.reasoning.append(text)
+        for index, c in enumerate(message.tool_calls or ()):
+            function = getattr(c, "function", None)
+            if function is None:
+                continue
+            arguments = function.arguments
+            self.calls.append(
+                {
+                    "index": index,
+                    "id": c.id or "",
+                    "name": function.name or "",
+                    "arguments": arguments if isinstance(arguments, dict) else [arguments or ""],
+                }
             )
+
+    def result(self, request: CallModelInput, provider: str, model: str) -> CallModelResult:
+        calls = []
+        for position, slot in enumerate(sorted(self.calls, key=lambda c: c["index"])):
+            arguments = slot["arguments"]
+            raw = arguments if isinstance(arguments, dict) else _clean("".join(arguments))
+            tool_call_id = _clean(slot["id"]) or _stable_id(request, position)
+            calls.append(parse_tool_call(tool_call_id, _clean(slot["name"]) or "", raw))
         return CallModelResult(
-            message=Message(role="assistant", content=_clean(choice.content), tool_calls=calls),
-            usage=usage,
-            provider=self.name,
-            model=response.model or model,
+            message=Message(
+                role="assistant",
+                # "" and null mean the same; one form, whichever way the answer came.
+                content=_clean("".join(self.content)) or None,
+                tool_calls=calls,
+                reasoning=_clean("".join(self.reasoning)) or None,
+            ),
+            usage=_usage(self.usage),
+            provider=provider,
+            model=self.model or model,
         )
+
+
+def _reply_of(response: Any, profile: ProviderProfile) -> _Reply | None:
+    reply = _Reply()
+    reply.add_response(response, profile)
+    return reply if reply.choices else None
+
+
+def _reasoning_of(message: Any, profile: ProviderProfile) -> str | None:
+    """The reasoning text a ``message`` or ``delta`` carries in the profile's fields."""
+    if not profile.reasoning_fields:
+        return None
+    extra = message.model_extra or {}
+    for field in profile.reasoning_fields:
+        value = extra.get(field)
+        if isinstance(value, str) and value:
+            return value
+    return None
+
+
+def _stable_id(request: CallModelInput, position: int) -> str:
+    """An id for a tool call that came without one: the same for every attempt of this
+    step, distinct across steps and turns (servers such as llama.cpp may send ``""``)."""
+    return f"call_{request.turn}_{request.step if request.step is not None else 0}_{position}"
+
+
+def _usage(usage: Any) -> Usage:
+    if usage is None:
+        return Usage()
+    if isinstance(usage, dict):
+        return Usage(prompt_tokens=usage.get("prompt_tokens") or 0, completion_tokens=usage.get("completion_tokens") or 0)
+    return Usage(prompt_tokens=usage.prompt_tokens or 0, completion_tokens=usage.completion_tokens or 0)
 
 
 _CONTEXT_TOO_LONG_RE = re.compile(
