@@ -42,7 +42,18 @@ server); its last lines go into error messages.
 
 Streamable HTTP and SSE: one MCP session per server. An HTTP 404 to a request carrying
 our ``Mcp-Session-Id`` means the server forgot the session (restarted, expired): the
-session is reopened and the request sent once more (the server did not run it).
+session is reopened and the request sent once more (the server did not run it). Where
+the SDK would lose what the server said, :class:`_ReportingTransport` (our HTTP
+transport under the SDK's) tells it: an error status (4xx/5xx) to a request fails that
+request with the status and the start of the body (:data:`HTTP_ERROR_BODY_CHARS`), also
+logged; a connection that cannot be made fails the request with that error, instead of
+ending the transport ("unhandled errors in a TaskGroup"). A connection that closes
+during a request (the server died, a proxy dropped it) fails the request at once and ends
+the connection, naming what the HTTP layer saw, instead of at the request's deadline.
+
+Lists (``tools/list``, ``resources/list``, ``prompts/list``) follow ``nextCursor`` for at
+most :data:`MAX_LIST_PAGES` pages and stop early, keeping what was read, with a warning,
+on a page that brings nothing new (a cursor that never advances).
 
 Secrets: every message this module produces (errors, ``status()``, logs) has the
 server's resolved ``${NAME}`` values and ``env``/``headers`` values masked
@@ -54,6 +65,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -85,7 +97,9 @@ from hermes.mcp.config import McpConfig, ResolvedServer, ServerConfig, Transport
 __all__ = [
     "BACKOFF_FIRST_SECONDS",
     "BACKOFF_MAX_SECONDS",
+    "HTTP_ERROR_BODY_CHARS",
     "KILL_GRACE_SECONDS",
+    "MAX_LIST_PAGES",
     "PING_AFTER_IDLE_SECONDS",
     "STABLE_SECONDS",
     "McpManager",
@@ -114,6 +128,14 @@ _PING_TIMEOUT_SECONDS = 5.0
 """Longest wait for a health-check ping."""
 _REAP_SECONDS = 2.0
 """After SIGKILL, how long to wait for the kernel to report the group gone."""
+HTTP_ERROR_BODY_CHARS = 2000
+"""Characters of an HTTP error answer's body kept in the error (the model's and the logs')."""
+MAX_LIST_PAGES = 100
+"""Most pages read of one list; a server still sending ``nextCursor`` after that is cut
+off there (with a warning), keeping what was read."""
+_CLOSE_WAIT_SECONDS = 2.0
+"""After an HTTP connection closed during a request: longest wait for its close to be
+recorded (for the message) before the request fails anyway."""
 _STDERR_LINES = 20
 """Lines of a server's stderr kept for error messages."""
 _STDERR_LINE_CHARS = 500
@@ -184,11 +206,14 @@ class McpUnavailableError(HermesError):
         reason: ``"unknown_server"``, ``"start"`` (cannot start: bad command path, no
             handshake), ``"backoff"`` (failed recently; not retried before
             ``retry_in_seconds``), ``"timeout"``, ``"crashed"`` (connection lost mid-request),
-            ``"protocol"`` (an error response or a malformed result), ``"unsupported"``
-            (the server does not offer resources/prompts), ``"closed"`` (manager closed).
+            ``"protocol"`` (an error response or a malformed result), ``"http"`` (an
+            HTTP error status; the message has the status and the start of the body),
+            ``"unsupported"`` (the server does not offer resources/prompts), ``"closed"``
+            (manager closed).
         maybe_ran: whether the request may have reached the server (a tool call whose
             outcome is unknown); False when it certainly did not.
         retry_in_seconds: for ``"backoff"``, seconds until the next start attempt.
+        http_status: for ``"http"``, the HTTP status the server answered (e.g. 403).
     """
 
     def __init__(
@@ -199,11 +224,13 @@ class McpUnavailableError(HermesError):
         reason: str,
         maybe_ran: bool = False,
         retry_in_seconds: float | None = None,
+        http_status: int | None = None,
     ):
         self.server = server
         self.reason = reason
         self.maybe_ran = maybe_ran
         self.retry_in_seconds = retry_in_seconds
+        self.http_status = http_status
         super().__init__(message)
 
 
@@ -254,6 +281,14 @@ class _Connection:
         self.group: int | None = None
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_LINES)
         self.init_scope: anyio.CancelScope | None = None
+        self.refusal: tuple[int, str] | None = None
+        """The status and described answer of the last HTTP 404 to a request with our
+        session id (the expired-session path), for the message if the retry fails too."""
+        self.transport_error: str | None = None
+        """The last failure the HTTP layer saw (a read error, a refused connection), masked."""
+        self.inject: anyio.abc.ObjectSendStream[SessionMessage | Exception] | None = None
+        """SSE only: puts a message into the session's read stream (an answer the SDK
+        would have dropped)."""
 
     @property
     def usable(self) -> bool:
@@ -364,7 +399,7 @@ class McpManager:
         srv = self._server(server)
 
         async def listing(session: ClientSession) -> list[types.Tool]:
-            return [tool for tool in await _all_pages(session.list_tools, "tools") if srv.config.allows(tool.name)]
+            return [tool for tool in await _all_pages(session.list_tools, "tools", srv.name) if srv.config.allows(tool.name)]
 
         return await self._cached_list(srv, "tools", listing, refresh=refresh)
 
@@ -428,7 +463,7 @@ class McpManager:
         async def listing(session: ClientSession) -> list[types.Resource]:
             if _capabilities(session).resources is None:
                 return []
-            return await _all_pages(session.list_resources, "resources")
+            return await _all_pages(session.list_resources, "resources", srv.name)
 
         return await self._cached_list(srv, "resources", listing)
 
@@ -466,7 +501,7 @@ class McpManager:
         async def listing(session: ClientSession) -> list[types.Prompt]:
             if _capabilities(session).prompts is None:
                 return []
-            return await _all_pages(session.list_prompts, "prompts")
+            return await _all_pages(session.list_prompts, "prompts", srv.name)
 
         return await self._cached_list(srv, "prompts", listing)
 
@@ -590,14 +625,42 @@ class McpManager:
                     maybe_ran=maybe_ran,
                 ) from None
             except MCPError as err:
+                detail = err.data if isinstance(err.data, dict) else {}
+                if isinstance(detail.get("http_status"), int):
+                    status = detail["http_status"]
+                    raise McpUnavailableError(
+                        srv.name,
+                        srv.mask(f"MCP server {srv.name!r} answered {what} with {err.message}"),
+                        reason="http",
+                        # A 5xx may come from a gateway after the server ran the call.
+                        maybe_ran=maybe_ran and status >= 500,
+                        http_status=status,
+                    ) from None
                 if err.code == types.CONNECTION_CLOSED or conn.ended.is_set() or conn.session_expired:
+                    wait = deadline - time.monotonic()
                     if conn.session_expired and not conn.ended.is_set():
                         conn.end(None)
+                    elif not conn.ended.is_set() and conn.process is None:
+                        # HTTP: the SDK fails the request whose stream closed unanswered but
+                        # keeps the transport; the server is gone or unreachable, so is it.
+                        cause = f" ({conn.transport_error})" if conn.transport_error else ""
+                        conn.end(f"the connection closed mid-request: {err.message}{cause}")
+                    if conn.process is None:
+                        wait = min(wait, _CLOSE_WAIT_SECONDS)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(conn.finished.wait(), max(0.1, deadline - time.monotonic()))
+                        await asyncio.wait_for(conn.finished.wait(), max(0.1, wait))
                     if conn.session_expired and attempt == 0 and time.monotonic() < deadline:
                         log.info("MCP server %s: HTTP session expired (404); reconnecting once", srv.name)
                         continue
+                    if conn.session_expired and conn.refusal is not None:
+                        status, answer = conn.refusal
+                        raise McpUnavailableError(
+                            srv.name,
+                            srv.mask(f"MCP server {srv.name!r} answered {what} with {answer} (on a new session too)"),
+                            reason="http",
+                            maybe_ran=False,
+                            http_status=status,
+                        ) from None
                     raise McpUnavailableError(
                         srv.name,
                         srv.mask(
@@ -605,7 +668,7 @@ class McpManager:
                             f"{conn.failure or conn.end_reason or err.message}{self._retry_note(srv)}"
                         ),
                         reason="crashed",
-                        maybe_ran=maybe_ran,
+                        maybe_ran=maybe_ran and detail.get("delivered") is not False,
                     ) from None
                 raise McpUnavailableError(
                     srv.name,
@@ -797,7 +860,8 @@ class McpManager:
                 srv.forget(kind)
                 log.info("MCP server %s: %s list changed", srv.name, kind)
             elif isinstance(message, Exception):
-                log.debug("MCP server %s: transport error: %s", srv.name, srv.mask(str(message)))
+                conn.transport_error = srv.mask(_first_line(message))
+                log.debug("MCP server %s: transport error: %s", srv.name, conn.transport_error)
 
         session = await stack.enter_async_context(
             ClientSession(
@@ -871,14 +935,48 @@ class McpManager:
 
         timeout = httpx2.Timeout(srv.config.timeout_seconds, read=max(300.0, srv.config.timeout_seconds))
         if resolved.transport == "sse":
-            async with sse_client(resolved.url, headers=dict(resolved.headers), timeout=srv.config.timeout_seconds) as (
-                read,
-                write,
-            ):
-                yield read, write
+
+            def client_factory(
+                headers: dict[str, Any] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None
+            ) -> httpx2.AsyncClient:
+                return httpx2.AsyncClient(
+                    headers=headers, timeout=timeout, auth=auth, transport=_ReportingTransport(srv, conn, sse=True)
+                )
+
+            async with sse_client(
+                resolved.url,
+                headers=dict(resolved.headers),
+                timeout=srv.config.timeout_seconds,
+                httpx_client_factory=client_factory,
+            ) as (read, write):
+                # The session reads the SDK's stream through ours, into which the transport
+                # puts the answers to requests the server refused (see _ReportingTransport).
+                inject, merged = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+
+                async def forward() -> None:
+                    try:
+                        async for item in read:
+                            await inject.send(item)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                        pass
+                    finally:
+                        conn.inject = None
+                        inject.close()  # the SDK's stream ended (the server went away): so does ours
+
+                conn.inject = inject
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forward)
+                    try:
+                        yield merged, write
+                    finally:
+                        tg.cancel_scope.cancel()
+                        merged.close()
             return
         async with httpx2.AsyncClient(
-            headers=dict(resolved.headers), timeout=timeout, event_hooks={"response": [on_response]}
+            headers=dict(resolved.headers),
+            timeout=timeout,
+            event_hooks={"response": [on_response]},
+            transport=_ReportingTransport(srv, conn, sse=False),
         ) as client:
             async with streamable_http_client(resolved.url, http_client=client) as (read, write):
                 yield read, write
@@ -1000,6 +1098,132 @@ class McpManager:
                     transport.close()
 
 
+class _ReportingTransport(httpx2.AsyncBaseTransport):
+    """The HTTP transport under the SDK's, for one connection: tells the SDK what the
+    server said where the SDK would lose it.
+
+    The SDK (mcp 2.x) turns an error status without a JSON-RPC error body into "Server
+    returned an error response" (the status and body are lost), lets a refused
+    connection end the whole transport ("unhandled errors in a TaskGroup"), and over SSE
+    lets an error status to a POST stop its writer, the request then waiting out its
+    deadline. For a POST carrying a JSON-RPC request, this answers instead with a JSON-RPC
+    error for that request: ``HTTP <status> <reason>: <body>`` (the body's first
+    :data:`HTTP_ERROR_BODY_CHARS` characters; ``data={"http_status", "body"}``), or
+    ``CONNECTION_CLOSED`` with the connection error (``data={"delivered": False}`` when the
+    request never left). Only that request fails; the connection stays up. Over SSE the
+    error goes into the session's read stream (``conn.inject``) and the SDK gets a 202.
+    A JSON-RPC error body is passed on as sent, and a 404 to a request with our session
+    id is left to the SDK (the expired-session path). A read error on an answer's body
+    is recorded on the connection (``conn.transport_error``), for the message of a
+    connection that closed mid-call.
+    """
+
+    def __init__(self, srv: _Server, conn: _Connection, *, sse: bool):
+        self._srv = srv
+        self._conn = conn
+        self._sse = sse
+        self._inner = httpx2.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        call = _jsonrpc_call(request)
+        try:
+            response = await self._inner.handle_async_request(request)
+        except httpx2.TransportError as err:
+            text = self._srv.mask(_first_line(err))
+            self._conn.transport_error = text
+            if call is None:
+                raise
+            delivered = not isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout))
+            message = f"cannot reach the server: {text}" if not delivered else f"the connection failed: {text}"
+            return await self._answer(request, call[0], types.CONNECTION_CLOSED, message, {"delivered": delivered})
+        if response.status_code < 400 or call is None:
+            return httpx2.Response(
+                response.status_code,
+                headers=response.headers,
+                stream=_WatchedStream(response.stream, self._srv, self._conn),
+                extensions=response.extensions,
+            )
+        try:
+            body = await response.aread()
+        except httpx2.HTTPError as err:
+            body = f"(body unreadable: {_first_line(err)})".encode()
+        finally:
+            await response.aclose()
+        message, capped = self._describe(response, body)
+        if response.status_code == 404 and request.headers.get("mcp-session-id") and not self._sse:
+            # Left to the SDK ("Session terminated"): the session is reopened once; if the
+            # new one is refused too, this is what the caller is told.
+            self._conn.refusal = (404, message)
+            return httpx2.Response(404, headers={"content-type": response.headers.get("content-type", "")}, content=body)
+        if not self._sse and response.headers.get("content-type", "").lower().startswith("application/json"):
+            with contextlib.suppress(ValueError):
+                if isinstance(types.jsonrpc_message_adapter.validate_json(body, by_name=False), types.JSONRPCError):
+                    return httpx2.Response(
+                        response.status_code, headers={"content-type": "application/json"}, content=body
+                    )
+        log.warning("MCP server %s answered %s with %s", self._srv.name, call[1], message)
+        data = {"http_status": response.status_code, "body": capped}
+        return await self._answer(request, call[0], types.INTERNAL_ERROR, message, data, status=response.status_code)
+
+    def _describe(self, response: httpx2.Response, body: bytes) -> tuple[str, str]:
+        """``("HTTP <status> <reason>: <capped body>", capped body)``, secrets masked."""
+        text = body.decode(response.encoding or "utf-8", "replace").strip()
+        capped = self._srv.mask(text[:HTTP_ERROR_BODY_CHARS] + (" ..." if len(text) > HTTP_ERROR_BODY_CHARS else ""))
+        status = f"HTTP {response.status_code} {httpx2.codes.get_reason_phrase(response.status_code)}".rstrip()
+        return (f"{status}: {capped}" if capped else status), capped
+
+    async def _answer(
+        self, request: httpx2.Request, request_id: Any, code: int, message: str, data: dict[str, Any], *, status: int = 502
+    ) -> httpx2.Response:
+        """A JSON-RPC error for ``request_id`` as the SDK will take it (see the class)."""
+        error = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message, data=data))
+        if self._sse:
+            inject = self._conn.inject
+            if inject is not None:
+                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
+                    await inject.send(SessionMessage(error))
+            return httpx2.Response(202, request=request)
+        content = error.model_dump_json(by_alias=True, exclude_unset=True).encode()
+        return httpx2.Response(status, headers={"content-type": "application/json"}, content=content, request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _WatchedStream(httpx2.AsyncByteStream):
+    """An answer's body that records a read error on the connection (see :class:`_ReportingTransport`)."""
+
+    def __init__(self, inner: Any, srv: _Server, conn: _Connection):
+        self._inner = inner
+        self._srv = srv
+        self._conn = conn
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._inner:
+                yield chunk
+        except httpx2.TransportError as err:
+            self._conn.transport_error = self._srv.mask(_first_line(err))
+            raise
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+def _jsonrpc_call(request: httpx2.Request) -> tuple[Any, str] | None:
+    """``(id, method)`` of the JSON-RPC request a POST carries, else None (a
+    notification, an answer, a GET or DELETE)."""
+    if request.method != "POST":
+        return None
+    try:
+        sent = json.loads(request.content)
+    except (ValueError, httpx2.RequestNotRead):
+        return None
+    if isinstance(sent, dict) and "id" in sent and isinstance(sent.get("method"), str):
+        return sent["id"], sent["method"]
+    return None
+
+
 class _Ended(Exception):
     """The connection was ended while it started."""
 
@@ -1021,17 +1245,51 @@ _LIST_CHANGED: dict[type, str] = {
 }
 
 
-async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
-    """Every item of a paginated MCP list (``tools``, ``resources``, ``prompts``), page by
-    page, following ``next_cursor``."""
+async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str, server: str) -> list[Any]:
+    """Every item of a paginated MCP list, page by page, following ``next_cursor``.
+
+    Stops early, keeping what it read and logging a warning, on a page that brings no
+    item not already read (a cursor that never advances, or empty pages), and after
+    :data:`MAX_LIST_PAGES` pages. A repeated cursor alone is no reason to stop: cursors
+    are opaque, and a server may keep its position itself behind a constant one (MCP
+    2026-07-28, pagination). An item read twice is kept once, the first time.
+
+    Args:
+        fetch: the session's ``list_tools``, ``list_resources`` or ``list_prompts``.
+        field: the result's list: ``"tools"``, ``"resources"`` or ``"prompts"``.
+        server: the server's name, for the warning.
+
+    Returns:
+        The items in the server's order, duplicates dropped (tools and prompts by name,
+        resources by URI).
+    """
     found: list[Any] = []
+    seen: set[str] = set()
     cursor: str | None = None
-    while True:
+    for pages in range(1, MAX_LIST_PAGES + 1):
         page = await fetch(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
-        found.extend(getattr(page, field))
-        cursor = page.next_cursor
-        if not cursor:
+        fresh = 0
+        for item in getattr(page, field):
+            key = str(getattr(item, "uri", None) or getattr(item, "name", None) or id(item))
+            if key not in seen:
+                seen.add(key)
+                found.append(item)
+                fresh += 1
+        if not page.next_cursor:
             return found
+        if fresh == 0:
+            log.warning(
+                "MCP server %s: %s/list page %d brought nothing new and still has a next cursor; "
+                "stopped there with the %d read",
+                server, field, pages, len(found),
+            )
+            return found
+        cursor = page.next_cursor
+    log.warning(
+        "MCP server %s: %s/list still had a next cursor after %d pages; stopped there with the %d read",
+        server, field, MAX_LIST_PAGES, len(found),
+    )
+    return found
 
 
 def _capabilities(session: ClientSession) -> types.ServerCapabilities:
@@ -1039,6 +1297,8 @@ def _capabilities(session: ClientSession) -> types.ServerCapabilities:
 
 
 def _first_line(err: BaseException) -> str:
+    while isinstance(err, BaseExceptionGroup) and err.exceptions:  # the cause, not "unhandled errors in a TaskGroup"
+        err = err.exceptions[0]
     text = str(err).strip().splitlines()
     return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
