@@ -25,7 +25,9 @@ import os
 from typing import Any
 
 import anyio
+import normal  # tests/mcp_servers/normal.py, beside this script (its server is not run)
 from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver.prompts import Prompt
 from mcp_types import ListPromptsResult, ListResourcesResult, ListToolsResult, Tool
 
 
@@ -34,50 +36,35 @@ class Misbehaving(MCPServer):
     paginate_endless = False
     count_file: str | None = None
 
-    def _count(self, method: str) -> None:
+    def _page(self, method: str, result: Any) -> Any:
+        """Count the request; under ``--paginate-forever``, point to a next page that is
+        this one again."""
         if self.count_file:
             with open(self.count_file, "a", encoding="utf-8") as f:
                 f.write(method + "\n")
+        if self.paginate_forever:
+            result.next_cursor = "page-2"
+        return result
 
     async def _handle_list_tools(self, ctx: Any, params: Any) -> ListToolsResult:
-        self._count("tools/list")
         if self.paginate_endless:
             page = int(params.cursor) if params is not None and params.cursor else 1
             tool = Tool(name=f"generated_{page}", input_schema={"type": "object"})
-            return ListToolsResult(tools=[tool], next_cursor=str(page + 1))
-        result = await super()._handle_list_tools(ctx, params)
-        if self.paginate_forever:
-            result.next_cursor = "page-2"
-        return result
+            return self._page("tools/list", ListToolsResult(tools=[tool], next_cursor=str(page + 1)))
+        return self._page("tools/list", await super()._handle_list_tools(ctx, params))
 
     async def _handle_list_resources(self, ctx: Any, params: Any) -> ListResourcesResult:
-        self._count("resources/list")
-        result = await super()._handle_list_resources(ctx, params)
-        if self.paginate_forever:
-            result.next_cursor = "page-2"
-        return result
+        return self._page("resources/list", await super()._handle_list_resources(ctx, params))
 
     async def _handle_list_prompts(self, ctx: Any, params: Any) -> ListPromptsResult:
-        self._count("prompts/list")
-        result = await super()._handle_list_prompts(ctx, params)
-        if self.paginate_forever:
-            result.next_cursor = "page-2"
-        return result
+        return self._page("prompts/list", await super()._handle_list_prompts(ctx, params))
 
 
 server = Misbehaving("misbehave")
-
-
-@server.tool()
-def echo(text: str) -> str:
-    """Return ``text`` unchanged."""
-    return text
-
-
-@server.tool()
-def pid() -> str:
-    """This server's process id."""
-    return str(os.getpid())
+# The well-behaved tools, resource and prompt are normal.py's own.
+server.add_tool(normal.echo)
+server.add_tool(normal.pid)
+server.add_prompt(Prompt.from_function(normal.greet))
 
 
 @server.tool()
@@ -91,12 +78,6 @@ async def block() -> str:
 def note() -> str:
     """A fixed note."""
     return "one"
-
-
-@server.prompt()
-def greet(name: str) -> str:
-    """A prompt greeting ``name``."""
-    return f"Say hello to {name}."
 
 
 def refusing(app: Any, status: int, method: str, body: bytes, content_type: str) -> Any:
