@@ -43,8 +43,8 @@ server); its last lines go into error messages.
 Streamable HTTP and SSE: one MCP session per server. An HTTP 404 to a request carrying
 our ``Mcp-Session-Id`` means the server forgot the session (restarted, expired): the
 session is reopened and the request sent once more (the server did not run it). Where
-the SDK would lose what the server said, :class:`_ReportingTransport` (our HTTP
-transport under the SDK's) tells it: an error status (4xx/5xx) to a request fails that
+the SDK would lose what the server said, :class:`hermes.mcp.http.ReportingTransport`
+(our HTTP transport under the SDK's) tells it: an error status (4xx/5xx) to a request fails that
 request with the status and the start of the body (:data:`HTTP_ERROR_BODY_CHARS`), also
 logged; a connection that cannot be made fails the request with that error, instead of
 ending the transport ("unhandled errors in a TaskGroup"). A connection that closes
@@ -65,7 +65,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import json
 import logging
 import os
 import shutil
@@ -93,6 +92,8 @@ from pydantic import ValidationError
 
 from hermes.errors import HermesError
 from hermes.mcp.config import McpConfig, ResolvedServer, ServerConfig, Transport, redact, resolve_all
+from hermes.mcp.http import HTTP_ERROR_BODY_CHARS, HttpState, ReportingTransport
+from hermes.mcp.http import first_line as _first_line
 
 __all__ = [
     "BACKOFF_FIRST_SECONDS",
@@ -128,8 +129,6 @@ _PING_TIMEOUT_SECONDS = 5.0
 """Longest wait for a health-check ping."""
 _REAP_SECONDS = 2.0
 """After SIGKILL, how long to wait for the kernel to report the group gone."""
-HTTP_ERROR_BODY_CHARS = 2000
-"""Characters of an HTTP error answer's body kept in the error (the model's and the logs')."""
 MAX_LIST_PAGES = 100
 """Most pages read of one list; a server still sending ``nextCursor`` after that is cut
 off there (with a warning), keeping what was read."""
@@ -281,14 +280,8 @@ class _Connection:
         self.group: int | None = None
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_LINES)
         self.init_scope: anyio.CancelScope | None = None
-        self.refusal: tuple[int, str] | None = None
-        """The status and described answer of the last HTTP 404 to a request with our
-        session id (the expired-session path), for the message if the retry fails too."""
-        self.transport_error: str | None = None
-        """The last failure the HTTP layer saw (a read error, a refused connection), masked."""
-        self.inject: anyio.abc.ObjectSendStream[SessionMessage | Exception] | None = None
-        """SSE only: puts a message into the session's read stream (an answer the SDK
-        would have dropped)."""
+        self.http = HttpState()
+        """What the HTTP layer saw (streamable HTTP and SSE)."""
 
     @property
     def usable(self) -> bool:
@@ -643,7 +636,7 @@ class McpManager:
                     elif not conn.ended.is_set() and conn.process is None:
                         # HTTP: the SDK fails the request whose stream closed unanswered but
                         # keeps the transport; the server is gone or unreachable, so is it.
-                        cause = f" ({conn.transport_error})" if conn.transport_error else ""
+                        cause = f" ({conn.http.transport_error})" if conn.http.transport_error else ""
                         conn.end(f"the connection closed mid-request: {err.message}{cause}")
                     if conn.process is None:
                         wait = min(wait, _CLOSE_WAIT_SECONDS)
@@ -652,8 +645,8 @@ class McpManager:
                     if conn.session_expired and attempt == 0 and time.monotonic() < deadline:
                         log.info("MCP server %s: HTTP session expired (404); reconnecting once", srv.name)
                         continue
-                    if conn.session_expired and conn.refusal is not None:
-                        status, answer = conn.refusal
+                    if conn.session_expired and conn.http.refusal is not None:
+                        status, answer = conn.http.refusal
                         raise McpUnavailableError(
                             srv.name,
                             srv.mask(f"MCP server {srv.name!r} answered {what} with {answer} (on a new session too)"),
@@ -860,8 +853,8 @@ class McpManager:
                 srv.forget(kind)
                 log.info("MCP server %s: %s list changed", srv.name, kind)
             elif isinstance(message, Exception):
-                conn.transport_error = srv.mask(_first_line(message))
-                log.debug("MCP server %s: transport error: %s", srv.name, conn.transport_error)
+                conn.http.transport_error = srv.mask(_first_line(message))
+                log.debug("MCP server %s: transport error: %s", srv.name, conn.http.transport_error)
 
         session = await stack.enter_async_context(
             ClientSession(
@@ -940,7 +933,7 @@ class McpManager:
                 headers: dict[str, Any] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None
             ) -> httpx2.AsyncClient:
                 return httpx2.AsyncClient(
-                    headers=headers, timeout=timeout, auth=auth, transport=_ReportingTransport(srv, conn, sse=True)
+                    headers=headers, timeout=timeout, auth=auth, transport=ReportingTransport(srv.name, srv.mask, conn.http, sse=True)
                 )
 
             async with sse_client(
@@ -950,7 +943,7 @@ class McpManager:
                 httpx_client_factory=client_factory,
             ) as (read, write):
                 # The session reads the SDK's stream through ours, into which the transport
-                # puts the answers to requests the server refused (see _ReportingTransport).
+                # puts the answers to requests the server refused (see ReportingTransport).
                 inject, merged = anyio.create_memory_object_stream[SessionMessage | Exception](16)
 
                 async def forward() -> None:
@@ -960,10 +953,10 @@ class McpManager:
                     except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
                         pass
                     finally:
-                        conn.inject = None
+                        conn.http.inject = None
                         inject.close()  # the SDK's stream ended (the server went away): so does ours
 
-                conn.inject = inject
+                conn.http.inject = inject
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(forward)
                     try:
@@ -976,7 +969,7 @@ class McpManager:
             headers=dict(resolved.headers),
             timeout=timeout,
             event_hooks={"response": [on_response]},
-            transport=_ReportingTransport(srv, conn, sse=False),
+            transport=ReportingTransport(srv.name, srv.mask, conn.http, sse=False),
         ) as client:
             async with streamable_http_client(resolved.url, http_client=client) as (read, write):
                 yield read, write
@@ -1098,132 +1091,6 @@ class McpManager:
                     transport.close()
 
 
-class _ReportingTransport(httpx2.AsyncBaseTransport):
-    """The HTTP transport under the SDK's, for one connection: tells the SDK what the
-    server said where the SDK would lose it.
-
-    The SDK (mcp 2.x) turns an error status without a JSON-RPC error body into "Server
-    returned an error response" (the status and body are lost), lets a refused
-    connection end the whole transport ("unhandled errors in a TaskGroup"), and over SSE
-    lets an error status to a POST stop its writer, the request then waiting out its
-    deadline. For a POST carrying a JSON-RPC request, this answers instead with a JSON-RPC
-    error for that request: ``HTTP <status> <reason>: <body>`` (the body's first
-    :data:`HTTP_ERROR_BODY_CHARS` characters; ``data={"http_status", "body"}``), or
-    ``CONNECTION_CLOSED`` with the connection error (``data={"delivered": False}`` when the
-    request never left). Only that request fails; the connection stays up. Over SSE the
-    error goes into the session's read stream (``conn.inject``) and the SDK gets a 202.
-    A JSON-RPC error body is passed on as sent, and a 404 to a request with our session
-    id is left to the SDK (the expired-session path). A read error on an answer's body
-    is recorded on the connection (``conn.transport_error``), for the message of a
-    connection that closed mid-call.
-    """
-
-    def __init__(self, srv: _Server, conn: _Connection, *, sse: bool):
-        self._srv = srv
-        self._conn = conn
-        self._sse = sse
-        self._inner = httpx2.AsyncHTTPTransport()
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        call = _jsonrpc_call(request)
-        try:
-            response = await self._inner.handle_async_request(request)
-        except httpx2.TransportError as err:
-            text = self._srv.mask(_first_line(err))
-            self._conn.transport_error = text
-            if call is None:
-                raise
-            delivered = not isinstance(err, (httpx2.ConnectError, httpx2.ConnectTimeout))
-            message = f"cannot reach the server: {text}" if not delivered else f"the connection failed: {text}"
-            return await self._answer(request, call[0], types.CONNECTION_CLOSED, message, {"delivered": delivered})
-        if response.status_code < 400 or call is None:
-            return httpx2.Response(
-                response.status_code,
-                headers=response.headers,
-                stream=_WatchedStream(response.stream, self._srv, self._conn),
-                extensions=response.extensions,
-            )
-        try:
-            body = await response.aread()
-        except httpx2.HTTPError as err:
-            body = f"(body unreadable: {_first_line(err)})".encode()
-        finally:
-            await response.aclose()
-        message, capped = self._describe(response, body)
-        if response.status_code == 404 and request.headers.get("mcp-session-id") and not self._sse:
-            # Left to the SDK ("Session terminated"): the session is reopened once; if the
-            # new one is refused too, this is what the caller is told.
-            self._conn.refusal = (404, message)
-            return httpx2.Response(404, headers={"content-type": response.headers.get("content-type", "")}, content=body)
-        if not self._sse and response.headers.get("content-type", "").lower().startswith("application/json"):
-            with contextlib.suppress(ValueError):
-                if isinstance(types.jsonrpc_message_adapter.validate_json(body, by_name=False), types.JSONRPCError):
-                    return httpx2.Response(
-                        response.status_code, headers={"content-type": "application/json"}, content=body
-                    )
-        log.warning("MCP server %s answered %s with %s", self._srv.name, call[1], message)
-        data = {"http_status": response.status_code, "body": capped}
-        return await self._answer(request, call[0], types.INTERNAL_ERROR, message, data, status=response.status_code)
-
-    def _describe(self, response: httpx2.Response, body: bytes) -> tuple[str, str]:
-        """``("HTTP <status> <reason>: <capped body>", capped body)``, secrets masked."""
-        text = body.decode(response.encoding or "utf-8", "replace").strip()
-        capped = self._srv.mask(text[:HTTP_ERROR_BODY_CHARS] + (" ..." if len(text) > HTTP_ERROR_BODY_CHARS else ""))
-        status = f"HTTP {response.status_code} {httpx2.codes.get_reason_phrase(response.status_code)}".rstrip()
-        return (f"{status}: {capped}" if capped else status), capped
-
-    async def _answer(
-        self, request: httpx2.Request, request_id: Any, code: int, message: str, data: dict[str, Any], *, status: int = 502
-    ) -> httpx2.Response:
-        """A JSON-RPC error for ``request_id`` as the SDK will take it (see the class)."""
-        error = types.JSONRPCError(jsonrpc="2.0", id=request_id, error=types.ErrorData(code=code, message=message, data=data))
-        if self._sse:
-            inject = self._conn.inject
-            if inject is not None:
-                with contextlib.suppress(anyio.ClosedResourceError, anyio.BrokenResourceError):
-                    await inject.send(SessionMessage(error))
-            return httpx2.Response(202, request=request)
-        content = error.model_dump_json(by_alias=True, exclude_unset=True).encode()
-        return httpx2.Response(status, headers={"content-type": "application/json"}, content=content, request=request)
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-class _WatchedStream(httpx2.AsyncByteStream):
-    """An answer's body that records a read error on the connection (see :class:`_ReportingTransport`)."""
-
-    def __init__(self, inner: Any, srv: _Server, conn: _Connection):
-        self._inner = inner
-        self._srv = srv
-        self._conn = conn
-
-    async def __aiter__(self) -> AsyncIterator[bytes]:
-        try:
-            async for chunk in self._inner:
-                yield chunk
-        except httpx2.TransportError as err:
-            self._conn.transport_error = self._srv.mask(_first_line(err))
-            raise
-
-    async def aclose(self) -> None:
-        await self._inner.aclose()
-
-
-def _jsonrpc_call(request: httpx2.Request) -> tuple[Any, str] | None:
-    """``(id, method)`` of the JSON-RPC request a POST carries, else None (a
-    notification, an answer, a GET or DELETE)."""
-    if request.method != "POST":
-        return None
-    try:
-        sent = json.loads(request.content)
-    except (ValueError, httpx2.RequestNotRead):
-        return None
-    if isinstance(sent, dict) and "id" in sent and isinstance(sent.get("method"), str):
-        return sent["id"], sent["method"]
-    return None
-
-
 class _Ended(Exception):
     """The connection was ended while it started."""
 
@@ -1294,13 +1161,6 @@ async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str, server: s
 
 def _capabilities(session: ClientSession) -> types.ServerCapabilities:
     return session.server_capabilities or types.ServerCapabilities()
-
-
-def _first_line(err: BaseException) -> str:
-    while isinstance(err, BaseExceptionGroup) and err.exceptions:  # the cause, not "unhandled errors in a TaskGroup"
-        err = err.exceptions[0]
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def _exit_code(process: Process) -> str:
