@@ -1,5 +1,6 @@
 """The pinned third-party MCP servers (``tests/mcp_servers``) work over stdio with the ``mcp``
-client, and leave no process behind once the client is closed.
+client, and leave no process behind once the client is closed; ``server-everything`` also
+over streamable HTTP through Hermes' ``McpManager``.
 
 One real server per test, started by ``mcp.stdio_client`` as users' editors start them:
 initialize, list the tools, call one. Each server process gets a unique environment variable,
@@ -11,8 +12,12 @@ test with the install command (fails it in CI, see ``tests/mcp_servers/installed
 from __future__ import annotations
 
 import json
+import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -23,6 +28,8 @@ import anyio
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 
+from hermes.mcp.config import parse_mcp_config
+from hermes.mcp.manager import McpManager, McpUnavailableError
 from tests.mcp_servers import installed
 
 pytestmark = pytest.mark.skipif(
@@ -65,12 +72,14 @@ async def _wait_until_gone(marker: str, seen: set[int]) -> set[int]:
 
 
 @asynccontextmanager
-async def _connected(command: installed.StdioCommand, tmp_path: Path) -> AsyncIterator[ClientSession]:
-    """An initialized session to the server ``command`` starts; on exit, asserts that the
-    server and every process it started are gone."""
+async def _connected(
+    command: installed.StdioCommand, tmp_path: Path, env: dict[str, str] | None = None
+) -> AsyncIterator[ClientSession]:
+    """An initialized session to the server ``command`` starts (with ``env`` added to its
+    environment); on exit, asserts that the server and every process it started are gone."""
     marker = uuid.uuid4().hex
     params = StdioServerParameters(
-        command=command[0], args=command[1], env={MARKER_ENV: marker}, cwd=tmp_path
+        command=command[0], args=command[1], env={**(env or {}), MARKER_ENV: marker}, cwd=tmp_path
     )
     seen: set[int] = set()
     with (tmp_path / "server-stderr.log").open("w", encoding="utf-8") as errlog:
@@ -148,3 +157,73 @@ async def test_mcp_server_git_reports_staged_and_untracked_files_of_a_repository
         staged, _, rest = status.partition("Untracked files:")
         assert "new file:   staged.txt" in staged
         assert "untracked.txt" in rest and "staged.txt" not in rest
+
+
+async def test_server_memory_keeps_its_knowledge_graph_in_its_file(tmp_path):
+    command = installed.need(installed.memory_stdio(), "@modelcontextprotocol/server-memory")
+    graph = tmp_path / "memory.jsonl"
+    entity = {"name": "Ada 你好", "entityType": "person", "observations": [TEXT]}
+    async with _connected(command, tmp_path, env={"MEMORY_FILE_PATH": str(graph)}) as session:
+        names = {tool.name for tool in (await session.list_tools()).tools}
+        assert {"create_entities", "create_relations", "read_graph", "search_nodes", "open_nodes"} <= names
+        created = await session.call_tool("create_entities", {"entities": [entity]})
+        assert not created.is_error
+        found = await session.call_tool("search_nodes", {"query": "Ada"})
+        assert not found.is_error
+        assert [e["observations"] for e in json.loads(_texts(found)[0])["entities"]] == [[TEXT]]
+    kept = [json.loads(line) for line in graph.read_text(encoding="utf-8").splitlines()]
+    assert [(e["name"], e["observations"]) for e in kept] == [("Ada 你好", [TEXT])]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def test_server_everything_over_streamable_http_answers_and_its_death_fails_the_call_at_once(tmp_path):
+    command, args = installed.need(installed.everything_http(), "@modelcontextprotocol/server-everything")
+    port = _free_port()
+    with (tmp_path / "server-stderr.log").open("w", encoding="utf-8") as errlog:
+        process = subprocess.Popen(
+            [command, *args], env={**os.environ, "PORT": str(port)}, stdout=errlog, stderr=errlog, start_new_session=True
+        )
+    manager = McpManager(
+        parse_mcp_config({"mcpServers": {"everything": {"url": f"http://127.0.0.1:{port}/mcp", "timeout_seconds": 60}}}),
+        environ=dict(os.environ),
+    )
+    try:
+        with anyio.fail_after(STEP_SECONDS):
+            while True:
+                assert process.poll() is None, "server-everything exited"
+                with socket.socket() as sock:
+                    if sock.connect_ex(("127.0.0.1", port)) == 0:
+                        break
+                await anyio.sleep(0.05)
+        names = {tool.name for tool in await manager.list_tools("everything")}
+        assert {"echo", "get-sum", "trigger-long-running-operation"} <= names
+        result = await manager.call_tool("everything", "echo", {"message": TEXT})
+        assert not result.is_error and _texts(result) == [f"Echo: {TEXT}"]
+
+        async with anyio.create_task_group() as tg:
+            failure: list[BaseException] = []
+
+            async def long_call() -> None:
+                try:
+                    await manager.call_tool("everything", "trigger-long-running-operation", {"duration": 50, "steps": 5})
+                except McpUnavailableError as err:
+                    failure.append(err)
+
+            tg.start_soon(long_call)
+            assert _texts(await manager.call_tool("everything", "echo", {"message": "up"})) == ["Echo: up"]
+            os.killpg(process.pid, signal.SIGKILL)
+            killed = time.monotonic()
+        took = time.monotonic() - killed
+        assert failure, "the long call did not fail"
+        assert took < 5, f"the call failed {took:.1f} s after the kill (its deadline was 60 s)"
+        assert "'everything'" in str(failure[0]) and "connection lost during tools/call" in str(failure[0])
+    finally:
+        await manager.aclose()
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait(10)

@@ -42,7 +42,18 @@ server); its last lines go into error messages.
 
 Streamable HTTP and SSE: one MCP session per server. An HTTP 404 to a request carrying
 our ``Mcp-Session-Id`` means the server forgot the session (restarted, expired): the
-session is reopened and the request sent once more (the server did not run it).
+session is reopened and the request sent once more (the server did not run it). Where
+the SDK would lose what the server said, :class:`hermes.mcp.http.ReportingTransport`
+(our HTTP transport under the SDK's) tells it: an error status (4xx/5xx) to a request fails that
+request with the status and the start of the body (:data:`HTTP_ERROR_BODY_CHARS`), also
+logged; a connection that cannot be made fails the request with that error, instead of
+ending the transport ("unhandled errors in a TaskGroup"). A connection that closes
+during a request (the server died, a proxy dropped it) fails the request at once and ends
+the connection, naming what the HTTP layer saw, instead of at the request's deadline.
+
+Lists (``tools/list``, ``resources/list``, ``prompts/list``) follow ``nextCursor`` for at
+most :data:`MAX_LIST_PAGES` pages and stop early, keeping what was read, with a warning,
+on a page that brings nothing new (a cursor that never advances).
 
 Secrets: every message this module produces (errors, ``status()``, logs) has the
 server's resolved ``${NAME}`` values and ``env``/``headers`` values masked
@@ -81,11 +92,15 @@ from pydantic import ValidationError
 
 from hermes.errors import HermesError
 from hermes.mcp.config import McpConfig, ResolvedServer, ServerConfig, Transport, redact, resolve_all
+from hermes.mcp.http import HTTP_ERROR_BODY_CHARS, HttpState, ReportingTransport
+from hermes.mcp.http import first_line as _first_line
 
 __all__ = [
     "BACKOFF_FIRST_SECONDS",
     "BACKOFF_MAX_SECONDS",
+    "HTTP_ERROR_BODY_CHARS",
     "KILL_GRACE_SECONDS",
+    "MAX_LIST_PAGES",
     "PING_AFTER_IDLE_SECONDS",
     "STABLE_SECONDS",
     "McpManager",
@@ -114,6 +129,12 @@ _PING_TIMEOUT_SECONDS = 5.0
 """Longest wait for a health-check ping."""
 _REAP_SECONDS = 2.0
 """After SIGKILL, how long to wait for the kernel to report the group gone."""
+MAX_LIST_PAGES = 100
+"""Most pages read of one list; a server still sending ``nextCursor`` after that is cut
+off there (with a warning), keeping what was read."""
+_CLOSE_WAIT_SECONDS = 2.0
+"""After an HTTP connection closed during a request: longest wait for its close to be
+recorded (for the message) before the request fails anyway."""
 _STDERR_LINES = 20
 """Lines of a server's stderr kept for error messages."""
 _STDERR_LINE_CHARS = 500
@@ -184,11 +205,14 @@ class McpUnavailableError(HermesError):
         reason: ``"unknown_server"``, ``"start"`` (cannot start: bad command path, no
             handshake), ``"backoff"`` (failed recently; not retried before
             ``retry_in_seconds``), ``"timeout"``, ``"crashed"`` (connection lost mid-request),
-            ``"protocol"`` (an error response or a malformed result), ``"unsupported"``
-            (the server does not offer resources/prompts), ``"closed"`` (manager closed).
+            ``"protocol"`` (an error response or a malformed result), ``"http"`` (an
+            HTTP error status; the message has the status and the start of the body),
+            ``"unsupported"`` (the server does not offer resources/prompts), ``"closed"``
+            (manager closed).
         maybe_ran: whether the request may have reached the server (a tool call whose
             outcome is unknown); False when it certainly did not.
         retry_in_seconds: for ``"backoff"``, seconds until the next start attempt.
+        http_status: for ``"http"``, the HTTP status the server answered (e.g. 403).
     """
 
     def __init__(
@@ -199,11 +223,13 @@ class McpUnavailableError(HermesError):
         reason: str,
         maybe_ran: bool = False,
         retry_in_seconds: float | None = None,
+        http_status: int | None = None,
     ):
         self.server = server
         self.reason = reason
         self.maybe_ran = maybe_ran
         self.retry_in_seconds = retry_in_seconds
+        self.http_status = http_status
         super().__init__(message)
 
 
@@ -254,6 +280,8 @@ class _Connection:
         self.group: int | None = None
         self.stderr_tail: deque[str] = deque(maxlen=_STDERR_LINES)
         self.init_scope: anyio.CancelScope | None = None
+        self.http = HttpState()
+        """What the HTTP layer saw (streamable HTTP and SSE)."""
 
     @property
     def usable(self) -> bool:
@@ -364,7 +392,7 @@ class McpManager:
         srv = self._server(server)
 
         async def listing(session: ClientSession) -> list[types.Tool]:
-            return [tool for tool in await _all_pages(session.list_tools, "tools") if srv.config.allows(tool.name)]
+            return [tool for tool in await _all_pages(session.list_tools, "tools", srv.name) if srv.config.allows(tool.name)]
 
         return await self._cached_list(srv, "tools", listing, refresh=refresh)
 
@@ -428,7 +456,7 @@ class McpManager:
         async def listing(session: ClientSession) -> list[types.Resource]:
             if _capabilities(session).resources is None:
                 return []
-            return await _all_pages(session.list_resources, "resources")
+            return await _all_pages(session.list_resources, "resources", srv.name)
 
         return await self._cached_list(srv, "resources", listing)
 
@@ -466,7 +494,7 @@ class McpManager:
         async def listing(session: ClientSession) -> list[types.Prompt]:
             if _capabilities(session).prompts is None:
                 return []
-            return await _all_pages(session.list_prompts, "prompts")
+            return await _all_pages(session.list_prompts, "prompts", srv.name)
 
         return await self._cached_list(srv, "prompts", listing)
 
@@ -590,14 +618,42 @@ class McpManager:
                     maybe_ran=maybe_ran,
                 ) from None
             except MCPError as err:
+                detail = err.data if isinstance(err.data, dict) else {}
+                if isinstance(detail.get("http_status"), int):
+                    status = detail["http_status"]
+                    raise McpUnavailableError(
+                        srv.name,
+                        srv.mask(f"MCP server {srv.name!r} answered {what} with {err.message}"),
+                        reason="http",
+                        # A 5xx may come from a gateway after the server ran the call.
+                        maybe_ran=maybe_ran and status >= 500,
+                        http_status=status,
+                    ) from None
                 if err.code == types.CONNECTION_CLOSED or conn.ended.is_set() or conn.session_expired:
+                    wait = deadline - time.monotonic()
                     if conn.session_expired and not conn.ended.is_set():
                         conn.end(None)
+                    elif not conn.ended.is_set() and conn.process is None:
+                        # HTTP: the SDK fails the request whose stream closed unanswered but
+                        # keeps the transport; the server is gone or unreachable, so is it.
+                        cause = f" ({conn.http.transport_error})" if conn.http.transport_error else ""
+                        conn.end(f"the connection closed mid-request: {err.message}{cause}")
+                    if conn.process is None:
+                        wait = min(wait, _CLOSE_WAIT_SECONDS)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(conn.finished.wait(), max(0.1, deadline - time.monotonic()))
+                        await asyncio.wait_for(conn.finished.wait(), max(0.1, wait))
                     if conn.session_expired and attempt == 0 and time.monotonic() < deadline:
                         log.info("MCP server %s: HTTP session expired (404); reconnecting once", srv.name)
                         continue
+                    if conn.session_expired and conn.http.refusal is not None:
+                        status, answer = conn.http.refusal
+                        raise McpUnavailableError(
+                            srv.name,
+                            srv.mask(f"MCP server {srv.name!r} answered {what} with {answer} (on a new session too)"),
+                            reason="http",
+                            maybe_ran=False,
+                            http_status=status,
+                        ) from None
                     raise McpUnavailableError(
                         srv.name,
                         srv.mask(
@@ -605,7 +661,7 @@ class McpManager:
                             f"{conn.failure or conn.end_reason or err.message}{self._retry_note(srv)}"
                         ),
                         reason="crashed",
-                        maybe_ran=maybe_ran,
+                        maybe_ran=maybe_ran and detail.get("delivered") is not False,
                     ) from None
                 raise McpUnavailableError(
                     srv.name,
@@ -797,7 +853,8 @@ class McpManager:
                 srv.forget(kind)
                 log.info("MCP server %s: %s list changed", srv.name, kind)
             elif isinstance(message, Exception):
-                log.debug("MCP server %s: transport error: %s", srv.name, srv.mask(str(message)))
+                conn.http.transport_error = srv.mask(_first_line(message))
+                log.debug("MCP server %s: transport error: %s", srv.name, conn.http.transport_error)
 
         session = await stack.enter_async_context(
             ClientSession(
@@ -871,14 +928,48 @@ class McpManager:
 
         timeout = httpx2.Timeout(srv.config.timeout_seconds, read=max(300.0, srv.config.timeout_seconds))
         if resolved.transport == "sse":
-            async with sse_client(resolved.url, headers=dict(resolved.headers), timeout=srv.config.timeout_seconds) as (
-                read,
-                write,
-            ):
-                yield read, write
+
+            def client_factory(
+                headers: dict[str, Any] | None = None, timeout: httpx2.Timeout | None = None, auth: Any = None
+            ) -> httpx2.AsyncClient:
+                return httpx2.AsyncClient(
+                    headers=headers, timeout=timeout, auth=auth, transport=ReportingTransport(srv.name, srv.mask, conn.http, sse=True)
+                )
+
+            async with sse_client(
+                resolved.url,
+                headers=dict(resolved.headers),
+                timeout=srv.config.timeout_seconds,
+                httpx_client_factory=client_factory,
+            ) as (read, write):
+                # The session reads the SDK's stream through ours, into which the transport
+                # puts the answers to requests the server refused (see ReportingTransport).
+                inject, merged = anyio.create_memory_object_stream[SessionMessage | Exception](16)
+
+                async def forward() -> None:
+                    try:
+                        async for item in read:
+                            await inject.send(item)
+                    except (anyio.ClosedResourceError, anyio.BrokenResourceError, anyio.EndOfStream):
+                        pass
+                    finally:
+                        conn.http.inject = None
+                        inject.close()  # the SDK's stream ended (the server went away): so does ours
+
+                conn.http.inject = inject
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(forward)
+                    try:
+                        yield merged, write
+                    finally:
+                        tg.cancel_scope.cancel()
+                        merged.close()
             return
         async with httpx2.AsyncClient(
-            headers=dict(resolved.headers), timeout=timeout, event_hooks={"response": [on_response]}
+            headers=dict(resolved.headers),
+            timeout=timeout,
+            event_hooks={"response": [on_response]},
+            transport=ReportingTransport(srv.name, srv.mask, conn.http, sse=False),
         ) as client:
             async with streamable_http_client(resolved.url, http_client=client) as (read, write):
                 yield read, write
@@ -1021,26 +1112,55 @@ _LIST_CHANGED: dict[type, str] = {
 }
 
 
-async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str) -> list[Any]:
-    """Every item of a paginated MCP list (``tools``, ``resources``, ``prompts``), page by
-    page, following ``next_cursor``."""
+async def _all_pages(fetch: Callable[..., Awaitable[Any]], field: str, server: str) -> list[Any]:
+    """Every item of a paginated MCP list, page by page, following ``next_cursor``.
+
+    Stops early, keeping what it read and logging a warning, on a page that brings no
+    item not already read (a cursor that never advances, or empty pages), and after
+    :data:`MAX_LIST_PAGES` pages. A repeated cursor alone is no reason to stop: cursors
+    are opaque, and a server may keep its position itself behind a constant one (MCP
+    2026-07-28, pagination). An item read twice is kept once, the first time.
+
+    Args:
+        fetch: the session's ``list_tools``, ``list_resources`` or ``list_prompts``.
+        field: the result's list: ``"tools"``, ``"resources"`` or ``"prompts"``.
+        server: the server's name, for the warning.
+
+    Returns:
+        The items in the server's order, duplicates dropped (tools and prompts by name,
+        resources by URI).
+    """
     found: list[Any] = []
+    seen: set[str] = set()
     cursor: str | None = None
-    while True:
+    for pages in range(1, MAX_LIST_PAGES + 1):
         page = await fetch(params=types.PaginatedRequestParams(cursor=cursor) if cursor else None)
-        found.extend(getattr(page, field))
-        cursor = page.next_cursor
-        if not cursor:
+        fresh = 0
+        for item in getattr(page, field):
+            key = str(getattr(item, "uri", None) or getattr(item, "name", None) or id(item))
+            if key not in seen:
+                seen.add(key)
+                found.append(item)
+                fresh += 1
+        if not page.next_cursor:
             return found
+        if fresh == 0:
+            log.warning(
+                "MCP server %s: %s/list page %d brought nothing new and still has a next cursor; "
+                "stopped there with the %d read",
+                server, field, pages, len(found),
+            )
+            return found
+        cursor = page.next_cursor
+    log.warning(
+        "MCP server %s: %s/list still had a next cursor after %d pages; stopped there with the %d read",
+        server, field, MAX_LIST_PAGES, len(found),
+    )
+    return found
 
 
 def _capabilities(session: ClientSession) -> types.ServerCapabilities:
     return session.server_capabilities or types.ServerCapabilities()
-
-
-def _first_line(err: BaseException) -> str:
-    text = str(err).strip().splitlines()
-    return f"{type(err).__name__}: {text[0]}" if text else type(err).__name__
 
 
 def _exit_code(process: Process) -> str:

@@ -33,16 +33,27 @@ without limit); and the shorter it is, the smaller the window in which a dying w
 holds the session (until the workflow task timeout)."""
 
 
+_RETRIED_HTTP_STATUSES = frozenset({408, 409, 429})
+"""HTTP 4xx statuses worth another attempt (the house rule for HTTP 4xx)."""
+
+
 class McpUnavailable(Exception):
-    """The server could not answer (not started, crashed, hung, protocol error).
+    """The server could not answer (not started, crashed, hung, protocol error, HTTP error).
 
     Raised, not returned: a retry-safe tool is retried, then reported as code 2; a tool
     that is not retry-safe is reported at once (code 4 if the call may have reached the
-    server, see ``maybe_ran``, else code 2).
+    server, see ``maybe_ran``, else code 2). An HTTP 4xx answer other than 408, 409 and
+    429 is reported at once as code 2 with the server's message (asking again gets the
+    same answer).
+
+    Attributes:
+        maybe_ran: whether the call may have reached the server.
+        http_status: the HTTP error status the server answered, if that was the failure.
     """
 
-    def __init__(self, message: str, *, maybe_ran: bool):
+    def __init__(self, message: str, *, maybe_ran: bool, http_status: int | None = None):
         self.maybe_ran = maybe_ran
+        self.http_status = http_status
         super().__init__(message)
 
 
@@ -68,6 +79,9 @@ class McpTool(Tool):
         try:
             return await self.toolset.call(self.origin, dict(arguments), timeout_seconds=timeout)
         except McpUnavailable as err:
+            status = err.http_status
+            if status is not None and 400 <= status < 500 and status not in _RETRIED_HTTP_STATUSES:
+                raise ToolFailure(str(err), code=ToolResultCode.DEPENDENCY_UNAVAILABLE, data={"http_status": status}) from None
             if not self.idempotent and err.maybe_ran:
                 raise ToolFailure(
                     f"{err}; the call may have reached the server, so its outcome is unknown and it was not run again",
@@ -217,6 +231,7 @@ class McpToolset:
             raise McpUnavailable(
                 f"MCP server {origin.server}: {_redacted(self.manager, origin.server, err)}",
                 maybe_ran=bool(getattr(err, "maybe_ran", isinstance(err, TimeoutError))),
+                http_status=getattr(err, "http_status", None),
             ) from None
         return call_result(result)
 

@@ -10,4 +10,7 @@ Each is a script run as its own process, over stdio unless said otherwise:
 - ``slow_start.py``: sleeps ``argv[1]`` seconds before it serves (a slow start).
 - ``stubborn.py``: ignores SIGTERM and spawns a grandchild that ignores it too.
 - ``owner.py``: a process that owns an ``McpManager`` (killed with SIGKILL by a test).
+- ``misbehave.py``: misbehaves as public bug reports describe (a call that never ends,
+  HTTP 4xx answers with a body, a list cursor that never advances), for
+  ``tests/test_mcp_failures.py``.
 """

@@ -7,7 +7,7 @@
 # - PyPI servers (mcp-server-time, mcp-server-git): their own venv, tests/mcp_servers/py/.venv,
 #   from py/requirements.txt (exact versions, hash-checked), apart from the project's venv so
 #   that their dependencies cannot hide a dependency the project forgot to declare.
-# - npm servers (server-everything, server-filesystem): `npm ci` in tests/mcp_servers/npm from
+# - npm servers (server-everything, server-filesystem, server-memory): `npm ci` in tests/mcp_servers/npm from
 #   package-lock.json, run by the machine's Node.js if it is 20 or newer, else by Node.js 22
 #   from PyPI (py/requirements-node.txt, into the same venv). The node used is written to
 #   npm/node_modules/.hermes-node, where tests/mcp_servers/installed.py reads it.
@@ -63,6 +63,7 @@ say "node $node ($("$node" --version))"
 npm_stamp="$(stamp_of npm/package-lock.json; echo "$node")"
 if [[ -d "$modules/@modelcontextprotocol/server-everything" \
       && -d "$modules/@modelcontextprotocol/server-filesystem" \
+      && -d "$modules/@modelcontextprotocol/server-memory" \
       && "$(cat "$modules/.hermes-stamp" 2>/dev/null)" == "$npm_stamp" ]]; then
     say "npm servers up to date in $modules"
 else
@@ -72,4 +73,4 @@ else
 fi
 echo "$node" > "$modules/.hermes-node"
 
-say "installed: $(cd npm && "$node" -p 'const l=require("./package-lock.json").packages; ["server-everything","server-filesystem"].map(n=>"@modelcontextprotocol/"+n+"@"+l["node_modules/@modelcontextprotocol/"+n].version).join(" ")') $("$venv/bin/python" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null | grep -E '^mcp(-server-(time|git))?==' | tr '\n' ' ')"
+say "installed: $(cd npm && "$node" -p 'const l=require("./package-lock.json").packages; ["server-everything","server-filesystem","server-memory"].map(n=>"@modelcontextprotocol/"+n+"@"+l["node_modules/@modelcontextprotocol/"+n].version).join(" ")') $("$venv/bin/python" -m pip list --disable-pip-version-check --format=freeze 2>/dev/null | grep -E '^mcp(-server-(time|git))?==' | tr '\n' ' ')"

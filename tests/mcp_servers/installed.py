@@ -80,11 +80,25 @@ def everything_stdio() -> StdioCommand | None:
     return _npm_server("server-everything", ["stdio"])
 
 
+def everything_http() -> StdioCommand | None:
+    """``@modelcontextprotocol/server-everything`` serving streamable HTTP at ``/mcp``; it
+    listens on the port in its ``PORT`` environment variable (default 3001), on every
+    interface."""
+    return _npm_server("server-everything", ["streamableHttp"])
+
+
 def filesystem_stdio(root: Path, *more_roots: Path) -> StdioCommand | None:
     """``@modelcontextprotocol/server-filesystem`` allowed to read and write under ``root``
     (and ``more_roots``), which must exist; paths outside them are refused by the server."""
     roots = [str(Path(r).resolve()) for r in (root, *more_roots)]
     return _npm_server("server-filesystem", roots)
+
+
+def memory_stdio() -> StdioCommand | None:
+    """``@modelcontextprotocol/server-memory``, a knowledge graph (entities, relations,
+    observations) kept in the JSON-lines file named by its ``MEMORY_FILE_PATH``
+    environment variable (default: beside its script); offline."""
+    return _npm_server("server-memory", [])
 
 
 def time_stdio(local_timezone: str = "UTC") -> StdioCommand | None:
