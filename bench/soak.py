@@ -263,6 +263,13 @@ async def main() -> None:
         "when the start RSS is read and again at the end (so it must handle SIGUSR1)",
     )
     p.add_argument("--keep-logs", action="store_true", help="print where the worker logs are and keep them")
+    p.add_argument(
+        "--worker-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for both workers, e.g. HERMES_MODEL_HEARTBEAT_SECONDS=1 (repeatable)",
+    )
     args = p.parse_args()
     turns = args.turns if args.turns is not None else (50 if args.quick else 300)
     if args.sessions < 1 or turns < 3 or args.warmup < 1:
@@ -304,6 +311,13 @@ async def main() -> None:
             "PYTHONUNBUFFERED": "1",
         }
     )
+    for item in args.worker_env:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            p.error(f"--worker-env: expected NAME=VALUE, got {item!r}")
+        env[name] = value
+    if args.worker_env:
+        print("workers' extra settings: " + ", ".join(args.worker_env), flush=True)
     workers = Workers(env=env, log_dir=tmp)
     hermes = HermesClient(env_server.client, task_queue=task_queue, redis=redis)
     tally = Tally()

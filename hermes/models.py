@@ -439,7 +439,7 @@ class SessionConfig(BaseModel):
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5
     """Attempts of one model call (retried with backoff on provider errors worth retrying)."""
-    model_heartbeat_seconds: float = Field(default=2.0, ge=0)
+    model_heartbeat_seconds: float = Field(default=1.0, ge=0)
     """Heartbeat timeout of model calls, summaries and memory extraction: an attempt on a
     worker that died is retried after at most this long (``HERMES_MODEL_HEARTBEAT_SECONDS``);
     0: none, only ``model_timeout_seconds``."""

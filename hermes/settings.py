@@ -67,12 +67,14 @@ class Settings(BaseSettings):
     model_timeout_seconds: float = 120.0
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5
-    model_heartbeat_seconds: float = Field(default=2.0, ge=0)
+    model_heartbeat_seconds: float = Field(default=1.0, ge=0)
     """Heartbeat timeout of model calls, summaries, memory extraction and memory store
     writes: an attempt whose worker died is retried after at most this long instead of
-    after ``model_timeout_seconds``. The worker sends one heartbeat RPC per 0.8 x this per
-    running activity. 0: no heartbeat timeout (e.g. while workers that do not heartbeat
-    model calls are still serving)."""
+    after ``model_timeout_seconds`` (``bench/recovery.py``: 1 s brings a crashed worker's
+    turn back in 3.8-4.0 s, 2 s in 5.2 s). The worker sends a heartbeat RPC every third of
+    it per running activity (``heartbeat_throttle_seconds``); a worker whose event loop
+    stalls for about this long has its calls retried, and billed again. 0: no heartbeat
+    timeout (e.g. while workers that do not heartbeat model calls are still serving)."""
 
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Extra modules whose ``@tool`` functions are registered (comma-separated)."""
@@ -91,9 +93,9 @@ class Settings(BaseSettings):
     """Tool timeout tiers (seed 002 §3.3: 15 s / 30 s / 60 s)."""
     tool_result_max_bytes: int = 64_000
     """Tool results larger than this (JSON) are cut to a preview before they enter history."""
-    tool_heartbeat_seconds: float = Field(default=2.0, gt=0)
-    """A tool activity that has not heartbeated for this long is treated as crashed (one
-    heartbeat RPC per 0.8 x this per running tool call)."""
+    tool_heartbeat_seconds: float = Field(default=1.0, gt=0)
+    """A tool activity that has not heartbeated for this long is treated as crashed (a
+    heartbeat RPC every third of this per running tool call)."""
 
     heartbeat_throttle_seconds: float | None = Field(default=None, gt=0)
     """The most time between two heartbeat RPCs of one running activity (the SDK's
