@@ -322,6 +322,9 @@ class FakeProvider:
         self.default: dict[str, Any] | None = None
         """When set, the raw completion answered once ``scripted`` is used up."""
         self.chunk_delay_seconds = 0.0
+        self.ignores_stream = False
+        """Answer JSON even when asked to stream, as some gateways in front of
+        OpenAI-compatible servers do."""
         self._lock = threading.Lock()
         fake = self
 
@@ -341,7 +344,7 @@ class FakeProvider:
                     raw = (200, {}, fake.default)
                 if raw is not None:
                     status, headers, answer = raw
-                    if status == 200 and body.get("stream") and "choices" in answer:
+                    if status == 200 and body.get("stream") and "choices" in answer and not fake.ignores_stream:
                         return self._stream(completion_to_chunks(answer))
                     return self._json(status, answer, headers)
                 refused = refusal(fake.profile, body)
@@ -351,7 +354,7 @@ class FakeProvider:
                     return self._json(*refused)
                 step_index = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")
                 step = fake.answer(body)
-                if body.get("stream"):
+                if body.get("stream") and not fake.ignores_stream:
                     return self._stream(chunks(fake.profile, step, body, step_index))
                 return self._json(200, completion(fake.profile, step, body, step_index))
 

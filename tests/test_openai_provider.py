@@ -115,6 +115,17 @@ async def test_a_plain_answer_is_parsed_with_usage_and_the_request_is_on_the_wir
     assert "tools" not in sent["body"]
 
 
+async def test_an_endpoint_that_ignores_stream_and_answers_json_is_read_as_it_is(fake_openai):
+    # Some gateways in front of OpenAI-compatible servers drop `stream`: a JSON answer to a
+    # streamed request is the answer, not a broken stream (it was a model_error per turn).
+    fake_openai.ignores_stream = True
+    fake_openai.then(200, completion("whole answer"))
+    result = await provider_for(fake_openai).complete(request())
+    assert fake_openai.requests[0]["body"]["stream"] is True
+    assert result.message.content == "whole answer"
+    assert result.usage is not None and result.usage.completion_tokens > 0
+
+
 async def test_lone_surrogates_from_the_wire_become_replacement_characters_not_a_failing_retry(fake_openai):
     fake_openai.then(
         200,

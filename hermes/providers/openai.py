@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import openai
+from openai.types.chat import ChatCompletion
 
 from hermes.errors import ConfigError, ContextTooLongError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, Usage
@@ -192,8 +193,18 @@ class OpenAIProvider:
         return reply.result(request, self.name, model)
 
     async def _streamed(self, kwargs: dict[str, Any], profile: ProviderProfile) -> _Reply | None:
-        """Read a streamed answer, calling ``on_chunk`` per chunk."""
-        stream = await self.client.chat.completions.create(**kwargs)
+        """Read a streamed answer, calling ``on_chunk`` per chunk.
+
+        An endpoint that ignores ``stream`` (some gateways and proxies in front of
+        OpenAI-compatible servers) answers one JSON completion instead of server-sent
+        events; that answer is read as it is, not taken for a broken stream.
+        """
+        raw = await self.client.chat.completions.with_raw_response.create(**kwargs)
+        content_type = raw.headers.get("content-type", "").lower()
+        if "json" in content_type and "event-stream" not in content_type:
+            body = await raw.http_response.aread()
+            return _reply_of(ChatCompletion.model_validate_json(body), profile)
+        stream = raw.parse()
         reply = _Reply()
         on_chunk = self.on_chunk
         async for chunk in stream:
