@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import math
 import os
+import signal
 import statistics
 import sys
 import tempfile
@@ -141,15 +143,35 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> NoReturn:
     abort the process ("Fatal Python error: PyGILState_Release") after the benchmark has
     printed its headline: temporalio/sdk-python#300, as in ``hermes/cli.py``. So the
     ``atexit`` handlers run, the output is flushed and the process leaves with
-    ``os._exit``: exit code 0, 1 on an uncaught exception (printed as usual), or the
-    ``SystemExit`` code (argparse errors: 2).
+    ``os._exit``: exit code 0, 1 on an uncaught exception (printed as usual), the
+    ``SystemExit`` code (argparse errors: 2), or 143 after a SIGTERM, which cancels
+    ``main()`` so that its ``finally`` blocks stop what it started.
     """
     code: Any = 0
+    terminated = False
+
+    async def until_terminated() -> None:
+        # SIGTERM cancels main(), so its `finally` blocks stop the servers and worker
+        # processes it started (the default action left them running).
+        def on_sigterm() -> None:
+            nonlocal terminated
+            terminated = True
+            task.cancel()
+
+        task = asyncio.ensure_future(main())
+        with contextlib.suppress(NotImplementedError, RuntimeError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, on_sigterm)
+        await task
+
     try:
-        asyncio.run(main())
+        asyncio.run(until_terminated())
     except SystemExit as exit_:
         code = exit_.code
-    except BaseException:  # noqa: BLE001 - printed like an uncaught exception
-        sys.excepthook(*sys.exc_info())
-        code = 1
+    except BaseException as err:  # noqa: BLE001 - printed like an uncaught exception
+        if terminated and isinstance(err, asyncio.CancelledError):
+            print("terminated (SIGTERM): what the benchmark started is stopped", file=sys.stderr)
+            code = 128 + signal.SIGTERM
+        else:
+            sys.excepthook(*sys.exc_info())
+            code = 1
     exit_now(code)
