@@ -51,13 +51,14 @@ class BenchStack:
 
 
 @asynccontextmanager
-async def bench_stack() -> AsyncIterator[BenchStack]:
-    """Start a Temporal dev server and a Redis, yield them, stop both.
+async def bench_stack(*, dynamic_config: dict[str, str] | None = None) -> AsyncIterator[BenchStack]:
+    """Start a Temporal dev server (with ``dynamic_config``, see
+    :func:`hermes.stack.start_dev_environment`) and a Redis, yield them, stop both.
 
     Raises:
         hermes.stack.StackError: a binary is missing or a server did not start.
     """
-    env = await start_dev_environment()
+    env = await start_dev_environment(dynamic_config=dynamic_config)
     try:
         with tempfile.TemporaryDirectory(prefix="hermes-bench-") as tmp:
             stack = EmbeddedStack(Path(tmp), start_temporal=False, redis_port=free_port(), ui=False)

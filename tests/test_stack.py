@@ -101,6 +101,10 @@ async def test_stack_serves_temporal_and_redis_with_search_attributes(tmp_path: 
         finally:
             r.close()
         assert (tmp_path / "data" / "temporal.db").is_file()
+        # Server timers (heartbeat timeouts, retry backoffs, sticky waits) at 100 ms, not
+        # the server's 1 s floor: a second of every recovery (bench/recovery.py).
+        argv = Path(f"/proc/{stack._procs['temporal'].pid}/cmdline").read_bytes().split(b"\0")
+        assert b'history.timerProcessorMaxTimeShift="100ms"' in argv
 
         # ensure_search_attributes: adds what is missing, is idempotent, rejects a type clash.
         assert await ensure_search_attributes(client, {"HermesTestFlag": "Bool"}, "default") == ["HermesTestFlag"]
