@@ -88,9 +88,9 @@ def test_a_failed_preload_is_logged_and_the_store_makes_the_embedder_again(
     assert len(attempts) == 2
 
 
-def test_a_memory_store_caps_the_metadata_lancedb_caches_for_every_version(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-):
+@pytest.fixture
+def lancedb_sessions(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The ``session`` argument of every ``lancedb.connect`` made while the test runs."""
     import lancedb
 
     sessions: list[Any] = []
@@ -101,42 +101,37 @@ def test_a_memory_store_caps_the_metadata_lancedb_caches_for_every_version(
         return connect(*args, **kwargs)
 
     monkeypatch.setattr(lancedb, "connect", spy)
+    return sessions
+
+
+def test_a_memory_store_caps_the_metadata_lancedb_caches_for_every_version(lancedb_sessions: list[Any], tmp_path: Path):
     store = MemoryStore(tmp_path / "memory", CountingEmbedder())
     now = datetime.now(timezone.utc)
     for i in range(10):  # every write is a new table version
         store.write([MemoryCandidate(user_id="u1", text=f"fact number {i} about item {i * 7}", confidence=0.9, created_at=now)])
         store.search("u1", "which fact", now=now)
 
-    [session] = sessions
+    [session] = lancedb_sessions
     assert session is not None, "LanceDB's default caches are gigabytes and keep every version's metadata"
     assert 0 < session.size_bytes <= LANCE_METADATA_CACHE_BYTES + 256 * 1024 * 1024
     assert store.count("u1") == 10
 
 
 def test_the_durable_store_and_the_memory_store_share_one_capped_lancedb_session(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    lancedb_sessions: list[Any], tmp_path: Path
 ):
     """The durable store writes on every turn (transcript archive, snapshots, exactly-once
     records, content by reference); with LanceDB's default session each write's version
     stayed cached (issue 12: the soak's worker grew without end)."""
-    import lancedb
-
     from hermes import lance
     from hermes.durable import NOTES, DurableStore, Record
 
-    sessions: list[Any] = []
-    connect = lancedb.connect
-
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        sessions.append(kwargs.get("session"))
-        return connect(*args, **kwargs)
-
-    monkeypatch.setattr(lancedb, "connect", spy)
     durable = DurableStore(str(tmp_path / "memory"))
     for i in range(5):
         durable.upsert_sync(NOTES, [Record(key=f"note-{i}", value=f"note {i}", owner="u1")])
     assert len(durable.list_sync(NOTES, owner="u1")) == 5
     MemoryStore(tmp_path / "memory", CountingEmbedder())
 
+    sessions = lancedb_sessions
     assert len(sessions) == 2 and sessions[0] is sessions[1] is lance.shared_session()
     assert 0 < sessions[0].size_bytes <= lance.METADATA_CACHE_BYTES + lance.INDEX_CACHE_BYTES
