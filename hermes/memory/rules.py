@@ -199,11 +199,13 @@ _CLAUSE_BREAK = re.compile(
 _EN_NEG = re.compile(
     r"\b(?:not|never|no\s+longer|nor|neither|hardly|dont|doesnt|didnt|cant|cannot|isnt|arent|wasnt|"
     r"werent|havent|hasnt|wont|used\s+to|would|if|maybe|might|could|should|want\s+to|going\s+to|wish|"
-    r"planning|plan|hope)\b|n't\b",
+    r"planning|plan|hope|suppose|supposing|imagine|imagining|assume|assuming|pretend|pretending|let'?s\s+say|"
+    r"what\s+if|in\s+case|whether|unless|someday|one\s+day|dream|dreaming|dreamt|dreamed|considering|"
+    r"thinking\s+(?:of|about)|wonder|wondering)\b|n't\b",
     re.I,
 )
 _EN_AFTER_NEG = re.compile(r"^[^,;:]{0,40}?\b(?:anymore|any\s+more|no\s+more|no\s+longer)\b", re.I)
-_ZH_NEG = re.compile(r"不|没|别|未|非|无|莫|假如|如果|要是|以前|曾经|原来|之前|打算|准备|想要|可能")
+_ZH_NEG = re.compile(r"不|没|别|未|非|无|莫|假如|如果|要是|以前|曾经|原来|之前|打算|准备|想要|可能|假设|倘若|万一|设想|想象|假装|梦见|梦到|做梦|哪天|等我|是否")
 _ZH_NOT_NEG = re.compile(r"不对|不过|不错|不久|不少|不好意思|没错|没问题")
 
 
@@ -236,6 +238,132 @@ _NOT_A_PHONE_CONTEXT = re.compile(
     r"price|cost|total|amount|usd|eur|chf|rmb|cny)\b|[#$€£¥]|订单|单号|编号|账号|帐号|卡号|快递|发票|工号|学号|身份证|价格|金额|元|块",
     re.I,
 )
+
+
+# Reported speech: "she said I live in Berlin", "my friend thinks I'm a doctor", "他说我住在北京"
+# state what someone else claims, not what the user says about themselves. A contrast ("you
+# said I live in Paris, but I live in Lyon") starts the user's own statement again.
+_REPORTED_EN = re.compile(
+    r"\b(?P<who>[\w']{1,20})\s+(?:(?:always|just|once|keeps|kept|apparently|probably|still)\s+)?"
+    r"(?:said|says|say|told|tells|tell|thinks|think|thought|claims?|claimed|believes?|believed|assumes?|assumed|"
+    r"wrote|writes|asked|asks|insists?|insisted|jokes?|joked|reckons?|swears?|swore|means?|meant|imagines?)\b",
+    re.I,
+)
+_REPORTED_SELF = frozenset({"i", "i'd", "i've", "i'll", "as", "like", "have", "had", "you'd"})
+_REPORTED_ZH = re.compile(
+    r"(?<![跟和对给诉])(?:他|她|它|你|他们|她们|别人|有人|大家|人家|老板|朋友|同事|妈妈|妈|爸爸|爸|老婆|老公|领导|医生|家人)"
+    r"[^,，。;；]{0,4}?(?:说|以为|觉得|认为|告诉|听说|声称|猜|还说)"
+)
+_CONTRAST = re.compile(r"\b(?:but|actually|however|though|in\s+fact)\b|但是|但|其实|不过|可是", re.I)
+
+
+def _reported(sentence: str, pos: int) -> bool:
+    """Whether the statement at ``pos`` is someone else's claim (reported speech)."""
+    start = 0
+    for m in _CONTRAST.finditer(sentence, 0, pos):
+        start = m.end()
+    window = sentence[start:pos]
+    if _REPORTED_ZH.search(window):
+        return True
+    return any(m.group("who").lower() not in _REPORTED_SELF for m in _REPORTED_EN.finditer(window))
+
+
+# A home or current place must look like a place. "I live in Slack all day", "I live in fear",
+# "I moved to Jira", "我住在钉钉上", "我生活在恐惧中" use the words of a home for an app, a
+# state of mind, clothes, a room or a team; taken as a home city they would supersede the
+# real one. A value is refused when it starts with a determiner or possessive ("my inbox",
+# "a bubble"; "the" only before a capitalised name: "the Netherlands"), names a known
+# app/product, abstract state, garment, room or organisational unit, is followed by "all day"
+# and the like, or is lowercase in a message whose writer capitalises proper nouns. Chinese
+# values ending in a locative particle (上/里/中/内) are containers, not cities.
+_NOT_A_PLACE_EN = frozenset(
+    # apps, tools and products people "live in"
+    "notion slack excel figma jira trello asana linear confluence vscode emacs vim neovim terminal "
+    "inbox email emails e-mail gmail outlook teams zoom discord github gitlab bitbucket photoshop "
+    "illustrator powerpoint word spreadsheets spreadsheet sheets docs twitter reddit youtube tiktok "
+    "instagram facebook whatsapp telegram wechat chrome safari firefox browser obsidian evernote "
+    "airtable salesforce hubspot intellij pycharm xcode jupyter cloud ide shell tmux kubernetes aws "
+    "calendar chatgpt claude cursor zendesk miro canva blender minecraft steam roblox spotify netflix "
+    "linkedin meetings meeting calls dms chat chats code codebase repo repos editor app apps "
+    # states of mind and abstractions
+    "fear fears terror dread hope hopes denial anxiety panic poverty luxury comfort misery sin shame "
+    "guilt regret limbo peace harmony fantasy fantasyland dreamland darkness silence solitude isolation "
+    "debt chaos paranoia suspense uncertainty doubt hell heaven past future present moment bubble "
+    "society reality head mind imagination dream dreams memories nostalgia stress sadness grief "
+    "constant perpetual fear-mode survival denial. la-la-land "
+    # clothes
+    "sweatpants pyjamas pajamas jeans hoodies hoodie leggings trainers sneakers slippers shorts "
+    "t-shirts tshirts sweaters flannel flip-flops "
+    # rooms, buildings, vehicles
+    "office library gym kitchen bed car van basement garage dorm dorms classroom lab bathroom bedroom "
+    "couch sofa desk headphones "
+    # organisational units ("I moved to the Platform team")
+    "team teams squad department dept group project org division unit role position job company "
+    "startup floor building plan tier version release stack backend frontend account channel server "
+    "side queue pipeline".split()
+)
+_NOT_A_PLACE_EN_PHRASES = ("vs code", "visual studio", "google docs", "google sheets", "google meet",
+                           "microsoft teams", "la la land", "the cloud")
+_PLACE_BAD_FIRST = frozenset("my your our his her their its a an this that these those some constant total "
+                             "complete perpetual permanent eternal absolute pure utter such".split())
+_METAPHOR_TAIL = re.compile(
+    r"^\s*(?:all\s+(?:day|night|week|the\s+time)|24/7|day\s+and\s+night|most\s+(?:days|of\s+the\s+(?:day|time|week))"
+    r"|every\s+(?:day|waking))\b",
+    re.I,
+)
+_SELF_CAPS = frozenset({"i", "i'm", "i've", "i'd", "i'll", "im"})
+_NOT_A_PLACE_ZH = ("钉钉", "微信", "飞书", "企业微信", "QQ", "抖音", "快手", "微博", "淘宝", "小红书", "B站", "知乎",
+                   "邮箱", "网上", "线上", "电脑", "手机", "办公室", "公司", "图书馆", "宿舍", "实验室", "学校", "车里",
+                   "床上", "焦虑", "恐惧", "痛苦", "过去", "回忆", "梦", "压力", "黑暗", "幻想", "阴影", "世界",
+                   "社会", "游戏", "酒店", "宾馆", "朋友家", "亲戚家", "群里", "系统", "软件", "团队", "项目", "部门")
+_ZH_CONTAINER_END = ("上", "里", "中", "内", "之中", "当中")
+
+
+def _writer_capitalises(sentence: str, value_start: int) -> bool:
+    """Whether the sentence capitalises a word other than its first, "I" and all-caps words."""
+    words = re.findall(r"[^\W\d_][\w'\-]*", sentence[:value_start] + " " + sentence[value_start:][80:])
+    for w in words[1:]:
+        if w.lower() in _SELF_CAPS or w.isupper():
+            continue
+        if w[0].isupper():
+            return True
+    return False
+
+
+def _en_place(raw: str, sentence: str, value_start: int, stop: tuple[str, ...], max_words: int = 5) -> str:
+    """The place stated by ``raw`` (the text after "I live in"), or "" when it is not one."""
+    place = _cut_words(raw, stop, max_words=max_words)
+    if not place or not place[0].isalpha():
+        return ""
+    if _METAPHOR_TAIL.match(raw[len(place):].lstrip(" .'-")):
+        return ""
+    words = place.split()
+    if words[0][0].isupper():
+        # "Berlin city centre" -> "Berlin"; "Rio de Janeiro" keeps its inner lowercase word.
+        while len(words) > 1 and words[-1][0].islower():
+            words.pop()
+        place = " ".join(words)
+    low = [w.lower().strip(".'") for w in words]
+    if low[0] in _PLACE_BAD_FIRST:
+        return ""
+    if low[0] == "the" and (len(words) < 2 or not words[1][0].isupper()):
+        return ""  # "the terminal", "the moment"; "the Netherlands" is a place
+    if any(w in _NOT_A_PLACE_EN for w in low) or any(p in place.lower() for p in _NOT_A_PLACE_EN_PHRASES):
+        return ""
+    if place.lower() in _ORG_BAD:
+        return ""
+    if place[0].islower() and _writer_capitalises(sentence, value_start):
+        return ""  # a writer who capitalises names wrote a common noun
+    return place
+
+
+def _zh_place(value: str) -> str:
+    """The Chinese place ``value`` names, or "" for an app, a state of mind, a room, a container."""
+    if not value or value in ("这里", "那里", "这儿", "那儿", "家", "家里"):
+        return ""
+    if value.endswith(_ZH_CONTAINER_END) or any(w in value for w in _NOT_A_PLACE_ZH):
+        return ""
+    return value
 
 
 _PRONOUNS_EN = re.compile(r"\b(?:i'm|i\s+am|i've|i'd|i'll|i|my|me|mine|myself|am)\b", re.I)
@@ -684,7 +812,7 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
     c = min(0.99, 0.9 + conf_boost)
 
     def add(pos: int, cand: RuleCandidate | None) -> None:
-        if cand is not None:
+        if cand is not None and not _reported(s, pos):
             out.append((pos, cand))
 
     # Contacts.
@@ -732,14 +860,14 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
     for m in _EN_HOME.finditer(s):
         if _negated(s, m, False):
             continue
-        place = _cut_words(m.group("v"), _CUT_PLACE, max_words=5)
-        if place and place.lower() not in _ORG_BAD and place[0].isalpha():
+        place = _en_place(m.group("v"), s, m.start("v"), _CUT_PLACE)
+        if place:
             add(m.start(), _cand("fact", "home_city", f"The user lives in {place}", c, 0.8, value=place))
     for m in _ZH_HOME.finditer(s):
         if _negated(s, m, True):
             continue
-        place = _cut_zh(m.group("v"))
-        if place and place not in ("这里", "那里", "这儿", "那儿", "家", "家里"):
+        place = _zh_place(_cut_zh(m.group("v")))
+        if place:
             add(m.start(), _cand("fact", "home_city", f"用户住在{place}", c, 0.8, value=place))
     for m in _EN_WORK.finditer(s):
         if _negated(s, m, False):
@@ -796,12 +924,14 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         place = m.group("v")
         if not period or _negated(s, m, False) or not (place[0].isupper() or not place[0].isascii()):
             continue
-        place = place.rstrip(".'-")
+        place = _en_place(place.rstrip(".'-"), s, m.start("v"), _CUT_COMMON, max_words=3)
+        if not place:
+            continue
         add(m.start(), _cand("fact", "current_location", f"The user is in {place} {' '.join(period.lower().split())}", c, 0.5,
                              _en_days(period), value=place))
     for m in _ZH_TEMP.finditer(s):
         period = m.group("p1") or m.group("p2")
-        place = _cut_zh(m.group("v"))
+        place = _zh_place(_cut_zh(m.group("v")))
         if not place or _negated(s, m, True):
             continue
         add(m.start(), _cand("fact", "current_location", f"用户{period}在{place}", c, 0.5, _zh_days(period), value=place))
