@@ -1415,6 +1415,8 @@ def memory_add(
         out.print(f"superseded {mid}")
     if report.unchanged:
         out.print("already written")
+    if report.refused:
+        raise _fail("memory refused: " + "; ".join(report.refused), EXIT_REFUSED)
 
 
 @memory_app.command("forget")

@@ -38,7 +38,10 @@ class MemoryCandidate(BaseModel):
 
     candidate_id: str = ""
     """Stable id of this candidate (defaults to its future ``memory_id``); a candidate
-    seen twice (a retried activity) changes nothing the second time."""
+    seen twice (a retried activity) changes nothing the second time. A caller may choose
+    it; memory ids are global (every user's rows share one table), so an id another user
+    already has is refused (``WriteReport.refused``), never shared. The default id hashes
+    the user id in, so it never collides."""
     user_id: str
     kind: MemoryKind = "fact"
     subject: str = ""
@@ -205,7 +208,10 @@ class WriteReport(BaseModel):
     unchanged: int = 0
     """Candidates already applied (a retried batch)."""
     dropped: int = 0
-    """Candidates refused (empty after cleaning, or for a forgotten user)."""
+    """Candidates not stored: empty after cleaning, for a forgotten user, or ``refused``."""
+    refused: list[str] = Field(default_factory=list)
+    """One line per candidate not stored although it had content, naming its id and why
+    (``memory_id 'm1' is already used by another user``); also counted in ``dropped``."""
     error: str | None = None
     """Why the batch is not written yet (it stays pending: e.g. the store holds another
     embedding model's rows until ``hermes memory reembed``)."""
@@ -217,6 +223,7 @@ class WriteReport(BaseModel):
             superseded=self.superseded + other.superseded,
             unchanged=self.unchanged + other.unchanged,
             dropped=self.dropped + other.dropped,
+            refused=(self.refused + other.refused)[-200:],
         )
 
 

@@ -391,7 +391,9 @@ class MemoryStore:
         supersede an older value of the same subject.
 
         Returns:
-            What changed.
+            What changed. ``inserted`` and ``updated`` name only rows stored for this user
+            (read back after the insert); a candidate whose ``candidate_id`` is another
+            user's row id is not stored and is named in ``refused``.
 
         Raises:
             EmbeddingModelMismatch: the table holds another model's vectors.
@@ -412,16 +414,52 @@ class MemoryStore:
             (c, t) for c, t in zip(candidates, texts)
             if t and (forgotten is None or (_utc(c.created_at) or now) > forgotten)
         ]
+        taken = self._ids_of_other_users(user_id, [c.candidate_id for c, _ in keep])
+        refused = [f"memory_id {mid!r} is already used by another user: not stored (leave candidate_id "
+                   "empty for a generated id, or choose another)" for mid in sorted(taken)]
+        keep = [(c, t) for c, t in keep if c.candidate_id not in taken]
         dropped = len(candidates) - len(keep)
         vectors = self.embedder.embed_passages([t for _, t in keep]) if keep else np.zeros((0, self.embedder.dim))
         for attempt in range(attempts):
             plan = self._plan(user_id, keep, vectors, now)
             plan.report.dropped += dropped
+            plan.report.refused = refused + plan.report.refused
             if self._apply(plan):
+                self._confirm_inserts(user_id, plan.report)
                 return plan.report
             # Jittered: writers that lost the same race must not retry in lockstep.
             time.sleep(random.uniform(0.01, 0.05 * 2**attempt))
         raise WriteConflict(f"memories of {user_id!r} kept changing during {attempts} write attempts")
+
+    def _ids_of_other_users(self, user_id: str, candidate_ids: list[str]) -> set[str]:
+        """The ``candidate_ids`` that are already row ids of another user (either table).
+
+        Memory ids are the primary key of one table shared by every user: inserting such
+        an id would be skipped as "already there" while reporting an insert, and the
+        archive's upsert by id would overwrite the other user's row.
+        """
+        if not candidate_ids:
+            return set()
+        ids = ", ".join(sql_str(c) for c in sorted(set(candidate_ids)))
+        where = f"memory_id IN ({ids}) AND user_id != {sql_str(user_id)}"
+        return {r["memory_id"] for table in (self.table, self.archive) for r in self._rows(table, where)}
+
+    def _confirm_inserts(self, user_id: str, report: WriteReport) -> None:
+        """Keep in ``report.inserted`` only the ids now stored for ``user_id``.
+
+        The insert skips an id that exists already (a retry's own row); another user
+        taking the id between the check in :meth:`write` and the insert would otherwise be
+        reported as this user's insert.
+        """
+        if not report.inserted:
+            return
+        ids = ", ".join(sql_str(m) for m in sorted(set(report.inserted)))
+        mine = {r["memory_id"] for r in self._rows(self.table, f"memory_id IN ({ids}) AND user_id = {sql_str(user_id)}")}
+        lost = [m for m in report.inserted if m not in mine]
+        if lost:
+            report.inserted = [m for m in report.inserted if m in mine]
+            report.dropped += len(lost)
+            report.refused += [f"memory_id {m!r} was taken by another user during the write: not stored" for m in lost]
 
     def _plan(self, user_id: str, items: list[tuple[MemoryCandidate, str]], vectors: np.ndarray, now: datetime) -> _Plan:
         report = WriteReport()
@@ -430,7 +468,8 @@ class MemoryStore:
         updates: dict[str, dict[str, Any]] = {}
         base = self._where(user_id, now=now)
         for (cand, text), vector in zip(items, vectors):
-            if cand.candidate_id in applied:
+            # One candidate id is one candidate: a second one in the batch is a repeat.
+            if cand.candidate_id in applied or cand.candidate_id in inserts:
                 report.unchanged += 1
                 continue
             subject = _norm_key(cand.subject)
