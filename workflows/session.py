@@ -1172,7 +1172,7 @@ class SessionWorkflow:
                 text=rc.text,
                 importance=rc.importance,
                 confidence=rc.confidence,
-                source="rules",
+                source="remember" if rc.explicit else "rules",
                 source_session=self._inp.session_id,
                 source_turn=turn,
                 created_at=now,

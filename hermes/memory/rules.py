@@ -64,6 +64,9 @@ class RuleCandidate(BaseModel):
     value: str = ""
     """The subject's value as stated (``Zurich``, ``concise``): the same value restates a
     memory, another one supersedes it. Empty without a subject."""
+    explicit: bool = False
+    """Said in a "remember ..." / "记住..." request: the user asked to keep it (stored with
+    source ``remember``, never archived by age)."""
 
 
 class Triggers(BaseModel):
@@ -1098,14 +1101,15 @@ def _extract_all(text: str) -> list[RuleCandidate]:
             if inner.lower() not in _REMEMBER_EMPTY and _HAS_WORD.search(inner):
                 _extract_sentence(inner, local, conf_boost=0.05)
                 if local:
-                    local = [(p, c.model_copy(update={"importance": max(c.importance, 0.8)})) for p, c in local]
+                    local = [(p, c.model_copy(update={"importance": max(c.importance, 0.8), "explicit": True}))
+                             for p, c in local]
                 else:
                     clause = _zh_to_third_person(inner) if (zh or _is_zh(inner)) else _en_to_third_person(inner)
                     if not (zh or _is_zh(inner)) and inner.lower().startswith("to "):
                         clause = "The user wants to remember " + clause
                     cand = _cand("fact", "", clause, 0.95, 0.8)
                     if cand is not None:
-                        local.append((m.start(), cand))
+                        local.append((m.start(), cand.model_copy(update={"explicit": True})))
         elif not _is_question(s):
             _extract_sentence(s, local)
         found.extend((offset * 100_000 + p, c) for p, c in local)

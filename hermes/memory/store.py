@@ -108,6 +108,57 @@ class WriteConflict(MemoryStoreError):
     """Rows kept changing under a write for every attempt (the activity retries)."""
 
 
+PINNED_SOURCES = frozenset({"remember", "cli", "api"})
+"""Sources of a memory the user asked to keep ("remember ...", ``hermes memory add``, the
+API): such an active row is never archived by age (only by ``valid_until``, a supersession
+or a forget)."""
+ARCHIVE_IMPORTANCE_BASE = 16.0
+"""Importance 0.5 keeps the configured archive age; each 0.25 above doubles it (0.9: x3,
+1.0: x4), each 0.25 below halves it (0.0: x1/4)."""
+ARCHIVE_CONFIDENCE_REF = 0.8
+"""Confidence that keeps the configured age (the write threshold's neighbourhood)."""
+ARCHIVE_USE_MAX = 3.0
+"""Most that retrievals extend the age (reached at 15 hits)."""
+
+
+def archive_age_days(row: dict[str, Any], archive_after_days: float) -> float:
+    """Days without use after which consolidation archives ``row`` (``math.inf``: never).
+
+    ``archive_after_days * I * C * U``, counted from the row's last use (the newest of
+    ``updated_at`` and ``last_hit_at``: a restatement or a retrieval restarts the clock):
+
+    - ``I = 16 ** (importance - 0.5)`` (0.25 at importance 0, 1 at 0.5, 3 at 0.9, 4 at 1):
+      forgetting by age alone archived a user's name, allergy or e-mail, unretrieved for
+      the period because nothing asked for it, exactly like a passing remark; what the
+      writer judged important keeps longer, and a remark goes sooner.
+    - ``C = clamp(confidence / 0.8, 0.5, 1.25)``: a doubtful memory (and a superseded one,
+      whose confidence was halved) goes sooner.
+    - ``U = min(3, 1 + 0.5 * log2(1 + hit_count))`` (1 hit: 1.5, 3: 2, 15: 3): a memory
+      retrieved often has shown it is used, so a pause in its use is not disuse yet.
+
+    An active row whose ``source`` is in :data:`PINNED_SOURCES` (an explicit "remember")
+    is never archived by age.
+
+    Args:
+        row: a store row (``importance``, ``confidence``, ``hit_count``, ``source``,
+            ``status``).
+        archive_after_days: the configured age (``Settings.archive_after_days``: 180, or 7
+            for the personal profile), in days; > 0.
+
+    Returns:
+        The effective age in days, or ``math.inf``.
+    """
+    if row.get("status", "active") == "active" and row.get("source") in PINNED_SOURCES:
+        return math.inf
+    importance = min(1.0, max(0.0, float(row.get("importance") or 0.0)))
+    confidence = float(row.get("confidence") or 0.0)
+    hits = max(0, int(row.get("hit_count") or 0))
+    weight_importance = ARCHIVE_IMPORTANCE_BASE ** (importance - 0.5)
+    weight_confidence = min(1.25, max(0.5, confidence / ARCHIVE_CONFIDENCE_REF))
+    weight_use = min(ARCHIVE_USE_MAX, 1.0 + 0.5 * math.log2(1 + hits))
+    return archive_after_days * weight_importance * weight_confidence * weight_use
+
+
 def check_id(value: str, what: str = "user_id") -> str:
     """``value`` if it is usable as an id: non-empty, at most 512 characters, no control
     characters. Any other character (quotes, SQL, emoji) is fine: filters quote it.
@@ -507,6 +558,8 @@ class MemoryStore:
                 row["importance"] = max(float(row["importance"]), cand.importance)
                 row["confidence"] = max(float(row["confidence"]), cand.confidence)
                 row["mentions"] = int(row["mentions"]) + 1
+                if cand.source in PINNED_SOURCES:
+                    row["source"] = cand.source  # "remember" said of a known memory pins it
                 row["sources"] = (list(row.get("sources") or []) + [cand.candidate_id])[-MAX_SOURCES:]
                 if cand.valid_until is not None:
                     row["valid_until"] = max(_utc(cand.valid_until), _utc(row.get("valid_until")) or _utc(cand.valid_until))
@@ -840,8 +893,9 @@ class MemoryStore:
 
     def consolidate_user(self, user_id: str, now: datetime, archive_after_days: float) -> ConsolidationReport:
         """Merge near-duplicates, resolve conflicts of a subject, expire rows past
-        ``valid_until`` and archive rows unused for ``archive_after_days``; idempotent
-        (a second run right after changes nothing).
+        ``valid_until`` and archive rows unused for ``archive_after_days`` weighed by their
+        importance, confidence and retrievals (:func:`archive_age_days`; an explicit
+        "remember" never by age); idempotent (a second run right after changes nothing).
 
         Raises:
             EmbeddingModelMismatch: the table holds another model's vectors.
@@ -857,18 +911,18 @@ class MemoryStore:
         moves: dict[str, tuple[dict[str, Any], str]] = {}
         updates: dict[str, dict[str, Any]] = {}
         merges: dict[str, list[dict[str, Any]]] = {}  # survivor memory_id -> rows merged into it
-        cutoff = now - timedelta(days=archive_after_days)
         for r in rows:
             valid = _utc(r.get("valid_until"))
             used = max(x for x in (_utc(r["updated_at"]), _utc(r.get("last_hit_at"))) if x is not None)
+            age = archive_age_days(r, archive_after_days)
             if valid is not None and valid <= now:
                 moves[r["memory_id"]] = (r, "expired")
                 report.expired += 1
                 report.details.append(f"expired {r['memory_id']}: valid until {valid:%Y-%m-%d}")
-            elif used < cutoff:
+            elif math.isfinite(age) and used < now - timedelta(days=age):
                 moves[r["memory_id"]] = (r, "archived")
                 report.archived += 1
-                report.details.append(f"archived {r['memory_id']}: unused since {used:%Y-%m-%d}")
+                report.details.append(f"archived {r['memory_id']}: unused since {used:%Y-%m-%d} (kept {age:.0f} days)")
         active = [r for r in rows if r["status"] == "active" and r["memory_id"] not in moves]
         # Conflicts: more than one active row for a single-valued subject (two sessions
         # wrote at once): the newest stays, the others are superseded by it.
@@ -985,6 +1039,8 @@ class MemoryStore:
                 merged["confidence"] = max(float(merged["confidence"]), float(r["confidence"]))
                 merged["updated_at"] = max(_utc(merged["updated_at"]), _utc(r["updated_at"]))
                 merged["sources"] = (list(merged.get("sources") or []) + list(r.get("sources") or []) + [r["memory_id"]])[-MAX_SOURCES:]
+                if r.get("source") in PINNED_SOURCES and merged.get("source") not in PINNED_SOURCES:
+                    merged["source"] = r["source"]  # a merged "remember" keeps the survivor
                 if not merged.get("subject") and r.get("subject"):
                     merged["subject"], merged["value"] = r["subject"], r.get("value")
             seen = int(merged["version"])
