@@ -117,7 +117,8 @@ def test_a_frequently_retrieved_low_importance_row_outlives_an_unretrieved_one(s
     ({"importance": 0.5, "confidence": 0.8, "hit_count": 1}, 1.5),
     ({"importance": 0.5, "confidence": 0.8, "hit_count": 1000}, 3.0),
     ({"importance": 0.5, "confidence": 0.8, "hit_count": 0, "source": "remember"}, math.inf),
-    ({"importance": 0.5, "confidence": 0.8, "hit_count": 0, "source": "api", "status": "active"}, math.inf),
+    ({"importance": 0.5, "confidence": 0.8, "hit_count": 0, "source": "cli", "status": "active"}, math.inf),
+    ({"importance": 0.5, "confidence": 0.8, "hit_count": 0, "source": "api"}, 1.0),
     ({"importance": 0.5, "confidence": 0.8, "hit_count": 0, "source": "model"}, 1.0),
 ])
 def test_the_archive_age_follows_the_documented_formula(row, factor):

@@ -20,9 +20,9 @@ MemoryStatus = Literal["active", "superseded", "merged", "archived", "expired"]
 that replaced them (``superseded_by``); ``merged``, ``archived`` and ``expired`` rows live
 in the archive table."""
 MemorySource = Literal["rules", "remember", "model", "promotion", "cli", "api"]
-"""Where a memory came from. ``remember`` (the rules found "remember ..." / "记住..."), ``cli``
-(``hermes memory add``) and ``api`` are the user's explicit wish to keep it: such an active row
-is never archived by age (:data:`hermes.memory.store.PINNED_SOURCES`)."""
+"""Where a memory came from. ``remember`` (the rules found "remember ..." / "记住...", or a
+client says so) and ``cli`` (``hermes memory add``) are the user's explicit wish to keep it:
+such an active row is never archived by age (:data:`hermes.memory.store.PINNED_SOURCES`)."""
 
 MAX_MEMORY_CHARS = 500
 """Longest memory text stored; injected memories are cut further (200 characters)."""

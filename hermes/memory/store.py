@@ -108,10 +108,11 @@ class WriteConflict(MemoryStoreError):
     """Rows kept changing under a write for every attempt (the activity retries)."""
 
 
-PINNED_SOURCES = frozenset({"remember", "cli", "api"})
-"""Sources of a memory the user asked to keep ("remember ...", ``hermes memory add``, the
-API): such an active row is never archived by age (only by ``valid_until``, a supersession
-or a forget)."""
+PINNED_SOURCES = frozenset({"remember", "cli"})
+"""Sources of a memory the user asked to keep ("remember ...", ``hermes memory add``): such
+an active row is never archived by age (only by ``valid_until``, a supersession or a
+forget). ``api`` is not among them: a program writing through the client (an import) is
+not a user's wish; it sends ``source="remember"`` for one."""
 ARCHIVE_IMPORTANCE_BASE = 16.0
 """Importance 0.5 keeps the configured archive age; each 0.25 above doubles it (0.9: x3,
 1.0: x4), each 0.25 below halves it (0.0: x1/4)."""
