@@ -741,9 +741,11 @@ def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> De
             out |= set(dev.groups.get(x, [x]))
         return out
 
+    vectors = {q["id"]: embedder.embed_query(q["text"]) for q in dev.raw["queries"]}
+
     def rank(q) -> list[set[str]]:
         return [{m.memory_id, *(holder.get(m.memory_id, {}).get("sources") or [])}
-                for m in store.search(q["user"], q["text"], limit=5, now=ask, generation="dev")]
+                for m in store.search(q["user"], q["text"], limit=5, now=ask, generation="dev", vector=vectors[q["id"]])]
 
     def evaluate(floor: float) -> tuple[float, float, float, int]:
         store.thresholds = _dc.replace(embedder.thresholds, retrieval=floor)

@@ -177,7 +177,9 @@ def change_marker(text: str) -> str | None:
 
 
 def _strip_negation(text: str) -> list[str]:
-    return [t for t in tokens(_NEGATION.sub(" ", unicodedata.normalize("NFKC", text).casefold()))]
+    """The words of ``text`` without its negation, lightly stemmed (``likes`` / ``like``)."""
+    words = tokens(_NEGATION.sub(" ", unicodedata.normalize("NFKC", text).casefold()))
+    return [re.sub(r"(?<=\w{3})s$", "", w) if w.isascii() else w for w in words]
 
 
 def _substitution(a: list[str], b: list[str]) -> bool:
