@@ -129,7 +129,7 @@ class UseEmbedder:
 
     dim = 512
     thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15, judge_floor=0.30, judge_marker_floor=0.25,
-                            rules_same=0.65, rules_change=0.5)
+                            rules_same=0.75, rules_change=0.5)
     """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
     word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
     merges only near-identical texts; paraphrases are merged by subject and value
