@@ -176,11 +176,3 @@ def test_the_read_path_never_judges(store: MemoryStore, monkeypatch: pytest.Monk
     monkeypatch.setattr(store_module, "assess", refuse)
     found = store.search("u1", "What do I like to drink?", now=T0 + DAY)
     assert [m.text for m in found] == ["Likes green tea."]
-
-
-def test_a_shared_word_alone_does_not_admit_a_memory_under_the_similarity_floor(store: MemoryStore) -> None:
-    store.write([cand("Takes notes in Obsidian.", 0)], now=T0)
-    vector = store.embedder.embed_query("Which bus goes to the zoo? I need notes.")
-    notes = store.embedder.embed_passages(["Takes notes in Obsidian."])[0]
-    assert float(vector @ notes) < store.thresholds.retrieval  # the premise: under the floor, one word shared
-    assert store.search("u1", "Which bus goes to the zoo? I need notes.", now=T0 + DAY) == []

@@ -701,12 +701,11 @@ class MemoryStore:
                     rows.setdefault(r["memory_id"], r)
             sims = {mid: self._similarity(r, vector) for mid, r in rows.items()}
         best = max(sims.values(), default=1.0)
+        query_words = content_words(query) if hybrid else frozenset()
         scored = []
         for mid, r in rows.items():
             sim = sims[mid]
-            # Under the floor only an identifier of the query admits a row: a shared word
-            # alone ("birthday") admitted the user's own birthday for a sister's (issue 15).
-            if sim < self.thresholds.retrieval and mid not in keyword:
+            if sim < self.thresholds.retrieval and mid not in keyword and not (query_words & content_words(r["text"])):
                 continue
             scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
