@@ -50,8 +50,19 @@ embedded as passages, as memories are when they are written):
   above it).
 
 Within the best interval the middle is taken, rounded to 0.01 when that stays inside it.
-Last line: ``recall_at_5=<value>`` of the default embedder through the product's read path
-(:data:`hermes.memory.embeddings.DEFAULT_EMBEDDER`).
+
+Product path (issue 15): the development set ``bench/data/memory_quality_dev.yaml`` (two
+users telling things over ten weeks: duplicate groups, changes of fact without a subject,
+unrelated questions) is written through the writer's and the consolidation's own code
+(``MemoryStore.write``, ``activities.memory.judge_pairs``, ``consolidate_and_judge``) twice:
+rules only, and with the judge played by the scripted model answering what the set says a
+good model answers. Printed per run: recall@5, MRR, ``duplicates_collapsed`` (restatements
+absorbed / restatements), ``changes_superseded``, ``unrelated_empty``, the retrieval-floor
+trade-off, and for the judge run ``judge_pairs_asked`` (true pairs that reached the judge,
+its rules or its model) and ``judge_calls_per_write``. ``--dev-only`` runs only this.
+Last line: ``memory_score=<mean of rules-only recall@5, duplicates_collapsed,
+changes_superseded, unrelated_empty>``; the retrieval set's ``recall_at_5`` is printed
+before it.
 """
 
 from __future__ import annotations
