@@ -194,6 +194,7 @@ def _memory_activities(
         batch_seconds=settings.memory_batch_seconds,
         redis=redis,
         heartbeat_seconds=settings.model_heartbeat_seconds,
+        judge_max_calls=settings.resolved_memory_judge_max_calls,
     )
 
 

@@ -24,6 +24,14 @@ from activities.heartbeat import heartbeating
 from hermes import names
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
 from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
+from hermes.memory.judge import (
+    JUDGE_INSTRUCTION,
+    JudgeMemoriesInput,
+    JudgeReport,
+    applied_verdict,
+    judge_prompt,
+    parse_verdict,
+)
 from hermes.memory.models import (
     ConsolidateInput,
     ConsolidationReport,
@@ -46,6 +54,79 @@ HIT_FLUSH_SECONDS = 1.0
 """Hit statistics are written at most this often, after the search that produced them."""
 
 
+async def judge_pairs(store: MemoryStore, provider: Any, inp: JudgeMemoriesInput, *, now: datetime | None = None,
+                      run: Callable[..., Any] | None = None) -> JudgeReport:
+    """Decide ``inp.pairs`` and apply the verdicts to ``store`` (what ``judge_memories``
+    does; the bench calls it as the activity would).
+
+    The first ``inp.max_calls`` pairs whose rows are both still active are put to
+    ``provider`` (the extraction model: one call each, JSON ``{"verdict": ...}``); the
+    others, and any whose call fails or answers no verdict, get the rules' verdict
+    (``JudgePair.fallback``). A ``same`` the rules ruled out is applied as ``update``.
+
+    Args:
+        store: the memory store.
+        provider: a model provider (``complete(CallModelInput)``), or None (rules only).
+        inp: the pairs, the budget, the model name.
+        now: when (default: now).
+        run: runs a store call in a thread (the activity's heartbeating runner); default: inline.
+    """
+    now = now or datetime.now(timezone.utc)
+
+    async def call(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        if run is not None:
+            return await run(lambda s: fn(s, *args, **kwargs))
+        return fn(store, *args, **kwargs)
+
+    report = JudgeReport()
+    for pair in inp.pairs:
+        verdict = None
+        if provider is not None and report.asked < inp.max_calls:
+            texts = await call(MemoryStore.pair_texts, pair)
+            if texts is None:
+                report.kept += 1
+                continue
+            request = CallModelInput(
+                session_id=f"memory-judge:{inp.user_id}"[:200],
+                turn=0,
+                messages=[Message(role="system", content=JUDGE_INSTRUCTION), Message(role="user", content=judge_prompt(*texts))],
+                model=inp.model,
+                purpose="memory_judge",
+                max_output_tokens=30,
+            )
+            report.asked += 1
+            try:
+                answer = await provider.complete(request)
+                verdict = parse_verdict(answer.message.content or "")
+            except Exception as err:  # noqa: BLE001 - a failed judgement falls back to the rules, never loses the write
+                report.errors.append(f"{pair.older_id}|{pair.newer_id}: {type(err).__name__}: {err}"[:200])
+        if verdict is None:
+            report.by_rules += 1
+        decided = applied_verdict(pair, verdict)
+        outcome = await call(MemoryStore.apply_verdict, inp.user_id, pair, decided, now=now, record=verdict is not None)
+        if outcome == "merged":
+            report.merged.append(pair.newer_id)
+        elif outcome == "superseded":
+            report.superseded.append(pair.older_id)
+        else:
+            report.kept += 1
+    return report
+
+
+def consolidate_and_judge(store: MemoryStore, inp: ConsolidateInput, *, judge: bool) -> ConsolidationReport:
+    """One user's consolidation (:meth:`MemoryStore.consolidate_user`), then the judge's
+    pass over the rows left (:meth:`MemoryStore.judge_pass`): the rules' verdicts applied,
+    and with ``judge`` the pairs for the model in ``judge_pairs`` (at most
+    ``inp.max_judge_pairs``). Synchronous: run in a thread."""
+    report = store.consolidate_user(inp.user_id, inp.now, inp.archive_after_days)
+    details, pairs = store.judge_pass(inp.user_id, inp.now, judge=judge, max_pairs=inp.max_judge_pairs)
+    report.merged += sum(d.startswith("merged") for d in details)
+    report.superseded += sum(d.startswith("superseded") for d in details)
+    report.details = (report.details + details)[:200]
+    report.judge_pairs = pairs
+    return report
+
+
 class MemoryActivities:
     """The memory activities of one worker.
 
@@ -57,6 +138,7 @@ class MemoryActivities:
         batch_size: ``batch_size`` / ``batch_seconds`` for writers this worker starts.
         redis: a ``redis.asyncio.Redis`` (optional): the read path's generation tokens.
         heartbeat_seconds: ``heartbeat_seconds`` for writers this worker starts.
+        judge_max_calls: ``max_judge_calls`` for writers this worker starts.
     """
 
     def __init__(
@@ -70,7 +152,10 @@ class MemoryActivities:
         batch_seconds: float = 5.0,
         redis: Any = None,
         heartbeat_seconds: float = 2.0,
+        judge_max_calls: int = 0,
     ) -> None:
+        self.judge_max_calls = judge_max_calls
+        """Model calls of the memory judge per batch, for the writers this worker starts (0: rules only)."""
         self.heartbeat_seconds = heartbeat_seconds
         """Heartbeat timeout the writers this worker starts set on their store activities."""
         self.redis = redis
@@ -257,6 +342,7 @@ class MemoryActivities:
                 batch_size=self.batch_size,
                 batch_seconds=self.batch_seconds,
                 heartbeat_seconds=self.heartbeat_seconds,
+                max_judge_calls=self.judge_max_calls,
             ),
             id=names.memory_writer_id(user_id),
             task_queue=self.task_queue,
@@ -273,7 +359,7 @@ class MemoryActivities:
                 batch and tries again later), or a store failure (retried).
         """
         try:
-            report = await self._run(lambda s: s.write(inp.candidates))
+            report = await self._run(lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
@@ -305,6 +391,7 @@ class MemoryActivities:
                 batch_size=self.batch_size,
                 batch_seconds=self.batch_seconds,
                 heartbeat_seconds=self.heartbeat_seconds,
+                max_judge_calls=self.judge_max_calls,
             ),
             id=names.memory_writer_id(user_id),
             task_queue=self.task_queue,
@@ -324,13 +411,28 @@ class MemoryActivities:
     @activity.defn(name=names.CONSOLIDATE_MEMORIES)
     async def consolidate_memories(self, inp: ConsolidateInput) -> ConsolidationReport:
         """Consolidate one user's rows (see :meth:`MemoryStore.consolidate_user`)."""
+        judge = inp.judge and self.provider is not None
         try:
-            report = await self._run(lambda s: s.consolidate_user(inp.user_id, inp.now, inp.archive_after_days))
+            report = await self._run(lambda s: consolidate_and_judge(s, inp, judge=judge))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
         if report.changed():
+            await self._changed(inp.user_id)
+        return report
+
+    @activity.defn(name=names.JUDGE_MEMORIES)
+    async def judge_memories(self, inp: JudgeMemoriesInput) -> JudgeReport:
+        """Put the pairs a write batch or a consolidation left to the model before it and
+        apply the verdicts (see :func:`judge_pairs`); off the reply path (the memory writer
+        and the consolidation run it). A store failure raises (retried; verdicts already
+        applied find their rows gone and change nothing)."""
+        try:
+            report = await judge_pairs(self.store(), self.provider, inp, run=self._run)
+        except MemoryStoreError as err:
+            raise ApplicationError(str(err), type=type(err).__name__) from None
+        if report.merged or report.superseded:
             await self._changed(inp.user_id)
         return report
 
@@ -348,6 +450,7 @@ class MemoryActivities:
             self.forget_user_memories,
             self.list_memory_users,
             self.consolidate_memories,
+            self.judge_memories,
             self.optimize_memories,
         ]
 

@@ -50,12 +50,24 @@ embedded as passages, as memories are when they are written):
   above it).
 
 Within the best interval the middle is taken, rounded to 0.01 when that stays inside it.
-Last line: ``recall_at_5=<value>`` of the default embedder through the product's read path
-(:data:`hermes.memory.embeddings.DEFAULT_EMBEDDER`).
+
+Product path (issue 15): the development set ``bench/data/memory_quality_dev.yaml`` (two
+users telling things over ten weeks: duplicate groups, changes of fact without a subject,
+unrelated questions) is written through the writer's and the consolidation's own code
+(``MemoryStore.write``, ``activities.memory.judge_pairs``, ``consolidate_and_judge``) twice:
+rules only, and with the judge played by the scripted model answering what the set says a
+good model answers. Printed per run: recall@5, MRR, ``duplicates_collapsed`` (restatements
+absorbed / restatements), ``changes_superseded``, ``unrelated_empty``, the retrieval-floor
+trade-off, and for the judge run ``judge_pairs_asked`` (true pairs that reached the judge,
+its rules or its model) and ``judge_calls_per_write``. ``--dev-only`` runs only this.
+Last line: ``memory_score=<mean of rules-only recall@5, duplicates_collapsed,
+changes_superseded, unrelated_empty>``; the retrieval set's ``recall_at_5`` is printed
+before it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import math
 import statistics
@@ -561,11 +573,263 @@ def measure(name: str, data: RetrievalSet, rounds: int) -> CandidateReport:
     return CandidateReport(name, evaluation, dedupe, related, retrieval)
 
 
+# ---------------------------------------------------------------- product path (issue 15)
+
+DEV_PATH = Path(__file__).resolve().parent / "data" / "memory_quality_dev.yaml"
+DEV_FLOORS = (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40)
+DEV_CONSOLIDATE_EVERY_DAYS = 14
+DEV_JUDGE_MAX_CALLS = 20
+"""Model calls per written batch and per consolidation run (the setting's default)."""
+
+
+@dataclass
+class DevSet:
+    raw: dict
+    statements: list[dict]
+    """Every memory said, in the order said: ``id``, ``user``, ``day``, ``text``, ``item`` (the
+    duplicate group, change or background id it belongs to)."""
+    groups: dict[str, list[str]]
+    changes: dict[str, tuple[str, str]]
+
+
+def load_dev(path: Path = DEV_PATH) -> DevSet:
+    """Read the development set (see its header)."""
+    raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    statements, groups, changes = [], {}, {}
+    for g in raw["duplicates"]:
+        groups[g["id"]] = [s["id"] for s in g["statements"]]
+        statements += [dict(s, user=g["user"], item=g["id"]) for s in g["statements"]]
+    for c in raw["changes"]:
+        changes[c["id"]] = (c["old"]["id"], c["new"]["id"])
+        statements += [dict(c["old"], user=c["user"], item=c["id"]), dict(c["new"], user=c["user"], item=c["id"])]
+    statements += [dict(b, item=b["id"]) for b in raw["background"]]
+    ids = [s["id"] for s in statements]
+    if len(set(ids)) != len(ids):
+        raise ValueError("duplicate statement ids in the development set")
+    statements.sort(key=lambda s: (s["day"], s["user"], s["id"]))
+    return DevSet(raw=raw, statements=statements, groups=groups, changes=changes)
+
+
+def scripted_judge(dev: DevSet):
+    """The judge played by the product's scripted model, answering what the set says a
+    good model answers (``judge`` beside each group and change; ``judge_default`` else)."""
+    import re as _re
+
+    from hermes.providers.scripted import ScriptedModel
+
+    text = {s["id"]: s["text"] for s in dev.statements}
+    entries = []
+    for g in dev.raw["duplicates"]:
+        for a, b in itertools.permutations([s["id"] for s in g["statements"]], 2):
+            entries.append({"older": f"^{_re.escape(text[a])}$", "newer": f"^{_re.escape(text[b])}$", "verdict": g["judge"]})
+    for c in dev.raw["changes"]:
+        entries.append({"older": f"^{_re.escape(c['old']['text'])}$", "newer": f"^{_re.escape(c['new']['text'])}$", "verdict": c["judge"]})
+    return ScriptedModel.from_dict(
+        {"turns": [{"steps": [{"reply": "-"}]}], "judgements": entries, "judgement_default": dev.raw["judge_default"]},
+        source="memory_quality_dev.yaml",
+    )
+
+
+@dataclass
+class DevRun:
+    label: str
+    rates: dict[str, float]
+    lines: list[str]
+
+
+def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> DevRun:
+    """Write the set through the product's path, as the memory writer and the scheduled
+    consolidation run it (``MemoryStore.write`` per batch, then ``judge_memories``'s
+    :func:`activities.memory.judge_pairs`; every 14 days and at the end
+    :func:`activities.memory.consolidate_and_judge`, then ``judge_pairs``), and measure.
+    ``provider``: the judge's model (None: rules only, the offline default)."""
+    import asyncio as _asyncio
+    import dataclasses as _dc
+    from datetime import datetime, timedelta, timezone
+
+    import hermes.memory.store as store_module
+    from activities.memory import consolidate_and_judge, judge_pairs
+    from hermes.memory.judge import JudgeMemoriesInput
+    from hermes.memory.models import ConsolidateInput, MemoryCandidate
+    from hermes.memory.store import MemoryStore
+
+    start = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+    store = MemoryStore(path, embedder)
+    judge = provider is not None
+    assessed: list[tuple[str, str]] = []
+    real_assess = store_module.assess
+
+    def observed(older, newer, similarity, bands):  # observes which pairs reach the judge; changes nothing
+        assessed.append((older, newer))
+        return real_assess(older, newer, similarity, bands)
+
+    store_module.assess = observed
+    asked = 0
+    writes = 0
+    try:
+        loop = _asyncio.new_event_loop()
+
+        def judge_now(user: str, pairs, now) -> None:
+            nonlocal asked
+            if pairs:
+                report = loop.run_until_complete(judge_pairs(
+                    store, provider, JudgeMemoriesInput(user_id=user, pairs=pairs, max_calls=DEV_JUDGE_MAX_CALLS), now=now))
+                asked += report.asked
+
+        def consolidate(day: float) -> None:
+            now = start + timedelta(days=day)
+            for user in store.users():
+                inp = ConsolidateInput(user_id=user, now=now, archive_after_days=180, judge=judge,
+                                       max_judge_pairs=DEV_JUDGE_MAX_CALLS if judge else 0)
+                report = consolidate_and_judge(store, inp, judge=judge)
+                judge_now(user, report.judge_pairs, now)
+
+        batches: dict[tuple[float, str], list[dict]] = {}
+        for s in dev.statements:
+            batches.setdefault((s["day"], s["user"]), []).append(s)
+        next_consolidation = DEV_CONSOLIDATE_EVERY_DAYS
+        for (day, user), said in sorted(batches.items()):
+            while day >= next_consolidation:
+                consolidate(next_consolidation)
+                next_consolidation += DEV_CONSOLIDATE_EVERY_DAYS
+            now = start + timedelta(days=day)
+            candidates = [
+                MemoryCandidate(user_id=user, text=s["text"], kind="fact", candidate_id=s["id"], source_session=f"dev-{day}",
+                                created_at=now, importance=0.5, confidence=0.9)
+                for s in said
+            ]
+            report = store.write(candidates, now=now, judge=judge)
+            writes += len(candidates)
+            judge_now(user, report.judge_pairs, now)
+        consolidate(dev.raw["ask_day"])
+    finally:
+        store_module.assess = real_assess
+        loop.close()
+
+    ask = start + timedelta(days=dev.raw["ask_day"])
+    by_text = {s["text"]: s["id"] for s in dev.statements}
+    holder: dict[str, dict] = {}
+    for user in sorted({s["user"] for s in dev.statements}):
+        for r in store.list(user, statuses=("active", "superseded")):
+            for sid in [r["memory_id"], *(r.get("sources") or [])]:
+                holder[sid] = r
+    item_of = {s["id"]: s["item"] for s in dev.statements}
+    lines: list[str] = []
+    false_merges = sum(
+        1 for r in {id(r): r for r in holder.values()}.values()
+        if len({item_of[x] for x in [r["memory_id"], *(r.get("sources") or [])] if x in item_of}) > 1
+    )
+    removed = total = whole = 0
+    for gid, members in dev.groups.items():
+        rows = {holder[m]["memory_id"] for m in members if m in holder}
+        removed += len(members) - len(rows)
+        total += len(members) - 1
+        whole += len(rows) == 1
+    superseded = 0
+    missed = []
+    for cid, (old, new) in dev.changes.items():
+        ho, hn = holder.get(old), holder.get(new)
+        ok = ho is not None and hn is not None and ho["status"] == "superseded" and hn["status"] == "active" and ho is not hn
+        superseded += ok
+        if not ok:
+            missed.append(cid)
+    # Which true pairs reached the judge (its rules or its model) or the merge threshold.
+    assessed_ids = {(by_text.get(a), by_text.get(b)) for a, b in assessed}
+    covered = 0
+    true_pairs = 0
+    for gid, members in dev.groups.items():
+        for k, m in enumerate(members[1:], start=1):
+            true_pairs += 1
+            earlier = set(members[:k])
+            covered += any((x, m) in assessed_ids or (m, x) in assessed_ids for x in earlier)
+    for cid, (old, new) in dev.changes.items():
+        true_pairs += 1
+        covered += (old, new) in assessed_ids
+
+    def relevant(q) -> set[str]:
+        out: set[str] = set()
+        for x in q["relevant"]:
+            out |= set(dev.groups.get(x, [x]))
+        return out
+
+    vectors = {q["id"]: embedder.embed_query(q["text"]) for q in dev.raw["queries"]}
+
+    def rank(q) -> list[set[str]]:
+        return [{m.memory_id, *(holder.get(m.memory_id, {}).get("sources") or [])}
+                for m in store.search(q["user"], q["text"], limit=5, now=ask, generation="dev", vector=vectors[q["id"]])]
+
+    def evaluate(floor: float) -> tuple[float, float, float, int]:
+        store.thresholds = _dc.replace(embedder.thresholds, retrieval=floor)
+        recalls, rrs, empty, stale_first = [], [], [], 0
+        for q in dev.raw["queries"]:
+            ranked = rank(q)
+            if q["type"] == "unrelated":
+                empty.append(not ranked)
+                continue
+            want = relevant(q)
+            pos = next((i for i, got in enumerate(ranked, start=1) if got & want), None)
+            recalls.append(1.0 if pos is not None and pos <= TOP_K else 0.0)
+            rrs.append(0.0 if pos is None else 1.0 / pos)
+            stale = set(q.get("stale", []))
+            spos = next((i for i, got in enumerate(ranked, start=1) if got & stale), None)
+            stale_first += spos is not None and (pos is None or spos < pos)
+        return statistics.fmean(recalls), statistics.fmean(rrs), statistics.fmean(empty), stale_first
+
+    lines.append("  retrieval floor trade-off (recall@5 / MRR / unrelated_empty):")
+    for floor in DEV_FLOORS:
+        r5, mrr, empty, _ = evaluate(floor)
+        lines.append(f"    floor {floor:.2f}: recall@5={r5:.3f} MRR={mrr:.3f} unrelated_empty={empty:.3f}")
+    r5, mrr, empty, stale_first = evaluate(embedder.thresholds.retrieval)
+    store.thresholds = embedder.thresholds
+    rates = {
+        "recall_at_5": r5,
+        "mrr": mrr,
+        "duplicates_collapsed": removed / total,
+        "changes_superseded": superseded / len(dev.changes),
+        "unrelated_empty": empty,
+    }
+    lines.append(
+        f"  groups collapsed to one row: {whole}/{len(dev.groups)}; false merges (rows holding two items): {false_merges}; "
+        f"stale memory ranked above the current one: {stale_first}; changes missed: {', '.join(missed) or '-'}"
+    )
+    lines.append(f"  true pairs that reached the judge (rules or model): {covered}/{true_pairs}")
+    if judge:
+        rates["judge_pairs_asked"] = covered / true_pairs
+        rates["judge_calls_per_write"] = asked / writes
+    return DevRun("with the judge (scripted model)" if judge else "rules only", rates, lines)
+
+
+def measure_dev(dev_path: Path) -> float:
+    """Both product-path runs of the development set, printed; returns ``memory_score``."""
+    import tempfile
+
+    dev = load_dev(dev_path)
+    embedder = get_embedder(DEFAULT_EMBEDDER)
+    counts = {t: sum(q["type"] == t for q in dev.raw["queries"]) for t in ("duplicate", "change", "plain", "unrelated")}
+    print(f"\n== development set {dev_path.name}: {len(dev.statements)} memories, {len(dev.groups)} duplicate groups, "
+          f"{len(dev.changes)} changes, queries {counts}; written through the product's path ({DEFAULT_EMBEDDER})")
+    runs = []
+    for provider in (None, scripted_judge(dev)):
+        with tempfile.TemporaryDirectory(prefix="hermes-memdev-") as tmp:
+            run = run_dev(dev, embedder, Path(tmp), provider=provider)
+        runs.append(run)
+        print(f"\n  -- {run.label}: " + " ".join(f"{k}={v:.3f}" for k, v in run.rates.items()))
+        for line in run.lines:
+            print(line)
+    rules = runs[0].rates
+    return statistics.fmean([rules["recall_at_5"], rules["duplicates_collapsed"], rules["changes_superseded"], rules["unrelated_empty"]])
+
+
 async def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--embedders", default=",".join(EMBEDDERS), help=f"comma-separated candidates (default: {','.join(EMBEDDERS)})")
     p.add_argument("--data", type=Path, default=DATA_PATH, help="the retrieval set (YAML)")
+    p.add_argument("--dev-only", action="store_true", help="only the product-path run of the development set")
+    p.add_argument("--dev", type=Path, default=DEV_PATH, help="the development set of the product-path run (YAML)")
     args = p.parse_args()
+    if args.dev_only:
+        _common.headline("memory_score", f"{await asyncio.to_thread(measure_dev, args.dev):.3f}")
+        return
     names = [n.strip() for n in args.embedders.split(",") if n.strip()]
     if DEFAULT_EMBEDDER not in names:
         names.append(DEFAULT_EMBEDDER)
@@ -586,7 +850,9 @@ async def main() -> None:
     print("\nproduct read path (recall@5 / MRR):")
     for name, o in product.items():
         print(f"  {name:<7} {o.recall_at_5:.3f} / {o.mrr:.3f}" + (" (default)" if name == DEFAULT_EMBEDDER else ""))
-    _common.headline("recall_at_5", f"{product[DEFAULT_EMBEDDER].recall_at_5:.3f}")
+    print(f"recall_at_5={product[DEFAULT_EMBEDDER].recall_at_5:.3f} (retrieval set, product read path)")
+    score = await asyncio.to_thread(measure_dev, args.dev)
+    _common.headline("memory_score", f"{score:.3f}")
 
 
 if __name__ == "__main__":

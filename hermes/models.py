@@ -224,7 +224,7 @@ class CallModelInput(BaseModel):
     """Content hash of the offered tool list."""
     step: int | None = None
     """Model step within the turn (0 first)."""
-    purpose: Literal["reply", "summary", "memory_extraction"] = "reply"
+    purpose: Literal["reply", "summary", "memory_extraction", "memory_judge"] = "reply"
     """``summary``: fold the messages into a summary of at most ``max_output_tokens``;
     ``memory_extraction``: answer with the JSON of :data:`hermes.memory.extraction.EXTRACTION_INSTRUCTION`."""
     max_output_tokens: int | None = None

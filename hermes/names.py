@@ -35,6 +35,7 @@ FORGET_MEMORIES = "forget_memories"
 FORGET_USER_MEMORIES = "forget_user_memories"
 """From a session whose user said "forget me": the writer's ``forget`` update, started."""
 LIST_MEMORY_USERS = "list_memory_users"
+JUDGE_MEMORIES = "judge_memories"
 CONSOLIDATE_MEMORIES = "consolidate_memories"
 OPTIMIZE_MEMORIES = "optimize_memories"
 

@@ -137,6 +137,10 @@ class Settings(BaseSettings):
     """Overrides the profile's archive age."""
     memory_consolidation_every_seconds: float = Field(default=3600.0, gt=0)
     """Interval of the consolidation schedule (hourly)."""
+    memory_judge_max_calls: int | None = Field(default=None, ge=0)
+    """Model calls of the memory judge (same / update / different / contradicts, issue 15)
+    per written batch and per consolidation run; the rest are decided by rules. Unset: 20
+    with a real model, 0 (rules only) with the scripted one."""
     memory_batch_size: int = Field(default=10, ge=1)
     memory_batch_seconds: float = Field(default=5.0, gt=0)
     """Memory writes are batched: 10 items or 5 s, whichever comes first (seed 004 §9)."""
@@ -161,6 +165,12 @@ class Settings(BaseSettings):
     @property
     def resolved_memory_uri(self) -> str:
         return self.memory_uri or str(self.data_dir / "memory")
+
+    @property
+    def resolved_memory_judge_max_calls(self) -> int:
+        if self.memory_judge_max_calls is not None:
+            return self.memory_judge_max_calls
+        return 0 if self.model_provider == "scripted" else 20
 
     @property
     def archive_after_days(self) -> float:

@@ -23,6 +23,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from hermes import names
+    from hermes.memory.judge import JudgeMemoriesInput, JudgeReport
     from hermes.memory.models import (
         ConsolidateInput,
         ConsolidationInput,
@@ -38,6 +39,9 @@ with workflow.unsafe.imports_passed_through():
 _MAX_SEEN = 2000
 _FLUSHES_PER_RUN = 200
 _MISMATCH_RETRY = timedelta(minutes=10)
+_JUDGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=30), maximum_attempts=5)
+"""The judge's store work is retried a few times; a judgement that still fails leaves both
+rows active (the next consolidation puts the pair before the judge again)."""
 _WRITE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
 """Store writes retry without limit: a candidate is never dropped because LanceDB was down."""
 
@@ -171,6 +175,8 @@ class MemoryWriterWorkflow:
                         seen=self._seen,
                         forgotten_at=self._forgotten_at,
                         heartbeat_seconds=inp.heartbeat_seconds,
+                        max_judge_calls=inp.max_judge_calls,
+                        judge_model=inp.judge_model,
                     )
                 )
 
@@ -206,7 +212,7 @@ class MemoryWriterWorkflow:
         try:
             report = await workflow.execute_activity(
                 names.WRITE_MEMORIES,
-                WriteMemoriesInput(user_id=self._inp.user_id, candidates=batch),
+                WriteMemoriesInput(user_id=self._inp.user_id, candidates=batch, judge=self._inp.max_judge_calls > 0),
                 start_to_close_timeout=timedelta(seconds=120),
                 heartbeat_timeout=_heartbeat(self._inp.heartbeat_seconds),
                 retry_policy=_WRITE_RETRY,
@@ -225,6 +231,12 @@ class MemoryWriterWorkflow:
                 await workflow.sleep(_MISMATCH_RETRY)
                 return
             raise
+        if report.judge_pairs:
+            # After the batch is stored, off every session's path: at most batch_size x 3
+            # pairs, at most max_judge_calls model calls (the rest by rules).
+            await _judge(self._inp.user_id, report.judge_pairs, self._inp.max_judge_calls, self._inp.judge_model,
+                         self._inp.heartbeat_seconds)
+            report = report.model_copy(update={"judge_pairs": []})
         self._flushes += 1
         written = {c.candidate_id for c in batch}
         self._pending = [c for c in self._pending if c.candidate_id not in written]
@@ -232,6 +244,24 @@ class MemoryWriterWorkflow:
         self._written = self._written.merge(report)
         for key, _ in now_requests:
             self._write_now_reports[key] = report
+
+
+async def _judge(user_id: str, pairs: list, max_calls: int, model: str | None, heartbeat_seconds: float) -> JudgeReport:
+    """Run ``judge_memories`` on ``pairs``; a judge that keeps failing costs its pairs'
+    judgement (both rows stay active), never the writer or the consolidation."""
+    try:
+        return await workflow.execute_activity(
+            names.JUDGE_MEMORIES,
+            JudgeMemoriesInput(user_id=user_id, pairs=pairs, max_calls=max_calls, model=model),
+            start_to_close_timeout=timedelta(minutes=5),
+            heartbeat_timeout=_heartbeat(heartbeat_seconds),
+            retry_policy=_JUDGE_RETRY,
+            summary=f"judge {len(pairs)} memory pairs",
+            result_type=JudgeReport,
+        )
+    except ActivityError as err:
+        workflow.logger.warning("memory judge of %s failed: %s", user_id, err.cause or err)
+        return JudgeReport(errors=[str(err.cause or err)[:200]])
 
 
 @workflow.defn(name=names.MEMORY_CONSOLIDATION_WORKFLOW)
@@ -256,12 +286,16 @@ class MemoryConsolidationWorkflow:
             )
         report = inp.report
         done = inp.done_users
+        judge_calls_left = inp.max_judge_calls
         for index in range(done, len(users)):
             user = users[index]
             try:
                 part = await workflow.execute_activity(
                     names.CONSOLIDATE_MEMORIES,
-                    ConsolidateInput(user_id=user, now=now, archive_after_days=days),
+                    ConsolidateInput(
+                        user_id=user, now=now, archive_after_days=days,
+                        judge=judge_calls_left > 0, max_judge_pairs=judge_calls_left,
+                    ),
                     start_to_close_timeout=timedelta(minutes=5),
                     heartbeat_timeout=_heartbeat(inp.heartbeat_seconds),
                     retry_policy=RetryPolicy(maximum_attempts=5),
@@ -271,6 +305,12 @@ class MemoryConsolidationWorkflow:
             except ActivityError as err:
                 report.details = (report.details + [f"user {user!r} skipped: {err.cause or err}"])[:200]
                 continue
+            if part.judge_pairs:
+                judged = await _judge(user, part.judge_pairs, judge_calls_left, inp.judge_model, inp.heartbeat_seconds)
+                judge_calls_left = max(0, judge_calls_left - judged.asked)
+                part.merged += len(judged.merged)
+                part.superseded += len(judged.superseded)
+                part.judge_pairs = []
             report = report.merge(part)
             if workflow.info().is_continue_as_new_suggested() and index + 1 < len(users):
                 workflow.continue_as_new(
@@ -280,6 +320,8 @@ class MemoryConsolidationWorkflow:
                         report=report,
                         done_users=index + 1,
                         heartbeat_seconds=inp.heartbeat_seconds,
+                        max_judge_calls=judge_calls_left,
+                        judge_model=inp.judge_model,
                     )
                 )
         await workflow.execute_activity(

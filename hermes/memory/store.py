@@ -43,6 +43,7 @@ import pyarrow as pa
 from hermes import lance
 from hermes.errors import HermesError
 from hermes.memory.embeddings import Embedder
+from hermes.memory.judge import JudgePair, Verdict, assess, change_marker
 from hermes.memory.models import (
     ConsolidationReport,
     MemoryCandidate,
@@ -53,6 +54,12 @@ from hermes.memory.models import (
 
 MEMORY_TABLE = "memories"
 ARCHIVE_TABLE = "memories_archive"
+JUDGED_TABLE = "memories_judged"
+"""One row per pair the judge decided (``older|newer``, the verdict, when): consolidation
+does not put a pair before the model twice. A table of its own, so stores written before
+it (issue 15) open unchanged."""
+JUDGE_NEIGHBOURS = 3
+"""Neighbours of a new memory put before the judge at most (the closest first)."""
 FORGOTTEN_TABLE = "memories_forgotten"
 """One row per user who asked to be forgotten, with when: a candidate said before that and
 delivered after (a retried extraction) is refused."""
@@ -209,6 +216,14 @@ def clean_text(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
+_JUDGED_SCHEMA = pa.schema(
+    [
+        pa.field("user_id", pa.string(), nullable=False),
+        pa.field("pair", pa.string(), nullable=False),
+        pa.field("verdict", pa.string(), nullable=False),
+        pa.field("judged_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
 _FORGOTTEN_SCHEMA = pa.schema(
     [pa.field("user_id", pa.string(), nullable=False), pa.field("forgotten_at", pa.timestamp("us", tz="UTC"))]
 )
@@ -293,6 +308,7 @@ class MemoryStore:
         self._db = lance.connect(self.uri)
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
+        self._judged_table: Any = None
         self._cache: dict[str, _UserRows] = {}
         self._cache_lock = threading.Lock()
         self._model_checked_at = 0.0
@@ -438,9 +454,16 @@ class MemoryStore:
                 found.update(row.get("sources") or [])
         return found & set(candidate_ids)
 
-    def write(self, candidates: Sequence[MemoryCandidate], *, now: datetime | None = None, attempts: int = 5) -> WriteReport:
+    def write(self, candidates: Sequence[MemoryCandidate], *, now: datetime | None = None, attempts: int = 5,
+              judge: bool = False) -> WriteReport:
         """Store ``candidates`` (all of one user): insert, refresh a near-duplicate, or
         supersede an older value of the same subject.
+
+        Neighbours under the merge threshold go before the judge (:mod:`hermes.memory.judge`):
+        what the rules settle is applied here (the same text once normalised: merged; a
+        change word about the same topic: the older superseded; a negation: superseded).
+        ``judge``: the rest are left to the model (``WriteReport.judge_pairs``, both rows
+        stored); without it the rules' verdict is applied to them too.
 
         Returns:
             What changed. ``inserted`` and ``updated`` name only rows stored for this user
@@ -473,7 +496,7 @@ class MemoryStore:
         dropped = len(candidates) - len(keep)
         vectors = self.embedder.embed_passages([t for _, t in keep]) if keep else np.zeros((0, self.embedder.dim))
         for attempt in range(attempts):
-            plan = self._plan(user_id, keep, vectors, now)
+            plan = self._plan(user_id, keep, vectors, now, judge=judge)
             plan.report.dropped += dropped
             plan.report.refused = refused + plan.report.refused
             if self._apply(plan):
@@ -513,7 +536,8 @@ class MemoryStore:
             report.dropped += len(lost)
             report.refused += [f"memory_id {m!r} was taken by another user during the write: not stored" for m in lost]
 
-    def _plan(self, user_id: str, items: list[tuple[MemoryCandidate, str]], vectors: np.ndarray, now: datetime) -> _Plan:
+    def _plan(self, user_id: str, items: list[tuple[MemoryCandidate, str]], vectors: np.ndarray, now: datetime,
+              *, judge: bool = False) -> _Plan:
         report = WriteReport()
         applied = self._already_applied(user_id, [c.candidate_id for c, _ in items])
         inserts: dict[str, dict[str, Any]] = {}
@@ -553,6 +577,11 @@ class MemoryStore:
                     and identifiers(r["text"]) == identifiers(text)
                 ):
                     same, best = r, sim
+            pairs = [] if same is not None else self._neighbours(text, vector, active, subject)
+            for r, sim, verdict in pairs:
+                if verdict.verdict == "same" and (verdict.certain or not judge):
+                    same = r
+                    break
             if same is not None:
                 row = dict(same)
                 row["updated_at"] = now
@@ -584,7 +613,37 @@ class MemoryStore:
                         old["updated_at"] = now
                         self._stage(old, inserts, updates)
                         report.superseded.append(old["memory_id"])
+            for r, sim, verdict in pairs:
+                if verdict.certain or not judge:
+                    if verdict.verdict in ("update", "contradicts") and r["memory_id"] not in report.superseded:
+                        old = dict(r, status="superseded", superseded_by=new_id, updated_at=now,
+                                   confidence=round(float(r["confidence"]) * 0.5, 4))
+                        self._stage(old, inserts, updates)
+                        report.superseded.append(old["memory_id"])
+                else:
+                    report.judge_pairs.append(JudgePair(
+                        older_id=r["memory_id"], newer_id=new_id, similarity=round(sim, 4), fallback=verdict.verdict,
+                        never_same=verdict.never_same, reason=verdict.reason,
+                    ))
         return _Plan(inserts=inserts, updates=updates, report=report)
+
+    def _neighbours(self, text: str, vector: np.ndarray, active: list[dict[str, Any]], subject: str
+                    ) -> list[tuple[dict[str, Any], float, Any]]:
+        """The active rows a new ``text`` is judged against, closest first, with the rules'
+        assessment: at or above the model's judge floor (lower when ``text`` holds a
+        change word), at most :data:`JUDGE_NEIGHBOURS`; rows of ``subject`` are the subject
+        rule's, not the judge's."""
+        bands = self.thresholds.judge_bands()
+        floor = bands.marker_floor if change_marker(text) else bands.floor
+        near = []
+        for r in active:
+            if subject and r.get("subject") == subject:
+                continue
+            sim = self._similarity(r, vector)
+            if sim >= floor:
+                near.append((sim, r))
+        near.sort(key=lambda item: (-item[0], item[1]["memory_id"]))
+        return [(r, sim, assess(r["text"], text, sim, bands)) for sim, r in near[:JUDGE_NEIGHBOURS]]
 
     def new_row(self, cand: MemoryCandidate, text: str, vector: np.ndarray, now: datetime, *,
                 subject: str | None = None, value: str | None = None) -> dict[str, Any]:
@@ -873,12 +932,18 @@ class MemoryStore:
         for table in (self.table, self.archive):
             result = table.delete(where)
             deleted += int(getattr(result, "num_deleted_rows", 0) or 0)
+        self._judged().delete(where)
         return deleted
 
     def forgotten_at(self, user_id: str) -> datetime | None:
         """When ``user_id`` last asked to be forgotten, if ever."""
         rows = self._forgotten().search().where(f"user_id = {sql_str(check_id(user_id))}").limit(1).to_list()
         return _utc(rows[0]["forgotten_at"]) if rows else None
+
+    def _judged(self) -> Any:
+        if self._judged_table is None:
+            self._judged_table = self._db.create_table(JUDGED_TABLE, schema=_JUDGED_SCHEMA, exist_ok=True)
+        return self._judged_table
 
     def _forgotten(self) -> Any:
         if self._forgotten_table is None:
@@ -1053,6 +1118,145 @@ class MemoryStore:
             time.sleep(random.uniform(0.01, 0.02 * 2**min(attempt, 4)))
         if rest:
             raise WriteConflict(f"memory {keep_id!r} kept changing while merging {len(rest)} rows into it")
+
+
+    # ------------------------------------------------------------- judge
+
+    def judged_pairs(self, user_id: str) -> set[str]:
+        """The pairs (``older|newer``) of ``user_id`` the judge already decided."""
+        table = self._judged()
+        where = f"user_id = {sql_str(check_id(user_id))}"
+        n = table.count_rows(where)
+        if not n:
+            return set()
+        return {r["pair"] for r in table.search().where(where).select(["pair"]).limit(n + 1).to_list()}
+
+    def pair_texts(self, pair: JudgePair) -> tuple[str, str] | None:
+        """The texts of ``pair``'s rows, or None when either is no longer active."""
+        rows = {r["memory_id"]: r for r in self._rows(
+            self.table, f"memory_id IN ({sql_str(pair.older_id)}, {sql_str(pair.newer_id)}) AND status = 'active'")}
+        if pair.older_id not in rows or pair.newer_id not in rows:
+            return None
+        return rows[pair.older_id]["text"], rows[pair.newer_id]["text"]
+
+    def apply_verdict(self, user_id: str, pair: JudgePair, verdict: Verdict, *, now: datetime | None = None,
+                      record: bool = True, attempts: int = 5) -> str:
+        """Apply the judge's ``verdict`` on ``pair`` (never a delete without a copy):
+
+        - ``same``: the newer row goes to the archive as ``merged`` (``superseded_by`` the
+          older), whose mentions, sources (the newer's id among them) and importance take it in;
+        - ``update`` / ``contradicts``: the older row is ``superseded``, linked to the newer,
+          with half its confidence;
+        - ``different``: nothing changes.
+
+        ``record``: remember the pair as decided, so consolidation never asks again.
+
+        Returns:
+            ``merged``, ``superseded``, ``kept``, or ``gone`` (a row is no longer active).
+
+        Raises:
+            WriteConflict: a row kept changing for ``attempts`` tries (the activity retries).
+        """
+        check_id(user_id)
+        now = _utc(now) or datetime.now(timezone.utc)
+        outcome = "kept"
+        for attempt in range(attempts):
+            rows = {r["memory_id"]: r for r in self._rows(
+                self.table,
+                f"user_id = {sql_str(user_id)} AND status = 'active' AND memory_id IN "
+                f"({sql_str(pair.older_id)}, {sql_str(pair.newer_id)})",
+                vectors=True,
+            )}
+            if pair.older_id not in rows or pair.newer_id not in rows:
+                return "gone"
+            older, newer = rows[pair.older_id], rows[pair.newer_id]
+            if verdict == "same":
+                moved = dict(newer, status="merged", superseded_by=older["memory_id"], updated_at=_utc(newer["updated_at"]))
+                self.archive.merge_insert("memory_id").when_matched_update_all().when_not_matched_insert_all().execute(
+                    self._table_rows([moved])
+                )
+                result = self.table.delete(f"memory_id = {sql_str(newer['memory_id'])} AND version = {int(newer['version'])}")
+                if int(getattr(result, "num_deleted_rows", 1) or 0) == 0 and self._rows(
+                    self.table, f"memory_id = {sql_str(newer['memory_id'])}"
+                ):
+                    self.archive.delete(f"memory_id = {sql_str(newer['memory_id'])}")
+                    time.sleep(random.uniform(0.01, 0.02 * 2**attempt))
+                    continue
+                self._absorb(older["memory_id"], [newer])
+                outcome = "merged"
+            elif verdict in ("update", "contradicts"):
+                seen = int(older["version"])
+                old = dict(older, status="superseded", superseded_by=newer["memory_id"], updated_at=now,
+                           confidence=round(float(older["confidence"]) * 0.5, 4), version=seen + 1)
+                result = self.table.merge_insert("memory_id").when_matched_update_all(
+                    where=f"target.version = {seen}").execute(self._table_rows([old]))
+                if result.num_updated_rows != 1:
+                    time.sleep(random.uniform(0.01, 0.02 * 2**attempt))
+                    continue
+                outcome = "superseded"
+            break
+        else:
+            raise WriteConflict(f"memories {pair.older_id!r} / {pair.newer_id!r} kept changing while judged")
+        if record:
+            mark = pa.Table.from_pylist(
+                [{"user_id": user_id, "pair": f"{pair.older_id}|{pair.newer_id}", "verdict": verdict, "judged_at": now}],
+                schema=_JUDGED_SCHEMA,
+            )
+            self._judged().merge_insert(["user_id", "pair"]).when_matched_update_all().when_not_matched_insert_all().execute(mark)
+        return outcome
+
+    def judge_pass(self, user_id: str, now: datetime, *, judge: bool = False, max_pairs: int = 0) -> tuple[list[str], list[JudgePair]]:
+        """Consolidation's judge step for one user: every active row against its older
+        neighbours in the judge band (at most :data:`JUDGE_NEIGHBOURS` each), pairs already
+        decided skipped. The rules' certain verdicts are applied (all of them without
+        ``judge``); with ``judge`` the other pairs are returned, closest first, at most
+        ``max_pairs``.
+
+        Returns:
+            ``(details, pairs)``: one line per change applied, and the pairs for the model.
+        """
+        rows = self._rows(self.table, self._where(user_id, now=now, model=False), vectors=True)
+        if len(rows) < 2:
+            return [], []
+        rows.sort(key=lambda r: (_utc(r["created_at"]), r["memory_id"]))
+        matrix = np.array([r["vector"] for r in rows], dtype=np.float32)
+        sims = matrix @ matrix.T
+        decided = self.judged_pairs(user_id)
+        bands = self.thresholds.judge_bands()
+        gone: set[str] = set()
+        details: list[str] = []
+        pending: list[JudgePair] = []
+        for i in range(1, len(rows)):
+            newer = rows[i]
+            floor = bands.marker_floor if change_marker(newer["text"]) else bands.floor
+            order = [j for j in np.argsort(-sims[i, :i], kind="stable") if sims[i, j] >= floor][:JUDGE_NEIGHBOURS]
+            for j in order:
+                older = rows[int(j)]
+                if newer["memory_id"] in gone:
+                    break
+                if older["memory_id"] in gone or f"{older['memory_id']}|{newer['memory_id']}" in decided:
+                    continue
+                if older.get("subject") and older.get("subject") == newer.get("subject"):
+                    continue  # the subject rule's
+                sim = float(sims[i, j])
+                a = assess(older["text"], newer["text"], sim, bands)
+                pair = JudgePair(older_id=older["memory_id"], newer_id=newer["memory_id"], similarity=round(sim, 4),
+                                 fallback=a.verdict, never_same=a.never_same, reason=a.reason)
+                if judge and not a.certain:
+                    pending.append(pair)
+                    continue
+                if a.verdict == "different":
+                    continue
+                outcome = self.apply_verdict(user_id, pair, a.verdict, now=now, record=a.certain)
+                if outcome == "merged":
+                    gone.add(newer["memory_id"])
+                elif outcome == "superseded":
+                    gone.add(older["memory_id"])
+                if outcome in ("merged", "superseded"):
+                    details.append(f"{outcome} {pair.newer_id if outcome == 'merged' else pair.older_id} "
+                                   f"({a.verdict} by rules: {a.reason or 'close restatement'})")
+        pending.sort(key=lambda p: -p.similarity)
+        return details, pending[:max_pairs]
 
 
 _WORD = re.compile(r"[a-z]{3,}|[\u3400-\u9fff]+")

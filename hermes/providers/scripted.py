@@ -97,6 +97,15 @@ class ScriptedMemory(BaseModel):
         return value
 
 
+class ScriptedJudgement(BaseModel):
+    """What the scripted model answers to a memory-judge request whose OLDER memory matches
+    ``older`` and whose NEWER one matches ``newer`` (regular expressions)."""
+
+    older: str
+    newer: str
+    verdict: Literal["same", "update", "different", "contradicts"]
+
+
 class Script(BaseModel):
     turns: list[ScriptedTurn]
     fallback: str | None = None
@@ -107,6 +116,12 @@ class Script(BaseModel):
     memories: list[ScriptedMemory] = Field(default_factory=list)
     """Answers to memory-extraction requests: every entry whose ``match`` is found in the
     conversation shown; none matching (or none given) answers ``{"memories": []}``."""
+    judgements: list[ScriptedJudgement] = Field(default_factory=list)
+    """Answers to memory-judge requests (``{"verdict": ...}``): the first entry matching both
+    memories; none: ``judgement_default``."""
+    judgement_default: Literal["same", "update", "different", "contradicts"] | None = None
+    """None: an answer without a verdict (the judge then keeps its rules' verdict, as
+    without a model)."""
     max_context_tokens: int | None = None
     """When set, a request whose messages exceed this many tokens is refused with
     :class:`ContextTooLongError`, as a provider with that context window would."""
@@ -274,6 +289,18 @@ class ScriptedModel:
         ]
         return Message(role="assistant", content=json.dumps({"memories": found}, ensure_ascii=False))
 
+    def judge_message(self, request: CallModelInput) -> Message:
+        """The scripted answer to a memory-judge request (``OLDER: ...`` / ``NEWER: ...``)."""
+        text = "\n".join(m.content or "" for m in request.messages if m.role == "user")
+        older = re.search(r"^OLDER: (.*)$", text, re.M)
+        newer = re.search(r"^NEWER: (.*)$", text, re.M)
+        verdict = self.script.judgement_default
+        for j in self.script.judgements:
+            if older and newer and re.search(j.older, older.group(1)) and re.search(j.newer, newer.group(1)):
+                verdict = j.verdict
+                break
+        return Message(role="assistant", content=json.dumps({"verdict": verdict}))
+
     async def complete(self, request: CallModelInput) -> CallModelResult:
         prompt_tokens = count_message_tokens(request.messages)
         if self.script.max_context_tokens is not None and prompt_tokens > self.script.max_context_tokens:
@@ -286,6 +313,8 @@ class ScriptedModel:
             message = self.summary_message(request)
         elif request.purpose == "memory_extraction":
             message = self.extraction_message(request)
+        elif request.purpose == "memory_judge":
+            message = self.judge_message(request)
         else:
             message = self.next_message(request)
         completion = count_text_tokens(message.content or "") + sum(

@@ -1,0 +1,315 @@
+"""The memory judge: is a new memory the same as an older one, a change of it, or another fact?
+
+Issue 15 (DESIGN.md "Memory", dedupe and conflict). Sandbox-safe (standard library and
+pydantic only): the writer and consolidation workflows import its payloads.
+
+A pair is an older active row and a newer text, close in meaning (a neighbour in the band
+under the embedding model's merge threshold, or the same topic with a change word). Its
+verdict is one of:
+
+- ``same``: the newer says the same thing (in other words, another language, another case
+  or punctuation): one row holds both (the older absorbs the newer; its id joins the
+  older's ``sources``).
+- ``update``: the newer replaces the older (the office moved, the release slipped): the
+  older stays, ``superseded`` and linked (``superseded_by``), with half its confidence.
+- ``contradicts``: the newer says the older is not so (a negation of it): as ``update``.
+- ``different``: two facts; both stay.
+
+:func:`assess` decides by rules. It is *certain* only where wording alone settles it: the
+same text once case, width, punctuation and whitespace are gone (``same``), or one
+statement and its negation (``contradicts``). Where the rules see that the two can never
+be one row (both state numbers and they differ, one word replaced by another, the negation
+flipped) a ``same`` is ruled out, whoever answers. Everything else is a question for the
+model (the extraction model; :func:`judge_messages`, :func:`parse_verdict`), and the rules'
+own answer (``fallback``) holds without a model (the offline default) or past the run's
+budget of model calls.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+Verdict = Literal["same", "update", "different", "contradicts"]
+VERDICTS: tuple[str, ...] = ("same", "update", "different", "contradicts")
+
+JUDGE_INSTRUCTION = """You compare two memories about the same user: an OLDER one, stored earlier, and a NEWER one.
+Answer with JSON only: {"verdict": "same" | "update" | "different" | "contradicts"}
+- "same": the newer says the same thing as the older (other words, another language, more or less detail).
+- "update": the newer replaces the older: the same fact with a new value (moved, switched, rescheduled, a correction).
+- "contradicts": the newer says the older is not (or no longer) true.
+- "different": they are about different things; both stay true."""
+
+
+class JudgePair(BaseModel):
+    """A pair put before the judge: an older row and a newer one, both stored and active
+    (the newer was inserted; the verdict then merges or supersedes)."""
+
+    older_id: str
+    newer_id: str
+    similarity: float
+    """Cosine similarity of the two texts (both embedded as passages)."""
+    fallback: Verdict = "different"
+    """The rules' verdict: applied without a model or past the run's budget."""
+    never_same: bool = False
+    """The rules rule ``same`` out (numbers, a substituted word, a flipped negation):
+    a model's ``same`` is applied as ``update``."""
+    reason: str = ""
+
+
+class JudgeMemoriesInput(BaseModel):
+    """The pairs one write batch (or one user's consolidation) left to the judge."""
+
+    user_id: str
+    pairs: list[JudgePair] = Field(default_factory=list)
+    max_calls: int = Field(default=20, ge=0)
+    """Model calls at most for these pairs; the rest get their rules' verdict."""
+    model: str | None = None
+    """The model to ask (None: the provider's default, as extraction)."""
+
+
+class JudgeReport(BaseModel):
+    """What the judge decided and applied."""
+
+    asked: int = 0
+    """Model calls made."""
+    by_rules: int = 0
+    """Pairs decided by their rules' verdict (no model, the budget spent, or a failed call)."""
+    merged: list[str] = Field(default_factory=list)
+    """Newer rows folded into their older twin (moved to the archive as ``merged``)."""
+    superseded: list[str] = Field(default_factory=list)
+    kept: int = 0
+    """Pairs judged ``different`` (both stay), or no longer both active."""
+    errors: list[str] = Field(default_factory=list)
+
+    def merge(self, other: JudgeReport) -> JudgeReport:
+        return JudgeReport(
+            asked=self.asked + other.asked,
+            by_rules=self.by_rules + other.by_rules,
+            merged=self.merged + other.merged,
+            superseded=self.superseded + other.superseded,
+            kept=self.kept + other.kept,
+            errors=(self.errors + other.errors)[:20],
+        )
+
+
+# ------------------------------------------------------------------ wording
+
+
+def normalise(text: str) -> str:
+    """``text`` as compared for an exact restatement: NFKC (full-width to half-width),
+    case-folded, without punctuation, symbols' spacing or whitespace. ``Likes green tea!``
+    and ``likes green tea`` give the same string; so do ``不能吃辣。`` and ``不能吃辣！``."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return "".join(c for c in text if not (unicodedata.category(c)[0] in "PZC" or c.isspace()))
+
+
+_CJK = r"\u3400-\u9fff"
+_TOKEN = re.compile(rf"[{_CJK}]|[^\W_]+", re.UNICODE)
+
+
+def tokens(text: str) -> list[str]:
+    """Words (Latin and other alphabets) and single CJK characters, case-folded."""
+    return _TOKEN.findall(unicodedata.normalize("NFKC", text).casefold())
+
+
+def has_cjk(text: str) -> bool:
+    return re.search(f"[{_CJK}]", text) is not None
+
+
+_NUMBER_WORDS = {
+    w: str(i)
+    for i, group in enumerate(
+        [("zero",), ("one", "first", "once"), ("two", "second", "twice"), ("three", "third", "thrice"), ("four", "fourth"),
+         ("five", "fifth"), ("six", "sixth"), ("seven", "seventh"), ("eight", "eighth"), ("nine", "ninth"),
+         ("ten", "tenth"), ("eleven", "eleventh"), ("twelve", "twelfth")]
+    )
+    for w in group
+}
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)?[a-z]*|[a-z]+", re.I)
+
+
+def numbers(text: str) -> frozenset[str]:
+    """The numbers, dates and ids ``text`` states, canonical: ``10am``, ``10 am`` and
+    ``10:00`` are ``10``; ``three`` and ``third`` are ``3``; ``4B`` stays ``4b``. Minutes
+    ``:00`` and the ``am``/``pm``/``st``/``th`` suffixes are dropped."""
+    found: set[str] = set()
+    text = re.sub(r"(\d{1,2}):00\b", r"\1", unicodedata.normalize("NFKC", text).casefold())
+    for m in _NUMBER.finditer(text):
+        token = m.group(0)
+        if token[0].isdigit():
+            token = re.sub(r"(am|pm|st|nd|rd|th|h)$", "", token)
+            token = token.lstrip("0") or "0"
+            found.add(token)
+        elif token in _NUMBER_WORDS:
+            found.add(_NUMBER_WORDS[token])
+    return frozenset(found)
+
+
+_NEGATION = re.compile(
+    r"\b(?:not|no|never|none|nothing|cannot|can't|cant|don't|dont|doesn't|doesnt|didn't|isn't|aren't|wasn't|won't|"
+    r"neither|nor|without)\b|n't\b|[不没別别无非勿未]"
+)
+_CHANGE = re.compile(
+    r"\b(?:moved|moving|relocated|switched|switching|changed|changing|no longer|not anymore|any ?more|slipped|"
+    r"rescheduled|postponed|delayed|pushed (?:back|out)|brought forward|moved up|correction|actually|now|nowadays|"
+    r"these days|instead|replaced|cancell?ed|quit|stopped|gave up|sold|left|from now on)\b"
+    r"|搬到|搬去|搬家|改用|改成|改为|改到|改在|改坐|改学|改去|改吃|改喝|改了|换成|换到|换了|推迟|延期|延后|提前|"
+    r"更正|纠正|不再|现在|如今|已经不|取消|辞职|离职|其实|以后都"
+)
+
+
+def has_negation(text: str) -> bool:
+    return _NEGATION.search(unicodedata.normalize("NFKC", text).casefold()) is not None
+
+
+def change_marker(text: str) -> str | None:
+    """The change word ``text`` holds (``moved``, ``slipped``, ``改用``, ``推迟``...), or
+    None: said about an older memory of the same topic, it announces a new value."""
+    m = _CHANGE.search(unicodedata.normalize("NFKC", text).casefold())
+    return m.group(0) if m else None
+
+
+def _strip_negation(text: str) -> list[str]:
+    """The words of ``text`` without its negation, lightly stemmed (``likes`` / ``like``)."""
+    words = tokens(_NEGATION.sub(" ", unicodedata.normalize("NFKC", text).casefold()))
+    return [re.sub(r"(?<=\w{3})s$", "", w) if w.isascii() else w for w in words]
+
+
+def _substitution(a: list[str], b: list[str]) -> bool:
+    """One word (or a run of CJK characters) replaced by another, the rest identical
+    (``wife's birthday`` / ``son's birthday``; ``苏州`` / ``无锡``)."""
+    matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
+    replaced = [op for op in matcher.get_opcodes() if op[0] == "replace"]
+    return len(replaced) == 1 and matcher.ratio() >= 0.6
+
+
+_STOP = frozenset(
+    """the and for are was were what when where which who how you your this that these those with from have has
+    had not but can could would should will may might must did does any all some our their they them she her his
+    him its about into over then than there here just also very much more most such only own same too please
+    user users always usually mostly really""".split()
+)
+_STOP_BIGRAMS = frozenset("用户 我的 你的 他的 她的 我们 一个 这个 那个 的是".split())
+
+
+def topic_words(text: str) -> frozenset[str]:
+    """What ``text`` is about, for "the same topic": English words of 3+ letters without
+    stop words, lightly stemmed, and CJK character bigrams, without the change words."""
+    found: set[str] = set()
+    for word in re.findall(rf"[a-z]{{3,}}|[{_CJK}]+", _CHANGE.sub(" ", unicodedata.normalize("NFKC", text).casefold())):
+        if word.isascii():
+            if word in _STOP:
+                continue
+            for suffix in ("ing", "ies", "ed", "es", "s"):
+                if word.endswith(suffix) and len(word) - len(suffix) >= 3:
+                    word = word[: -len(suffix)]
+                    break
+            found.add(word)
+        else:
+            found.update(b for b in (word[i : i + 2] for i in range(len(word) - 1)) if b not in _STOP_BIGRAMS)
+    return frozenset(found)
+
+
+@dataclass(frozen=True)
+class JudgeBands:
+    """The similarities at which the judge looks, on the embedding model's own scale."""
+
+    floor: float
+    """Neighbours at or above it (and under the merge threshold) are put before the judge."""
+    marker_floor: float
+    """A newer text with a change word is compared with neighbours from this lower floor."""
+    rules_same: float
+    """Without a model, a pair at or above it with nothing that rules ``same`` out is merged."""
+    change: float
+    """Without a model, a change word and a pair at or above it supersede (with shared topic words: ``marker_floor``)."""
+
+
+@dataclass(frozen=True)
+class Assessment:
+    verdict: Verdict
+    certain: bool
+    """The model is not asked (and its answer would not be applied)."""
+    never_same: bool
+    reason: str
+
+
+def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Assessment:
+    """The rules' verdict on ``older`` (stored first) and ``newer``.
+
+    Args:
+        older: the text of the older memory.
+        newer: the text of the newer one.
+        similarity: their cosine similarity (both as passages).
+        bands: the model's judge bands (:class:`JudgeBands`).
+
+    Returns:
+        The verdict, whether it is certain, and whether ``same`` is ruled out.
+    """
+    if normalise(older) == normalise(newer):
+        return Assessment("same", True, False, "the same text once case, width and punctuation are ignored")
+    marker = change_marker(newer)
+    if marker and change_marker(older) == marker:
+        marker = None  # both say "now ...": no change announced between them
+    na, nb = numbers(older), numbers(newer)
+    numbers_differ = bool(na) and bool(nb) and na != nb
+    ta, tb = tokens(older), tokens(newer)
+    flipped = has_negation(older) != has_negation(newer)
+    if flipped and not marker:
+        sa, sb = _strip_negation(older), _strip_negation(newer)
+        if difflib.SequenceMatcher(a=sa, b=sb, autojunk=False).ratio() >= 0.8:
+            return Assessment("contradicts", True, True, "one statement and its negation")
+    substituted = _substitution(ta, tb)
+    never_same = numbers_differ or substituted or (flipped and bool(marker))
+    shared = bool(topic_words(older) & topic_words(newer))
+    if marker and (similarity >= bands.change or (shared and similarity >= bands.marker_floor)):
+        return Assessment("update", False, True, f"change word {marker!r} about the same topic")
+    reason = "numbers differ" if numbers_differ else "one word replaced" if substituted else ""
+    if never_same:
+        return Assessment("different", False, True, reason or "negation flipped")
+    if marker:
+        return Assessment("different", False, False, f"change word {marker!r}, topic not shared")
+    if similarity >= bands.rules_same and not flipped:
+        return Assessment("same", False, False, "close restatement")
+    return Assessment("different", False, False, "")
+
+
+# ------------------------------------------------------------------ the model
+
+
+def judge_prompt(older: str, newer: str) -> str:
+    return f"OLDER: {older}\nNEWER: {newer}"
+
+
+_VERDICT_RE = re.compile(r'"verdict"\s*:\s*"(same|update|different|contradicts)"', re.I)
+
+
+def parse_verdict(answer: str) -> Verdict | None:
+    """The verdict in a model's answer (JSON ``{"verdict": ...}``, fenced or not), or None
+    when it holds none (the pair then gets its rules' verdict)."""
+    text = answer.strip()
+    start = text.find("{")
+    if start >= 0:
+        try:
+            value, _ = json.JSONDecoder().raw_decode(text[start:])
+        except ValueError:
+            value = None
+        if isinstance(value, dict) and str(value.get("verdict", "")).lower() in VERDICTS:
+            return str(value["verdict"]).lower()  # type: ignore[return-value]
+    m = _VERDICT_RE.search(text)
+    return m.group(1).lower() if m else None  # type: ignore[return-value]
+
+
+def applied_verdict(pair: JudgePair, verdict: Verdict | None) -> Verdict:
+    """What is applied for ``pair`` given the model's ``verdict`` (None: the rules')."""
+    if verdict is None:
+        return pair.fallback
+    if verdict == "same" and pair.never_same:
+        return "update"
+    return verdict
