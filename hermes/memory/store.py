@@ -43,7 +43,7 @@ import pyarrow as pa
 from hermes import lance
 from hermes.errors import HermesError
 from hermes.memory.embeddings import Embedder
-from hermes.memory.judge import JudgePair, Verdict, assess, change_marker
+from hermes.memory.judge import JudgePair, Verdict, assess, change_marker, persons
 from hermes.memory.models import (
     ConsolidationReport,
     MemoryCandidate,
@@ -803,10 +803,11 @@ class MemoryStore:
             sims = {mid: self._similarity(r, vector) for mid, r in rows.items()}
         best = max(sims.values(), default=1.0)
         query_words = content_words(query) if hybrid else frozenset()
+        query_persons = persons(query)
         scored = []
         for mid, r in rows.items():
             sim = sims[mid]
-            if sim < self.thresholds.retrieval and mid not in keyword and not (query_words & content_words(r["text"])):
+            if mid not in keyword and not self._relevant(query_words, query_persons, r["text"], sim):
                 continue
             scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
@@ -821,6 +822,24 @@ class MemoryStore:
             )
             for score, sim, r in scored[: max(1, min(limit, 5))]
         ]
+
+    def _relevant(self, query_words: frozenset[str], query_persons: frozenset[str], text: str, sim: float) -> bool:
+        """Whether a memory (``text``, at similarity ``sim``) answers something of the
+        question (words ``query_words``, other people ``query_persons``); rules only, no
+        model (the read path stays fast).
+
+        - A question about someone else (``my sister's birthday``) is not answered by a
+          memory that shares its words but names none of its people (the user's own
+          birthday), however similar.
+        - Otherwise a shared content word admits the memory (a compound question, "where
+          do I live, what is my name and where do I work?", meets each of its memories
+          through one word at similarity 0.08-0.12), as does a similarity at or above the
+          model's retrieval threshold.
+        """
+        shared = query_words & content_words(text)
+        if shared and query_persons and not (query_persons & persons(text)):
+            return False
+        return bool(shared) or sim >= self.thresholds.retrieval
 
     def _check_model_cached(self) -> None:
         if time.monotonic() - self._model_checked_at > USER_CACHE_SECONDS:
@@ -1281,11 +1300,15 @@ _STOP_WORDS = frozenset(
     will shall may might must did does doing done any all some our ours their theirs they them
     she her his him its it's i'm i've about into over under again then than there here just
     also very much more most such only own same too please tell know remember said says
-    my me mine do is am be been being of to in on at by an or as if so no yes""".split()
+    my me mine do is am be been being of to in on at by an or as if so no yes
+    day week month year time times many left get got thing things kind way still now""".split()
 )
 _STOP_BIGRAMS = frozenset(
-    "用户 我的 你的 他的 她的 我们 你们 什么 怎么 哪里 哪儿 是不 不是 一个 这个 那个 记得 告诉 知道 一下 可以 的是 是什".split()
+    "用户 我的 你的 他的 她的 我们 你们 什么 怎么 哪里 哪儿 是不 不是 一个 这个 那个 记得 告诉 知道 一下 可以 的是 是什 "
+    "时候 么时 多少 是多 哪个 在哪 哪天 现在 今年 每天 一般".split()
 )
+"""Besides grammar: the words of any question about a date, an amount or a place ("how many
+days", "什么时候", "多少"), which a memory sharing them is not therefore about."""
 
 
 def content_words(text: str) -> frozenset[str]:
@@ -1303,7 +1326,8 @@ def content_words(text: str) -> frozenset[str]:
                 if token.endswith(suffix) and len(token) - len(suffix) >= 3:
                     token = token[: -len(suffix)] + ("y" if suffix == "ies" else "")
                     break
-            found.add(token)
+            if token not in _STOP_WORDS:  # "days" is "day"
+                found.add(token)
         else:
             found.update(b for b in (token[i : i + 2] for i in range(len(token) - 1)) if b not in _STOP_BIGRAMS)
     return frozenset(found)
