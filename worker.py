@@ -34,6 +34,7 @@ from hermes.providers import ModelProvider, make_provider
 from hermes.settings import Settings, get_settings
 from hermes.tokens import TokenCounter, encoding_name_for_model
 from hermes.tools.builtin import register_builtins
+from hermes.tools.files import register_tool_file
 from hermes.tools.registry import ToolRegistry, default_registry
 from workflows.composite import CompositeToolWorkflow
 from workflows.memory import MemoryConsolidationWorkflow, MemoryWriterWorkflow
@@ -63,7 +64,7 @@ def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> T
             ) from err
     for path in settings.tool_files:
         if not any(t.source == str(path) for t in registry):
-            registry.load_file(path)
+            register_tool_file(registry, path)
     registry.check_references()
     return registry
 

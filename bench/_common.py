@@ -142,7 +142,7 @@ def run(main: Callable[[], Coroutine[Any, Any, None]]) -> NoReturn:
 
     The Temporal SDK's Rust threads can call into Python while CPython finalizes and
     abort the process ("Fatal Python error: PyGILState_Release") after the benchmark has
-    printed its headline: temporalio/sdk-python#300, as in ``hermes/cli.py``. So the
+    printed its headline: temporalio/sdk-python#300, as in ``hermes/cli/root.py``. So the
     ``atexit`` handlers run, the output is flushed and the process leaves with
     ``os._exit``: exit code 0, 1 on an uncaught exception (printed as usual), the
     ``SystemExit`` code (argparse errors: 2), or 143 after a SIGTERM, which cancels

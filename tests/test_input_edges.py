@@ -20,7 +20,8 @@ import pytest
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
-from hermes.cli import EXIT_UNAVAILABLE, _resend_command, _uncertain_send_message
+from hermes.cli.conversation import _resend_command, _uncertain_send_message
+from hermes.cli.errors import EXIT_UNAVAILABLE
 from hermes.client import HermesClient, check_message_text
 from hermes.errors import MessageRejectedError
 from hermes.models import ToolResultCode, TurnResult

@@ -23,7 +23,7 @@ from hermes.errors import ConfigError, ToolArgumentsError, ToolFailure, ToolRegi
 from hermes.models import ToolResult, ToolResultCode
 from hermes.stack import free_port
 from hermes.tools.builtin import register_builtins
-from hermes.tools.files import load_tool_file
+from hermes.tools.files import load_tool_file, register_tool_file
 from hermes.tools.http import EndpointUnavailableError, HttpTool
 from hermes.tools.registry import CompositeTool, ToolContext, ToolRegistry
 
@@ -364,7 +364,7 @@ async def test_a_doubled_dollar_escapes_an_env_reference(endpoint, tmp_path):
 
 def test_the_example_file_declares_groups_http_tools_and_a_composite(endpoint):
     registry = ToolRegistry()
-    loaded = registry.load_file(EXAMPLE)
+    loaded = register_tool_file(registry, EXAMPLE)
     registry.check_references()
     assert [t.name for t in loaded] == ["get_weather", "get_forecast", "subscribe_weather_alert", "weather_brief"]
     group = next(g for g in registry.groups if g.name == "weather")
@@ -481,14 +481,14 @@ def test_a_file_tool_with_the_name_of_a_decorated_tool_is_refused_either_way(tmp
 
     registry = register_builtins(ToolRegistry())
     with pytest.raises(ToolRegistrationError) as caught:
-        registry.load_file(path)
+        register_tool_file(registry, path)
     assert "'current_time' is already registered" in str(caught.value)
     assert str(caught.value).startswith(f"{path}: ")  # the file, and where the first one is from
     assert "hermes.tools.builtin.current_time" in str(caught.value)
     assert registry.get("current_time").source == "hermes.tools.builtin.current_time"  # not shadowed
 
     registry = ToolRegistry()
-    registry.load_file(path)
+    register_tool_file(registry, path)
     with pytest.raises(ToolRegistrationError) as caught:
         register_builtins(registry)
     assert "'current_time' is already registered" in str(caught.value) and str(path) in str(caught.value)
@@ -522,8 +522,8 @@ async def test_a_session_calls_the_http_tool_and_its_secret_never_enters_workflo
     endpoint, run_worker, session_id, temporal_client, tmp_path
 ):
     registry = register_builtins(ToolRegistry())
-    registry.load_file(EXAMPLE)
-    registry.load_file(write(tmp_path, {"tools": [{
+    register_tool_file(registry, EXAMPLE)
+    register_tool_file(registry, write(tmp_path, {"tools": [{
         "name": "flaky_weather",
         "description": "Weather from a service that is down.",
         "http": {"url": "${WEATHER_API_URL}/status/503", "headers": {"Authorization": "Bearer ${WEATHER_API_TOKEN}"}},

@@ -41,6 +41,7 @@ from hermes.models import (
 )
 from hermes.providers.base import parse_tool_call
 from hermes.tools.builtin import register_builtins
+from hermes.tools.files import register_tool_file
 from hermes.tools.registry import ToolRegistry
 from hermes.tools.routing import route_groups
 
@@ -680,7 +681,7 @@ tools:
 """,
     )
     registry = ToolRegistry()
-    loaded = registry.load_file(path)
+    loaded = register_tool_file(registry, path)
     assert [t.name for t in loaded] == ["weather_a", "weather_b"]
 
 
@@ -697,7 +698,7 @@ tools:
 def test_a_wrong_tool_file_is_refused_naming_the_file_and_the_key(tmp_path, body, expected):
     path = _write(tmp_path, "bad.yaml", body)
     with pytest.raises((ConfigError, ToolRegistrationError)) as refused:
-        ToolRegistry().load_file(path)
+        register_tool_file(ToolRegistry(), path)
     message = str(refused.value)
     assert "bad.yaml" in message and expected in message
 
@@ -711,7 +712,7 @@ def test_a_file_tool_named_like_a_code_tool_is_refused_naming_the_file(tmp_path)
     )
     registry = register_builtins(ToolRegistry())
     with pytest.raises(ToolRegistrationError) as refused:
-        registry.load_file(path)
+        register_tool_file(registry, path)
     assert "clash.yaml" in str(refused.value) and "calculate" in str(refused.value)
     assert registry.get("calculate").source != str(path)  # not shadowed
 

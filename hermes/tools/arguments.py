@@ -44,31 +44,35 @@ The JSON Schema keywords are those of draft 2020-12
 (https://json-schema.org/draft/2020-12/json-schema-validation); the date and time formats
 follow RFC 3339 section 5.6, except that a ``date-time`` or ``time`` without an offset is
 accepted (naive), because a Python tool taking a ``datetime`` accepts one.
+
+What a scalar text means (numbers, booleans, dates, times, the ``format`` checks) is
+:mod:`hermes.tools.scalars`, which knows no schema. Why this module is long: coercion,
+checking and describing walk the same schemas through one cached context (``$ref``
+resolution, ``anyOf``/``oneOf`` branches, the dotted field paths of problems) and must agree
+on every keyword, so they are kept side by side rather than split across modules that
+would each need the others' internals.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import math
 import re
 import threading
-import unicodedata
-import uuid
 from urllib.parse import unquote
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
-from datetime import date
-from decimal import Decimal, InvalidOperation
+from collections.abc import Iterable
+from decimal import Decimal
 from typing import Any
 
 import pydantic
-from jsonschema import Draft202012Validator, FormatChecker
+from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from jsonschema.exceptions import ValidationError as SchemaValidationError
 from referencing import Registry
 
 from hermes.errors import ToolArgumentsError, ToolRegistrationError
+from hermes.tools import scalars
 
 __all__ = [
     "ARGUMENTS_FIELD",
@@ -96,374 +100,6 @@ _MISSING_RECEIVED = "nothing (missing)"
 
 Problem = dict[str, Any]
 _Path = tuple[Any, ...]
-
-
-# --------------------------------------------------------------------------- formats
-
-
-_DATE_RE = re.compile(r"(\d{4})-(\d{2})-(\d{2})", re.ASCII)
-_TIME_RE = re.compile(r"(\d{2}):(\d{2}):(\d{2})(?:\.\d{1,9})?(?:[Zz]|[+-](\d{2}):(\d{2}))?", re.ASCII)
-_UUID_RE = re.compile(r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}", re.ASCII)
-_EMAIL_RE = re.compile(r"[^@\s]+@[^@\s]+")
-_URI_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*:[^\s\x00-\x1f\x7f<>\"{}|\\^`]*")
-
-
-def _is_date(text: str) -> bool:
-    match = _DATE_RE.fullmatch(text)
-    if not match:
-        return False
-    try:
-        date(*(int(g) for g in match.groups()))
-    except ValueError:
-        return False
-    return True
-
-
-def _is_time(text: str) -> bool:
-    match = _TIME_RE.fullmatch(text)
-    if not match:
-        return False
-    hour, minute, second, offset_hour, offset_minute = match.groups()
-    if int(hour) > 23 or int(minute) > 59 or int(second) > 59:
-        return False
-    return offset_hour is None or (int(offset_hour) <= 23 and int(offset_minute) <= 59)
-
-
-def _is_date_time(text: str) -> bool:
-    return len(text) > 11 and text[10] in "Tt" and _is_date(text[:10]) and _is_time(text[11:])
-
-
-def _is_uuid(text: str) -> bool:
-    return bool(_UUID_RE.fullmatch(text))
-
-
-def _is_email(text: str) -> bool:
-    return bool(_EMAIL_RE.fullmatch(text))
-
-
-def _is_uri(text: str) -> bool:
-    return bool(_URI_RE.fullmatch(text))
-
-
-def _is_ip(kind: type) -> Callable[[str], bool]:
-    def checker(text: str) -> bool:
-        try:
-            kind(text)
-        except ValueError:
-            return False
-        return True
-
-    return checker
-
-
-_FORMAT_TESTS: dict[str, Callable[[str], bool]] = {
-    "date": _is_date,
-    "date-time": _is_date_time,
-    "time": _is_time,
-    "uuid": _is_uuid,
-    "email": _is_email,
-    "uri": _is_uri,
-    "ipv4": _is_ip(ipaddress.IPv4Address),
-    "ipv6": _is_ip(ipaddress.IPv6Address),
-}
-
-
-def _format_checker() -> FormatChecker:
-    """jsonschema's own checks, with ours for the formats tools use most.
-
-    Ours replace jsonschema's because its ``date-time``/``time`` need an optional package
-    and require an offset, and its ``email``/``uri`` checks are missing or minimal.
-    """
-    checker = FormatChecker()
-    for name, test in _FORMAT_TESTS.items():
-        checker.checks(name)(lambda instance, _test=test: not isinstance(instance, str) or _test(instance))
-    return checker
-
-
-_FORMAT_CHECKER = _format_checker()
-
-
-# --------------------------------------------------------------------------- loose parsing
-
-
-_NUMBER_RE = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?", re.ASCII)
-_INTEGER_TEXT_RE = re.compile(r"[+-]?\d+", re.ASCII)
-_TRUE_WORDS = frozenset({"true", "yes", "on", "1"})
-_FALSE_WORDS = frozenset({"false", "no", "off", "0"})
-_FAIL = object()
-"""A conversion that did not apply."""
-
-
-def _nfkc(text: str) -> str:
-    # Full-width digits and letters ("２０２４年３月５日") are common from CJK input methods.
-    return unicodedata.normalize("NFKC", text).strip()
-
-
-def _parse_decimal(text: str) -> Decimal | None:
-    """A plain decimal or scientific number, exactly; ``None`` for anything else."""
-    text = _nfkc(text)
-    if len(text) > 400 or not _NUMBER_RE.fullmatch(text):
-        return None
-    try:
-        number = Decimal(text)
-    except InvalidOperation:
-        return None
-    if number and abs(number.adjusted()) > 400:
-        return None
-    return number
-
-
-def _decimal_is_integral(number: Decimal) -> bool:
-    _, digits, exponent = number.as_tuple()
-    assert isinstance(exponent, int)
-    return exponent >= 0 or not any(digits[exponent:])
-
-
-def _to_integer(value: Any) -> Any:
-    if isinstance(value, bool):
-        return _FAIL
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value) if math.isfinite(value) and value.is_integer() else _FAIL
-    if isinstance(value, str):
-        number = _parse_decimal(value)
-        if number is not None and _decimal_is_integral(number):
-            return int(number)
-    return _FAIL
-
-
-def _to_number(value: Any) -> Any:
-    if isinstance(value, bool):
-        return _FAIL
-    if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return value if math.isfinite(value) else _FAIL
-    if isinstance(value, str):
-        number = _parse_decimal(value)
-        if number is None:
-            return _FAIL
-        if _INTEGER_TEXT_RE.fullmatch(_nfkc(value)):
-            return int(number)
-        result = float(number)
-        if not math.isfinite(result) or (result == 0 and number != 0):
-            return _FAIL
-        return result
-    return _FAIL
-
-
-def _to_boolean(value: Any) -> Any:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, (int, float)):
-        return {1: True, 0: False}.get(value, _FAIL)  # type: ignore[arg-type]
-    if isinstance(value, str):
-        word = _nfkc(value).casefold()
-        if word in _TRUE_WORDS:
-            return True
-        if word in _FALSE_WORDS:
-            return False
-    return _FAIL
-
-
-def _to_text(value: Any) -> Any:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float) and math.isfinite(value):
-        # 42.0 and 42 are the same JSON number; "42" is what the model meant.
-        return str(int(value)) if value.is_integer() and abs(value) < 2**53 else repr(value)
-    return _FAIL
-
-
-def _loads_json(text: str) -> Any:
-    """Parse JSON text; NaN/Infinity are refused. Raises ValueError (or RecursionError)."""
-
-    def refuse(constant: str) -> Any:
-        raise ValueError(f"{constant} is not JSON")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-_MONTHS = {
-    name: number
-    for number, names in enumerate(
-        [
-            ("january", "jan"),
-            ("february", "feb"),
-            ("march", "mar"),
-            ("april", "apr"),
-            ("may",),
-            ("june", "jun"),
-            ("july", "jul"),
-            ("august", "aug"),
-            ("september", "sep", "sept"),
-            ("october", "oct"),
-            ("november", "nov"),
-            ("december", "dec"),
-        ],
-        start=1,
-    )
-    for name in names
-}
-_WEEKDAY_PREFIX_RE = re.compile(
-    r"^(?:mon|tue|tues|wed|thu|thur|thurs|fri|sat|sun)(?:day|sday|nesday|rsday|urday)?\.?,?\s+", re.IGNORECASE
-)
-_ORDINAL = r"(?:st|nd|rd|th)?"
-_DATE_PATTERNS: list[tuple[re.Pattern[str], str]] = [
-    (re.compile(r"(\d{4})([-/.])(\d{1,2})\2(\d{1,2})", re.ASCII), "ymd"),
-    (re.compile(r"(\d{4})(\d{2})(\d{2})", re.ASCII), "ymd-compact"),
-    (re.compile(r"(\d{4})\s*[年년]\s*(\d{1,2})\s*[月월]\s*(\d{1,2})\s*[日号일]?"), "ymd-cjk"),
-    (re.compile(r"(\d{1,2})([-/.])(\d{1,2})\2(\d{4})", re.ASCII), "xxy"),
-    (re.compile(rf"(\d{{1,2}}){_ORDINAL}(?:\s+of)?[\s\-]+([A-Za-z]+)\.?,?[\s\-]+(\d{{4}})", re.ASCII), "d-month-y"),
-    (re.compile(rf"([A-Za-z]+)\.?[\s\-]+(\d{{1,2}}){_ORDINAL},?[\s\-]+(\d{{4}})", re.ASCII), "month-d-y"),
-    (re.compile(r"(\d{4})[\s\-]+([A-Za-z]+)\.?[\s\-]+(\d{1,2})", re.ASCII), "y-month-d"),
-]
-_MIDNIGHT_RE = re.compile(
-    r"(\d{4}-\d{2}-\d{2})[Tt ]00:00(?::00(?:\.0+)?)?(?:[Zz]|[+-]\d{2}:?\d{2})?", re.ASCII
-)
-
-
-def _make_date(year: int, month: int, day: int) -> date | None:
-    try:
-        return date(year, month, day)
-    except ValueError:
-        return None
-
-
-def _parse_date(text: str) -> date | None:
-    """A calendar date written in one of the common ways (see the module docstring)."""
-    text = _WEEKDAY_PREFIX_RE.sub("", _nfkc(text), count=1) if text else text
-    midnight = _MIDNIGHT_RE.fullmatch(text)
-    if midnight:
-        text = midnight.group(1)
-    for pattern, kind in _DATE_PATTERNS:
-        match = pattern.fullmatch(text)
-        if not match:
-            continue
-        groups = match.groups()
-        if kind == "ymd":
-            return _make_date(int(groups[0]), int(groups[2]), int(groups[3]))
-        if kind in ("ymd-compact", "ymd-cjk"):
-            return _make_date(int(groups[0]), int(groups[1]), int(groups[2]))
-        if kind == "xxy":
-            first, separator, second, year = int(groups[0]), groups[1], int(groups[2]), int(groups[3])
-            # US order with slashes; day first with dots and dashes (Europe, Asia).
-            month_first, day_first = (first, second), (second, first)
-            preferred, other = (month_first, day_first) if separator == "/" else (day_first, month_first)
-            return _make_date(year, *preferred) or _make_date(year, *other)
-        if kind == "d-month-y":
-            month = _MONTHS.get(groups[1].casefold())
-            return _make_date(int(groups[2]), month, int(groups[0])) if month else None
-        if kind == "month-d-y":
-            month = _MONTHS.get(groups[0].casefold())
-            return _make_date(int(groups[2]), month, int(groups[1])) if month else None
-        if kind == "y-month-d":
-            month = _MONTHS.get(groups[1].casefold())
-            return _make_date(int(groups[0]), month, int(groups[2])) if month else None
-    return None
-
-
-_LOOSE_TIME_RE = re.compile(
-    r"""(?P<hour>\d{1,2})
-        (?::(?P<minute>\d{2})(?::(?P<second>\d{2})(?:[.,](?P<fraction>\d{1,9}))?)?)?
-        \s*(?P<ampm>[ap]\.?\s?m\.?)?
-        \s*(?P<zone>[zZ]|(?:UTC|GMT)?\s*[+-]\d{1,2}(?::?\d{2})?|UTC|GMT)?""",
-    re.VERBOSE | re.IGNORECASE | re.ASCII,
-)
-_OFFSET_RE = re.compile(r"(?:UTC|GMT)?\s*([+-])(\d{1,2}):?(\d{2})?", re.IGNORECASE | re.ASCII)
-
-
-def _parse_time(text: str) -> str | None:
-    """``HH:MM:SS[.f][offset]`` from a loose time ("9:30", "9:30 pm", "21:30:00+0800")."""
-    match = _LOOSE_TIME_RE.fullmatch(_nfkc(text))
-    if not match or (match["minute"] is None and match["ampm"] is None):
-        return None
-    hour, minute, second = int(match["hour"]), int(match["minute"] or 0), int(match["second"] or 0)
-    if match["ampm"]:
-        if not 1 <= hour <= 12:
-            return None
-        hour = hour % 12 + (12 if match["ampm"][0] in "pP" else 0)
-    if hour > 23 or minute > 59 or second > 59:
-        return None
-    zone = match["zone"]
-    offset = ""
-    if zone:
-        zone = zone.strip()
-        if zone.upper() in ("Z", "UTC", "GMT"):
-            offset = "Z"
-        else:
-            parts = _OFFSET_RE.fullmatch(zone)
-            if not parts:
-                return None
-            offset_hour, offset_minute = int(parts[2]), int(parts[3] or 0)
-            if offset_hour > 23 or offset_minute > 59:
-                return None
-            offset = f"{parts[1]}{offset_hour:02d}:{offset_minute:02d}"
-    fraction = f".{match['fraction']}" if match["fraction"] else ""
-    return f"{hour:02d}:{minute:02d}:{second:02d}{fraction}{offset}"
-
-
-def _normalise_date(text: str) -> str | None:
-    parsed = _parse_date(text)
-    return parsed.isoformat() if parsed else None
-
-
-def _normalise_date_time(text: str) -> str | None:
-    text = _nfkc(text)
-    splits: list[tuple[str, str]] = []
-    for index, char in enumerate(text):
-        if char in "Tt ,_":
-            splits.append((text[:index], text[index + 1 :]))
-        elif index and text[index - 1] in "日号일":
-            splits.append((text[:index], text[index:]))
-    for left, right in splits:
-        right = re.sub(r"^(?:at\s+|,\s*)", "", right.strip(), flags=re.IGNORECASE)
-        day = _parse_date(left.rstrip(" ,"))
-        if day is None:
-            continue
-        clock = _parse_time(right)
-        if clock is not None:
-            return f"{day.isoformat()}T{clock}"
-    return None
-
-
-def _normalise_uuid(text: str) -> str | None:
-    text = _nfkc(text)
-    if text[:9].casefold() == "urn:uuid:":
-        text = text[9:]
-    text = text.strip("{}")
-    if not re.fullmatch(r"[0-9a-fA-F]{32}|[0-9a-fA-F\-]{36}", text):
-        return None
-    try:
-        return str(uuid.UUID(text))
-    except ValueError:
-        return None
-
-
-def _normalise_email(text: str) -> str | None:
-    text = text.strip()
-    if text[:7].casefold() == "mailto:":
-        text = text[7:]
-    return text if _is_email(text) else None
-
-
-def _strip_only(text: str) -> str | None:
-    return text.strip()
-
-
-_FORMAT_NORMALISERS: dict[str, Callable[[str], str | None]] = {
-    "date": _normalise_date,
-    "date-time": _normalise_date_time,
-    "time": _parse_time,
-    "uuid": _normalise_uuid,
-    "email": _normalise_email,
-    "uri": _strip_only,
-    "ipv4": _strip_only,
-    "ipv6": _strip_only,
-}
 
 
 # --------------------------------------------------------------------------- JSON values
@@ -580,7 +216,7 @@ class _Schemas:
 
     def __init__(self, root: Any):
         self.root = root
-        self.validator = Draft202012Validator(root, format_checker=_FORMAT_CHECKER, registry=Registry())
+        self.validator = Draft202012Validator(root, format_checker=scalars.FORMAT_CHECKER, registry=Registry())
 
     def resolve(self, ref: str) -> Any:
         """The subschema a local ``$ref`` (``#``, ``#/$defs/X``, ``#/definitions/X``) names, or None."""
@@ -692,7 +328,7 @@ class _Coercer:
         members = [schema["const"]] if "const" in schema else schema.get("enum")
         if isinstance(members, list) and members:
             matched = _match_enum(result, members)
-            if matched is not _FAIL:
+            if matched is not scalars.FAIL:
                 return matched
         return result if copied else _copy(result)
 
@@ -712,56 +348,56 @@ class _Coercer:
             return _copy(value)
         for kind in types:
             converted = self._convert(kind, schema, value)
-            if converted is not _FAIL:
+            if converted is not scalars.FAIL:
                 return converted
         return _copy(value)
 
     def _convert(self, kind: str, schema: dict[str, Any], value: Any) -> Any:
         if kind == "integer":
-            return _to_integer(value)
+            return scalars.to_integer(value)
         if kind == "number":
-            return _to_number(value)
+            return scalars.to_number(value)
         if kind == "boolean":
-            return _to_boolean(value)
+            return scalars.to_boolean(value)
         if kind == "string":
-            text = _to_text(value)
-            return _FAIL if text is _FAIL else self._coerce_string(schema, text)
+            text = scalars.to_text(value)
+            return scalars.FAIL if text is scalars.FAIL else self._coerce_string(schema, text)
         if kind == "null":
-            return None if isinstance(value, str) and value.strip().casefold() == "null" else _FAIL
+            return None if isinstance(value, str) and value.strip().casefold() == "null" else scalars.FAIL
         if kind == "array":
             return self._to_array(schema, value)
         if kind == "object":
             if isinstance(value, str) and value.strip().startswith("{"):
                 try:
-                    decoded = _loads_json(value)
+                    decoded = scalars.loads_json(value)
                 except (ValueError, RecursionError):
-                    return _FAIL
+                    return scalars.FAIL
                 if isinstance(decoded, dict):
                     return self._coerce_object(schema, decoded)
-            return _FAIL
-        return _FAIL
+            return scalars.FAIL
+        return scalars.FAIL
 
     def _to_array(self, schema: dict[str, Any], value: Any) -> Any:
         if isinstance(value, str) and value.strip().startswith("["):
             try:
-                decoded = _loads_json(value)
+                decoded = scalars.loads_json(value)
             except (ValueError, RecursionError):
                 decoded = None
             if isinstance(decoded, list):
                 return self._coerce_array(schema, decoded)
         items = schema.get("items")
         if value is None or "prefixItems" in schema or not isinstance(items, dict):
-            return _FAIL
+            return scalars.FAIL
         # A single value where a list of such values is wanted: wrap it, if it is one.
         item = self.coerce(items, value, frozenset())
-        return [item] if self.schemas.is_valid(items, item) else _FAIL
+        return [item] if self.schemas.is_valid(items, item) else scalars.FAIL
 
     def _coerce_string(self, schema: dict[str, Any], text: str) -> str:
         fmt = schema.get("format")
-        test = _FORMAT_TESTS.get(fmt) if isinstance(fmt, str) else None
+        test = scalars.FORMAT_TESTS.get(fmt) if isinstance(fmt, str) else None
         if test is None or test(text):
             return text
-        normalised = _FORMAT_NORMALISERS[fmt](text)  # type: ignore[index]
+        normalised = scalars.FORMAT_NORMALISERS[fmt](text)  # type: ignore[index]
         return normalised if normalised is not None else text
 
     def _coerce_array(self, schema: dict[str, Any], values: list[Any]) -> list[Any]:
@@ -839,7 +475,7 @@ class _Coercer:
             if isinstance(branch, (dict, bool)) and self.schemas.is_valid(branch, value):
                 return self.coerce(branch, value, active)
         whole = {keyword: branches}
-        fallback: Any = _FAIL
+        fallback: Any = scalars.FAIL
         for branch in branches:
             if not isinstance(branch, dict) or _is_null_only(branch):
                 continue
@@ -847,9 +483,9 @@ class _Coercer:
             if self.schemas.is_valid(branch, candidate):
                 if keyword == "anyOf" or self.schemas.is_valid(whole, candidate):
                     return candidate
-                if fallback is _FAIL:
+                if fallback is scalars.FAIL:
                     fallback = candidate
-        if fallback is not _FAIL:
+        if fallback is not scalars.FAIL:
             return fallback
         if (
             isinstance(value, str)
@@ -868,7 +504,7 @@ def _pattern_matches(pattern: str, key: str) -> bool:
 
 
 def _match_enum(value: Any, members: list[Any]) -> Any:
-    """The one enum member ``value`` loosely stands for, or ``_FAIL``.
+    """The one enum member ``value`` loosely stands for, or ``scalars.FAIL``.
 
     Exact (JSON) equality first; then, for text, case-insensitive and trimmed, then also
     ignoring spaces, ``_`` and ``-`` ("in progress" for "in_progress"); text for a number
@@ -884,15 +520,15 @@ def _match_enum(value: Any, members: list[Any]) -> Any:
         for hit in hits:
             if not any(_json_equal(hit, seen) for seen in distinct):
                 distinct.append(hit)
-        return _copy(distinct[0]) if len(distinct) == 1 else _FAIL
+        return _copy(distinct[0]) if len(distinct) == 1 else scalars.FAIL
 
     if isinstance(value, str):
-        text = _nfkc(value)
+        text = scalars.nfkc(value)
         for canon in (str.casefold, _canonical_key):
-            hits = [m for m in members if isinstance(m, str) and canon(_nfkc(m)) == canon(text)]
+            hits = [m for m in members if isinstance(m, str) and canon(scalars.nfkc(m)) == canon(text)]
             if hits:
                 return unique(hits)
-        number = _parse_decimal(text)
+        number = scalars.parse_decimal(text)
         if number is not None:
             hits = [
                 m
@@ -902,22 +538,22 @@ def _match_enum(value: Any, members: list[Any]) -> Any:
             ]
             if hits:
                 return unique(hits)
-        truth = _to_boolean(text)
-        if truth is not _FAIL:
+        truth = scalars.to_boolean(text)
+        if truth is not scalars.FAIL:
             hits = [m for m in members if isinstance(m, bool) and m is truth]
             if hits:
                 return unique(hits)
         if text.casefold() == "null" and None in members:
             return None
-        return _FAIL
+        return scalars.FAIL
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
-        hits = [m for m in members if isinstance(m, str) and _parse_decimal(m) == Decimal(value)]
-        return unique(hits) if hits else _FAIL
+        hits = [m for m in members if isinstance(m, str) and scalars.parse_decimal(m) == Decimal(value)]
+        return unique(hits) if hits else scalars.FAIL
     if isinstance(value, bool):
         word = "true" if value else "false"
-        hits = [m for m in members if isinstance(m, str) and _nfkc(m).casefold() == word]
-        return unique(hits) if hits else _FAIL
-    return _FAIL
+        hits = [m for m in members if isinstance(m, str) and scalars.nfkc(m).casefold() == word]
+        return unique(hits) if hits else scalars.FAIL
+    return scalars.FAIL
 
 
 def coerce(schema: dict, value: Any, *, root: dict | None = None) -> Any:
@@ -1470,7 +1106,7 @@ def _normalise_top_level(arguments: Any) -> tuple[dict[str, Any] | None, Problem
         if not text:
             return {}, None  # providers send "" for a call without arguments
         try:
-            decoded = _loads_json(text)
+            decoded = scalars.loads_json(text)
         except (ValueError, RecursionError):
             return None, _argument_problem("a JSON object (the text is not valid JSON)", arguments)
         if decoded is None:

@@ -1,7 +1,7 @@
 """Tool files: tools described in JSON Schema and implemented elsewhere (an HTTP endpoint).
 
 A tool file is JSON (``.json``) or YAML (``.yaml``, ``.yml``); it is read on the worker at
-start-up (``HERMES_TOOL_FILES``, or :meth:`ToolRegistry.load_file`) and every mistake
+start-up (``HERMES_TOOL_FILES``, or :func:`register_tool_file`) and every mistake
 in it is refused there, with the file, the key and what was expected. The format::
 
     groups:                                  # optional
@@ -84,9 +84,9 @@ from hermes.tools.http import (
     compile_template,
     template_arguments,
 )
-from hermes.tools.registry import TOOL_NAME_RE, CompositeTool, Tool
+from hermes.tools.registry import TOOL_NAME_RE, CompositeTool, Tool, ToolRegistry
 
-__all__ = ["load_tool_file"]
+__all__ = ["load_tool_file", "register_tool_file"]
 
 _HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _PATH_RE = re.compile(r"^[^.]+(\.[^.]+)*$")
@@ -227,6 +227,34 @@ def load_tool_file(path: str | Path, *, environ: Mapping[str, str] | None = None
         seen[name] = i
         tools.append(_build_tool(tool_decl, key, source, environ))
     return tools, groups
+
+
+def register_tool_file(registry: ToolRegistry, path: str | Path) -> list[Tool]:
+    """Register every tool and group of a tool file in ``registry``.
+
+    This module depends on the registry, never the other way round: the registry knows
+    nothing of files (issue 14: registry, files and http had imported each other).
+
+    Args:
+        registry: where the tools and groups go.
+        path: a ``.json``, ``.yaml`` or ``.yml`` file in the format of this module.
+
+    Returns:
+        The registered tools, in file order.
+
+    Raises:
+        ConfigError: the file is unreadable or wrong (file, key, what was expected).
+        ToolRegistrationError: a tool of the file clashes with one already registered
+            (the message names the file).
+    """
+    tools, groups = load_tool_file(path)
+    try:
+        for group in groups:
+            registry.add_group(group.name, description=group.description, keywords=group.keywords)
+        return [registry.add(t) for t in tools]
+    except ToolRegistrationError as err:
+        # Name the file: the clash may be with a tool defined far from it.
+        raise ToolRegistrationError(f"{path}: {err}") from None
 
 
 def _check_environment(raw: Any, source: str, environ: Mapping[str, str]) -> None:

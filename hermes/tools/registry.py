@@ -3,7 +3,8 @@
 A decorated function becomes a :class:`FunctionTool`: its signature and Google-style
 docstring become the JSON Schema the model sees (per-parameter descriptions, and
 examples from ``Annotated[int, Field(examples=[3])]``); a JSON Schema file describes
-tools implemented elsewhere (an HTTP endpoint, see :mod:`hermes.tools.files`); a fixed
+tools implemented elsewhere (an HTTP endpoint; :func:`hermes.tools.files.register_tool_file`
+loads such a file into a registry, which knows nothing of files); a fixed
 sequence of registered tools becomes one :class:`CompositeTool`. All declare their tier
 (timeout class), idempotency, permission, group and ``next_possible_tools``.
 
@@ -32,7 +33,6 @@ import typing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
@@ -505,25 +505,6 @@ class ToolRegistry:
             source="composite",
         )
         return self.add(composite_tool)  # type: ignore[return-value]
-
-    def load_file(self, path: str | Path) -> list[Tool]:
-        """Register every tool and group of a tool file (JSON or YAML; see
-        :mod:`hermes.tools.files` for the format).
-
-        Raises:
-            ConfigError: the file is unreadable or wrong (file, key, what was expected).
-            ToolRegistrationError: a tool of the file clashes with one already registered.
-        """
-        from hermes.tools.files import load_tool_file
-
-        tools, groups = load_tool_file(path)
-        try:
-            for group in groups:
-                self.add_group(group.name, description=group.description, keywords=group.keywords)
-            return [self.add(t) for t in tools]
-        except ToolRegistrationError as err:
-            # Name the file: the clash may be with a tool defined far from it.
-            raise ToolRegistrationError(f"{path}: {err}") from None
 
     def check_references(self) -> None:
         """Check what tools say about each other, once all are registered (worker start-up).

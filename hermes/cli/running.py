@@ -1,0 +1,106 @@
+"""How a command runs its async part: one event loop, Ctrl-C, a quiet client connection.
+
+:func:`run_command` is the bridge from a synchronous Typer command to the client: it
+runs a coroutine in a fresh loop under :func:`hermes.cli.errors.reported_errors`, so
+every command reports failures and interruptions the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import signal
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from hermes.cli.errors import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, CliError, fail, reported_errors
+from hermes.cli.output import err_console
+from hermes.client import HermesClient
+from hermes.settings import Settings
+
+if TYPE_CHECKING:
+    from temporalio.runtime import Runtime
+
+__all__ = ["QUERY_TIMEOUT_SECONDS", "answer", "connect", "quiet_orphaned_futures", "quiet_runtime", "run_command"]
+
+QUERY_TIMEOUT_SECONDS = 15.0
+"""How long a command waits for a session to answer a query (a worker must be running)."""
+
+_T = TypeVar("_T")
+
+log = logging.getLogger("hermes.cli")
+
+
+def quiet_orphaned_futures(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    """Loop exception handler: the Temporal SDK leaves the update future of a failed
+    update-with-start (e.g. a closed session) unretrieved; the error was already reported
+    to the user, so asyncio's "exception was never retrieved" traceback is only noise."""
+    if "never retrieved" in str(context.get("message", "")):
+        log.debug("unretrieved future: %s", context.get("exception"))
+        return
+    loop.default_exception_handler(context)
+
+
+def run_command(main: Callable[[], Awaitable[_T]], settings: Settings) -> _T:
+    """Run ``main()`` in a fresh event loop. SIGINT and SIGTERM cancel it (once: a second
+    signal does not interrupt the clean-up); cancellation exits with 130 unless ``main``
+    handled it (see :func:`hermes.demo.wait_until_interrupted`)."""
+    signals: list[int] = []
+
+    async def guarded() -> _T:
+        loop = asyncio.get_running_loop()
+        loop.set_exception_handler(quiet_orphaned_futures)
+        task = asyncio.current_task()
+        assert task is not None
+
+        def on_signal(sig: int) -> None:
+            if signals:
+                err_console.print("still stopping...", style="dim")
+                return
+            signals.append(sig)
+            task.cancel()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):
+                loop.add_signal_handler(sig, on_signal, sig)
+        return await main()
+
+    with reported_errors(settings):
+        try:
+            return asyncio.run(guarded())
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise fail("interrupted", EXIT_INTERRUPTED) from None
+
+
+async def answer(awaitable: Awaitable[_T], settings: Settings) -> _T:
+    """Await a query; a session only answers while a worker serves its task queue."""
+    try:
+        return await asyncio.wait_for(awaitable, QUERY_TIMEOUT_SECONDS)
+    except asyncio.TimeoutError:
+        raise CliError(
+            f"the session did not answer within {QUERY_TIMEOUT_SECONDS:.0f} s: is a worker running "
+            f"for task queue {settings.task_queue!r}? Start one with `hermes dev` or `hermes worker`",
+            EXIT_UNAVAILABLE,
+        ) from None
+
+
+@functools.cache
+def quiet_runtime() -> Runtime:
+    """The Temporal runtime of the commands' client connections: the SDK's Rust core logs
+    only errors. By default it prints a ``WARN ... gRPC call ... retried N times`` line on
+    stderr for every retry while a server is unreachable; a command reports the failure
+    itself, in one line. ``hermes dev`` and ``hermes worker`` keep the default runtime."""
+    from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+
+    return Runtime(
+        telemetry=TelemetryConfig(
+            logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
+        )
+    )
+
+
+async def connect(settings: Settings) -> HermesClient:
+    """A client of the settings' Temporal and Redis, on :func:`quiet_runtime`."""
+    return await HermesClient.connect(settings, runtime=quiet_runtime())

@@ -1,0 +1,178 @@
+"""Commands that read sessions: ``hermes sessions`` (the Redis index) and ``hermes show``."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from hermes.cli.errors import CliError
+from hermes.cli.output import Column, out, print_fields, print_table
+from hermes.cli.root import JsonOption, UserOption, app, default_user
+from hermes.cli.running import answer, connect, run_command
+from hermes.demo import print_message
+from hermes.errors import SessionNotFoundError
+from hermes.settings import Settings
+
+__all__ = ["sessions", "show"]
+
+
+@app.command()
+def sessions(
+    user: UserOption = default_user(),
+    as_json: JsonOption = False,
+    limit: Annotated[int, typer.Option("--limit", min=1, max=1000, help="At most this many.")] = 50,
+    rebuild: Annotated[
+        bool, typer.Option("--rebuild", help="First add sessions that Temporal knows and the Redis index lacks.")
+    ] = False,
+) -> None:
+    """List a user's sessions, most recently active first (from the Redis index)."""
+    settings = Settings()
+
+    async def main() -> list[Any]:
+        hermes = await connect(settings)
+        try:
+            return await hermes.list_sessions(user, limit=limit, rebuild=rebuild)
+        finally:
+            await hermes.redis.aclose()
+
+    entries = run_command(main, settings)
+    if as_json:
+        typer.echo(json.dumps([e.model_dump(mode="json") for e in entries], ensure_ascii=False, indent=2))
+        return
+    if not entries:
+        out.print(f"No sessions for user {escape(user)}.")
+        return
+    print_table(
+        [
+            Column("session id", no_wrap=True),
+            Column("status", overflow="ellipsis"),
+            Column("turns", overflow="ellipsis", justify="right"),
+            Column("last active (UTC)", overflow="ellipsis"),
+            Column("title", overflow="ellipsis"),
+        ],
+        (
+            (
+                escape(entry.session_id),
+                entry.status,
+                str(entry.turn_count),
+                f"{entry.last_active_at:%Y-%m-%d %H:%M:%S}",
+                escape(entry.title),
+            )
+            for entry in entries
+        ),
+        title=f"sessions of {escape(user)}",
+    )
+
+
+@app.command()
+def show(
+    session_id: Annotated[str, typer.Argument(help="The session.")],
+    as_json: JsonOption = False,
+) -> None:
+    """Show a session: state, pending approvals, decisions, transcript and trace."""
+    settings = Settings()
+
+    async def main() -> tuple[Any, Any, Any]:
+        hermes = await connect(settings)
+        try:
+            state = await answer(hermes.get_state(session_id), settings)
+            transcript = await answer(hermes.get_transcript(session_id, include_archived=True), settings)
+            trace = await answer(hermes.get_trace(session_id), settings)
+            return state, transcript, trace
+        except SessionNotFoundError:
+            raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
+        finally:
+            await hermes.redis.aclose()
+
+    state, transcript, trace = run_command(main, settings)
+    if as_json:
+        typer.echo(
+            json.dumps(
+                {
+                    "state": state.model_dump(mode="json"),
+                    "transcript": [m.model_dump(mode="json") for m in transcript],
+                    "trace": [t.model_dump(mode="json") for t in trace],
+                },
+                ensure_ascii=False,
+                indent=2,
+            )
+        )
+        return
+    out.rule(f"session {escape(session_id)}")
+    print_fields(
+        [
+            ("user", escape(state.user_id)),
+            ("channel", escape(state.channel)),
+            ("status", state.status + (" (turn running)" if state.busy else "")),
+            ("title", escape(state.title)),
+            ("created", f"{state.created_at:%Y-%m-%d %H:%M:%S} UTC"),
+            ("last active", f"{state.last_active_at:%Y-%m-%d %H:%M:%S} UTC"),
+            ("turns", str(state.turn_count)),
+            ("context tokens", f"~{state.token_estimate}"),
+            ("history", f"{state.history_length} events (run {state.run_index})"),
+        ]
+    )
+
+    out.print()
+    if state.pending_approvals:
+        print_table(
+            ("tool_call_id", "tool", "permission", "arguments", "expires (UTC)"),
+            (
+                (
+                    escape(p.tool_call_id),
+                    escape(p.tool_name),
+                    p.permission,
+                    escape(json.dumps(p.arguments, ensure_ascii=False)),
+                    f"{p.expires_at:%H:%M:%S}",
+                )
+                for p in state.pending_approvals
+            ),
+            title="pending approvals",
+        )
+        out.print(f"decide with: hermes approve {escape(session_id)} TOOL_CALL_ID  (or hermes reject)", style="dim")
+    else:
+        out.print("pending approvals: none")
+    if state.decisions:
+        print_table(
+            ("tool_call_id", "verdict", "approver", "outcome", "at (UTC)"),
+            (
+                (
+                    escape(d.tool_call_id),
+                    "approved" if d.approved else "rejected",
+                    escape(d.approver),
+                    d.outcome,
+                    f"{d.at:%H:%M:%S}",
+                )
+                for d in state.decisions
+            ),
+            title="decisions",
+        )
+
+    out.rule("transcript")
+    for message in transcript:
+        print_message(out, message)
+
+    out.rule("trace")
+    numeric = ("step", "turn", "latency ms", "tokens")
+    print_table(
+        [
+            Column(c, overflow="ellipsis", justify="right" if c in numeric else "left")
+            for c in ("step", "turn", "action", "tool", "provider", "latency ms", "tokens", "status")
+        ],
+        (
+            (
+                str(t.step),
+                str(t.turn),
+                t.action_type,
+                escape(t.tool_name or ""),
+                escape(t.provider),
+                f"{t.latency_ms:.0f}",
+                str(t.tokens),
+                escape(t.status),
+            )
+            for t in trace
+        ),
+    )

@@ -1,0 +1,268 @@
+"""Commands that run servers: ``hermes dev``, ``worker``, ``codec-server``, ``demo``.
+
+``hermes dev``, ``hermes worker``, ``hermes codec-server`` and ``hermes demo --keep``
+run until Ctrl-C / SIGTERM, which is their normal stop (exit 0).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import re
+import sys
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import typer
+from rich.text import Text
+
+from hermes import names
+from hermes.cli.errors import EXIT_UNAVAILABLE, CliError, fail, hide_password
+from hermes.cli.output import out, print_fields
+from hermes.cli.root import app
+from hermes.cli.running import run_command
+from hermes.demo import local_servers, run_demo, wait_until_interrupted
+from hermes.settings import Settings
+from hermes.stack import ensure_search_attributes
+
+__all__ = ["codec_server_command", "demo", "dev", "worker_command"]
+
+log = logging.getLogger("hermes.cli")
+
+
+def _describe_model(settings: Settings, provider: Any) -> str:
+    if getattr(provider, "name", "") == "scripted":
+        return f"scripted stand-in ({getattr(provider, 'source', 'script')})"
+    base = settings.openai_base_url or "api.openai.com"
+    return f"{settings.model} via {base}"
+
+
+# --------------------------------------------------------------------------- dev / worker / demo
+
+
+@app.command()
+def dev() -> None:
+    """Run the embedded Temporal server (with Web UI), Redis and a worker until Ctrl-C.
+
+    With TEMPORAL_ADDRESS / REDIS_URL set, those servers are used instead of starting them.
+    Data stays in HERMES_DATA_DIR (default .hermes/).
+    """
+    settings = Settings()
+    run_command(lambda: _dev(settings), settings)
+
+
+async def _dev(settings: Settings) -> None:
+    from hermes.providers import make_provider
+    from worker import load_registry, open_mcp
+
+    # Configuration mistakes fail before anything is started.
+    provider = make_provider(settings)
+    registry = load_registry(settings)
+    mcp = open_mcp(settings, registry)
+    try:
+        await _dev_with(settings, provider, registry, mcp)
+    finally:
+        if mcp is not None:
+            await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
+
+
+async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
+    from hermes.codec_server import endpoint_url
+    from worker import build_worker, connect_client, connect_redis
+
+    codec_url = endpoint_url("127.0.0.1", settings.codec_port)
+    async with local_servers(settings, ui=True, ui_codec_endpoint=codec_url) as servers:
+        resolved = settings.model_copy(
+            update={"temporal_address": servers.temporal_address, "redis_url": servers.redis_url}
+        )
+        client = await connect_client(resolved)
+        await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
+        redis = connect_redis(servers.redis_url)
+        try:
+            await redis.ping()
+            worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis, mcp=mcp)
+            if resolved.memory_enabled:
+                from hermes.memory.service import ensure_consolidation_schedule
+
+                await ensure_consolidation_schedule(client, resolved)
+            async with worker, _dev_codec_server(settings, redis) as codec:
+                _print_dev_banner(settings, servers, _describe_model(settings, provider), codec)
+                await wait_until_interrupted()
+                out.print("Stopping the worker" + (" and the embedded stack..." if servers.stack else "..."))
+        finally:
+            await redis.aclose()
+    out.print("Stopped.")
+
+
+@contextlib.asynccontextmanager
+async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str | None]:
+    """The codec server of ``hermes dev`` on ``settings.codec_port``, in this process.
+
+    Yields its URL, or None when the port is taken: the worker and the stack are more
+    use than the codec server, so that is a warning in the banner, not a failure.
+    """
+    from hermes.blobs import BlobStore
+    from hermes.codec_server import default_ui_origins, running_codec_server
+
+    server = running_codec_server(
+        BlobStore(redis), host="127.0.0.1", port=settings.codec_port, ui_origins=default_ui_origins(settings.ui_port)
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        try:
+            url: str | None = await stack.enter_async_context(server)
+        except OSError:
+            log.debug("codec server not started", exc_info=True)
+            url = None
+        yield url
+
+
+def _print_dev_banner(settings: Settings, servers: Any, model: str, codec_url: str | None = None) -> None:
+    mine = "embedded" if servers.stack is not None else "yours"
+    temporal_is_mine = servers.stack is not None and settings.temporal_address is None
+    redis_is_mine = servers.stack is not None and settings.redis_url is None
+    fields: list[tuple[str, Any]] = [
+        (
+            "Temporal",
+            f"{servers.temporal_address} (namespace {servers.namespace}, {'embedded' if temporal_is_mine else 'yours'})",
+        ),
+        ("Web UI", servers.ui_url or "(your Temporal's Web UI)"),
+        ("Redis", f"{hide_password(servers.redis_url)} ({'embedded' if redis_is_mine else 'yours'})"),
+        ("Worker", f"task queue {settings.task_queue}, model {model}"),
+    ]
+    if codec_url is None:
+        fields.append(
+            (
+                "Codec server",
+                Text(
+                    f"not started: port {settings.codec_port} is in use (set HERMES_CODEC_PORT); "
+                    "the Web UI shows message references instead of messages",
+                    style="yellow",
+                ),
+            )
+        )
+    elif temporal_is_mine:
+        fields.append(("Codec server", f"{codec_url} (the Web UI decodes message references through it)"))
+    else:
+        fields.append(("Codec server", f"{codec_url} (set it as your Web UI's codec endpoint)"))
+    if servers.stack is not None:
+        fields.append(("Data", str(servers.stack.data_dir)))
+    out.rule(f"hermes dev ({mine} servers)")
+    print_fields(fields)
+    out.print("Ready. In another terminal: hermes chat · hermes demo · hermes sessions. Ctrl-C to stop.")
+
+
+@app.command("worker")
+def worker_command() -> None:
+    """Run just the worker against the configured servers until Ctrl-C.
+
+    Uses TEMPORAL_ADDRESS / REDIS_URL, or the embedded addresses of `hermes dev`.
+    """
+    settings = Settings()
+
+    async def main() -> None:
+        from worker import connect_redis, run_worker
+
+        redis = connect_redis(settings.resolved_redis_url)
+        try:
+            await redis.ping()
+        finally:
+            await redis.aclose()
+        out.print(
+            f"Worker: task queue {settings.task_queue} · Temporal {settings.resolved_temporal_address} · "
+            f"Redis {hide_password(settings.resolved_redis_url)} · model provider {settings.model_provider}. "
+            "Ctrl-C to stop."
+        )
+        await run_worker(settings)
+        out.print("Stopped.")
+
+    run_command(main, settings)
+
+
+@app.command("codec-server")
+def codec_server_command(
+    host: Annotated[str, typer.Option("--host", help="Address to listen on.")] = "127.0.0.1",
+    port: Annotated[
+        int | None, typer.Option("--port", help="Port to listen on (default: HERMES_CODEC_PORT, 8081).")
+    ] = None,
+    ui_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--ui-origin",
+            help="Origin of a Temporal Web UI allowed to call it, e.g. http://localhost:8233 "
+            "(repeatable; default: localhost and 127.0.0.1 on HERMES_UI_PORT).",
+        ),
+    ] = None,
+) -> None:
+    """Serve a Temporal codec server, so the Web UI shows the messages of model calls.
+
+    Model calls carry content references of their messages in workflow history; this
+    server fills in the messages from Redis (REDIS_URL, or the embedded one) when the
+    Web UI or `temporal workflow show --codec-endpoint` decodes payloads. `hermes dev`
+    runs one itself.
+    """
+    settings = Settings()
+    origins = [origin.rstrip("/") for origin in ui_origin or []]
+    for origin in origins:
+        if not re.fullmatch(r"https?://[^/\s]+", origin):
+            raise fail(
+                f"--ui-origin {origin!r} is not an origin: expected scheme://host[:port], e.g. http://localhost:8233",
+                EXIT_UNAVAILABLE,
+            )
+    listen_port = settings.codec_port if port is None else port
+
+    def ready(url: str) -> None:
+        from hermes.codec_server import default_ui_origins
+
+        shown = ", ".join(origins or default_ui_origins(settings.ui_port))
+        out.print(
+            f"Codec server on {url} · content store Redis {hide_password(settings.resolved_redis_url)} · "
+            f"Web UI origins {shown}. Ctrl-C to stop.",
+            soft_wrap=True,
+        )
+        out.print(
+            f"Give it to the Web UI: temporal server start-dev --ui-codec-endpoint {url} (or the UI's codec "
+            f"server setting); to the Temporal CLI: temporal workflow show --codec-endpoint {url} ...",
+            soft_wrap=True,
+        )
+
+    async def main() -> None:
+        import socket
+
+        from hermes.codec_server import serve
+
+        try:
+            await serve(settings, host, listen_port, origins or None, on_ready=ready)
+        except OSError as err:
+            cannot_bind = err.errno in (errno.EADDRINUSE, errno.EADDRNOTAVAIL, errno.EACCES)
+            if not cannot_bind and not isinstance(err, socket.gaierror):
+                raise
+            raise CliError(
+                f"cannot listen on {host}:{listen_port} ({err.strerror}): choose another port with --port",
+                EXIT_UNAVAILABLE,
+            ) from None
+        out.print("Stopped.")
+
+    run_command(main, settings)
+
+
+@app.command()
+def demo(
+    keep: Annotated[
+        bool | None,
+        typer.Option(
+            "--keep/--no-keep",
+            help="Keep the stack and worker running until Ctrl-C, so the Web UI link works. "
+            "Default: keep when run in a terminal, stop when not (CI, scripts).",
+        ),
+    ] = None,
+) -> None:
+    """Play a checked multi-turn conversation on the embedded stack, offline, no API key.
+
+    Uses the packaged scripted model (a stand-in that understands nothing); exits
+    non-zero if any reply or tool result is not the expected one.
+    """
+    if keep is None:
+        keep = sys.stdin.isatty() and sys.stdout.isatty()
+    settings = Settings()
+    run_command(lambda: run_demo(settings, console=out, keep=keep), settings)
