@@ -119,6 +119,22 @@ def _memory_store_per_test(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> P
     return path
 
 
+@pytest.fixture(scope="session")
+def use() -> Any:
+    """The default embedder (multilingual USE), loaded once for the whole run."""
+    from hermes.memory.embeddings import get_embedder
+
+    return get_embedder("use")
+
+
+@pytest.fixture
+def store(tmp_path: Path, use: Any) -> Any:
+    """An empty :class:`hermes.memory.store.MemoryStore` on ``use``, in this test's directory."""
+    from hermes.memory.store import MemoryStore
+
+    return MemoryStore(tmp_path / "m", use)
+
+
 @pytest.fixture
 def task_queue() -> str:
     return f"tq-{uuid.uuid4()}"

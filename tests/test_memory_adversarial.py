@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from hermes.memory.embeddings import Embedder, get_embedder
 from hermes.memory.extraction import parse_extraction
 from hermes.memory.models import MemoryCandidate
 from hermes.memory.service import open_store
@@ -22,16 +21,6 @@ from temporalio.testing import WorkflowEnvironment
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
 ALL_STATUSES = ("active", "superseded", "merged", "archived", "expired")
-
-
-@pytest.fixture(scope="module")
-def use() -> Embedder:
-    return get_embedder("use")
-
-
-@pytest.fixture
-def store(tmp_path: Path, use: Embedder) -> MemoryStore:
-    return MemoryStore(tmp_path / "m", use)
 
 
 @pytest.fixture

@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 
-from hermes.memory.embeddings import Embedder, get_embedder
 from hermes.memory.models import MemoryCandidate
 from hermes.memory.rules import extract_by_rules
 from hermes.memory.store import MemoryStore, archive_age_days
@@ -20,16 +19,6 @@ from hermes.memory.store import MemoryStore, archive_age_days
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
 BASE = 180.0  # the default profile's archive age
-
-
-@pytest.fixture(scope="module")
-def use() -> Embedder:
-    return get_embedder("use")
-
-
-@pytest.fixture
-def store(tmp_path: Path, use: Embedder) -> MemoryStore:
-    return MemoryStore(tmp_path / "m", use)
 
 
 def cand(text: str, **kw: Any) -> MemoryCandidate:

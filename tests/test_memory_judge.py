@@ -17,7 +17,7 @@ import pytest
 
 import hermes.memory.store as store_module
 from activities.memory import judge_pairs
-from hermes.memory.embeddings import Embedder, get_embedder
+from hermes.memory.embeddings import Embedder
 from hermes.memory.judge import JudgeBands, JudgeMemoriesInput, JudgePair, applied_verdict, assess, normalise
 from hermes.memory.models import MemoryCandidate
 from hermes.memory.store import MemoryStore
@@ -26,16 +26,6 @@ from hermes.models import CallModelResult, Message
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
 BANDS = JudgeBands(floor=0.3, marker_floor=0.25, rules_same=0.75, change=0.5)
-
-
-@pytest.fixture(scope="module")
-def use() -> Embedder:
-    return get_embedder("use")
-
-
-@pytest.fixture
-def store(tmp_path: Path, use: Embedder) -> MemoryStore:
-    return MemoryStore(tmp_path / "m", use)
 
 
 def cand(text: str, day: int, user: str = "u1") -> MemoryCandidate:

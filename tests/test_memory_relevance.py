@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from hermes.memory.embeddings import Embedder, get_embedder
+from hermes.memory.embeddings import Embedder
 from hermes.memory.judge import assess, lexical_overlap, numbers, persons
 from hermes.memory.models import MemoryCandidate
 from hermes.memory.store import MemoryStore, content_words
@@ -23,16 +23,6 @@ from hermes.memory.store import MemoryStore, content_words
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
 RETRIEVAL_SET = Path(__file__).resolve().parent.parent / "bench" / "data" / "memory_retrieval.yaml"
-
-
-@pytest.fixture(scope="module")
-def use() -> Embedder:
-    return get_embedder("use")
-
-
-@pytest.fixture
-def store(tmp_path: Path, use: Embedder) -> MemoryStore:
-    return MemoryStore(tmp_path / "m", use)
 
 
 def cand(text: str, day: int, user: str = "u1") -> MemoryCandidate:

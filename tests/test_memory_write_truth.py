@@ -13,23 +13,12 @@ from typing import Any
 
 import pytest
 
-from hermes.memory.embeddings import Embedder, get_embedder
 from hermes.memory.models import MemoryCandidate, WriteReport
 from hermes.memory.store import MemoryStore
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
 ALL_STATUSES = ("active", "superseded", "merged", "archived", "expired")
-
-
-@pytest.fixture(scope="module")
-def use() -> Embedder:
-    return get_embedder("use")
-
-
-@pytest.fixture
-def store(tmp_path: Path, use: Embedder) -> MemoryStore:
-    return MemoryStore(tmp_path / "m", use)
 
 
 def cand(user_id: str, text: str, **kw: Any) -> MemoryCandidate:

@@ -454,7 +454,7 @@ class MemoryStore:
                 found.update(row.get("sources") or [])
         return found & set(candidate_ids)
 
-    def write(self, candidates: Sequence[MemoryCandidate], *, now: datetime | None = None, attempts: int = 5,
+    def write(self, candidates: Sequence[MemoryCandidate], *, now: datetime | None = None, attempts: int = 8,
               judge: bool = False) -> WriteReport:
         """Store ``candidates`` (all of one user): insert, refresh a near-duplicate, or
         supersede an older value of the same subject.
@@ -472,7 +472,9 @@ class MemoryStore:
 
         Raises:
             EmbeddingModelMismatch: the table holds another model's vectors.
-            WriteConflict: the rows kept changing for ``attempts`` tries.
+            WriteConflict: the rows kept changing for ``attempts`` tries (8: a restated
+                preference is one hot row that writers and consolidation all update; the
+                jittered backoff doubles from 50 ms, about 6 s in all).
             MemoryStoreError: candidates of several users, or a bad user id.
         """
         if not candidates:
