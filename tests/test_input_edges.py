@@ -341,3 +341,23 @@ async def test_calculate_overflow_in_a_session_is_code_1_after_one_attempt(run_w
     ]
     assert scheduled.count("run_tool") == 1
     assert set(attempts) == {1}  # no activity was retried
+
+
+@pytest.mark.parametrize(
+    ("pattern", "valid"),
+    [
+        ("hermes.tools.registry:TOOL_NAME_RE", "search_docs"),
+        ("hermes.tools.builtin:STORED_REF_RE", "b:" + "0" * 32),
+        ("hermes.tools.files:_HEADER_NAME_RE", "X-Api-Key"),
+        ("hermes.mcp.config:_PLAIN_KEY_RE", "github"),
+    ],
+)
+def test_name_patterns_refuse_a_trailing_newline(pattern: str, valid: str) -> None:
+    # ``$`` also matches before a final newline: "_\n" passed as a tool name, and a header
+    # name ending in a newline would have passed as valid.
+    import importlib
+
+    module, name = pattern.split(":")
+    regex = getattr(importlib.import_module(module), name)
+    assert regex.match(valid)
+    assert not regex.match(valid + "\n")

@@ -137,7 +137,7 @@ _UNSAFE_CHARS_RE = re.compile(r"[^A-Za-z0-9_-]")
 _HASH_CHARS = 8
 _REF_RE = re.compile(r"\$\$\{|\$\{(?:env:)?([A-Za-z_][A-Za-z0-9_]*)\}|\$\{")
 """``$${`` (a literal ``${``), ``${NAME}`` / ``${env:NAME}``, or a ``${`` that is neither."""
-_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+$")
+_PLAIN_KEY_RE = re.compile(r"^[A-Za-z0-9_-]+\Z")
 _MIN_RESOLVED_SECRET_CHARS = 4
 """A ``${NAME}`` value shorter than this is not masked ("1", "on"): it cannot be a
 credential, and masking it would garble every message that contains the character."""

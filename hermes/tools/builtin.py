@@ -208,7 +208,7 @@ async def list_notes(context: ToolContext, limit: int = 20) -> ToolResult:
     return ToolResult(data={"count": len(notes), "notes": notes})
 
 
-STORED_REF_RE = re.compile(r"^b:[0-9a-f]{32}$")
+STORED_REF_RE = re.compile(r"^b:[0-9a-f]{32}\Z")
 """A reference to content kept by reference (:func:`hermes.blobs.value_ref`)."""
 READ_MAX_CHARS = 12_000
 """Most characters one ``read_stored_content`` call returns: with its JSON escaping the

@@ -88,8 +88,8 @@ from hermes.tools.registry import TOOL_NAME_RE, CompositeTool, Tool, ToolRegistr
 
 __all__ = ["load_tool_file", "register_tool_file"]
 
-_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_PATH_RE = re.compile(r"^[^.]+(\.[^.]+)*$")
+_HEADER_NAME_RE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+\Z")
+_PATH_RE = re.compile(r"^[^.]+(\.[^.]+)*\Z")
 _ARGS_REF_RE = re.compile(r"^\$args\.([^.]+)")
 
 

@@ -41,7 +41,7 @@ from hermes.errors import ToolArgumentsError, ToolFailure, ToolRegistrationError
 from hermes.models import CompositeStep, Idempotency, Permission, Tier, ToolGroup, ToolSpec
 from hermes.tools import arguments as args_layer
 
-TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+TOOL_NAME_RE = re.compile(r"^[a-zA-Z0-9_-]{1,64}\Z")
 """Function names accepted by chat-completions providers."""
 
 PERMISSION_RANK: dict[str, int] = {"read": 0, "write": 1, "admin": 2}
