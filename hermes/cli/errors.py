@@ -118,11 +118,7 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         )
     if isinstance(err, TemporalRequestError):
         if "no mapping defined for search attribute" in str(err):
-            return (
-                f"{err}: the Hermes search attributes are not registered on {temporal}; "
-                "`hermes dev` and `hermes worker` register them on start",
-                EXIT_UNAVAILABLE,
-            )
+            return _unregistered_search_attributes(str(err), temporal)
         return str(err), EXIT_REFUSED
     if isinstance(err, MessageFailedError):
         return f"the session failed the message: {err.reason}", EXIT_REFUSED
@@ -158,11 +154,7 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         )
     if isinstance(err, RPCError):
         if "no mapping defined for search attribute" in err.message:
-            return (
-                f"{err.message}: the Hermes search attributes are not registered on {temporal}; "
-                "`hermes dev` and `hermes worker` register them on start",
-                EXIT_UNAVAILABLE,
-            )
+            return _unregistered_search_attributes(err.message, temporal)
         if err.status == RPCStatusCode.NOT_FOUND:
             return f"no such session ({err.message})", EXIT_REFUSED
         if err.status in (RPCStatusCode.UNAVAILABLE, RPCStatusCode.DEADLINE_EXCEEDED):
@@ -226,3 +218,12 @@ def print_settings_error(err: ValidationError) -> int:
         got = problem.get("input")
         print(f"error: setting HERMES_{where.upper()}: {problem.get('msg')} (got {got!r})", file=sys.stderr)
     return EXIT_UNAVAILABLE
+
+
+def _unregistered_search_attributes(message: str, temporal: str) -> tuple[str, int]:
+    """The message and exit code for a server without Hermes' search attributes."""
+    return (
+        f"{message}: the Hermes search attributes are not registered on {temporal}; "
+        "`hermes dev` and `hermes worker` register them on start",
+        EXIT_UNAVAILABLE,
+    )
