@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -m bench.soa
 from _common import headline, parser, run  # noqa: E402, I001 - also puts the repository on sys.path
 
 from hermes.client import HermesClient  # noqa: E402
+from hermes.models import SessionConfig  # noqa: E402
 from hermes.errors import MessageRejectedError, SessionClosedError  # noqa: E402
 from hermes.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
 
@@ -264,6 +265,12 @@ async def main() -> None:
     )
     p.add_argument("--keep-logs", action="store_true", help="print where the worker logs are and keep them")
     p.add_argument(
+        "--replay-budget-events",
+        type=int,
+        default=None,
+        help="the sessions' SessionConfig.replay_budget_events (default: SessionConfig's)",
+    )
+    p.add_argument(
         "--worker-env",
         action="append",
         default=[],
@@ -319,7 +326,11 @@ async def main() -> None:
     if args.worker_env:
         print("workers' extra settings: " + ", ".join(args.worker_env), flush=True)
     workers = Workers(env=env, log_dir=tmp)
-    hermes = HermesClient(env_server.client, task_queue=task_queue, redis=redis)
+    config = SessionConfig()
+    if args.replay_budget_events is not None:
+        config = config.model_copy(update={"replay_budget_events": args.replay_budget_events})
+        print(f"sessions' replay budget: {args.replay_budget_events} events", flush=True)
+    hermes = HermesClient(env_server.client, task_queue=task_queue, redis=redis, config=config)
     tally = Tally()
     run_id = f"{os.getpid()}"
     samples: list[tuple[float, int, int]] = []
