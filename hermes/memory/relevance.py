@@ -8,7 +8,7 @@ separates them, nor does how far the top hit stands out from the user's other me
 matches are *hubs*: memories that sit close to many questions of the same form ("Her
 birthday is on October 2." to any "when is ..." question, "I jog about three times every
 week." to any "how many ... a week" one). So a memory's similarity is measured against its
-own usual level, the mean of its ``HUB_K`` highest similarities to a fixed bank of generic
+own usual level, the mean of its ``HUB_K`` (10) highest similarities to a fixed bank of generic
 questions (:data:`REFERENCE_QUESTIONS`, English and Chinese, about the things people ask an
 assistant about themselves) - the hubness correction of CSLS (Conneau et al. 2018, "Word
 translation without parallel data"), with the question bank in place of the other

@@ -849,8 +849,7 @@ class MemoryStore:
         - otherwise the similarity must reach the model's retrieval floor and stand out
           from the memory's usual level (``retrieval_lift``), or reach ``retrieval_sure``.
         """
-        text_persons = persons(text)
-        persons_ok = not query_persons or bool(query_persons & text_persons)
+        persons_ok = not query_persons or bool(query_persons & persons(text))  # most questions name no one
         shared = bool(query_words & content_words(text))
         return relevance.admit(sim, hub, shared=shared, persons_ok=persons_ok, thresholds=self.thresholds)
 
