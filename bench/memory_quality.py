@@ -57,7 +57,7 @@ unrelated questions) is written through the writer's and the consolidation's own
 (``MemoryStore.write``, ``activities.memory.judge_pairs``, ``consolidate_and_judge``) twice:
 rules only, and with the judge played by the scripted model answering what the set says a
 good model answers. Printed per run: recall@5, MRR, ``duplicates_collapsed`` (restatements
-absorbed / restatements), ``changes_superseded``, ``unrelated_empty``, the retrieval-floor
+absorbed / restatements), ``changes_superseded``, ``unrelated_empty``, the retrieval-floor and hub-level-lift (``Thresholds.retrieval_lift``)
 trade-off, and for the judge run ``judge_pairs_asked`` (true pairs that reached the judge,
 its rules or its model) and ``judge_calls_per_write``. ``--dev-only`` runs only this.
 Last line: ``memory_score=<mean of rules-only recall@5, duplicates_collapsed,
@@ -493,9 +493,17 @@ def measure_store(name: str, data: RetrievalSet) -> Scores:
         for floor in DEV_FLOORS:
             ranker.store.thresholds = dataclasses.replace(embedder.thresholds, retrieval=floor)
             trade_off.append((floor, evaluate(ranker.rank, data.queries).overall.recall_at_5))
+        lifts = []
+        if embedder.thresholds.retrieval_lift > -1.0:
+            for lift in DEV_LIFTS:
+                ranker.store.thresholds = dataclasses.replace(embedder.thresholds, retrieval_lift=lift)
+                lifts.append((lift, evaluate(ranker.rank, data.queries).overall.recall_at_5))
+        ranker.store.thresholds = embedder.thresholds
     o = evaluation.overall
     print(f"\n== {name}, the product's read path (MemoryStore.search: prefilter, vector + identifiers, rerank, threshold, top 5):")
     print("  retrieval floor trade-off on this set: " + ", ".join(f"{f:.2f} -> recall@5 {r:.3f}" for f, r in trade_off))
+    if lifts:
+        print("  hub-level lift trade-off on this set: " + ", ".join(f"{x:+.2f} -> recall@5 {r:.3f}" for x, r in lifts))
     print(f"  all             recall@5={o.recall_at_5:.3f} MRR={o.mrr:.3f}")
     for query_type, sc in evaluation.by_type.items():
         print(f"  {query_type:<15} recall@5={sc.recall_at_5:.3f} MRR={sc.mrr:.3f} (n={sc.n})")
@@ -587,6 +595,8 @@ def measure(name: str, data: RetrievalSet, rounds: int) -> CandidateReport:
 
 DEV_PATH = Path(__file__).resolve().parent / "data" / "memory_quality_dev.yaml"
 DEV_FLOORS = (0.10, 0.15, 0.20, 0.25, 0.30, 0.35, 0.40)
+DEV_LIFTS = (-1.0, -0.04, -0.02, -0.01, 0.0, 0.01, 0.02, 0.04)
+"""Hub-level lifts of the silence trade-off (``Thresholds.retrieval_lift``; -1: no check)."""
 DEV_CONSOLIDATE_EVERY_DAYS = 14
 DEV_JUDGE_MAX_CALLS = 20
 """Model calls per written batch and per consolidation run (the setting's default)."""
@@ -768,8 +778,9 @@ def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> De
         return [{m.memory_id, *(holder.get(m.memory_id, {}).get("sources") or [])}
                 for m in store.search(q["user"], q["text"], limit=5, now=ask, generation="dev", vector=vectors[q["id"]])]
 
-    def evaluate(floor: float) -> tuple[float, float, float, int]:
-        store.thresholds = _dc.replace(embedder.thresholds, retrieval=floor)
+    def evaluate(floor: float, lift: float | None = None) -> tuple[float, float, float, int]:
+        lift = embedder.thresholds.retrieval_lift if lift is None else lift
+        store.thresholds = _dc.replace(embedder.thresholds, retrieval=floor, retrieval_lift=lift)
         recalls, rrs, empty, stale_first = [], [], [], 0
         for q in dev.raw["queries"]:
             ranked = rank(q)
@@ -785,10 +796,15 @@ def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> De
             stale_first += spos is not None and (pos is None or spos < pos)
         return statistics.fmean(recalls), statistics.fmean(rrs), statistics.fmean(empty), stale_first
 
-    lines.append("  retrieval floor trade-off (recall@5 / MRR / unrelated_empty):")
+    lines.append(f"  retrieval floor trade-off, lift {embedder.thresholds.retrieval_lift} (recall@5 / MRR / unrelated_empty):")
     for floor in DEV_FLOORS:
         r5, mrr, empty, _ = evaluate(floor)
         lines.append(f"    floor {floor:.2f}: recall@5={r5:.3f} MRR={mrr:.3f} unrelated_empty={empty:.3f}")
+    floor = embedder.thresholds.retrieval
+    lines.append(f"  hub-level lift trade-off, floor {floor:.2f} (-1: no lift check; recall@5 / MRR / unrelated_empty):")
+    for lift in DEV_LIFTS:
+        r5, mrr, empty, _ = evaluate(floor, lift)
+        lines.append(f"    lift {lift:+.2f}: recall@5={r5:.3f} MRR={mrr:.3f} unrelated_empty={empty:.3f}")
     r5, mrr, empty, stale_first = evaluate(embedder.thresholds.retrieval)
     store.thresholds = embedder.thresholds
     rates = {

