@@ -12,18 +12,18 @@ from rich.markup import escape
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, CliError, fail
 from hermes.cli.output import Column, out, print_table
 from hermes.cli.root import JsonOption, app, default_user
-from hermes.cli.running import QUERY_TIMEOUT_SECONDS, answer, connect, run_command
-from hermes.demo import decide
+from hermes.cli.running import QUERY_TIMEOUT_SECONDS, answer, connect, load_settings, run_command
 from hermes.errors import SessionNotFoundError
-from hermes.settings import Settings
 
 __all__ = ["approvals", "approve", "reject"]
 
 
 def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, approver: str, reason: str | None) -> None:
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> tuple[Any, list[str]]:
+        from hermes.demo import decide
+
         hermes = await connect(settings)
         try:
             try:
@@ -101,7 +101,7 @@ def approvals(
 ) -> None:
     """List every pending approval across sessions (Temporal visibility), oldest first;
     with --audit, who asked for what, who decided and when."""
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> list[Any]:
         hermes = await connect(settings)

@@ -17,13 +17,22 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hermes.cli.errors import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, CliError, fail, reported_errors
 from hermes.cli.output import err_console
-from hermes.client import HermesClient
-from hermes.settings import Settings
 
 if TYPE_CHECKING:
     from temporalio.runtime import Runtime
 
-__all__ = ["QUERY_TIMEOUT_SECONDS", "answer", "connect", "quiet_orphaned_futures", "quiet_runtime", "run_command"]
+    from hermes.client import HermesClient
+    from hermes.settings import Settings
+
+__all__ = [
+    "QUERY_TIMEOUT_SECONDS",
+    "answer",
+    "connect",
+    "load_settings",
+    "quiet_orphaned_futures",
+    "quiet_runtime",
+    "run_command",
+]
 
 QUERY_TIMEOUT_SECONDS = 15.0
 """How long a command waits for a session to answer a query (a worker must be running)."""
@@ -31,6 +40,21 @@ QUERY_TIMEOUT_SECONDS = 15.0
 _T = TypeVar("_T")
 
 log = logging.getLogger("hermes.cli")
+
+
+def load_settings() -> Settings:
+    """The settings of a command: :class:`hermes.settings.Settings` from the environment.
+
+    Imported here, when a command runs, so that ``hermes --help`` does not load pydantic
+    models or Temporal's SDK.
+
+    Raises:
+        pydantic.ValidationError: a bad ``HERMES_*`` variable or ``.env`` entry (the CLI
+            root prints one line per setting).
+    """
+    from hermes.settings import Settings
+
+    return Settings()
 
 
 def quiet_orphaned_futures(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -103,4 +127,6 @@ def quiet_runtime() -> Runtime:
 
 async def connect(settings: Settings) -> HermesClient:
     """A client of the settings' Temporal and Redis, on :func:`quiet_runtime`."""
+    from hermes.client import HermesClient
+
     return await HermesClient.connect(settings, runtime=quiet_runtime())

@@ -10,8 +10,8 @@ from rich.markup import escape
 from hermes.cli.errors import EXIT_UNAVAILABLE, failing_on
 from hermes.cli.output import print_table
 from hermes.cli.root import JsonOption, app
+from hermes.cli.running import load_settings
 from hermes.errors import HermesError
-from hermes.settings import Settings
 
 __all__ = ["tools_command"]
 
@@ -22,7 +22,7 @@ def tools_command(as_json: JsonOption = False) -> None:
     HERMES_TOOL_MODULES, HERMES_TOOL_FILES), with tier, idempotency and permission."""
     from worker import load_registry
 
-    settings = Settings()
+    settings = load_settings()
     with failing_on(HermesError, code=EXIT_UNAVAILABLE):
         registry = load_registry(settings)
     specs = [t.spec(tier_seconds=settings.tier_seconds, heartbeat_timeout_seconds=settings.tool_heartbeat_seconds) for t in registry]
