@@ -584,15 +584,15 @@ def _calculated_126(result: TurnResult) -> str | None:
 
 
 DEMO_STEPS: tuple[DemoStep, ...] = (
-    DemoStep("你好！现在上海几点？", ("current_time",), r"^上海现在是 \d\d:\d\d（\d{4}-\d\d-\d\d，\w+day）。$"),
+    DemoStep("你好！现在上海几点？", ("current_time",), r"^上海现在是 \d\d:\d\d（\d{4}-\d\d-\d\d，星期[一二三四五六日]）。$"),
     DemoStep(
         "What time is it in Paris and New York?",
         ("current_time", "current_time"),
         r"^Paris: \d\d:\d\d, New York: \d\d:\d\d\.$",
     ),
     DemoStep("What is (17 + 25) * 3?", ("calculate",), r"= 126\.$", check=_calculated_126),
-    DemoStep("请帮我记一条笔记：明天上午十点和 Alice 开会", ("save_note",), r"note saved", approve=True),
-    DemoStep("Show me my notes", ("list_notes",), r"note\(s\); the latest: 会议 / Meeting\.$"),
+    DemoStep("请帮我记一条笔记：明天上午十点和 Alice 开会", ("save_note",), r"^保存笔记“明天上午十点和 Alice 开会”：已保存。$", approve=True),
+    DemoStep("Show me my notes", ("list_notes",), r"note\(s\); the latest: 明天上午十点和 Alice 开会\.$"),
     DemoStep("By the way, my name is Lin and I live in Zurich.", (), r"I will remember that\.$", needs_memory=True),
     DemoStep(
         "Where do I live?", (), r"^From what I remember: .*The user lives in Zurich\.",
