@@ -216,6 +216,15 @@ async def test_approve_of_an_unknown_tool_call_reports_unknown_tool_call(run_wor
         ]
 
 
+async def test_approve_of_a_session_that_does_not_exist_says_so(run_worker, cli_env, session_id, tmp_path):
+    async with run_worker(ScriptedModel.demo()):
+        for verb in ("approve", "reject"):
+            run = await hermes_cli(verb, f"{session_id}-nope", "call_1", "--approver", "bob", env=cli_env, cwd=tmp_path)
+            assert run.returncode == 1, run.stdout + run.stderr
+            assert_one_line_error(run, f"no session '{session_id}-nope'")
+            assert "unknown_tool_call" not in run.stderr
+
+
 async def test_approve_applies_to_a_pending_tool_call_and_a_second_decision_is_already_decided(
     run_worker, cli_env, session_id, tmp_path
 ):
