@@ -148,7 +148,7 @@ def _chat_loop(
     existing = False
     if session:
         try:
-            transcript = runner.run(answer(hermes.get_transcript(session_id, include_archived=True), settings))
+            transcript = runner.run(answer(hermes.get_transcript(session_id, include_archived=True), settings, hermes))
             existing = True
         except SessionNotFoundError:
             pass
@@ -156,7 +156,7 @@ def _chat_loop(
         out.rule(f"session {session_id}")
         for message in transcript:
             print_message(out, message)
-        state = runner.run(answer(hermes.get_state(session_id), settings))
+        state = runner.run(answer(hermes.get_state(session_id), settings, hermes))
         if state.status == "closed":
             raise CliError(f"session {session_id!r} is closed; start a new one with `hermes chat`")
         for pending in state.pending_approvals:

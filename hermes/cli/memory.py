@@ -145,7 +145,7 @@ def memory_add(
 
     async def main() -> Any:
         hermes = await connect(settings)
-        return await answer(hermes.add_memories(user, [candidate]), settings)
+        return await answer(hermes.add_memories(user, [candidate]), settings, hermes)
 
     report = run_command(main, settings)
     if as_json:
@@ -178,7 +178,7 @@ def memory_forget(
 
     async def main() -> Any:
         hermes = await connect(settings)
-        return await answer(hermes.forget_user(user), settings)
+        return await answer(hermes.forget_user(user), settings, hermes)
 
     report = run_command(main, settings)
     out.print(f"deleted {report.deleted} memories of {escape(user)} ({report.pending_dropped} pending dropped)")

@@ -29,6 +29,7 @@ __all__ = [
     "answer",
     "connect",
     "load_settings",
+    "worker_hint",
     "quiet_orphaned_futures",
     "quiet_runtime",
     "run_command",
@@ -98,16 +99,42 @@ def run_command(main: Callable[[], Awaitable[_T]], settings: Settings) -> _T:
             raise fail("interrupted", EXIT_INTERRUPTED) from None
 
 
-async def answer(awaitable: Awaitable[_T], settings: Settings) -> _T:
-    """Await a query; a session only answers while a worker serves its task queue."""
+async def answer(
+    awaitable: Awaitable[_T],
+    settings: Settings,
+    hermes: HermesClient | None = None,
+    *,
+    timeout_seconds: float = QUERY_TIMEOUT_SECONDS,
+) -> _T:
+    """Await a query; a session only answers while a worker serves its task queue.
+
+    Raises:
+        CliError: no answer within ``timeout_seconds``; the message says whether a worker
+            polls the task queue (asked of Temporal through ``hermes``).
+    """
     try:
-        return await asyncio.wait_for(awaitable, QUERY_TIMEOUT_SECONDS)
+        return await asyncio.wait_for(awaitable, timeout_seconds)
     except asyncio.TimeoutError:
-        raise CliError(
-            f"the session did not answer within {QUERY_TIMEOUT_SECONDS:.0f} s: is a worker running "
-            f"for task queue {settings.task_queue!r}? Start one with `hermes dev` or `hermes worker`",
-            EXIT_UNAVAILABLE,
-        ) from None
+        hint = await worker_hint(hermes, settings)
+        raise CliError(f"the session did not answer within {timeout_seconds:g} s: {hint}", EXIT_UNAVAILABLE) from None
+
+
+async def worker_hint(hermes: HermesClient | None, settings: Settings) -> str:
+    """Why a session may not have answered, from the pollers of its task queue.
+
+    "Is a worker running?" only when Temporal lists none (or cannot say); with a worker
+    polling, the session is slow, not unserved.
+    """
+    workers = None if hermes is None else await hermes.count_workers()
+    queue = settings.task_queue
+    if workers is None:
+        return f"is a worker running for task queue {queue!r}? Start one with `hermes dev` or `hermes worker`"
+    if workers == 0:
+        return f"no worker polls task queue {queue!r}: start one with `hermes dev` or `hermes worker`"
+    return (
+        f"{workers} worker(s) poll task queue {queue!r}, so the session is slow rather than unserved "
+        "(a long workflow task or a loaded machine); try again"
+    )
 
 
 @functools.cache

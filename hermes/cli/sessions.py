@@ -76,9 +76,9 @@ def show(
     async def main() -> tuple[Any, Any, Any]:
         hermes = await connect(settings)
         try:
-            state = await answer(hermes.get_state(session_id), settings)
-            transcript = await answer(hermes.get_transcript(session_id, include_archived=True), settings)
-            trace = await answer(hermes.get_trace(session_id), settings)
+            state = await answer(hermes.get_state(session_id), settings, hermes)
+            transcript = await answer(hermes.get_transcript(session_id, include_archived=True), settings, hermes)
+            trace = await answer(hermes.get_trace(session_id), settings, hermes)
             return state, transcript, trace
         except SessionNotFoundError:
             raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
