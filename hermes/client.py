@@ -706,6 +706,43 @@ class HermesClient:
         """Close the session: pending approvals are denied, new messages refused. Raises as :meth:`approve`."""
         await self._signal(session_id, names.CLOSE_SESSION)
 
+    async def count_workers(self, *, seen_within_seconds: float = 90.0) -> int | None:
+        """How many workers poll this client's task queue for workflow tasks.
+
+        From Temporal's ``DescribeTaskQueue``: pollers seen within ``seen_within_seconds``
+        (a worker's long poll lasts up to about 70 s; the server lists a stopped worker for
+        a few minutes more).
+
+        Args:
+            seen_within_seconds: a poller last seen longer ago than this is not counted.
+
+        Returns:
+            The number of workers, or None when Temporal could not say (unreachable,
+            refused): then nothing is known either way.
+        """
+        from datetime import datetime, timedelta, timezone
+
+        from temporalio.api.enums.v1 import TaskQueueKind, TaskQueueType
+        from temporalio.api.taskqueue.v1 import TaskQueue
+        from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+
+        request = DescribeTaskQueueRequest(
+            namespace=self.client.namespace,
+            task_queue=TaskQueue(name=self.task_queue, kind=TaskQueueKind.TASK_QUEUE_KIND_NORMAL),
+            task_queue_type=TaskQueueType.TASK_QUEUE_TYPE_WORKFLOW,
+        )
+        try:
+            described = await self.client.workflow_service.describe_task_queue(request, timeout=timedelta(seconds=5))
+        except Exception:  # noqa: BLE001 - an unknown answer, not an error of the caller
+            return None
+        now = datetime.now(timezone.utc)
+        return sum(
+            1
+            for poller in described.pollers
+            if not poller.HasField("last_access_time")
+            or (now - poller.last_access_time.ToDatetime(tzinfo=timezone.utc)).total_seconds() <= seen_within_seconds
+        )
+
     # ----------------------------------------------------------- queries
 
     async def _query(self, session_id: str, name: str, result_type: Any) -> Any:

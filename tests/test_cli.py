@@ -216,6 +216,15 @@ async def test_approve_of_an_unknown_tool_call_reports_unknown_tool_call(run_wor
         ]
 
 
+async def test_approve_of_a_session_that_does_not_exist_says_so(run_worker, cli_env, session_id, tmp_path):
+    async with run_worker(ScriptedModel.demo()):
+        for verb in ("approve", "reject"):
+            run = await hermes_cli(verb, f"{session_id}-nope", "call_1", "--approver", "bob", env=cli_env, cwd=tmp_path)
+            assert run.returncode == 1, run.stdout + run.stderr
+            assert_one_line_error(run, f"no session '{session_id}-nope'")
+            assert "unknown_tool_call" not in run.stderr
+
+
 async def test_approve_applies_to_a_pending_tool_call_and_a_second_decision_is_already_decided(
     run_worker, cli_env, session_id, tmp_path
 ):
@@ -369,7 +378,7 @@ async def test_chat_asks_for_approval_inline_then_resumes_and_closes_the_session
         assert f"New session {session_id}" in first.stdout
         out = first.stdout
         # The call is shown, then the approval is asked for, then the result and the reply.
-        positions = [out.index(s) for s in ("→ tool call save_note", "approval needed", "applied", "← save_note code 0", "note saved")]
+        positions = [out.index(s) for s in ("→ tool call save_note", "approval needed", "applied", "← save_note code 0", "：已保存。")]
         assert positions == sorted(positions), out
         result = (await hermes.get_state(session_id)).decisions[-1]
         assert (result.approver, result.outcome) == (user_id, "applied")
@@ -378,7 +387,7 @@ async def test_chat_asks_for_approval_inline_then_resumes_and_closes_the_session
             "chat", "--session", session_id, env=cli_env, cwd=tmp_path, stdin="/close\n"
         )
         assert second.returncode == 0, second.stderr
-        assert NOTE_MESSAGE in second.stdout and "note saved" in second.stdout  # the transcript first
+        assert NOTE_MESSAGE in second.stdout and "：已保存。" in second.stdout  # the transcript first
         assert f"Session {session_id} closed." in second.stdout
         deadline = time.monotonic() + 10
         while (await hermes.get_state(session_id)).status != "closed":
@@ -408,8 +417,8 @@ async def test_demo_runs_end_to_end_and_leaves_no_process(tmp_path):
         "(17 + 25) * 3 = 126.",
         "approval needed save_note",
         "approved by demo-user (signal approve_tool_call): applied",
-        "note saved",
-        "the latest: 会议 / Meeting.",
+        "保存笔记“明天上午十点和 Alice 开会”：已保存。",
+        "the latest: 明天上午十点和 Alice 开会.",
         "Demo passed",
     ):
         assert expected in out, expected

@@ -12,18 +12,18 @@ from rich.markup import escape
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, CliError, fail
 from hermes.cli.output import Column, out, print_table
 from hermes.cli.root import JsonOption, app, default_user
-from hermes.cli.running import QUERY_TIMEOUT_SECONDS, answer, connect, run_command
-from hermes.demo import decide
+from hermes.cli.running import QUERY_TIMEOUT_SECONDS, answer, connect, load_settings, run_command, worker_hint
 from hermes.errors import SessionNotFoundError
-from hermes.settings import Settings
 
 __all__ = ["approvals", "approve", "reject"]
 
 
 def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, approver: str, reason: str | None) -> None:
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> tuple[Any, list[str]]:
+        from hermes.demo import decide
+
         hermes = await connect(settings)
         try:
             try:
@@ -32,12 +32,12 @@ def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, appro
                     timeout_seconds=QUERY_TIMEOUT_SECONDS,
                 )
             except asyncio.TimeoutError:
+                hint = await worker_hint(hermes, settings)
                 raise CliError(
-                    f"the session did not record the decision within {QUERY_TIMEOUT_SECONDS:.0f} s: is a worker "
-                    f"running for task queue {settings.task_queue!r}?",
+                    f"the session did not record the decision within {QUERY_TIMEOUT_SECONDS:.0f} s: {hint}",
                     EXIT_UNAVAILABLE,
                 ) from None
-            pending = [p.tool_call_id for p in await answer(hermes.get_pending_approvals(session_id), settings)]
+            pending = [p.tool_call_id for p in await answer(hermes.get_pending_approvals(session_id), settings, hermes)]
             return record, pending
         except SessionNotFoundError:
             raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
@@ -101,14 +101,14 @@ def approvals(
 ) -> None:
     """List every pending approval across sessions (Temporal visibility), oldest first;
     with --audit, who asked for what, who decided and when."""
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> list[Any]:
         hermes = await connect(settings)
         try:
             if audit:
                 return await hermes.get_approval_audit(session_id=session, limit=limit)
-            return await answer(hermes.list_pending_approvals(user_id=user), settings)
+            return await answer(hermes.list_pending_approvals(user_id=user), settings, hermes)
         finally:
             await hermes.redis.aclose()
 

@@ -11,18 +11,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shlex
-import signal
 import sys
 import uuid
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.prompt import Confirm
-from rich.text import Text
-from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
-from temporalio.service import RPCError, RPCStatusCode
 
 from hermes.cli.errors import (
     EXIT_INTERRUPTED,
@@ -35,9 +29,7 @@ from hermes.cli.errors import (
 )
 from hermes.cli.output import err_console, out
 from hermes.cli.root import JsonOption, UserOption, app, default_user
-from hermes.cli.running import answer, connect, quiet_orphaned_futures, run_command
-from hermes.client import HermesClient, check_message_text
-from hermes.demo import ConsoleTurnView, Verdict, print_message, print_reply, send_watched
+from hermes.cli.running import answer, connect, load_settings, quiet_orphaned_futures, run_command
 from hermes.errors import (
     MessageRejectedError,
     SessionBusyError,
@@ -45,31 +37,29 @@ from hermes.errors import (
     SessionNotFoundError,
     SessionUnavailableError,
 )
-from hermes.models import PendingApproval, TurnResult
-from hermes.settings import Settings
+
+if TYPE_CHECKING:
+    from hermes.client import HermesClient
+    from hermes.models import TurnResult
+    from hermes.settings import Settings
 
 __all__ = ["chat", "send"]
 
 
-_UNCERTAIN_STATUSES = frozenset(
-    {
-        RPCStatusCode.UNAVAILABLE,
-        RPCStatusCode.DEADLINE_EXCEEDED,
-        RPCStatusCode.CANCELLED,
-        RPCStatusCode.UNKNOWN,
-        RPCStatusCode.INTERNAL,
-    }
-)
-"""Statuses of a request that may have reached the server before it failed."""
+_UNCERTAIN_STATUSES = frozenset({"UNAVAILABLE", "DEADLINE_EXCEEDED", "CANCELLED", "UNKNOWN", "INTERNAL"})
+"""Names of the ``RPCStatusCode`` of a request that may have reached the server before it failed."""
 
 
 def _may_have_been_taken(err: BaseException) -> bool:
     """Whether a send that failed with ``err`` may still have been recorded by the session."""
+    from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
+    from temporalio.service import RPCError
+
     if isinstance(err, SessionUnavailableError):
         return err.may_have_been_taken
     if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
         return True
-    return isinstance(err, RPCError) and err.status in _UNCERTAIN_STATUSES
+    return isinstance(err, RPCError) and err.status.name in _UNCERTAIN_STATUSES
 
 
 def _resend_command(session_id: str, text: str, message_id: str, *, user: str, as_json: bool) -> str:
@@ -97,6 +87,8 @@ def _uncertain_send_message(err: BaseException | None, settings: Settings, resen
     Returns:
         The message and the exit code.
     """
+    from temporalio.client import WorkflowUpdateRPCTimeoutOrCancelledError
+
     if err is None:
         cause, code = "interrupted", EXIT_INTERRUPTED
     elif isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):
@@ -114,35 +106,6 @@ def _uncertain_send_message(err: BaseException | None, settings: Settings, resen
     )
 
 
-class _ChatView(ConsoleTurnView):
-    """Asks the person at the terminal to approve or reject pending tool calls."""
-
-    def __init__(self, console: Console, session_id: str, user_id: str):
-        super().__init__(console, session_id)
-        self.user_id = user_id
-
-    async def approval_needed(self, pending: PendingApproval) -> Verdict | None:
-        refusal = pending.may_decide(self.user_id)
-        if refusal is not None:
-            # e.g. an `admin` call: the requester may not approve it; someone else must.
-            self.console.print(Text(f"    {refusal}.", style="magenta"))
-            return await super().approval_needed(pending)
-        self.print_pending(pending)
-        # The event loop's SIGINT handler only cancels the turn, which a blocking prompt
-        # never notices; while asking, Ctrl-C interrupts the prompt at once.
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            approved = Confirm.ask(
-                f"    Run [bold]{escape(pending.tool_name)}[/] with these arguments?", console=self.console
-            )
-        except EOFError:
-            return await super().approval_needed(pending)
-        finally:
-            signal.signal(signal.SIGINT, previous)
-        reason = None if approved else f"rejected by {self.user_id} in chat"
-        return Verdict(approved=approved, approver=self.user_id, reason=reason)
-
-
 @app.command()
 def chat(
     session: Annotated[
@@ -152,7 +115,7 @@ def chat(
 ) -> None:
     """Talk to a session interactively. /quit exits, /close closes the session, /retry
     resends a message whose reply was lost in an outage (under the same id)."""
-    settings = Settings()
+    settings = load_settings()
     _keep_undecodable_input()
     with reported_errors(settings), asyncio.Runner() as runner:
         runner.get_loop().set_exception_handler(quiet_orphaned_futures)
@@ -177,11 +140,15 @@ def _keep_undecodable_input() -> None:
 def _chat_loop(
     runner: asyncio.Runner, hermes: HermesClient, settings: Settings, session: str | None, user: str
 ) -> None:
+    from hermes.cli.chat_view import ChatView
+    from hermes.client import check_message_text
+    from hermes.demo import ConsoleTurnView, print_message, print_reply, send_watched
+
     session_id = session or f"chat-{uuid.uuid4().hex[:12]}"
     existing = False
     if session:
         try:
-            transcript = runner.run(answer(hermes.get_transcript(session_id, include_archived=True), settings))
+            transcript = runner.run(answer(hermes.get_transcript(session_id, include_archived=True), settings, hermes))
             existing = True
         except SessionNotFoundError:
             pass
@@ -189,7 +156,7 @@ def _chat_loop(
         out.rule(f"session {session_id}")
         for message in transcript:
             print_message(out, message)
-        state = runner.run(answer(hermes.get_state(session_id), settings))
+        state = runner.run(answer(hermes.get_state(session_id), settings, hermes))
         if state.status == "closed":
             raise CliError(f"session {session_id!r} is closed; start a new one with `hermes chat`")
         for pending in state.pending_approvals:
@@ -201,7 +168,7 @@ def _chat_loop(
     else:
         out.print(f"New session [bold]{escape(session_id)}[/] (continue later with: hermes chat --session {escape(session_id)})")
     out.print("Type a message. /quit exits, /close closes the session.", style="dim")
-    view = _ChatView(out, session_id, user)
+    view = ChatView(out, session_id, user)
     unconfirmed: tuple[str, str] | None = None
     """A message (text, id) that may have been taken without a reply: /retry resends it
     under the same id, which returns its reply instead of running it twice."""
@@ -269,11 +236,14 @@ def send(
     sent, the error line gives the command that resends it with the same
     ``--message-id``: that returns the first reply instead of starting a second turn.
     """
-    settings = Settings()
+    settings = load_settings()
     # Known before sending, so that a send cut off by an outage can be repeated safely.
     client_message_id = message_id or f"msg-{uuid.uuid4()}"
 
     async def main() -> TurnResult:
+        from hermes.client import check_message_text
+        from hermes.demo import ConsoleTurnView, send_watched
+
         check_message_text(text)
         hermes = await connect(settings)
         try:

@@ -24,18 +24,12 @@ import re
 import sys
 from collections.abc import Iterator
 
+from typing import TYPE_CHECKING
+
 import typer
-from pydantic import ValidationError
 from rich.markup import escape
-from temporalio.client import (
-    WorkflowQueryFailedError,
-    WorkflowUpdateFailedError,
-    WorkflowUpdateRPCTimeoutOrCancelledError,
-)
-from temporalio.service import RPCError, RPCStatusCode
 
 from hermes.cli.output import err_console
-from hermes.demo import DemoFailed
 from hermes.errors import (
     ConfigError,
     MessageFailedError,
@@ -47,8 +41,13 @@ from hermes.errors import (
     SessionUnavailableError,
     TemporalRequestError,
 )
-from hermes.settings import Settings
-from hermes.stack import StackAlreadyRunning, StackError
+
+# The CLI root imports this module; Temporal's SDK, pydantic and the settings are imported
+# where a command needs them, so `hermes --help` starts without them (tests/test_cli_startup.py).
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+
+    from hermes.settings import Settings
 
 __all__ = [
     "EXIT_INTERRUPTED",
@@ -102,6 +101,15 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         (message without the ``error:`` prefix, exit code); None for an unexpected error.
     """
     import redis.exceptions
+    from temporalio.client import (
+        WorkflowQueryFailedError,
+        WorkflowUpdateFailedError,
+        WorkflowUpdateRPCTimeoutOrCancelledError,
+    )
+    from temporalio.service import RPCError, RPCStatusCode
+
+    from hermes.demo import DemoFailed
+    from hermes.stack import StackAlreadyRunning, StackError
 
     temporal = settings.resolved_temporal_address
     if isinstance(err, CliError):

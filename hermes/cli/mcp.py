@@ -6,7 +6,7 @@ import asyncio
 import json
 import logging
 import os
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -14,8 +14,11 @@ from rich.markup import escape
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, fail, failing_on
 from hermes.cli.output import print_table
 from hermes.cli.root import JsonOption, app
+from hermes.cli.running import load_settings
 from hermes.errors import HermesError
-from hermes.settings import Settings
+
+if TYPE_CHECKING:
+    from hermes.settings import Settings
 
 __all__ = ["mcp_app", "mcp_call", "mcp_list"]
 
@@ -41,7 +44,7 @@ def mcp_list(as_json: JsonOption = False) -> None:
     """Start each configured server, list its tools (after allow/deny) and its status."""
     from hermes.mcp.manager import McpManager
 
-    settings = Settings()
+    settings = load_settings()
     config = _mcp_config(settings)
 
     async def main() -> list[dict[str, Any]]:
@@ -98,7 +101,7 @@ def mcp_call(
     from hermes.mcp.manager import McpManager
     from hermes.mcp.tools import call_result
 
-    settings = Settings()
+    settings = load_settings()
     config = _mcp_config(settings)
     try:
         parsed = json.loads(arguments)

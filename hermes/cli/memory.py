@@ -9,7 +9,7 @@ stopped.
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -17,9 +17,11 @@ from rich.markup import escape
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, fail, failing_on
 from hermes.cli.output import err_console, out, print_table
 from hermes.cli.root import JsonOption, app
-from hermes.cli.running import answer, connect, run_command
+from hermes.cli.running import answer, connect, load_settings, run_command
 from hermes.errors import HermesError
-from hermes.settings import Settings
+
+if TYPE_CHECKING:
+    from hermes.settings import Settings
 
 __all__ = ["memory_app"]
 
@@ -70,7 +72,7 @@ def memory_search(
     plus full-text, rerank (0.5 similarity, 0.2 recency, 0.2 importance, 0.1 frequency)."""
     from hermes.memory.store import MemoryStoreError
 
-    settings = Settings()
+    settings = load_settings()
     store = _memory_store(settings)
     with failing_on(MemoryStoreError, code=EXIT_REFUSED):
         found = store.search(user, query, limit=limit)
@@ -100,7 +102,7 @@ def memory_list(
     """USER's memories, newest first, superseded ones included (with what replaced them)."""
     from hermes.memory.store import MemoryStoreError
 
-    settings = Settings()
+    settings = load_settings()
     store = _memory_store(settings)
     statuses = ("merged", "archived", "expired", "superseded", "active") if archived else ("active", "superseded")
     with failing_on(MemoryStoreError, code=EXIT_REFUSED):
@@ -130,7 +132,7 @@ def memory_add(
     from hermes.memory.models import MemoryCandidate
     from hermes.memory.store import MemoryStoreError, check_id
 
-    settings = Settings()
+    settings = load_settings()
     try:
         check_id(user)
         candidate = MemoryCandidate(
@@ -143,7 +145,7 @@ def memory_add(
 
     async def main() -> Any:
         hermes = await connect(settings)
-        return await answer(hermes.add_memories(user, [candidate]), settings)
+        return await answer(hermes.add_memories(user, [candidate]), settings, hermes)
 
     report = run_command(main, settings)
     if as_json:
@@ -170,13 +172,13 @@ def memory_forget(
 ) -> None:
     """Delete every memory of USER (memories and archive), and what is waiting to be
     written. Needs a worker."""
-    settings = Settings()
+    settings = load_settings()
     if not yes and not typer.confirm(f"Delete every memory of {user!r}?"):
         raise typer.Exit(EXIT_REFUSED)
 
     async def main() -> Any:
         hermes = await connect(settings)
-        return await answer(hermes.forget_user(user), settings)
+        return await answer(hermes.forget_user(user), settings, hermes)
 
     report = run_command(main, settings)
     out.print(f"deleted {report.deleted} memories of {escape(user)} ({report.pending_dropped} pending dropped)")
@@ -189,7 +191,7 @@ def memory_consolidate(
 ) -> None:
     """Run the consolidation now (the schedule runs it hourly): merge near-duplicates,
     resolve conflicts, expire, archive unused rows; print what changed. Needs a worker."""
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> Any:
         hermes = await connect(settings)
@@ -214,7 +216,7 @@ def memory_reembed() -> None:
     from hermes.memory.service import embedder_from_settings
     from hermes.memory.store import reembed
 
-    settings = Settings()
+    settings = load_settings()
     with failing_on(HermesError, code=EXIT_UNAVAILABLE):
         embedder = embedder_from_settings(settings)
     done = reembed(settings.resolved_memory_uri, embedder, progress=lambda t, n, total: err_console.print(f"{t}: {n}/{total}", style="dim"))

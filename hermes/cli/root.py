@@ -12,7 +12,6 @@ import sys
 from typing import Annotated, Any, NoReturn
 
 import typer
-from pydantic import ValidationError
 
 from hermes.cli.errors import EXIT_REFUSED, print_settings_error
 from hermes.process import exit_now
@@ -38,17 +37,21 @@ class HermesTyper(typer.Typer):
             code: Any = 0
         except SystemExit as exit_:
             code = exit_.code
-        except ValidationError as err:
-            if err.title != "Settings":
+        except BaseException as err:  # noqa: BLE001 - printed like an uncaught exception
+            if _is_settings_error(err):
+                # A bad setting (HERMES_* variable or .env): say which and why, not a traceback.
+                code = print_settings_error(err)  # type: ignore[arg-type]
+            else:
                 sys.excepthook(*sys.exc_info())
                 code = EXIT_REFUSED
-            else:
-                # A bad setting (HERMES_* variable or .env): say which and why, not a traceback.
-                code = print_settings_error(err)
-        except BaseException:  # noqa: BLE001 - printed like an uncaught exception
-            sys.excepthook(*sys.exc_info())
-            code = EXIT_REFUSED
         exit_now(code)
+
+
+def _is_settings_error(err: BaseException) -> bool:
+    """Whether ``err`` is pydantic's error for bad settings; pydantic is looked up, not
+    imported, so that commands which never load it (``--help``) stay fast."""
+    pydantic = sys.modules.get("pydantic")
+    return pydantic is not None and isinstance(err, pydantic.ValidationError) and err.title == "Settings"
 
 
 app = HermesTyper(
@@ -71,6 +74,12 @@ def default_user() -> str:
 
 UserOption = Annotated[
     str,
-    typer.Option("--user", "-u", envvar="HERMES_USER", help="User id (default: $HERMES_USER or your login name)."),
+    typer.Option(
+        "--user",
+        "-u",
+        envvar="HERMES_USER",
+        help="Who you are to Hermes: the id that owns the session and its long-term memories, "
+        "and the approver of record (default: $HERMES_USER or your login name).",
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]

@@ -17,13 +17,23 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from hermes.cli.errors import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, CliError, fail, reported_errors
 from hermes.cli.output import err_console
-from hermes.client import HermesClient
-from hermes.settings import Settings
 
 if TYPE_CHECKING:
     from temporalio.runtime import Runtime
 
-__all__ = ["QUERY_TIMEOUT_SECONDS", "answer", "connect", "quiet_orphaned_futures", "quiet_runtime", "run_command"]
+    from hermes.client import HermesClient
+    from hermes.settings import Settings
+
+__all__ = [
+    "QUERY_TIMEOUT_SECONDS",
+    "answer",
+    "connect",
+    "load_settings",
+    "worker_hint",
+    "quiet_orphaned_futures",
+    "quiet_runtime",
+    "run_command",
+]
 
 QUERY_TIMEOUT_SECONDS = 15.0
 """How long a command waits for a session to answer a query (a worker must be running)."""
@@ -31,6 +41,21 @@ QUERY_TIMEOUT_SECONDS = 15.0
 _T = TypeVar("_T")
 
 log = logging.getLogger("hermes.cli")
+
+
+def load_settings() -> Settings:
+    """The settings of a command: :class:`hermes.settings.Settings` from the environment.
+
+    Imported here, when a command runs, so that ``hermes --help`` does not load pydantic
+    models or Temporal's SDK.
+
+    Raises:
+        pydantic.ValidationError: a bad ``HERMES_*`` variable or ``.env`` entry (the CLI
+            root prints one line per setting).
+    """
+    from hermes.settings import Settings
+
+    return Settings()
 
 
 def quiet_orphaned_futures(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -74,16 +99,42 @@ def run_command(main: Callable[[], Awaitable[_T]], settings: Settings) -> _T:
             raise fail("interrupted", EXIT_INTERRUPTED) from None
 
 
-async def answer(awaitable: Awaitable[_T], settings: Settings) -> _T:
-    """Await a query; a session only answers while a worker serves its task queue."""
+async def answer(
+    awaitable: Awaitable[_T],
+    settings: Settings,
+    hermes: HermesClient | None = None,
+    *,
+    timeout_seconds: float = QUERY_TIMEOUT_SECONDS,
+) -> _T:
+    """Await a query; a session only answers while a worker serves its task queue.
+
+    Raises:
+        CliError: no answer within ``timeout_seconds``; the message says whether a worker
+            polls the task queue (asked of Temporal through ``hermes``).
+    """
     try:
-        return await asyncio.wait_for(awaitable, QUERY_TIMEOUT_SECONDS)
+        return await asyncio.wait_for(awaitable, timeout_seconds)
     except asyncio.TimeoutError:
-        raise CliError(
-            f"the session did not answer within {QUERY_TIMEOUT_SECONDS:.0f} s: is a worker running "
-            f"for task queue {settings.task_queue!r}? Start one with `hermes dev` or `hermes worker`",
-            EXIT_UNAVAILABLE,
-        ) from None
+        hint = await worker_hint(hermes, settings)
+        raise CliError(f"the session did not answer within {timeout_seconds:g} s: {hint}", EXIT_UNAVAILABLE) from None
+
+
+async def worker_hint(hermes: HermesClient | None, settings: Settings) -> str:
+    """Why a session may not have answered, from the pollers of its task queue.
+
+    "Is a worker running?" only when Temporal lists none (or cannot say); with a worker
+    polling, the session is slow, not unserved.
+    """
+    workers = None if hermes is None else await hermes.count_workers()
+    queue = settings.task_queue
+    if workers is None:
+        return f"is a worker running for task queue {queue!r}? Start one with `hermes dev` or `hermes worker`"
+    if workers == 0:
+        return f"no worker polls task queue {queue!r}: start one with `hermes dev` or `hermes worker`"
+    return (
+        f"{workers} worker(s) poll task queue {queue!r}, so the session is slow rather than unserved "
+        "(a long workflow task or a loaded machine); try again"
+    )
 
 
 @functools.cache
@@ -103,4 +154,6 @@ def quiet_runtime() -> Runtime:
 
 async def connect(settings: Settings) -> HermesClient:
     """A client of the settings' Temporal and Redis, on :func:`quiet_runtime`."""
+    from hermes.client import HermesClient
+
     return await HermesClient.connect(settings, runtime=quiet_runtime())

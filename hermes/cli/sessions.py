@@ -11,10 +11,8 @@ from rich.markup import escape
 from hermes.cli.errors import CliError
 from hermes.cli.output import Column, out, print_fields, print_table
 from hermes.cli.root import JsonOption, UserOption, app, default_user
-from hermes.cli.running import answer, connect, run_command
-from hermes.demo import print_message
+from hermes.cli.running import answer, connect, load_settings, run_command
 from hermes.errors import SessionNotFoundError
-from hermes.settings import Settings
 
 __all__ = ["sessions", "show"]
 
@@ -29,7 +27,7 @@ def sessions(
     ] = False,
 ) -> None:
     """List a user's sessions, most recently active first (from the Redis index)."""
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> list[Any]:
         hermes = await connect(settings)
@@ -73,14 +71,14 @@ def show(
     as_json: JsonOption = False,
 ) -> None:
     """Show a session: state, pending approvals, decisions, transcript and trace."""
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> tuple[Any, Any, Any]:
         hermes = await connect(settings)
         try:
-            state = await answer(hermes.get_state(session_id), settings)
-            transcript = await answer(hermes.get_transcript(session_id, include_archived=True), settings)
-            trace = await answer(hermes.get_trace(session_id), settings)
+            state = await answer(hermes.get_state(session_id), settings, hermes)
+            transcript = await answer(hermes.get_transcript(session_id, include_archived=True), settings, hermes)
+            trace = await answer(hermes.get_trace(session_id), settings, hermes)
             return state, transcript, trace
         except SessionNotFoundError:
             raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
@@ -150,6 +148,8 @@ def show(
             ),
             title="decisions",
         )
+
+    from hermes.demo import print_message
 
     out.rule("transcript")
     for message in transcript:

@@ -12,19 +12,18 @@ import logging
 import re
 import sys
 from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.text import Text
 
-from hermes import names
 from hermes.cli.errors import EXIT_UNAVAILABLE, CliError, fail, hide_password
 from hermes.cli.output import out, print_fields
 from hermes.cli.root import app
-from hermes.cli.running import run_command
-from hermes.demo import local_servers, run_demo, wait_until_interrupted
-from hermes.settings import Settings
-from hermes.stack import ensure_search_attributes
+from hermes.cli.running import load_settings, run_command
+
+if TYPE_CHECKING:
+    from hermes.settings import Settings
 
 __all__ = ["codec_server_command", "demo", "dev", "worker_command"]
 
@@ -48,7 +47,7 @@ def dev() -> None:
     With TEMPORAL_ADDRESS / REDIS_URL set, those servers are used instead of starting them.
     Data stays in HERMES_DATA_DIR (default .hermes/).
     """
-    settings = Settings()
+    settings = load_settings()
     run_command(lambda: _dev(settings), settings)
 
 
@@ -68,7 +67,10 @@ async def _dev(settings: Settings) -> None:
 
 
 async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
+    from hermes import names
     from hermes.codec_server import endpoint_url
+    from hermes.demo import local_servers, wait_until_interrupted
+    from hermes.stack import ensure_search_attributes
     from worker import build_worker, connect_client, connect_redis
 
     codec_url = endpoint_url("127.0.0.1", settings.codec_port)
@@ -158,7 +160,7 @@ def worker_command() -> None:
 
     Uses TEMPORAL_ADDRESS / REDIS_URL, or the embedded addresses of `hermes dev`.
     """
-    settings = Settings()
+    settings = load_settings()
 
     async def main() -> None:
         from worker import connect_redis, run_worker
@@ -201,7 +203,7 @@ def codec_server_command(
     Web UI or `temporal workflow show --codec-endpoint` decodes payloads. `hermes dev`
     runs one itself.
     """
-    settings = Settings()
+    settings = load_settings()
     origins = [origin.rstrip("/") for origin in ui_origin or []]
     for origin in origins:
         if not re.fullmatch(r"https?://[^/\s]+", origin):
@@ -264,5 +266,7 @@ def demo(
     """
     if keep is None:
         keep = sys.stdin.isatty() and sys.stdout.isatty()
-    settings = Settings()
+    settings = load_settings()
+    from hermes.demo import run_demo
+
     run_command(lambda: run_demo(settings, console=out, keep=keep), settings)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import typer
 from rich.markup import escape
@@ -10,10 +11,44 @@ from rich.markup import escape
 from hermes.cli.errors import EXIT_UNAVAILABLE, failing_on
 from hermes.cli.output import print_table
 from hermes.cli.root import JsonOption, app
+from hermes.cli.running import load_settings
 from hermes.errors import HermesError
-from hermes.settings import Settings
 
-__all__ = ["tools_command"]
+__all__ = ["description_summary", "tools_command"]
+
+DESCRIPTION_CHARS = 160
+"""The longest description ``hermes tools`` shows in its table (``--json`` has them whole)."""
+
+
+def description_summary(description: str, limit: int = DESCRIPTION_CHARS) -> str:
+    """The start of a tool description for one table cell, never cut mid-word.
+
+    Takes the first paragraph (docstring line breaks joined), then as many whole sentences
+    as fit in ``limit`` characters; when not even the first sentence fits, it is cut at a
+    word end and ends with "…".
+
+    Args:
+        description: the tool's description (a docstring, several lines).
+        limit: the most characters returned, the ellipsis included.
+
+    Returns:
+        One line of at most ``limit`` characters ("" for an empty description).
+    """
+    paragraph = " ".join(re.split(r"\n\s*\n", description.strip(), maxsplit=1)[0].split())
+    if len(paragraph) <= limit:
+        return paragraph
+    sentences = re.findall(r".+?(?:[.!?。！？](?=\s|$)|$)\s*", paragraph)
+    kept = ""
+    for sentence in sentences:
+        if len(kept + sentence.rstrip()) > limit:
+            break
+        kept += sentence
+    if kept.strip():
+        return kept.strip()
+    cut = paragraph[: limit - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:") + "…"
 
 
 @app.command("tools")
@@ -22,7 +57,7 @@ def tools_command(as_json: JsonOption = False) -> None:
     HERMES_TOOL_MODULES, HERMES_TOOL_FILES), with tier, idempotency and permission."""
     from worker import load_registry
 
-    settings = Settings()
+    settings = load_settings()
     with failing_on(HermesError, code=EXIT_UNAVAILABLE):
         registry = load_registry(settings)
     specs = [t.spec(tier_seconds=settings.tier_seconds, heartbeat_timeout_seconds=settings.tool_heartbeat_seconds) for t in registry]
@@ -39,7 +74,7 @@ def tools_command(as_json: JsonOption = False) -> None:
                 f"{spec.timeout_seconds:g}",
                 spec.idempotency or "",
                 spec.permission,
-                escape(spec.description.splitlines()[0][:100]),
+                escape(description_summary(spec.description)),
             )
             for spec in specs
         ),

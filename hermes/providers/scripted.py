@@ -16,7 +16,26 @@ understand anything. A script is YAML (or JSON)::
 
 A reply may use ``{{ user }}``, ``{{ tool_results[i].data... }}``, ``{{ last_tool_result... }}``
 and ``{{ memory }}`` / ``{{ memories[i] }}`` (the long-term memories the session injected,
-as the model sees them: ``(date, score) text``).
+as the model sees them: ``(date, score) text``; ``{{ memory_texts }}``: the same without the
+date and score).
+
+Captures: the groups of a turn's ``match`` are ``{{ match.NAME }}`` (named groups) and
+``{{ match[1] }}``... (numbered; ``match[0]`` is the whole match), in replies and in the
+string values of tool-call arguments, so a script can pass on what the user asked for::
+
+      - match: "(?i)what is (?P<expression>[-+*/().\\d\\s]*\\d[-+*/().\\d\\s]*)"
+        steps:
+          - tool_calls:
+              - name: calculate
+                arguments: {expression: "{{ match.expression }}"}
+          - reply: "{{ match.expression }} = {{ last_tool_result.data.value }}."
+
+An argument that is exactly one template gets the value itself (a number stays a number).
+Filters follow a ``|``: ``{{ memory_texts | join }}`` (a list as one line, items separated
+by a space), ``{{ match.text | short }}`` (at most 40 characters, cut at a word end with
+"…"), and the name of a table of the script's ``tables`` (``{{ match.city | timezone }}``:
+the value of that key, compared case-insensitively; a key not in the table stays as it is).
+A filter that is neither is a :class:`ConfigError` when the script is loaded.
 
 Which turn answers a user message: the first turn whose ``match`` is found in it;
 otherwise the next unused turn without ``match``, in file order (user messages older
@@ -42,7 +61,10 @@ from hermes.errors import ConfigError, ContextTooLongError, ScriptExhaustedError
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
 from hermes.tokens import count_message_tokens, count_text_tokens
 
-_TEMPLATE_RE = re.compile(r"\{\{\s*([\w.\[\]-]+)\s*\}\}")
+_TEMPLATE_RE = re.compile(r"\{\{\s*([\w.\[\]-]+)((?:\s*\|\s*[\w-]+)*)\s*\}\}")
+_BUILTIN_FILTERS = ("join", "short")
+_SHORT_CHARS = 40
+_MEMORY_PREFIX_RE = re.compile(r"^\(\d{4}-\d\d-\d\d, score [\d.]+\) ")
 
 
 class ScriptedToolCall(BaseModel):
@@ -125,6 +147,60 @@ class Script(BaseModel):
     max_context_tokens: int | None = None
     """When set, a request whose messages exceed this many tokens is refused with
     :class:`ContextTooLongError`, as a provider with that context window would."""
+    tables: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    """Lookup tables used as template filters: ``{{ match.city | timezone }}`` with a table
+    ``timezone: {paris: Europe/Paris, ...}``."""
+
+    def model_post_init(self, __context: Any) -> None:
+        known = set(_BUILTIN_FILTERS) | set(self.tables)
+        for turn in self.turns:
+            for step in turn.steps:
+                texts = [step.reply or ""] + [
+                    text for call in step.tool_calls for text in _strings(call.arguments)
+                ]
+                for text in texts:
+                    for template in _TEMPLATE_RE.finditer(text):
+                        for name in _filter_names(template.group(2)):
+                            if name not in known:
+                                raise ValueError(
+                                    f"unknown template filter {name!r} in {template.group(0)!r}: expected "
+                                    f"one of {sorted(known)} (a table of `tables`, or join, short)"
+                                )
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string inside ``value`` (dicts and lists walked)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _filter_names(spec: str) -> list[str]:
+    return [name.strip() for name in spec.split("|")[1:]]
+
+
+def _short(text: str, limit: int = _SHORT_CHARS) -> str:
+    """``text`` in at most ``limit`` characters, cut at a word end with an ellipsis."""
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    if " " in cut:
+        cut = cut.rsplit(" ", 1)[0]
+    return cut.rstrip(" ,;:，。；：") + "…"
+
+
+def _match_values(match: re.Match[str] | None) -> dict[str, Any]:
+    """A turn's captures for templates: named groups, and ``"0"``, ``"1"``... by number."""
+    if match is None:
+        return {}
+    values: dict[str, Any] = {str(i): (match.group(i) or "") for i in range(len(match.groups()) + 1)}
+    values.update({k: (v or "").strip() for k, v in match.groupdict().items()})
+    return values
 
 
 def _lookup(root: dict[str, Any], path: str) -> Any:
@@ -222,6 +298,7 @@ class ScriptedModel:
             where = "no scripted turn" if turn is None else f"no step {step_index + 1} in its turn"
             raise ScriptExhaustedError(f"{self.source}: {where} for the user message {user_text[:80]!r}")
         step = turn.steps[step_index]
+        root = self._root(messages, user_text, re.search(turn.match, user_text) if turn.match else None)
         if step.tool_calls:
             calls = []
             for i, call in enumerate(step.tool_calls):
@@ -231,11 +308,13 @@ class ScriptedModel:
 
                     calls.append(parse_tool_call(tcid, call.name, call.arguments))
                 else:
-                    calls.append(ToolCall(tool_call_id=tcid, name=call.name, arguments=call.arguments))
+                    arguments = self._render_value(call.arguments, root)
+                    calls.append(ToolCall(tool_call_id=tcid, name=call.name, arguments=arguments))
             return Message(role="assistant", content=step.reply, tool_calls=calls)
-        return Message(role="assistant", content=self._render(step.reply or "", messages, user_text))
+        return Message(role="assistant", content=self._render(step.reply or "", root))
 
-    def _render(self, text: str, messages: list[Message], user_text: str) -> str:
+    def _root(self, messages: list[Message], user_text: str, match: re.Match[str] | None) -> dict[str, Any]:
+        """What templates can name: the user's message, the turn's captures, tool results, memories."""
         results = []
         for m in messages:
             if m.role == "tool":
@@ -252,22 +331,52 @@ class ScriptedModel:
             for line in (m.content or "").splitlines()[1:]
             if line.startswith("- ")
         ]
-        root = {
+        return {
             "user": user_text,
+            "match": _match_values(match),
             "tool_results": results,
             "last_tool_result": results[-1] if results else None,
             "memories": memories,
+            "memory_texts": [_MEMORY_PREFIX_RE.sub("", m) for m in memories],
             "memory": memories[0] if memories else "(no memory)",
         }
 
-        def substitute(match: re.Match[str]) -> str:
-            try:
-                value = _lookup(root, match.group(1))
-            except (KeyError, IndexError, ValueError, TypeError):
-                return f"<{match.group(1)}: not available>"
+    def _value(self, template: re.Match[str], root: dict[str, Any]) -> Any:
+        """The value a ``{{ path | filter ... }}`` template names, filters applied."""
+        try:
+            value = _lookup(root, template.group(1))
+        except (KeyError, IndexError, ValueError, TypeError):
+            return f"<{template.group(1)}: not available>"
+        for name in _filter_names(template.group(2)):
+            if name == "join":
+                value = " ".join(v if isinstance(v, str) else json.dumps(v, ensure_ascii=False) for v in value) if isinstance(value, list) else value
+            elif name == "short":
+                value = _short(value) if isinstance(value, str) else value
+            else:
+                table = self.script.tables[name]
+                key = str(value)
+                folded = {str(k).casefold(): v for k, v in table.items()}
+                value = table.get(key, folded.get(key.casefold(), value))
+        return value
+
+    def _render(self, text: str, root: dict[str, Any]) -> str:
+        def substitute(template: re.Match[str]) -> str:
+            value = self._value(template, root)
             return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
 
         return _TEMPLATE_RE.sub(substitute, text)
+
+    def _render_value(self, value: Any, root: dict[str, Any]) -> Any:
+        """Tool-call arguments with their templates filled; a string that is exactly one
+        template becomes the value itself (a number stays a number)."""
+        if isinstance(value, dict):
+            return {k: self._render_value(v, root) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self._render_value(v, root) for v in value]
+        if isinstance(value, str):
+            whole = _TEMPLATE_RE.fullmatch(value.strip())
+            return self._value(whole, root) if whole else self._render(value, root)
+        return value
 
     def summary_message(self, request: CallModelInput) -> Message:
         """The scripted answer to a summary request."""
