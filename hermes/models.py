@@ -463,8 +463,11 @@ class SessionConfig(BaseModel):
     the session is (issue 12: a 146-turn run took 6.6 s to replay); 0: no budget."""
     max_updates_per_run: int = 500
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
-    max_completed_ids: int = 256
-    """How many replies are remembered for resends (returned as they were)."""
+    max_completed_ids: int = 32
+    """How many replies are remembered for resends (returned as they were); older ids
+    within ``max_answered_ids`` are answered "already answered in turn N". Every cached
+    session holds these in the worker's memory (issue 12), so the default covers the
+    resends clients make (the last few messages), not the whole session."""
     max_answered_ids: int = Field(default=2000, ge=0)
     """How many client message ids (with their turn) are remembered beyond the replies:
     a resend of one of them is answered "already answered in turn N", never run again."""

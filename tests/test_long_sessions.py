@@ -524,6 +524,29 @@ async def test_summaries_fold_old_turns_at_most_every_few_turns_without_delaying
     assert last.messages[1].content == summary  # right after the system prompt
 
 
+async def test_turns_the_summary_covers_leave_the_state_at_continue_as_new_and_stay_in_the_transcript(run_worker, session_id):
+    # Issue 12: every cached session holds its state in the worker's memory. Tiny messages
+    # never approach max_carry_bytes, so before, a run carried every turn ever said.
+    cfg = SMALL_SUMMARY_CONFIG.model_copy(update={"max_updates_per_run": 10})
+    model = FactModel()
+    async with run_worker(model, config=cfg) as hermes:
+        for turn in range(1, 31):
+            assert (await asyncio.wait_for(hermes.send_message(session_id, fact(turn)), 30)).reply == f"ok {turn}"
+        state = await hermes.get_state(session_id)
+        held = await hermes.get_transcript(session_id, include_archived=False)
+        everything = await hermes.get_transcript(session_id)
+
+    assert state.run_index >= 2 and state.summary is not None
+    assert state.archived_messages > 0, "summarized turns were archived although the state was far under its byte budget"
+    first_held = min(m.turn for m in held)
+    assert first_held > 10, f"turns 1-{first_held - 1} left the state; the summary covers up to {state.summary.upto_turn}"
+    assert [m.content for m in everything if m.role == "user"] == [fact(t) for t in range(1, 31)]
+    assert [m.content for m in everything if m.role == "assistant"] == [f"ok {t}" for t in range(1, 31)]
+    # The model still saw the summary and every turn after it.
+    last = model.reply_requests[-1]
+    assert summary_messages(last) and user_texts(last)[-1] == fact(30)
+
+
 @pytest.mark.parametrize("failure", ["error", "empty"])
 async def test_a_failed_or_empty_summary_keeps_every_message_and_is_retried_after_the_cooldown(
     run_worker, session_id, failure

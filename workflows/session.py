@@ -79,7 +79,10 @@ with workflow.unsafe.imports_passed_through():
     # modules and takes locks, which workflow code may not do.
     TokenCounter.get(DEFAULT_ENCODING)
 
-_MAX_TRACE = 500
+_MAX_TRACE = 100
+"""Trace steps a run holds (and carries): the newest, about 30 turns of them. Every cached
+session holds its state in the worker's memory (issue 12: resident state, not history, is
+what a worker's memory grows with), so what it keeps for inspection stays small."""
 _MAX_DECISIONS = 200
 _MAX_SETTLED = 1000
 _MAX_RESULT_CHARS = 16_000
@@ -98,7 +101,9 @@ _ARCHIVE_CHUNK_BYTES = 1_000_000
 _MAX_CARRY_PAYLOAD_BYTES = 1_800_000
 """Continue-as-new is not attempted with a larger state: Temporal refuses inputs over 2 MB."""
 _MAX_CACHED_RESULT_BYTES = 64_000
-_MAX_CACHE_BYTES = 512_000
+_MAX_CACHE_BYTES = 128_000
+"""Byte budget of the replies kept for resends (with ``SessionConfig.max_completed_ids``):
+held in memory by every cached session and carried across continue-as-new."""
 
 
 def _json_bytes(value: Any) -> int:
@@ -187,6 +192,11 @@ _PATCH_BOUNDED_WORK = "bounded-workflow-work"
 tokens of replies, tool schemas and long user messages are counted by activities, other
 texts by :class:`hermes.tokens.BoundedCounter`; the run continues as new on a replay
 budget (``SessionConfig.replay_budget_events``)."""
+_PATCH_ARCHIVE_SUMMARIZED = "archive-summarized-turns"
+"""At continue-as-new, turns the running summary covers go to the transcript archive
+(they are no longer in any context), so a long session's state stays about
+``context_history_turns`` plus one run of turns, not up to ``max_carry_bytes`` (issue 12:
+a worker's memory grows with what its cached sessions hold)."""
 _PATCHES = (
     _PATCH_TOOL_LAYER_V2,
     _PATCH_STOP_ON_CLOSE,
@@ -194,6 +204,7 @@ _PATCHES = (
     _PATCH_BOUNDED_CONTEXT,
     _PATCH_MEMORY,
     _PATCH_BOUNDED_WORK,
+    _PATCH_ARCHIVE_SUMMARIZED,
 )
 _EXTRACTION_GRACE = timedelta(0)
 """Continue-as-new does not wait for a running memory extraction: it is carried over to the
@@ -441,7 +452,8 @@ class SessionWorkflow:
             the caller must not continue as new yet.
         """
         budget = self._cfg.max_carry_bytes
-        if self._carry_bytes() <= budget:
+        summarized = self._summarized_prefix()
+        if self._carry_bytes() <= budget and not summarized:
             return True
         sizes = [_message_bytes(m) for m in self._messages]
         starts = [i for i, m in enumerate(self._messages) if m.role == "user"] + [len(self._messages)]
@@ -452,6 +464,7 @@ class SessionWorkflow:
                 break
             remaining -= sum(sizes[cut:boundary])
             cut = boundary
+        cut = max(cut, summarized)
         if cut and self._patched(_PATCH_BOUNDED_CONTEXT):
             # Turns leaving the state leave the model's context too: fold them into the
             # summary first, so nothing disappears from what the model knows. (If the
@@ -499,6 +512,23 @@ class SessionWorkflow:
         if excess > 0:
             del self._trace[:-50]
         return self._carry_bytes() <= _MAX_CARRY_PAYLOAD_BYTES
+
+    def _summarized_prefix(self) -> int:
+        """How many of the oldest held messages are whole turns the summary covers (0
+        without the patch or a summary with text): the context never sends them again,
+        so they can leave the state for the transcript archive."""
+        if self._summary is None or not self._summary.text.strip() or not self._patched(_PATCH_ARCHIVE_SUMMARIZED):
+            return 0
+        covered = self._summary.upto_turn
+        last_user = 0
+        for i, m in enumerate(self._messages):
+            if m.turn > covered:
+                # Cut right before the first newer turn when it starts there, else before
+                # the last covered turn's user message (whole turns only, never part of one).
+                return i if m.role == "user" else last_user
+            if m.role == "user":
+                last_user = i
+        return 0  # every held message is covered: nothing newer to keep beside it
 
     def _carry_bytes(self) -> int:
         return len(self._carry().model_dump_json().encode("utf-8", "surrogatepass")) + len(
