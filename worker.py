@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -262,16 +263,33 @@ def open_mcp(settings: Settings, registry: ToolRegistry) -> Any:
     return McpToolset(config, McpManager(config), reserved=set(registry.names()))
 
 
-async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | None = None) -> None:
+async def run_worker(
+    settings: Settings | None = None,
+    *,
+    stop: asyncio.Event | None = None,
+    on_serving: Callable[[ModelProvider, ToolRegistry, Any], None] | None = None,
+) -> None:
     """Connect, register the search attributes, and serve until ``stop`` is set or a
     SIGTERM / SIGINT; then stop gracefully: no new work is taken, and the activities
-    running finish and report (up to ``settings.resolved_worker_shutdown_seconds``)."""
+    running finish and report (up to ``settings.resolved_worker_shutdown_seconds``).
+
+    Args:
+        settings: configuration; :func:`get_settings` when None.
+        stop: set it to stop the worker (besides SIGTERM / SIGINT).
+        on_serving: called once the worker polls its task queue, with the model
+            provider, the tool registry and the MCP toolset (None without MCP servers)
+            it serves (``hermes worker`` prints them).
+
+    Raises:
+        ConfigError: a wrong model, tool or MCP configuration (found before serving).
+    """
     from hermes.names import SEARCH_ATTRIBUTES
     from hermes.stack import ensure_search_attributes
 
     settings = settings or get_settings()
     client = await connect_client(settings)
     await ensure_search_attributes(client, SEARCH_ATTRIBUTES, settings.temporal_namespace)
+    provider = make_provider(settings)
     registry = load_registry(settings)
     mcp = open_mcp(settings, registry)
     memory: Any = True
@@ -280,7 +298,7 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
         embedder = PreloadedEmbedder(settings)
         memory = embedder.open_store
         preloading = asyncio.ensure_future(asyncio.to_thread(embedder.preload))
-    worker = build_worker(client, settings, registry=registry, mcp=mcp, memory=memory)
+    worker = build_worker(client, settings, provider=provider, registry=registry, mcp=mcp, memory=memory)
     if settings.memory_enabled:
         from hermes.memory.service import ensure_consolidation_schedule
 
@@ -295,6 +313,8 @@ async def run_worker(settings: Settings | None = None, *, stop: asyncio.Event | 
     log.info("worker serving task queue %s at %s", worker.task_queue, settings.resolved_temporal_address)
     try:
         async with worker:
+            if on_serving is not None:
+                on_serving(provider, registry, mcp)
             await stop.wait()
             log.info(
                 "worker stopping: taking no new work; running activities have up to %.0f s to finish",

@@ -2,6 +2,7 @@
 
     hermes demo                  # offline demo: embedded stack + scripted model, checked
     hermes dev                   # embedded Temporal (with Web UI) + Redis + a worker
+    hermes dev --no-worker       # the servers alone; prints the env for separate workers
     hermes worker                # just the worker, against configured servers
     hermes codec-server          # the Web UI shows the messages behind content references
     hermes chat [--session ID]   # talk to a session; approve tool calls inline

@@ -78,8 +78,18 @@ class CliError(Exception):
 
 
 def hide_password(url: str) -> str:
-    """``url`` with the credentials before ``@`` replaced by ``***`` (safe to print)."""
-    return re.sub(r"://[^@/]*@", "://***@", url)
+    """``url`` safe to print: the credentials before ``@`` and every query parameter's
+    value replaced by ``***`` (``redis://:pw@host/0?password=pw`` and
+    ``https://host/v1?api-key=k`` carry secrets there).
+
+    Args:
+        url: any URL or ``host:port``; text that is not a URL comes back unchanged.
+
+    Returns:
+        e.g. ``redis://***@host:6379/0`` or ``https://host/v1?api-key=***``.
+    """
+    url = re.sub(r"://[^@/]*@", "://***@", url)
+    return re.sub(r"([?&][^=&#]*)=[^&#]*", r"\1=***", url)
 
 
 def _connect_reason(text: str) -> str:

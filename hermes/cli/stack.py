@@ -1,7 +1,10 @@
 """Commands that run servers: ``hermes dev``, ``worker``, ``codec-server``, ``demo``.
 
 ``hermes dev``, ``hermes worker``, ``hermes codec-server`` and ``hermes demo --keep``
-run until Ctrl-C / SIGTERM, which is their normal stop (exit 0).
+run until Ctrl-C / SIGTERM, which is their normal stop (exit 0). ``hermes dev
+--no-worker`` runs the servers alone and prints the ``export`` lines that point
+separately started ``hermes worker`` processes and clients at them; each ``hermes
+worker`` prints what it serves (:func:`describe_worker`, no secrets).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from hermes.cli.running import load_settings, run_command
 if TYPE_CHECKING:
     from hermes.settings import Settings
 
-__all__ = ["codec_server_command", "demo", "dev", "worker_command"]
+__all__ = ["codec_server_command", "demo", "describe_worker", "dev", "worker_command", "worker_env"]
 
 log = logging.getLogger("hermes.cli")
 
@@ -41,13 +44,31 @@ def _describe_model(settings: Settings, provider: Any) -> str:
 
 
 @app.command()
-def dev() -> None:
+def dev(
+    no_worker: Annotated[
+        bool,
+        typer.Option(
+            "--no-worker",
+            help="Run only the servers and print the environment that points `hermes worker` "
+            "processes and clients at them; run the workers yourself, in other terminals.",
+        ),
+    ] = False,
+) -> None:
     """Run the embedded Temporal server (with Web UI), Redis and a worker until Ctrl-C.
 
     With TEMPORAL_ADDRESS / REDIS_URL set, those servers are used instead of starting them.
     Data stays in HERMES_DATA_DIR (default .hermes/).
     """
     settings = load_settings()
+    if no_worker:
+        if settings.temporal_address is not None and settings.redis_url is not None:
+            raise fail(
+                "hermes dev --no-worker has nothing to run: TEMPORAL_ADDRESS and REDIS_URL are set, so no "
+                "server is started; run `hermes worker` against them",
+                EXIT_UNAVAILABLE,
+            )
+        run_command(lambda: _dev_servers_only(settings), settings)
+        return
     run_command(lambda: _dev(settings), settings)
 
 
@@ -95,6 +116,98 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         finally:
             await redis.aclose()
     out.print("Stopped.")
+
+
+async def _dev_servers_only(settings: Settings) -> None:
+    from hermes import names
+    from hermes.codec_server import endpoint_url
+    from hermes.demo import local_servers, wait_until_interrupted
+    from hermes.stack import ensure_search_attributes
+    from worker import connect_client, connect_redis
+
+    codec_url = endpoint_url("127.0.0.1", settings.codec_port)
+    async with local_servers(settings, ui=True, ui_codec_endpoint=codec_url) as servers:
+        if servers.stack is None or settings.temporal_address is not None:
+            # Only an embedded Temporal gets them at start; workers register them too.
+            resolved = settings.model_copy(update={"temporal_address": servers.temporal_address})
+            client = await connect_client(resolved)
+            await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
+        redis = connect_redis(servers.redis_url)
+        try:
+            await redis.ping()
+            async with _dev_codec_server(settings, redis) as codec:
+                _print_servers_banner(settings, servers, codec)
+                await wait_until_interrupted()
+                out.print("Stopping the servers...")
+        finally:
+            await redis.aclose()
+    out.print("Stopped.")
+
+
+def worker_env(settings: Settings, temporal_address: str, redis_url: str) -> list[str]:
+    """The ``export`` lines that point ``hermes worker`` and the client commands at a
+    ``hermes dev --no-worker``'s servers, to paste in another terminal.
+
+    Args:
+        settings: the settings of ``hermes dev`` (task queue, namespace, memory store).
+        temporal_address: ``host:port`` of the Temporal frontend.
+        redis_url: the Redis URL; one with credentials is printed commented out and
+            masked (the user has it already: it is their REDIS_URL).
+
+    Returns:
+        POSIX shell lines, e.g. ``export TEMPORAL_ADDRESS=127.0.0.1:7233``.
+    """
+    import shlex
+
+    values = {
+        "TEMPORAL_ADDRESS": temporal_address,
+        "REDIS_URL": redis_url,
+        "HERMES_TASK_QUEUE": settings.task_queue,
+    }
+    if settings.temporal_namespace != "default":
+        values["HERMES_TEMPORAL_NAMESPACE"] = settings.temporal_namespace
+    # Absolute, so a worker started from another directory shares the long-term memory,
+    # the transcript archive and the audit log (default: <data dir>/memory).
+    values["HERMES_MEMORY_URI"] = settings.memory_uri or str((settings.data_dir / "memory").absolute())
+    lines = []
+    for name, value in values.items():
+        shown = hide_password(value)
+        if shown != value:
+            lines.append(f"# export {name}={shlex.quote(shown)}   (credentials hidden: use your own {name})")
+        else:
+            lines.append(f"export {name}={shlex.quote(value)}")
+    return lines
+
+
+def _print_servers_banner(settings: Settings, servers: Any, codec_url: str | None) -> None:
+    temporal_is_mine = servers.stack is not None and settings.temporal_address is None
+    redis_is_mine = servers.stack is not None and settings.redis_url is None
+    fields: list[tuple[str, Any]] = [
+        (
+            "Temporal",
+            f"{servers.temporal_address} (namespace {servers.namespace}, {'embedded' if temporal_is_mine else 'yours'})",
+        ),
+        ("Web UI", servers.ui_url or "(your Temporal's Web UI)"),
+        ("Redis", f"{hide_password(servers.redis_url)} ({'embedded' if redis_is_mine else 'yours'})"),
+        ("Codec server", codec_url or f"not started: port {settings.codec_port} is in use (set HERMES_CODEC_PORT)"),
+        ("Workers", f"none in this process: start them with `hermes worker` (task queue {settings.task_queue})"),
+    ]
+    if servers.stack is not None:
+        fields.append(("Data", str(servers.stack.data_dir)))
+    out.rule("hermes dev --no-worker (servers only)")
+    print_fields([(name, Text(str(value))) for name, value in fields])
+    out.print("Point workers and clients at these servers: paste these lines in each terminal you start them in")
+    out.print()
+    for line in worker_env(settings, servers.temporal_address, servers.redis_url):
+        out.print(line, markup=False, highlight=False, soft_wrap=True)
+    out.print()
+    out.print(
+        "then run `hermes worker` in one or more of them (stop one: its sessions continue on another) and "
+        "`hermes chat` in another.",
+        markup=False,
+        soft_wrap=True,
+    )
+    out.print("Ready. Ctrl-C to stop the servers.")
 
 
 @contextlib.asynccontextmanager
@@ -170,15 +283,57 @@ def worker_command() -> None:
             await redis.ping()
         finally:
             await redis.aclose()
-        out.print(
-            f"Worker: task queue {settings.task_queue} · Temporal {settings.resolved_temporal_address} · "
-            f"Redis {hide_password(settings.resolved_redis_url)} · model provider {settings.model_provider}. "
-            "Ctrl-C to stop."
-        )
-        await run_worker(settings)
+
+        def serving(provider: Any, registry: Any, mcp: Any) -> None:
+            out.rule("hermes worker")
+            print_fields([(name, Text(value)) for name, value in describe_worker(settings, provider, registry, mcp)])
+            out.print("Serving. Ctrl-C to stop.")
+
+        await run_worker(settings, on_serving=serving)
         out.print("Stopped.")
 
     run_command(main, settings)
+
+
+def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) -> list[tuple[str, str]]:
+    """What a worker serves, as (name, value) lines for its start-up banner.
+
+    Holds no secret: API keys are never read, URLs go through :func:`hide_password`
+    (credentials and query values masked), MCP servers are named, not described (their
+    ``env``, URL and headers may hold ``${ENV}`` secrets).
+
+    Args:
+        settings: the worker's settings.
+        provider: its :class:`hermes.providers.ModelProvider`.
+        registry: its :class:`hermes.tools.registry.ToolRegistry`.
+        mcp: its :class:`hermes.mcp.tools.McpToolset`, or None.
+
+    Returns:
+        Model, Tool modules, Tool files, Tools, MCP servers, Memory, Task queue,
+        Temporal and Redis, in that order.
+    """
+    if getattr(provider, "name", "") == "scripted":
+        packaged = " (the packaged demo script)" if settings.script is None else ""
+        model = f"scripted stand-in, script {getattr(provider, 'source', settings.script)}{packaged}"
+    else:
+        base = hide_password(settings.openai_base_url or "https://api.openai.com/v1")
+        model = f"{settings.model_provider} {settings.model} via {base} (profile {settings.model_profile})"
+    mcp_names = list(mcp.config.enabled_servers()) if mcp is not None else []
+    if settings.memory_enabled:
+        memory = f"on (embedder {settings.memory_embedder}, store {hide_password(settings.resolved_memory_uri)})"
+    else:
+        memory = "off"
+    return [
+        ("Model", model),
+        ("Tool modules", ", ".join(settings.tool_modules) or "none"),
+        ("Tool files", ", ".join(str(path) for path in settings.tool_files) or "none"),
+        ("Tools", f"{len(list(registry))} registered" + (" (and the MCP servers' tools)" if mcp_names else "")),
+        ("MCP servers", ", ".join(mcp_names) or "none"),
+        ("Memory", memory),
+        ("Task queue", settings.task_queue),
+        ("Temporal", f"{hide_password(settings.resolved_temporal_address)} (namespace {settings.temporal_namespace})"),
+        ("Redis", hide_password(settings.resolved_redis_url)),
+    ]
 
 
 @app.command("codec-server")
