@@ -48,3 +48,37 @@ def test_the_user_option_says_what_the_user_id_is():
     assert run.returncode == 0, run.stderr
     text = " ".join(run.stdout.replace("│", " ").split())
     assert "owns the session" in text and "long-term memories" in text, text
+
+
+def test_a_library_warning_with_a_traceback_is_one_line_on_the_terminal_and_whole_in_the_log_file(tmp_path, capsys):
+    # Under load the SDK logs a retried activity's cancellation with its traceback; in
+    # `hermes demo` that read as a crash (tests/test_cli.py checks "Traceback" is absent).
+    import logging
+
+    from hermes.cli.running import console_logging
+
+    root = logging.getLogger()
+    saved = (root.handlers[:], root.level)
+    root.handlers.clear()
+    log_file = tmp_path / "logs" / "hermes.log"
+    try:
+        console_logging(log_file)
+        try:
+            raise TimeoutError("activity heartbeat timed out\nsecond line")
+        except TimeoutError:
+            logging.getLogger("temporalio.activity").warning("Completing activity as failed", exc_info=True)
+        logging.getLogger("temporalio.worker").info("worker serving")
+        for handler in root.handlers:
+            handler.flush()
+        err = capsys.readouterr().err
+        assert err.strip() == "warning: Completing activity as failed (TimeoutError: activity heartbeat timed out)"
+        written = log_file.read_text(encoding="utf-8")
+        assert "Traceback" in written and "second line" in written and "worker serving" in written
+
+        console_logging(tmp_path / "other.log")  # a configured root is left alone
+        assert len(root.handlers) == 2 and not (tmp_path / "other.log").exists()
+    finally:
+        for handler in root.handlers:
+            handler.close()
+        root.handlers[:] = saved[0]
+        root.setLevel(saved[1])

@@ -12,6 +12,8 @@ import contextlib
 import functools
 import logging
 import signal
+import sys
+from pathlib import Path
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -33,6 +35,7 @@ __all__ = [
     "quiet_orphaned_futures",
     "quiet_runtime",
     "run_command",
+    "console_logging",
 ]
 
 QUERY_TIMEOUT_SECONDS = 15.0
@@ -68,10 +71,56 @@ def quiet_orphaned_futures(loop: asyncio.AbstractEventLoop, context: dict[str, A
     loop.default_exception_handler(context)
 
 
-def run_command(main: Callable[[], Awaitable[_T]], settings: Settings) -> _T:
+class _OneLine(logging.Formatter):
+    """``warning: <message> (<ExceptionType>: <text>)``: a library's warning on the
+    terminal, without its traceback (the log file keeps it)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = f"{record.levelname.lower()}: {record.getMessage()}"
+        exc = record.exc_info[1] if record.exc_info else None
+        if exc is not None:
+            detail = str(exc).splitlines()[0] if str(exc) else ""
+            text += f" ({type(exc).__name__}: {detail})" if detail else f" ({type(exc).__name__})"
+        return text
+
+
+class _LazyFileHandler(logging.FileHandler):
+    """A file handler that makes its directory only when the first record comes."""
+
+    def _open(self):  # type: ignore[no-untyped-def]
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        return super()._open()
+
+
+def console_logging(log_file: Path | None = None) -> None:
+    """Logging for a command's own process, unless the user configured logging already.
+
+    On the terminal: warnings and errors, one line each, never a traceback (an activity
+    retried under load logs one, and a user of ``hermes demo`` should not read it as a
+    failure). With ``log_file`` (commands that run a worker in their process): everything
+    from INFO, tracebacks included, appended there.
+    """
+    root = logging.getLogger()
+    if root.handlers:
+        return
+    console = logging.StreamHandler(sys.stderr)
+    console.setLevel(logging.WARNING)
+    console.setFormatter(_OneLine())
+    root.addHandler(console)
+    if log_file is not None:
+        detailed = _LazyFileHandler(log_file, encoding="utf-8", delay=True)
+        detailed.setLevel(logging.INFO)
+        detailed.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        root.addHandler(detailed)
+        root.setLevel(logging.INFO)
+
+
+def run_command(main: Callable[[], Awaitable[_T]], settings: Settings, *, log_file: Path | None = None) -> _T:
     """Run ``main()`` in a fresh event loop. SIGINT and SIGTERM cancel it (once: a second
     signal does not interrupt the clean-up); cancellation exits with 130 unless ``main``
-    handled it (see :func:`hermes.demo.wait_until_interrupted`)."""
+    handled it (see :func:`hermes.demo.wait_until_interrupted`). Logging goes through
+    :func:`console_logging` (``log_file``: where the full log of an in-process worker goes)."""
+    console_logging(log_file)
     signals: list[int] = []
 
     async def guarded() -> _T:

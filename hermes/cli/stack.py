@@ -15,6 +15,7 @@ import logging
 import re
 import sys
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -69,7 +70,7 @@ def dev(
             )
         run_command(lambda: _dev_servers_only(settings), settings)
         return
-    run_command(lambda: _dev(settings), settings)
+    run_command(lambda: _dev(settings), settings, log_file=Path(settings.data_dir) / "hermes.log")
 
 
 async def _dev(settings: Settings) -> None:
@@ -292,7 +293,7 @@ def worker_command() -> None:
         await run_worker(settings, on_serving=serving)
         out.print("Stopped.")
 
-    run_command(main, settings)
+    run_command(main, settings, log_file=Path(settings.data_dir) / "hermes.log")
 
 
 def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) -> list[tuple[str, str]]:
@@ -424,4 +425,4 @@ def demo(
     settings = load_settings()
     from hermes.demo import run_demo
 
-    run_command(lambda: run_demo(settings, console=out, keep=keep), settings)
+    run_command(lambda: run_demo(settings, console=out, keep=keep), settings, log_file=Path(settings.data_dir) / "hermes.log")
