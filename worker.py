@@ -20,7 +20,8 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.audit import AuditActivities
 from activities.memory import MemoryActivities
@@ -162,6 +163,7 @@ def build_worker(
             *(memory_activities.activities() if memory_activities is not None else []),
         ],
         max_cached_workflows=max_cached_workflows,
+        workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
         # A heartbeat RPC at least every third of the heartbeat timeout (the SDK's own

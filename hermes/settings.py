@@ -110,6 +110,15 @@ class Settings(BaseSettings):
     the time to the reply (bench/recovery.py): 1 s, with replays bounded by the replay
     budget, keeps that at most 4 s. A worker too busy to poll its sticky queue within it
     costs a replay on another worker."""
+    workflow_sandbox: bool = True
+    """Run workflow code in Temporal's sandbox, which re-imports the workflow modules for
+    every run it starts or replays and checks the calls they make. ``false``
+    (``HERMES_WORKFLOW_SANDBOX=false``): the SDK's ``UnsandboxedWorkflowRunner``; replaying
+    a 192-event session took 141 ms instead of 503 ms and every workflow task costs less
+    CPU (issue 12's profile: 35% of a busy worker's time was the sandbox), so a worker
+    taking sessions over after a crash, or on a loaded machine, catches up sooner.
+    Determinism then rests on the replay tests of recorded histories (tests/test_replay.py
+    runs them both ways), not on the sandbox's checks."""
     max_concurrent_activities: int = 100
     worker_shutdown_seconds: float | None = Field(default=None, gt=0)
     """On SIGTERM / SIGINT the worker stops taking work and lets the model and tool calls

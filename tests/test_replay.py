@@ -21,7 +21,7 @@ from temporalio import workflow
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
-from temporalio.worker import Replayer
+from temporalio.worker import Replayer, UnsandboxedWorkflowRunner
 
 from hermes import names
 from hermes.models import SessionConfig, SessionInput, SessionState, ToolSpec
@@ -30,8 +30,18 @@ from tests.support import run_histories
 from workflows.session import SessionWorkflow
 
 
-def replayer(*workflows: type) -> Replayer:
-    return Replayer(workflows=list(workflows) or [SessionWorkflow], data_converter=pydantic_data_converter)
+def replayer(*workflows: type, sandboxed: bool = True) -> Replayer:
+    runner = {} if sandboxed else {"workflow_runner": UnsandboxedWorkflowRunner()}
+    return Replayer(workflows=list(workflows) or [SessionWorkflow], data_converter=pydantic_data_converter, **runner)
+
+
+@pytest.mark.parametrize("path", sorted(HISTORY_PATH.parent.glob("*.json")), ids=lambda p: p.stem)
+async def test_every_committed_history_replays_outside_the_sandbox_too(path):
+    # HERMES_WORKFLOW_SANDBOX=false runs workflow code unsandboxed: these histories are
+    # then what holds it to determinism.
+    history = WorkflowHistory.from_json(path.stem, path.read_text(encoding="utf-8"))
+    result = await replayer(sandboxed=False).replay_workflow(history)
+    assert result.replay_failure is None
 
 
 def committed_history() -> WorkflowHistory:
@@ -142,6 +152,30 @@ async def test_a_freshly_recorded_session_history_replays_without_nondeterminism
     assert event_counts(roundtrip) == event_counts(history)
     result = await replayer().replay_workflow(roundtrip)
     assert result.replay_failure is None
+
+
+async def test_a_worker_outside_the_sandbox_records_the_same_turns_and_a_history_the_sandbox_replays(
+    temporal_client: Client, settings, redis, session_id
+):
+    from hermes.client import HermesClient
+    from hermes.providers.scripted import ScriptedModel
+    from hermes.tools.builtin import register_builtins
+    from hermes.tools.registry import ToolRegistry
+    from worker import build_worker
+
+    unsandboxed = settings.model_copy(update={"workflow_sandbox": False})
+    registry = ToolRegistry()
+    register_builtins(registry)
+    worker = build_worker(temporal_client, unsandboxed, provider=ScriptedModel.from_dict(SCRIPT), registry=registry, redis=redis)
+    assert isinstance(worker.config()["workflow_runner"], UnsandboxedWorkflowRunner)
+    async with worker:
+        hermes = HermesClient(temporal_client, task_queue=settings.task_queue, redis=redis)
+        history, results = await record(hermes, session_id, f"carol-{uuid.uuid4().hex[:8]}")
+    assert [r.status for r in results] == ["completed"] * 6
+    assert results[4].reply == "You have 1 note(s)." and results[5].reply == "1024 and 2048."
+    for sandboxed in (True, False):
+        result = await replayer(sandboxed=sandboxed).replay_workflow(history)
+        assert result.replay_failure is None
 
 
 async def test_every_run_of_a_session_that_continued_as_new_replays(run_worker, session_id, temporal_client: Client):
