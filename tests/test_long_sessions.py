@@ -531,13 +531,14 @@ async def test_turns_the_summary_covers_leave_the_state_at_continue_as_new_and_s
     model = FactModel()
     async with run_worker(model, config=cfg) as hermes:
         for turn in range(1, 31):
-            assert (await asyncio.wait_for(hermes.send_message(session_id, fact(turn)), 30)).reply == f"ok {turn}"
+            # Generous: continue-as-new every 10 messages on a loaded machine.
+            assert (await asyncio.wait_for(hermes.send_message(session_id, fact(turn)), 120)).reply == f"ok {turn}"
         state = await hermes.get_state(session_id)
         held = await hermes.get_transcript(session_id, include_archived=False)
         everything = await hermes.get_transcript(session_id)
 
     assert state.run_index >= 2 and state.summary is not None
-    assert state.archived_messages > 0, "summarized turns were archived although the state was far under its byte budget"
+    assert state.archived_messages > 0, "summarized turns stayed in the state: only the byte budget archives"
     first_held = min(m.turn for m in held)
     assert first_held > 10, f"turns 1-{first_held - 1} left the state; the summary covers up to {state.summary.upto_turn}"
     assert [m.content for m in everything if m.role == "user"] == [fact(t) for t in range(1, 31)]

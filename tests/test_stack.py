@@ -57,6 +57,8 @@ def make_stack(data_dir: Path, *, temporal_port: int | None = None, redis_port: 
         redis_port=redis_port or free_port(),
         ui=False,
         search_attributes=SEARCH_ATTRIBUTES,
+        # A dev server on a 2-core machine running other suites took over 60 s to answer.
+        temporal_timeout_seconds=180.0,
     )
 
 
@@ -118,10 +120,11 @@ def test_stop_leaves_no_child_processes(tmp_path: Path) -> None:
     pids = list(stack.pids.values())
     assert len(pids) == 2 and all(is_running(pid) for pid in pids)
 
-    began = time.monotonic()
+    procs = dict(stack._procs)
     stack.stop()
-    # Well under the SIGKILL escalation: the children honoured SIGTERM.
-    assert time.monotonic() - began < stack.stop_timeout_seconds / 2
+    # The children honoured SIGTERM: none needed the SIGKILL escalation. (Not a time
+    # limit: under load a clean stop took 8 s and the test failed while nothing was wrong.)
+    assert all(p.returncode != -signal.SIGKILL for p in procs.values()), {n: p.returncode for n, p in procs.items()}
 
     for pid in pids:
         with pytest.raises(ProcessLookupError):
