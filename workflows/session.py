@@ -440,11 +440,13 @@ class SessionWorkflow:
         return (workflow.now() - self._last_active_at).total_seconds() < self._cfg.idle_after_seconds
 
     async def _archive_for_carry(self) -> bool:
-        """Make the state carried across continue-as-new fit ``max_carry_bytes``.
+        """Make the state carried across continue-as-new fit ``max_carry_bytes``, and
+        leave out the turns the running summary covers.
 
-        Moves the oldest whole turns (all of them if needed: no turn runs now) to the
-        transcript archive until the messages fit half the budget, and trims the resend
-        cache and the trace if the rest is still too large. Sizes are measured as the
+        Moves the turns the summary covers, and when over the budget the oldest whole
+        turns until the messages fit half of it (all of them if needed: no turn runs now),
+        to the transcript archive, and trims the resend cache and the trace if the rest is
+        still too large. Sizes are measured as the
         JSON the payload will be, escapes included.
 
         Returns:
@@ -453,13 +455,14 @@ class SessionWorkflow:
         """
         budget = self._cfg.max_carry_bytes
         summarized = self._summarized_prefix()
-        if self._carry_bytes() <= budget and not summarized:
+        over_budget = self._carry_bytes() > budget
+        if not over_budget and not summarized:
             return True
         sizes = [_message_bytes(m) for m in self._messages]
         starts = [i for i, m in enumerate(self._messages) if m.role == "user"] + [len(self._messages)]
         remaining = sum(sizes)
         cut = 0
-        for boundary in starts:
+        for boundary in starts if over_budget else ():
             if remaining <= budget // 2:
                 break
             remaining -= sum(sizes[cut:boundary])

@@ -13,8 +13,8 @@ import functools
 import logging
 import signal
 import sys
-from pathlib import Path
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from hermes.cli.errors import EXIT_INTERRUPTED, EXIT_UNAVAILABLE, CliError, fail, reported_errors

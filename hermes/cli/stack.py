@@ -180,16 +180,23 @@ def worker_env(settings: Settings, temporal_address: str, redis_url: str) -> lis
     return lines
 
 
-def _print_servers_banner(settings: Settings, servers: Any, codec_url: str | None) -> None:
+def _server_fields(settings: Settings, servers: Any) -> list[tuple[str, Any]]:
+    """The Temporal, Web UI and Redis lines of the dev banners, each saying whose it is."""
     temporal_is_mine = servers.stack is not None and settings.temporal_address is None
     redis_is_mine = servers.stack is not None and settings.redis_url is None
-    fields: list[tuple[str, Any]] = [
+    return [
         (
             "Temporal",
             f"{servers.temporal_address} (namespace {servers.namespace}, {'embedded' if temporal_is_mine else 'yours'})",
         ),
         ("Web UI", servers.ui_url or "(your Temporal's Web UI)"),
         ("Redis", f"{hide_password(servers.redis_url)} ({'embedded' if redis_is_mine else 'yours'})"),
+    ]
+
+
+def _print_servers_banner(settings: Settings, servers: Any, codec_url: str | None) -> None:
+    fields = [
+        *_server_fields(settings, servers),
         ("Codec server", codec_url or f"not started: port {settings.codec_port} is in use (set HERMES_CODEC_PORT)"),
         ("Workers", f"none in this process: start them with `hermes worker` (task queue {settings.task_queue})"),
     ]
@@ -236,16 +243,7 @@ async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str
 def _print_dev_banner(settings: Settings, servers: Any, model: str, codec_url: str | None = None) -> None:
     mine = "embedded" if servers.stack is not None else "yours"
     temporal_is_mine = servers.stack is not None and settings.temporal_address is None
-    redis_is_mine = servers.stack is not None and settings.redis_url is None
-    fields: list[tuple[str, Any]] = [
-        (
-            "Temporal",
-            f"{servers.temporal_address} (namespace {servers.namespace}, {'embedded' if temporal_is_mine else 'yours'})",
-        ),
-        ("Web UI", servers.ui_url or "(your Temporal's Web UI)"),
-        ("Redis", f"{hide_password(servers.redis_url)} ({'embedded' if redis_is_mine else 'yours'})"),
-        ("Worker", f"task queue {settings.task_queue}, model {model}"),
-    ]
+    fields = [*_server_fields(settings, servers), ("Worker", f"task queue {settings.task_queue}, model {model}")]
     if codec_url is None:
         fields.append(
             (
