@@ -16,6 +16,7 @@ from typing import Any
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
+from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import beat, heartbeating
 from hermes import names
@@ -36,6 +37,26 @@ from hermes.tools.arguments import MAX_NESTING, _nesting
 log = logging.getLogger("hermes.activities.model")
 
 MAX_REPLY_BYTES = 256_000
+SESSION_QUERY_PATIENCE_SECONDS = 60.0
+"""How long a model call keeps asking its session for context it cannot find in the
+content store (Redis down or flushed) before the attempt fails: a Redis outage of
+20-30 s, or a session whose worker is busy or was just killed, costs the turn a wait,
+not its answer. The call heartbeats meanwhile; ``model_timeout_seconds`` (120 s) still
+bounds it."""
+SESSION_QUERY_RPC_SECONDS = 10.0
+"""Each query's own RPC deadline."""
+_FINAL_QUERY_STATUSES = frozenset(
+    {
+        RPCStatusCode.NOT_FOUND,
+        RPCStatusCode.INVALID_ARGUMENT,
+        RPCStatusCode.PERMISSION_DENIED,
+        RPCStatusCode.UNAUTHENTICATED,
+        RPCStatusCode.UNIMPLEMENTED,
+    }
+)
+"""Query failures that another try cannot change (the session is gone, or the request is
+wrong); every other one (a timeout, an unavailable server, a workflow task in failed
+state) is retried within :data:`SESSION_QUERY_PATIENCE_SECONDS`."""
 """A model reply larger than this (UTF-8) is stored by reference; the session keeps a
 preview (activity results must stay under Temporal's 2 MB payload limit)."""
 
@@ -179,6 +200,32 @@ class ModelActivities:
         except Exception as err:  # noqa: BLE001 - a cache: never fails the call
             log.warning("content store write failed: %s", err)
 
+    async def _ask_session(self, session_id: str, query: str, args: list[Any], result_type: Any) -> Any:
+        """The session's answer to ``query``: transient failures (a query that timed out,
+        Temporal unavailable) are retried with backoff, 0.5 s doubling to 5 s, for up to
+        :data:`SESSION_QUERY_PATIENCE_SECONDS`.
+
+        Raises:
+            RPCError: a final failure (:data:`_FINAL_QUERY_STATUSES`), or the last one
+                once the patience is spent.
+            WorkflowQueryFailedError: the session's query handler refused.
+        """
+        handle = self.client.get_workflow_handle(session_id)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + SESSION_QUERY_PATIENCE_SECONDS
+        delay = 0.5
+        while True:
+            try:
+                return await handle.query(
+                    query, args=args, result_type=result_type, rpc_timeout=timedelta(seconds=SESSION_QUERY_RPC_SECONDS)
+                )
+            except RPCError as err:
+                if err.status in _FINAL_QUERY_STATUSES or loop.time() + delay > deadline:
+                    raise
+                log.warning("session %s did not answer %s (%s); asking again in %.1f s", session_id, query, err, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     async def resolve(self, session_id: str, refs: list[str], *, keep_extra: bool = False) -> dict[str, str]:
         """Texts of ``refs``: from the store, then from the session (and stored; with
         ``keep_extra``, what else the session sent along is stored too).
@@ -189,10 +236,11 @@ class ModelActivities:
         found = await self._store_get(refs)
         missing = [r for r in dict.fromkeys(refs) if r not in found]
         if missing and self.client is not None:
-            handle = self.client.get_workflow_handle(session_id)
             fetched: dict[str, str] = {}
             for start in range(0, len(missing), 500):
-                answer = await handle.query(names.GET_MESSAGE_BODIES, missing[start : start + 500], result_type=dict[str, str])
+                answer = await self._ask_session(
+                    session_id, names.GET_MESSAGE_BODIES, [missing[start : start + 500]], dict[str, str]
+                )
                 fetched.update(answer)
             found.update(fetched)
             await self._store_put(fetched if keep_extra else {r: fetched[r] for r in missing if r in fetched})
@@ -294,9 +342,8 @@ class ModelActivities:
         """
         refs = None
         if self.client is not None and request.step is not None:
-            handle = self.client.get_workflow_handle(request.session_id)
-            refs = await handle.query(
-                names.GET_MODEL_CONTEXT, args=[request.turn, request.step], result_type=list[str] | None
+            refs = await self._ask_session(
+                request.session_id, names.GET_MODEL_CONTEXT, [request.turn, request.step], list[str] | None
             )
         if not refs:
             raise ApplicationError(

@@ -62,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -m bench.soa
 from _common import headline, parser, run  # noqa: E402, I001 - also puts the repository on sys.path
 
 from hermes.client import HermesClient  # noqa: E402
+from hermes.durable import DurableStore  # noqa: E402
 from hermes.models import SessionConfig  # noqa: E402
 from hermes.errors import MessageRejectedError, SessionClosedError  # noqa: E402
 from hermes.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
@@ -230,6 +231,38 @@ async def session_loop(
         tally.done += 1
 
 
+async def history_counts(client: Any, workflow_ids: list[str]) -> collections.Counter[str]:
+    """What the sessions' histories (every run) say about moves and retries.
+
+    ``sticky timeout``: a workflow task its cached worker did not start within the
+    sticky schedule-to-start timeout, so another worker took it (and replayed the run);
+    ``<activity> retried after ...``: attempts after the first, by activity type and the
+    last failure's kind (a heartbeat timeout is a worker that looked dead)."""
+    from temporalio.api.enums.v1 import EventType, TimeoutType
+
+    counts: collections.Counter[str] = collections.Counter()
+    for workflow_id in workflow_ids:
+        async for run in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
+            history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
+            scheduled: dict[int, str] = {}
+            for event in history.events:
+                if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_TIMED_OUT:
+                    kind = event.workflow_task_timed_out_event_attributes.timeout_type
+                    counts["sticky timeout" if kind == TimeoutType.TIMEOUT_TYPE_SCHEDULE_TO_START else
+                           f"workflow task timeout ({TimeoutType.Name(kind)})"] += 1
+                elif event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                    counts["workflow task failed"] += 1
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    scheduled[event.event_id] = event.activity_task_scheduled_event_attributes.activity_type.name
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED:
+                    attrs = event.activity_task_started_event_attributes
+                    if attrs.attempt > 1:
+                        failure = attrs.last_failure
+                        why = "heartbeat timeout" if "heartbeat" in (failure.message or "").lower() else (failure.message or "?")[:40]
+                        counts[f"{scheduled.get(attrs.scheduled_event_id, '?')} retried after {why}"] += attrs.attempt - 1
+    return counts
+
+
 def check_transcript(messages: list[Any], sent: dict[str, str]) -> tuple[list[str], list[str]]:
     """(lost, duplicated) client message ids of one session."""
     users: collections.Counter[str] = collections.Counter()
@@ -330,7 +363,11 @@ async def main() -> None:
     if args.replay_budget_events is not None:
         config = config.model_copy(update={"replay_budget_events": args.replay_budget_events})
         print(f"sessions' replay budget: {args.replay_budget_events} events", flush=True)
-    hermes = HermesClient(env_server.client, task_queue=task_queue, redis=redis, config=config)
+    # As HermesClient.connect gives it: the workers' durable store too (what a worker
+    # archived while Redis was down is only there).
+    hermes = HermesClient(
+        env_server.client, task_queue=task_queue, redis=redis, config=config, durable=DurableStore(str(tmp / "data" / "memory"))
+    )
     tally = Tally()
     run_id = f"{os.getpid()}"
     samples: list[tuple[float, int, int]] = []
@@ -414,6 +451,7 @@ async def main() -> None:
         await asyncio.sleep(5.0)
         rss_quiet = rss_kib(survivor)
 
+        moves = await history_counts(env_server.client, list(tally.sent))
         lost: list[str] = []
         duplicated: list[str] = []
         for session_id, sent in tally.sent.items():
@@ -437,6 +475,9 @@ async def main() -> None:
             print(f"'Future exception was never retrieved' (client side, not printed): {dict(unretrieved)}")
         if tally.wrong_replies:
             print(f"replies not quoting their message: {len(tally.wrong_replies)}, e.g. {tally.wrong_replies[:3]}")
+        print("from the sessions' histories (every run, warm-up included):")
+        for kind, count in sorted(moves.items()) or [("nothing retried, no sticky timeout", 0)]:
+            print(f"  {count:5d}  {kind}")
         print("worker A RSS over the measured phase (seconds, turns, MiB):")
         print("  " + ", ".join(f"{s:.0f}s/{n}/{r / 1024:.0f}" for s, n, r in samples))
         print(f"worker A RSS: start (after {warm_turns} warm-up turns) {rss_start / 1024:.1f} MiB, "

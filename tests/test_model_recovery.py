@@ -468,3 +468,68 @@ async def test_a_worker_stopped_mid_model_call_finishes_it_and_the_provider_is_c
     await until(lambda: first.poll() is not None, "the stopped worker to exit", tmp_path, timeout_seconds=30)
     assert first.returncode == 0, worker_log(tmp_path)
     assert second.poll() is None
+
+
+# ------------------- the context a model call needs, when only its session has it
+
+
+async def test_a_model_call_asks_its_session_again_until_it_answers_and_then_gets_its_reply(
+    run_worker, temporal_client, session_id, monkeypatch, caplog
+):
+    """Redis is down (no content store) and the session's worker is away for a few
+    seconds (killed, or busy on a loaded machine): the call's queries for the context
+    time out; it asks again with backoff instead of failing the attempt (which, five
+    times in a row, used to end the turn with "The model could not answer"), and answers
+    once a worker serves the session again."""
+    import activities.model as model_module
+    from hermes.blobs import BlobStore
+    from hermes.providers.scripted import ScriptedModel
+
+    script = {"turns": [{"match": ".*", "steps": [{"reply": "reply to {{ user }}"}]}]}
+    async with run_worker(script) as hermes:
+        await hermes.send_message(session_id, "what the session alone keeps", user_id="u")
+    history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    [request] = [
+        CallModelInput.model_validate_json(e.activity_task_scheduled_event_attributes.input.payloads[0].data)
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == names.CALL_MODEL
+    ]
+    assert request.context_ref and not request.messages, "the call carries references, not bodies"
+
+    monkeypatch.setattr(model_module, "SESSION_QUERY_RPC_SECONDS", 2.0, raising=False)
+    activities = ModelActivities(ScriptedModel.from_dict(script), store=BlobStore(None), client=temporal_client)
+    back = asyncio.Event()
+    done = asyncio.Event()
+
+    async def worker_back_later() -> None:
+        await asyncio.sleep(4)
+        async with run_worker(script):
+            back.set()
+            await done.wait()
+
+    returning = asyncio.create_task(worker_back_later())
+    try:
+        result = await asyncio.wait_for(ActivityEnvironment().run(activities.call_model, request), 60)
+    finally:
+        done.set()
+        await returning
+    assert back.is_set()
+    assert result.message.content == "reply to what the session alone keeps"
+    assert any("asking again" in r.getMessage() for r in caplog.records), "the first queries found no worker"
+
+
+async def test_a_model_call_does_not_wait_on_a_session_that_does_not_exist(temporal_client, monkeypatch):
+    """NOT_FOUND is final: no patience is spent on a session that is gone."""
+    from hermes.blobs import BlobStore
+    from hermes.providers.scripted import ScriptedModel
+
+    activities = ModelActivities(
+        ScriptedModel.from_dict({"turns": []}), store=BlobStore(None), client=temporal_client
+    )
+    request = CallModelInput(session_id="no-such-session-" + os.urandom(4).hex(), turn=1, context_ref="c" * 64, step=0)
+    started = time.monotonic()
+    with pytest.raises(Exception) as caught:
+        await ActivityEnvironment().run(activities.call_model, request)
+    assert time.monotonic() - started < 10, "a missing session is not asked again"
+    assert "not found" in str(caught.value).lower() or "ContextResolutionError" in repr(caught.value), caught.value
