@@ -95,7 +95,7 @@ def build_worker(
     provider: ModelProvider | None = None,
     registry: ToolRegistry | None = None,
     redis: Any = None,
-    max_cached_workflows: int = 1000,
+    max_cached_workflows: int | None = None,
     mcp: Any = None,
     memory: Any = True,
     durable: DurableStore | None = None,
@@ -109,7 +109,8 @@ def build_worker(
         provider: the model; by default the one the settings choose.
         registry: the tools; by default built-ins plus ``settings.tool_modules``.
         redis: a ``redis.asyncio.Redis``; by default one for ``settings.redis_url``.
-        max_cached_workflows: 0 makes every workflow task replay from history.
+        max_cached_workflows: overrides ``settings.max_cached_workflows``; 0 makes every
+            workflow task replay from history.
         mcp: a :class:`hermes.mcp.tools.McpToolset` whose servers' tools are offered too
             (the caller closes its manager); see :func:`open_mcp`.
         memory: True: long-term memory as the settings say (``memory_enabled``, the store
@@ -162,7 +163,7 @@ def build_worker(
             audit.record_approval_audit,
             *(memory_activities.activities() if memory_activities is not None else []),
         ],
-        max_cached_workflows=max_cached_workflows,
+        max_cached_workflows=settings.max_cached_workflows if max_cached_workflows is None else max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
         max_concurrent_activities=settings.max_concurrent_activities,
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),

@@ -1,6 +1,6 @@
 """Soak: many sessions, thousands of turns, two faults; no turn lost or duplicated, worker memory flat.
 
-    python bench/soak.py --quick     # 50 sessions x 50 turns after the warm-up, a few minutes on 2 cores
+    python bench/soak.py --quick     # 50 sessions x 50 turns after the warm-up, about 20 minutes on 2 cores
     python bench/soak.py             # 50 sessions x 300 turns
     python bench/soak.py --turns 100 --sessions 20 --redis-down-seconds 30
 
@@ -22,10 +22,15 @@ message id, with backoff, up to a deadline; the errors are counted by type.
 
 Phases:
 
-1. warm-up: ``--warmup`` turns per session (default 10); then worker A's RSS is read
-   (``VmRSS`` of ``/proc/<pid>/status``): the start figure, after the warm-up, so that
-   imports, the embedding model, the workflow cache of every session and the first
-   allocations of every path are in it.
+1. warm-up: ``--warmup`` turns per session (default 10), then more until every session
+   has continued as new once (its run reached the replay budget, about 40 turns): the
+   largest a cached session gets. Then worker A's RSS is read (``VmRSS`` of
+   ``/proc/<pid>/status``): the start figure, so that imports, the embedding model, the
+   workflow cache of every session at its full size and the first allocations of every
+   path (continue-as-new and the transcript archive included) are in it. A growth past
+   it is a leak or a cache without bound. ``--cold-start`` reads it right after the
+   ``--warmup`` turns instead: that growth is mostly the sessions' runs filling up to
+   the replay budget (bench/README.md).
 2. measured: ``--turns`` turns per session. At a third of them worker B is SIGKILLed
    (its process group) and a replacement started; at two thirds Redis is stopped for
    ``--redis-down-seconds`` (default 20) and started again on the same data.
@@ -105,6 +110,8 @@ SCRIPT: dict[str, Any] = {
     ],
 }
 KINDS = ("calc", "time", "chat")
+MAX_WARMUP_TURNS = 200
+"""A warm-up that waits for a session's continue-as-new stops here anyway."""
 FILLER = "please keep track of this conversation; it is part of a long-running soak of the session runtime"
 
 
@@ -193,6 +200,8 @@ class Tally:
     replies: dict[str, str] = field(default_factory=dict)
     """client message id -> the reply the client got."""
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
+    next: dict[str, int] = field(default_factory=dict)
+    """session_id -> the number of its next message."""
     wrong_replies: list[str] = field(default_factory=list)
     done: int = 0
 
@@ -216,11 +225,26 @@ async def send(hermes: HermesClient, session_id: str, user_id: str, cid: str, te
 
 
 async def session_loop(
-    hermes: HermesClient, index: int, first: int, count: int, tally: Tally, run_id: str, deadline_seconds: float
+    hermes: HermesClient,
+    index: int,
+    count: int,
+    tally: Tally,
+    run_id: str,
+    deadline_seconds: float,
+    *,
+    until_continued: bool = False,
 ) -> None:
+    """``count`` turns of one session, numbered on from its last one; with
+    ``until_continued``, more until the session has continued as new once (at most
+    :data:`MAX_WARMUP_TURNS` in all), so its run has reached its largest size."""
     session_id = f"soak-{run_id}-{index:03d}"
     sent = tally.sent.setdefault(session_id, {})
-    for n in range(first, first + count):
+    n = tally.next.get(session_id, 0)
+    target = n + count
+    while True:
+        if n >= target:
+            if not until_continued or n >= MAX_WARMUP_TURNS or (await hermes.get_state(session_id)).run_index >= 1:
+                break
         cid = f"{session_id}:{n}"
         text = message_text(index, n)
         reply = await send(hermes, session_id, f"soak-user-{index:03d}", cid, text, tally, deadline_seconds)
@@ -229,6 +253,8 @@ async def session_loop(
         if not reply.startswith(f"reply to [{text}]"):
             tally.wrong_replies.append(f"{cid}: {reply[:120]!r}")
         tally.done += 1
+        n += 1
+        tally.next[session_id] = n
 
 
 async def history_counts(client: Any, workflow_ids: list[str]) -> collections.Counter[str]:
@@ -286,7 +312,14 @@ async def main() -> None:
     p = parser(__doc__.splitlines()[0])
     p.add_argument("--sessions", type=int, default=50)
     p.add_argument("--turns", type=int, default=None, help="measured turns per session (default 300; --quick 50)")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up turns per session, before the start RSS")
+    p.add_argument(
+        "--warmup", type=int, default=10,
+        help="warm-up turns per session, before the start RSS (then more, until each session has continued as new once)",
+    )
+    p.add_argument(
+        "--cold-start", action="store_true",
+        help="the start RSS right after --warmup turns, before the sessions' runs have reached their largest size",
+    )
     p.add_argument("--redis-down-seconds", type=float, default=20.0)
     p.add_argument("--no-faults", action="store_true", help="no worker kill, no Redis outage")
     p.add_argument("--memory", choices=("on", "off"), default="on", help="long-term memory in the workers")
@@ -381,7 +414,10 @@ async def main() -> None:
 
         t0 = time.monotonic()
         await asyncio.gather(
-            *(session_loop(hermes, i, 0, args.warmup, tally, run_id, 300.0) for i in range(args.sessions))
+            *(
+                session_loop(hermes, i, args.warmup, tally, run_id, 300.0, until_continued=not args.cold_start)
+                for i in range(args.sessions)
+            )
         )
         warm_turns = tally.done
         warm_seconds = time.monotonic() - t0
@@ -437,7 +473,7 @@ async def main() -> None:
         watcher = asyncio.ensure_future(watch())
         try:
             await asyncio.gather(
-                *(session_loop(hermes, i, args.warmup, turns, tally, run_id, 600.0) for i in range(args.sessions))
+                *(session_loop(hermes, i, turns, tally, run_id, 600.0) for i in range(args.sessions))
             )
         finally:
             watcher.cancel()

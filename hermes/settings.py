@@ -110,6 +110,14 @@ class Settings(BaseSettings):
     the time to the reply (bench/recovery.py): 1 s, with replays bounded by the replay
     budget, keeps that at most 4 s. A worker too busy to poll its sticky queue within it
     costs a replay on another worker."""
+    max_cached_workflows: int = Field(default=1000, ge=0)
+    """Workflow runs (sessions, memory writers) a worker keeps in memory between their
+    workflow tasks; the least recently used one leaves first and is replayed from history
+    when it next has work (0: every task replays). What a cached session costs: about
+    0.6 MiB, plus about 35 KB a turn since its last continue-as-new, so at most about
+    2 MiB at the default replay budget of 1,000 events (``bench/soak.py``, issue 12);
+    a worker's memory is its base (about 180 MB, 430 MB with long-term memory loaded)
+    plus that times the sessions it serves, bounded by this."""
     workflow_sandbox: bool = True
     """Run workflow code in Temporal's sandbox, which re-imports the workflow modules for
     every run it starts or replays and checks the calls they make. ``false``

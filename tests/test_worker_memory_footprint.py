@@ -135,3 +135,18 @@ def test_the_durable_store_and_the_memory_store_share_one_capped_lancedb_session
     sessions = lancedb_sessions
     assert len(sessions) == 2 and sessions[0] is sessions[1] is lance.shared_session()
     assert 0 < sessions[0].size_bytes <= lance.METADATA_CACHE_BYTES + lance.INDEX_CACHE_BYTES
+
+
+async def test_the_workflow_cache_is_bounded_by_the_setting_and_a_caller_can_override_it(temporal_client, settings):
+    """``HERMES_MAX_CACHED_WORKFLOWS`` bounds how many session runs a worker keeps (each up to
+    about 2 MiB at the default replay budget); ``build_worker``'s argument wins over it."""
+    from worker import build_worker
+
+    assert Settings().max_cached_workflows == 1000
+    bounded = settings.model_copy(update={"max_cached_workflows": 40})
+    assert build_worker(temporal_client, bounded, memory=False).config()["max_cached_workflows"] == 40
+    # One worker per task queue per process: the second on its own queue.
+    other = build_worker(temporal_client, bounded, memory=False, task_queue=settings.task_queue + "-b", max_cached_workflows=0)
+    assert other.config()["max_cached_workflows"] == 0
+    with pytest.raises(ValueError, match="max_cached_workflows"):
+        Settings(max_cached_workflows=-1)
