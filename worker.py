@@ -183,14 +183,12 @@ def _memory_activities(
     if memory is False or (memory is True and not settings.memory_enabled):
         return None
     if memory is True:
-        from hermes.memory.service import open_store
-
-        factory = lambda: open_store(settings)  # noqa: E731
+        factory = PreloadedEmbedder(settings).open_store
     elif callable(memory):
         factory = memory
     else:
         factory = lambda: memory  # noqa: E731
-    return MemoryActivities(
+    activities = MemoryActivities(
         factory,
         provider=provider,
         client=client,
@@ -201,6 +199,10 @@ def _memory_activities(
         heartbeat_seconds=settings.model_heartbeat_seconds,
         judge_max_calls=settings.resolved_memory_judge_max_calls,
     )
+    # Every way of running a worker (python worker.py, hermes worker/dev/demo, tests)
+    # starts loading the store and its embedding model now, not in its first turns.
+    activities.open_in_background()
+    return activities
 
 
 class PreloadedEmbedder:
@@ -217,6 +219,7 @@ class PreloadedEmbedder:
     def __init__(self, settings: Settings):
         self._settings = settings
         self._embedder: Any = None
+        self._warmed = False
         self._lock = threading.Lock()
 
     def get(self) -> Any:
@@ -233,20 +236,27 @@ class PreloadedEmbedder:
             return self._embedder
 
     def preload(self) -> None:
-        """Make the embedder and load its model; a failure is logged, not raised (the
-        memory activities meet it again, as without a preload)."""
+        """Make the embedder and load its model, once (later calls return at once); a
+        failure is logged, not raised (the memory activities meet it again, as without a
+        preload)."""
         try:
             embedder = self.get()
-            warm = getattr(embedder, "warm", None)
-            if warm is not None:
-                warm()
+            with self._lock:
+                if self._warmed:
+                    return
+                warm = getattr(embedder, "warm", None)
+                if warm is not None:
+                    warm()
+                self._warmed = True
         except Exception:  # noqa: BLE001 - the activities report it where it matters
             log.warning("memory embedder not preloaded", exc_info=True)
 
     def open_store(self) -> Any:
-        """The memory store of the settings, with this embedder."""
+        """The memory store of the settings, with this embedder, its model loaded first
+        (so that a search after it never waits on the model)."""
         from hermes.memory.service import open_store
 
+        self.preload()
         return open_store(self._settings, self.get())
 
 
@@ -295,13 +305,7 @@ async def run_worker(
     provider = make_provider(settings)
     registry = load_registry(settings)
     mcp = open_mcp(settings, registry)
-    memory: Any = True
-    preloading: asyncio.Future[None] | None = None
-    if settings.memory_enabled:
-        embedder = PreloadedEmbedder(settings)
-        memory = embedder.open_store
-        preloading = asyncio.ensure_future(asyncio.to_thread(embedder.preload))
-    worker = build_worker(client, settings, provider=provider, registry=registry, mcp=mcp, memory=memory)
+    worker = build_worker(client, settings, provider=provider, registry=registry, mcp=mcp)
     if settings.memory_enabled:
         from hermes.memory.service import ensure_consolidation_schedule
 
@@ -324,8 +328,6 @@ async def run_worker(
                 settings.resolved_worker_shutdown_seconds,
             )
     finally:
-        if preloading is not None:
-            await preloading  # a thread: it cannot be cancelled, and it logs its own failure
         if mcp is not None:
             await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
 

@@ -59,10 +59,13 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
     @functools.wraps(function)
     async def bounded(*args: Any, **kwargs: Any) -> Any:
+        scope = asyncio.timeout(seconds)
         try:
-            async with asyncio.timeout(seconds):
+            async with scope:
                 return await function(*args, **kwargs)
         except TimeoutError as err:
+            if not scope.expired():
+                raise  # the test's own wait timed out: its error, not the per-test limit
             raise TimeoutError(f"{item.nodeid} did not finish within {seconds:.0f} s (per-test timeout)") from err
 
     item.obj = bounded  # type: ignore[attr-defined]

