@@ -99,13 +99,15 @@ class _SessionAnswering:
     def get_workflow_handle(self, session_id: str) -> "_SessionAnswering":
         return self
 
-    async def query(self, name: str, arg=None, *, args=(), result_type=None):  # noqa: ANN001
+    async def query(self, name: str, arg=None, *, args=(), result_type=None, rpc_timeout=None):  # noqa: ANN001
+        """As ``WorkflowHandle.query``: one positional argument or ``args``."""
         from hermes import names
 
         self.queries.append(name)
         if name == names.GET_MODEL_CONTEXT:
             return self.refs if list(args) == [3, 1] else None
-        return {r: self.bodies[r] for r in (arg or []) if r in self.bodies}
+        wanted = arg if arg is not None else (args[0] if args else [])
+        return {r: self.bodies[r] for r in wanted if r in self.bodies}
 
 
 async def test_a_model_call_whose_recorded_context_the_session_no_longer_knows_gets_the_current_one():
