@@ -169,6 +169,9 @@ class MemoryActivities:
         self._store_lock = threading.Lock()
         self._opened = threading.Event()
         self._opening: threading.Thread | None = None
+        self._opening_lock = threading.Lock()
+        """Guards ``_opening`` only: the store lock is held for the whole open (38 s at
+        load 15), and a search on the event loop must never wait on it."""
         self._open_error: str = ""
         self.provider = provider
         self.client = client
@@ -192,7 +195,7 @@ class MemoryActivities:
         turns do not wait on it. Opening a new store took 2-4 s on a quiet 2-core machine
         and 38 s (plus 26 s for the embedding model) at load 15. A failure is logged and
         kept for :meth:`search_memories` to report; the next use tries again."""
-        with self._store_lock:
+        with self._opening_lock:
             if self._store is not None or (self._opening is not None and self._opening.is_alive()):
                 return
 

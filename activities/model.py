@@ -37,6 +37,8 @@ from hermes.tools.arguments import MAX_NESTING, _nesting
 log = logging.getLogger("hermes.activities.model")
 
 MAX_REPLY_BYTES = 256_000
+"""A model reply larger than this (UTF-8) is stored by reference; the session keeps a
+preview (activity results must stay under Temporal's 2 MB payload limit)."""
 SESSION_QUERY_PATIENCE_SECONDS = 60.0
 """How long a model call keeps asking its session for context it cannot find in the
 content store (Redis down or flushed) before the attempt fails: a Redis outage of
@@ -57,8 +59,6 @@ _FINAL_QUERY_STATUSES = frozenset(
 """Query failures that another try cannot change (the session is gone, or the request is
 wrong); every other one (a timeout, an unavailable server, a workflow task in failed
 state) is retried within :data:`SESSION_QUERY_PATIENCE_SECONDS`."""
-"""A model reply larger than this (UTF-8) is stored by reference; the session keeps a
-preview (activity results must stay under Temporal's 2 MB payload limit)."""
 
 SUMMARY_INSTRUCTION = (
     "You maintain the running summary of a conversation between a user and an assistant. "

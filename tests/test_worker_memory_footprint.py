@@ -3,6 +3,7 @@ loaded once at start, not in whichever activity first needs it; LanceDB's caches
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -169,18 +170,22 @@ async def test_a_search_never_holds_a_turn_on_a_store_still_opening_and_finds_on
                                  value="Zurich", source="cli", created_at=datetime.now(timezone.utc))])
     monkeypatch.setattr(memory_module, "STORE_WAIT_SECONDS", 0.5)
     release = threading.Event()
+    entered = threading.Event()
 
     def slow_open() -> MemoryStore:
+        entered.set()
         assert release.wait(30), "the test never released the store"
         return store
 
     activities = MemoryActivities(slow_open)
     activities.open_in_background()
+    assert entered.wait(10), "the store did not start opening"
     activities.open_in_background()  # a second call while it opens starts nothing more
     env = ActivityEnvironment()
     query = SearchMemoriesInput(user_id="u", query="where does the user live")
 
-    early = await env.run(activities.search_memories, query)
+    # While the opening thread holds the store: the search (on the event loop) must not wait on it.
+    early = await asyncio.wait_for(env.run(activities.search_memories, query), 10)
     assert early.memories == [] and "still opening" in early.error
 
     release.set()
