@@ -318,6 +318,55 @@ def backoff_seconds(attempt: int, *, first: float = _FIRST_DELAY_SECONDS, cap: f
     return delay / 2 + random.uniform(0, delay / 2)
 
 
+DEFAULT_MAX_IN_FLIGHT_PER_SESSION = 8
+"""Messages of one session a client keeps in flight at once. Temporal admits at most 10
+updates in flight per workflow (the server's ``history.maxInFlightUpdates``); a refusal
+there is not only a refusal: on the dev server measured (issue 12's flood, 100 messages at
+once to one session) every one came with about ten "workflow update was aborted" of the
+session's admitted updates, so a flood past the limit took no message at all for minutes.
+Kept below the limit, the rest wait in the client, where "busy" is certain: never sent."""
+
+
+class _SessionSlots:
+    """At most ``limit`` messages in flight per session from this client; entries of
+    sessions with nothing in flight are dropped (bounded by what is in flight)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._held: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
+
+    async def acquire(self, session_id: str, timeout: float) -> _Slot | None:
+        """A slot of ``session_id``, waiting at most ``timeout`` seconds; None if none
+        came free in time."""
+        semaphore, users = self._held.setdefault(session_id, (asyncio.Semaphore(self.limit), [0]))
+        users[0] += 1
+        try:
+            async with asyncio.timeout(max(timeout, 0.0)):
+                await semaphore.acquire()
+        except TimeoutError:
+            self._leave(session_id, users)
+            return None
+        except BaseException:
+            self._leave(session_id, users)
+            raise
+        return _Slot(lambda: (semaphore.release(), self._leave(session_id, users)))
+
+    def _leave(self, session_id: str, users: list[int]) -> None:
+        users[0] -= 1
+        if users[0] == 0:
+            self._held.pop(session_id, None)
+
+
+class _Slot:
+    def __init__(self, release: Callable[[], Any]):
+        self._release: Callable[[], Any] | None = release
+
+    def release(self) -> None:
+        if self._release is not None:
+            self._release()
+            self._release = None
+
+
 class HermesClient:
     """Talks to session workflows.
 
@@ -336,9 +385,13 @@ class HermesClient:
         durable: optional :class:`hermes.durable.DurableStore` (the workers' one, e.g. at
             ``settings.resolved_memory_uri``): large messages are kept there by reference,
             and archived transcripts, snapshots and the audit log are read from it.
+        max_in_flight_per_session: messages of one session this client sends at once
+            (default 8, below Temporal's 10 updates in flight per workflow: see
+            :data:`DEFAULT_MAX_IN_FLIGHT_PER_SESSION`); more wait for a slot, within their
+            ``busy_timeout_seconds``.
 
     Raises:
-        ValueError: ``retry_timeout_seconds`` is not positive.
+        ValueError: ``retry_timeout_seconds`` is not positive, or ``max_in_flight_per_session`` below 1.
     """
 
     def __init__(
@@ -350,15 +403,20 @@ class HermesClient:
         config: SessionConfig | None = None,
         retry_timeout_seconds: float = DEFAULT_RETRY_TIMEOUT_SECONDS,
         durable: DurableStore | None = None,
+        max_in_flight_per_session: int = DEFAULT_MAX_IN_FLIGHT_PER_SESSION,
     ):
         if not retry_timeout_seconds > 0:
             raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
+        if max_in_flight_per_session < 1:
+            raise ValueError(f"max_in_flight_per_session must be at least 1, got {max_in_flight_per_session!r}")
         self.client = client
         self.task_queue = task_queue
         self.redis = redis
         self.config = config or SessionConfig()
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
+        self.max_in_flight_per_session = max_in_flight_per_session
+        self._slots = _SessionSlots(max_in_flight_per_session)
 
     @classmethod
     async def connect(
@@ -510,12 +568,39 @@ class HermesClient:
         cid = client_message_id or f"msg-{uuid.uuid4()}"
         loop = asyncio.get_running_loop()
         busy_deadline = loop.time() + busy_timeout_seconds
+        slot = await self._slots.acquire(session_id, busy_deadline - loop.time())
+        if slot is None:
+            raise SessionBusyError(
+                f"session {session_id!r} is busy ({self.max_in_flight_per_session} messages of it already in flight "
+                "from this client); the message was not sent, retry later"
+            )
+        try:
+            return await self._send(session_id, text, stored, cid, user_id, channel, config, busy_deadline)
+        finally:
+            slot.release()
+
+    async def _send(
+        self,
+        session_id: str,
+        text: str,
+        stored: StoredContent | None,
+        cid: str,
+        user_id: str,
+        channel: str,
+        config: SessionConfig,
+        busy_deadline: float,
+    ) -> TurnResult:
+        """The attempts of :meth:`send_message` (its docstring says what they raise)."""
+        loop = asyncio.get_running_loop()
         # When the current run of transient failures began (None: none since the
         # session last answered).
         outage_since: float | None = None
         # Whether any attempt failed after the message could have been recorded: then
         # "busy" would be a guess, and the client never says it.
         may_have_been_taken = False
+        # Whether the last refusal came from the session itself (its validator), not
+        # from Temporal alone (updates in flight, a closing run).
+        refused_by_session = False
         attempt = 0
         resume: SessionCarry | None = None
         while True:
@@ -558,6 +643,7 @@ class HermesClient:
                 kind = classify_failure(err, admitted=admitted)
                 reason = _describe(err)
                 failure: BaseException = err
+                refused_by_session = isinstance(err, WorkflowUpdateFailedError)
             if kind == "fatal":
                 documented = documented_error(failure, session_id)
                 if documented is None:
@@ -597,11 +683,52 @@ class HermesClient:
                         last_error=reason,
                     ) from failure
             elif now + delay > busy_deadline:
-                raise SessionBusyError(
-                    f"session {session_id!r} is busy ({reason}); the message was not taken, retry later"
-                )
+                # The session's own refusal came after every earlier attempt reached it (in
+                # the order Temporal admitted them): it settles the message as not taken.
+                # A refusal from Temporal alone does not; then the session is asked.
+                if refused_by_session or not await self._taken(session_id, cid, reason):
+                    raise SessionBusyError(
+                        f"session {session_id!r} is busy ({reason}); the message was not taken, retry later"
+                    )
+                # An attempt hidden from this client (admitted, aborted, delivered again) was
+                # taken after all: resend under the same id, which only waits for its reply.
+                may_have_been_taken = True
+                outage_since = loop.time()
             await asyncio.sleep(delay)
             attempt += 1
+
+    async def _taken(self, session_id: str, cid: str, reason: str) -> bool:
+        """Whether the session took message ``cid``, asked before it is reported busy
+        after refusals that came from Temporal, not from the session (see the session's
+        ``settle_message``).
+
+        Raises:
+            SessionUnavailableError: the session did not answer (``may_have_been_taken``):
+                resend under the same id.
+        """
+
+        async def attempt() -> bool:
+            try:
+                return await self.handle(session_id).execute_update(
+                    names.SETTLE_MESSAGE, cid, id=f"settle-{uuid.uuid4()}", result_type=bool
+                )
+            except WorkflowUpdateFailedError as err:
+                if isinstance(err.cause, ApplicationError) and err.cause.type == "MessageNotTaken":
+                    return False
+                raise
+
+        try:
+            return await self._call(session_id, "settle_message", attempt)
+        except HermesError as err:
+            raise SessionUnavailableError(
+                f"session {session_id!r} stayed busy ({reason}) and did not say whether it took the message "
+                f"({err}); resend it with the same client message id {cid!r} to get its reply "
+                "(a new id could run it twice)",
+                session_id=session_id,
+                client_message_id=cid,
+                may_have_been_taken=True,
+                last_error=str(err),
+            ) from err
 
     async def _archived_snapshot(self, session_id: str) -> SessionCarry | None:
         """The snapshot of a session archived after a long idle time (None if the session

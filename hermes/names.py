@@ -41,6 +41,9 @@ OPTIMIZE_MEMORIES = "optimize_memories"
 
 # Updates
 SEND_MESSAGE = "send_message"
+SETTLE_MESSAGE = "settle_message"
+"""Session: whether it took a message its client is about to report busy (accepted: taken;
+refused by its validator: not taken, and no copy sent before can be taken later)."""
 FORGET_USER = "forget_user"
 """Memory writer: drop the pending candidates and delete every row of the user."""
 WRITE_MEMORIES_NOW = "write_memories_now"

@@ -9,6 +9,8 @@
   said of a message that was processed).
 * A Temporal dev server of this test's own, SIGKILLed and restarted mid-turn: the
   caller gets its reply and no error.
+* A busy verdict from Temporal alone is settled with the session first: a message an
+  attempt hidden from the client delivered is answered, not called busy.
 * A flood of messages to one session with a short busy deadline: every refused message
   is absent from the transcript, every accepted one present exactly once.
 """
@@ -126,12 +128,17 @@ class FakeTemporal:
     the next scripted outcome (a result, an exception raised before admission, or an
     :class:`Admitted`), and settles the start operation's future as the SDK does."""
 
-    def __init__(self, *outcomes: Any, queries: list[Any] | None = None):
+    def __init__(self, *outcomes: Any, queries: list[Any] | None = None, settlements: list[Any] | None = None):
         self.outcomes = list(outcomes)
         self.queries = list(queries or [])
+        self.settlements = list(settlements or [])
+        """Answers to the client's settle_message updates: True, an exception, or a
+        callable giving either (default: the session's refusal, "not taken")."""
         self.attempts: list[tuple[str, str | None]] = []
         """(update id, client message id) of every attempt."""
         self.signals: list[str] = []
+        self.settled: list[str] = []
+        """Client message ids the client asked the session about."""
 
     async def execute_update_with_start_workflow(self, update: str, arg: SendMessageInput, **kwargs: Any) -> Any:
         start = kwargs["start_workflow_operation"]
@@ -155,6 +162,16 @@ class FakeTemporal:
 
             async def query(self, name: str, **_: Any) -> Any:
                 outcome = fake.queries.pop(0)
+                if isinstance(outcome, BaseException):
+                    raise outcome
+                return outcome
+
+            async def execute_update(self, name: str, arg: Any, **_: Any) -> Any:
+                assert name == names.SETTLE_MESSAGE
+                fake.settled.append(arg)
+                outcome = fake.settlements.pop(0) if fake.settlements else refused("MessageNotTaken")
+                if callable(outcome):
+                    outcome = outcome()
                 if isinstance(outcome, BaseException):
                     raise outcome
                 return outcome
@@ -222,6 +239,92 @@ async def test_busy_refusals_past_the_busy_deadline_raise_busy_and_leave_no_unre
             await hermes.send_message("s-1", "hello", busy_timeout_seconds=0.3)
     assert len(fake.attempts) >= 2  # retried (how often depends on the jitter)
     assert unretrieved == []
+
+
+IN_FLIGHT = "limit on number of concurrent in-flight updates has been reached (10)"
+
+
+async def test_a_busy_verdict_from_temporal_alone_is_settled_with_the_session_before_it_is_said():
+    # Every attempt the client saw was refused by Temporal (10 updates in flight), yet an
+    # attempt hidden from it (admitted, aborted by the server, delivered again) was taken:
+    # the session says so, and the client resends under the same id for the reply.
+    fake = FakeTemporal(*[rpc(RPCStatusCode.RESOURCE_EXHAUSTED, IN_FLIGHT)] * 500)
+
+    def taken() -> bool:
+        fake.outcomes = [refused("SessionBusyError"), reply("taken after all")]
+        return True
+
+    fake.settlements = [taken]
+    hermes = HermesClient(fake, retry_timeout_seconds=30)  # type: ignore[arg-type]
+    result = await hermes.send_message("s-1", "hello", client_message_id="m-3", busy_timeout_seconds=0.2)
+    assert result.reply == "taken after all"
+    assert fake.settled == ["m-3"] and {cid for _, cid in fake.attempts} == {"m-3"}
+
+
+async def test_a_busy_verdict_is_said_when_the_session_refused_or_says_it_did_not_take_it():
+    # The session's own refusal settles it (it came after every earlier attempt); a
+    # refusal from Temporal alone is settled by asking.
+    by_session = FakeTemporal(*[rpc(RPCStatusCode.RESOURCE_EXHAUSTED, IN_FLIGHT)] * 2, *[refused("SessionBusyError")] * 500)
+    with pytest.raises(SessionBusyError, match="not taken"):
+        await HermesClient(by_session).send_message("s-1", "hi", busy_timeout_seconds=0.2)  # type: ignore[arg-type]
+    assert by_session.settled == []
+    by_temporal = FakeTemporal(*[refused("SessionBusyError")] * 2, *[rpc(RPCStatusCode.RESOURCE_EXHAUSTED, IN_FLIGHT)] * 500)
+    with pytest.raises(SessionBusyError, match="not taken"):
+        await HermesClient(by_temporal).send_message("s-1", "hi", client_message_id="m-5", busy_timeout_seconds=0.2)  # type: ignore[arg-type]
+    assert by_temporal.settled == ["m-5"]
+
+
+async def test_a_busy_verdict_the_session_cannot_settle_is_reported_as_unknown():
+    fake = FakeTemporal(
+        *[rpc(RPCStatusCode.RESOURCE_EXHAUSTED, IN_FLIGHT)] * 500,
+        settlements=[rpc(RPCStatusCode.NOT_FOUND, "workflow not found for ID: s-1")],
+    )
+    hermes = HermesClient(fake, retry_timeout_seconds=30)  # type: ignore[arg-type]
+    with pytest.raises(SessionUnavailableError) as raised:
+        await hermes.send_message("s-1", "hello", client_message_id="m-4", busy_timeout_seconds=0.2)
+    assert raised.value.may_have_been_taken and raised.value.client_message_id == "m-4"
+    assert "did not say whether it took the message" in str(raised.value)
+
+
+async def test_a_client_keeps_at_most_its_limit_of_one_sessions_messages_in_flight():
+    # Temporal admits 10 updates per workflow; past that, its refusals abort the admitted
+    # ones. The client keeps below: the rest wait for a slot, and those that get none in
+    # time are busy for certain: never sent.
+    release = asyncio.Event()
+
+    class Slow(FakeTemporal):
+        in_flight = peak = 0
+
+        async def execute_update_with_start_workflow(self, update: str, arg: Any, **kwargs: Any) -> Any:
+            self.attempts.append((kwargs["id"], arg.client_message_id))
+            Slow.in_flight += 1
+            Slow.peak = max(Slow.peak, Slow.in_flight)
+            try:
+                await release.wait()
+            finally:
+                Slow.in_flight -= 1
+            kwargs["start_workflow_operation"]._workflow_handle.set_result(None)
+            return reply(arg.client_message_id)
+
+    fake = Slow()
+    hermes = HermesClient(fake, max_in_flight_per_session=3)  # type: ignore[arg-type]
+    sends = [
+        asyncio.ensure_future(hermes.send_message("s-1", "hi", client_message_id=f"m-{i}", busy_timeout_seconds=0.3))
+        for i in range(8)
+    ]
+    other = asyncio.ensure_future(hermes.send_message("s-2", "hi", client_message_id="other"))
+    await asyncio.sleep(0.6)
+    release.set()
+    outcomes = await asyncio.gather(*sends, return_exceptions=True)
+    assert (await other).reply == "other"  # another session has slots of its own
+    taken = [o.reply for o in outcomes if isinstance(o, TurnResult)]
+    busy = [o for o in outcomes if isinstance(o, SessionBusyError)]
+    assert len(taken) == 3 and len(busy) == 5 and Slow.peak == 4  # 3 of s-1, 1 of s-2
+    assert all("was not sent" in str(b) for b in busy)
+    assert sorted(cid for _, cid in fake.attempts if cid != "other") == sorted(taken)  # the busy ones never went out
+    assert hermes._slots._held == {}  # nothing kept for sessions with nothing in flight
+    with pytest.raises(ValueError, match="max_in_flight_per_session"):
+        HermesClient(fake, max_in_flight_per_session=0)  # type: ignore[arg-type]
 
 
 async def test_busy_is_never_said_once_an_attempt_may_have_been_taken():
@@ -355,6 +458,80 @@ async def refused_as_busy(temporal_client: Client, session_id: str, text: str) -
     return False
 
 
+class HiddenAttempts:
+    """A Temporal client whose update-with-start attempts the caller sees refused by
+    Temporal (10 updates in flight) until :attr:`refuse_until` (the loop's clock), then
+    passed through. With ``deliver``, the first attempt's message reaches the session
+    anyway: what a caller sees when the server admitted an attempt, aborted it ("workflow
+    update was aborted") and delivered it again, and the SDK's own retry of the abort met
+    the in-flight limit."""
+
+    def __init__(self, client: Client, *, deliver: bool, refuse_for: float = 3600.0):
+        self._client = client
+        self.deliver = deliver
+        self.refuse_until = asyncio.get_running_loop().time() + refuse_for
+        self.hidden: list[asyncio.Task[Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def execute_update_with_start_workflow(self, update: str, arg: SendMessageInput, **kwargs: Any) -> Any:
+        if asyncio.get_running_loop().time() >= self.refuse_until:
+            return await self._client.execute_update_with_start_workflow(update, arg, **kwargs)
+        start = kwargs["start_workflow_operation"]
+        if self.deliver and not self.hidden:
+            handle = self._client.get_workflow_handle(start._start_workflow_input.id)
+            self.hidden.append(
+                asyncio.ensure_future(handle.execute_update(update, arg, id=f"hidden-{uuid.uuid4()}", result_type=TurnResult))
+            )
+        error = rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "limit on number of concurrent in-flight updates has been reached (10)")
+        start._workflow_handle.set_exception(error)
+        raise error
+
+
+def _user_ids(transcript: list[Message]) -> list[str | None]:
+    return [m.client_message_id for m in transcript if m.role == "user"]
+
+
+@pytest.mark.timeout(300)
+async def test_a_message_taken_by_an_attempt_hidden_from_the_client_is_answered_not_called_busy(
+    run_worker, session_id, temporal_client
+):
+    async with run_worker(GatedEcho()) as hermes:
+        await hermes.send_message(session_id, "hello", client_message_id="m-0")
+        spy = HiddenAttempts(temporal_client, deliver=True, refuse_for=1.0)
+        hermes.client = spy  # type: ignore[assignment]
+        result = await hermes.send_message(session_id, "taken", client_message_id="m-1", busy_timeout_seconds=0.3)
+        await asyncio.gather(*spy.hidden)
+        transcript = await hermes.get_transcript(session_id)
+    assert result.reply == "echo: taken"
+    assert _user_ids(transcript) == ["m-0", "m-1"]  # once: the resend only waited for it
+
+
+@pytest.mark.timeout(300)
+async def test_a_message_reported_busy_is_absent_and_can_be_sent_again_under_its_id(
+    run_worker, session_id, temporal_client
+):
+    async with run_worker(GatedEcho()) as hermes:
+        await hermes.send_message(session_id, "hello", client_message_id="m-0")
+        hermes.client = HiddenAttempts(temporal_client, deliver=False)  # type: ignore[assignment]
+        with pytest.raises(SessionBusyError, match="not taken"):
+            await hermes.send_message(session_id, "refused", client_message_id="m-1", busy_timeout_seconds=0.3)
+        assert _user_ids(await hermes.get_transcript(session_id)) == ["m-0"]
+
+        hermes.client = temporal_client  # the caller sends it again, under the same id
+        again = await hermes.send_message(session_id, "refused", client_message_id="m-1")
+        transcript = await hermes.get_transcript(session_id)
+        history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    assert again.reply == "echo: refused"
+    assert _user_ids(transcript) == ["m-0", "m-1"]
+    # The session's "not taken" is its validator's refusal: nothing written to history.
+    accepted = [e.workflow_execution_update_accepted_event_attributes for e in history.events]
+    assert [a.accepted_request.input.name for a in accepted if a.HasField("accepted_request")] == [
+        names.SEND_MESSAGE
+    ] * 2
+
+
 @pytest.mark.timeout(600)
 async def test_a_resend_of_an_answered_message_during_a_roll_over_is_answered_not_refused_as_busy(
     run_worker, session_id, temporal_client
@@ -476,23 +653,28 @@ async def test_in_a_flood_every_refused_message_is_absent_and_every_accepted_one
     run_worker, session_id
 ):
     """Waves of 100 messages at once (until the session rolled over twice, at most 8 waves)
-    to one session that rolls over every 60 messages, with a 1 s busy deadline. A message is taken (its reply), refused as busy (never
-    processed), or, when an attempt failed after the update was admitted (the server
-    aborts the admitted updates of a run that continues as new: "workflow update was
-    aborted") and the session stayed busy past the retry deadline, of unknown outcome:
-    then a resend with the same id must return its reply, and it runs once."""
+    from two clients (two API processes: 16 in flight, past Temporal's 10 per workflow)
+    to one session that rolls over every 30 messages, with a 1 s busy deadline. A message
+    is taken (its reply), refused as busy (never processed), or, when an attempt failed
+    after the update was admitted (the server aborts the admitted updates of a run that
+    continues as new: "workflow update was aborted") and the session stayed busy past the
+    retry deadline, of unknown outcome: then a resend with the same id must return its
+    reply, and it runs once. (Issue 12's case: 1 of 1,842 refusals was processed.)"""
     at_once, max_waves = 100, 8
-    config = SessionConfig(max_updates_per_run=60, max_completed_ids=16)
+    config = SessionConfig(max_updates_per_run=30, max_completed_ids=16)
     model = GatedEcho()
     async with run_worker(model, config=config) as hermes:
         hermes.retry_timeout_seconds = 20.0
+        other = HermesClient(
+            hermes.client, task_queue=hermes.task_queue, redis=hermes.redis, config=config, retry_timeout_seconds=20.0
+        )
         await hermes.send_message(session_id, "hello", user_id="flood")
         outcomes: dict[str, Any] = {}
 
         async def one(i: int) -> None:
             cid = f"flood-{i}"
             try:
-                outcomes[cid] = await hermes.send_message(
+                outcomes[cid] = await (hermes if i % 2 else other).send_message(
                     session_id, f"message {i}", client_message_id=cid, busy_timeout_seconds=1.0
                 )
             except (SessionBusyError, SessionUnavailableError) as err:

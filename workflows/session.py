@@ -785,6 +785,30 @@ class SessionWorkflow:
                 non_retryable=True,
             )
 
+    @workflow.update(name=names.SETTLE_MESSAGE)
+    def settle_message(self, client_message_id: str) -> bool:
+        """Whether this session took message ``client_message_id``: asked by a client
+        about to report it busy after refusals that came from Temporal, not from this
+        session (10 updates in flight, the run closing).
+
+        Such a refusal does not prove the message was never taken: the server aborts
+        admitted updates ("workflow update was aborted") and retries them, the SDK retries
+        such failures without telling its caller, and an attempt the worker had already
+        been sent can still be accepted after the refusal. Temporal delivers updates in
+        the order it admitted them, so this question reaches the session after every copy
+        sent before it: the validator's refusal (no history written) settles the message
+        as never taken; acceptance means it was taken (running, queued or answered).
+
+        Returns:
+            True (taken: resend it under the same id for its reply).
+        """
+        return True
+
+    @settle_message.validator
+    def _validate_settle_message(self, client_message_id: str) -> None:
+        if not self._knows(client_message_id):
+            raise ApplicationError("the session has not taken this message", type="MessageNotTaken", non_retryable=True)
+
     # ------------------------------------------------------------- signals
 
     @workflow.signal(name=names.APPROVE_TOOL_CALL)
