@@ -148,9 +148,11 @@ class MessageRejectedError(HermesError):
 
 
 class SessionBusyError(HermesError):
-    """The session stayed too busy to take the message (Temporal's 10 updates in flight,
-    or the session continuing as new) until the client's busy deadline. The message was
-    not taken, and it is never processed later: retry it, with the same or a new id."""
+    """The session stayed too busy to take the message (the client's
+    ``max_in_flight_per_session`` or Temporal's 10 updates in flight, or the session
+    continuing as new) until the client's busy deadline. The message was not taken, and
+    it is never processed later (a refusal from Temporal alone is first settled with the
+    session): retry it, with the same or a new id."""
 
 
 class SessionHaltedError(HermesError):
