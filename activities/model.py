@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio import activity
+from temporalio.client import WorkflowQueryFailedError
 from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -208,7 +209,8 @@ class ModelActivities:
         Raises:
             RPCError: a final failure (:data:`_FINAL_QUERY_STATUSES`), or the last one
                 once the patience is spent.
-            WorkflowQueryFailedError: the session's query handler refused.
+            WorkflowQueryFailedError: the session's query handler refused (a worker's
+                failure to replay the session, TMPRL1100, is retried like a timeout).
         """
         handle = self.client.get_workflow_handle(session_id)
         loop = asyncio.get_running_loop()
@@ -223,6 +225,13 @@ class ModelActivities:
                 if err.status in _FINAL_QUERY_STATUSES or loop.time() + delay > deadline:
                     raise
                 log.warning("session %s did not answer %s (%s); asking again in %.1f s", session_id, query, err, delay)
+            except WorkflowQueryFailedError as err:
+                # A worker without the session cached (or with a stale copy of one that
+                # moved) failed to replay it for the query (issue 12's soak): another
+                # attempt may reach one that has it. Any other refusal is final.
+                if "[TMPRL1100]" not in err.message or loop.time() + delay > deadline:
+                    raise
+                log.warning("session %s failed to replay for %s (%s); asking again in %.1f s", session_id, query, err, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 

@@ -229,6 +229,11 @@ def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKi
         return "busy" if kind in ("SessionBusyError", "UnprocessedUpdate") else "fatal"
     if isinstance(err, RPCTimeoutOrCancelledError):
         return "transient"
+    if isinstance(err, WorkflowQueryFailedError) and "[TMPRL1100]" in err.message:
+        # A worker without the session cached (or with a stale copy of one that moved)
+        # failed to replay it for the query; the next attempt may reach one that has it.
+        # Seen in issue 12's soak, with histories that replay cleanly.
+        return "transient"
     if not isinstance(err, RPCError):
         return "fatal"
     if err.status == RPCStatusCode.ALREADY_EXISTS:

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 from temporalio.client import (
     Client,
+    WorkflowQueryFailedError,
     WorkflowUpdateFailedError,
     WorkflowUpdateRPCTimeoutOrCancelledError,
     WorkflowUpdateStage,
@@ -93,6 +94,9 @@ def refused(kind: str, message: str = "refused") -> WorkflowUpdateFailedError:
         (rpc(RPCStatusCode.NOT_FOUND, "workflow not found for ID: s-1"), False, "fatal"),
         (rpc(RPCStatusCode.FAILED_PRECONDITION, "something else"), False, "fatal"),
         (ValueError("a bug"), False, "fatal"),
+        # A query a worker failed to answer while replaying the session (issue 12's soak).
+        (WorkflowQueryFailedError("[TMPRL1100] Nondeterminism error: Update machine does not handle this event"), False, "transient"),
+        (WorkflowQueryFailedError("no query handler named get_nothing"), False, "fatal"),
     ],
 )
 def test_failures_are_classified_as_transient_busy_or_fatal(err, admitted, kind):

@@ -130,3 +130,37 @@ async def test_a_model_call_whose_recorded_context_the_session_no_longer_knows_g
     # another step's context is never taken for this one
     with pytest.raises(ApplicationError, match="not in the content store or the session"):
         await activities.call_model(request.model_copy(update={"step": 2}))
+
+
+async def test_a_session_query_a_worker_failed_to_replay_is_asked_again_and_other_refusals_are_final():
+    # Issue 12's soak: a worker without the session cached (or with a stale copy of a
+    # session that moved) failed the query with a nondeterminism error, although the
+    # session's history replays cleanly; the next attempt reached a worker that had it.
+    import pytest
+    from temporalio.client import WorkflowQueryFailedError
+
+    from activities.model import ModelActivities
+    from hermes import names
+    from hermes.blobs import BlobStore
+
+    class Flaky(_SessionAnswering):
+        def __init__(self, failure: str) -> None:
+            super().__init__({"m:1": "body"}, ["m:1"])
+            self.failure = failure
+
+        async def query(self, name: str, arg=None, *, args=(), result_type=None, rpc_timeout=None):  # noqa: ANN001
+            if not self.queries:
+                self.queries.append(name)
+                raise WorkflowQueryFailedError(self.failure)
+            return await super().query(name, arg, args=args, result_type=result_type, rpc_timeout=rpc_timeout)
+
+    replay = Flaky("[TMPRL1100] Nondeterminism error: Update machine does not handle this event")
+    activities = ModelActivities(FailsOnceThenRecords(), store=BlobStore(None), client=replay)
+    bodies = await activities._ask_session("s", names.GET_MESSAGE_BODIES, [["m:1"]], dict[str, str])
+    assert bodies == {"m:1": "body"} and len(replay.queries) == 2
+
+    refused = Flaky("no query handler named get_message_bodies")
+    activities = ModelActivities(FailsOnceThenRecords(), store=BlobStore(None), client=refused)
+    with pytest.raises(WorkflowQueryFailedError, match="no query handler"):
+        await activities._ask_session("s", names.GET_MESSAGE_BODIES, [["m:1"]], dict[str, str])
+    assert len(refused.queries) == 1
