@@ -73,10 +73,11 @@ async def bench_stack(*, dynamic_config: dict[str, str] | None = None) -> AsyncI
         await env.shutdown()
 
 
-def parser(description: str) -> argparse.ArgumentParser:
-    """An argument parser with the ``--quick`` option every benchmark accepts."""
+def parser(description: str, *, quick_help: str = "a short run (under a minute on 2 cores)") -> argparse.ArgumentParser:
+    """An argument parser with the ``--quick`` option every benchmark accepts
+    (``quick_help``: what it does, for a benchmark whose quick run is not that short)."""
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help="a short run (under a minute on 2 cores)")
+    p.add_argument("--quick", action="store_true", help=quick_help)
     return p
 
 

@@ -309,7 +309,10 @@ def check_transcript(messages: list[Any], sent: dict[str, str]) -> tuple[list[st
 
 
 async def main() -> None:
-    p = parser(__doc__.splitlines()[0])
+    p = parser(
+        __doc__.splitlines()[0],
+        quick_help="50 sessions x 50 measured turns after the warm-up (20-35 minutes on 2 cores)",
+    )
     p.add_argument("--sessions", type=int, default=50)
     p.add_argument("--turns", type=int, default=None, help="measured turns per session (default 300; --quick 50)")
     p.add_argument(
