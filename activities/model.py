@@ -29,7 +29,13 @@ from hermes.blobs import (
     stored_preview,
     value_ref,
 )
-from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
+from hermes.errors import (
+    ContextTooLongError,
+    ModelRequestError,
+    ModelUnavailableError,
+    ScriptExhaustedError,
+    failed_to_replay,
+)
 from hermes.models import CallModelInput, CallModelResult, CountTokensInput, Message, SummarizeInput, Summary, ToolSpec
 from hermes.providers.base import ModelProvider
 from hermes.tokens import DEFAULT_ENCODING, TokenCounter
@@ -226,10 +232,9 @@ class ModelActivities:
                     raise
                 log.warning("session %s did not answer %s (%s); asking again in %.1f s", session_id, query, err, delay)
             except WorkflowQueryFailedError as err:
-                # A worker without the session cached (or with a stale copy of one that
-                # moved) failed to replay it for the query (issue 12's soak): another
-                # attempt may reach one that has it. Any other refusal is final.
-                if "[TMPRL1100]" not in err.message or loop.time() + delay > deadline:
+                # A worker failed to replay the session for the query: another attempt
+                # may reach one that has it. Any other refusal is final.
+                if not failed_to_replay(err.message) or loop.time() + delay > deadline:
                     raise
                 log.warning("session %s failed to replay for %s (%s); asking again in %.1f s", session_id, query, err, delay)
             await asyncio.sleep(delay)

@@ -31,7 +31,7 @@ import contextlib
 import random
 import unicodedata
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from temporalio.client import (
@@ -51,6 +51,7 @@ from hermes import names
 from hermes.blobs import BlobStore, stored_preview, value_ref
 from hermes.durable import DurableStore
 from hermes.errors import (
+    failed_to_replay,
     HermesError,
     MessageFailedError,
     MessageRejectedError,
@@ -229,10 +230,7 @@ def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKi
         return "busy" if kind in ("SessionBusyError", "UnprocessedUpdate") else "fatal"
     if isinstance(err, RPCTimeoutOrCancelledError):
         return "transient"
-    if isinstance(err, WorkflowQueryFailedError) and "[TMPRL1100]" in err.message:
-        # A worker without the session cached (or with a stale copy of one that moved)
-        # failed to replay it for the query; the next attempt may reach one that has it.
-        # Seen in issue 12's soak, with histories that replay cleanly.
+    if isinstance(err, WorkflowQueryFailedError) and failed_to_replay(err.message):
         return "transient"
     if not isinstance(err, RPCError):
         return "fatal"
@@ -340,36 +338,27 @@ class _SessionSlots:
         self.limit = limit
         self._held: dict[str, tuple[asyncio.Semaphore, list[int]]] = {}
 
-    async def acquire(self, session_id: str, timeout: float) -> _Slot | None:
-        """A slot of ``session_id``, waiting at most ``timeout`` seconds; None if none
-        came free in time."""
+    @contextlib.asynccontextmanager
+    async def hold(self, session_id: str, timeout: float) -> AsyncIterator[bool]:
+        """Holds a slot of ``session_id`` for the block; yields False (holding none) if
+        none came free within ``timeout`` seconds."""
         semaphore, users = self._held.setdefault(session_id, (asyncio.Semaphore(self.limit), [0]))
         users[0] += 1
         try:
-            async with asyncio.timeout(max(timeout, 0.0)):
-                await semaphore.acquire()
-        except TimeoutError:
-            self._leave(session_id, users)
-            return None
-        except BaseException:
-            self._leave(session_id, users)
-            raise
-        return _Slot(lambda: (semaphore.release(), self._leave(session_id, users)))
-
-    def _leave(self, session_id: str, users: list[int]) -> None:
-        users[0] -= 1
-        if users[0] == 0:
-            self._held.pop(session_id, None)
-
-
-class _Slot:
-    def __init__(self, release: Callable[[], Any]):
-        self._release: Callable[[], Any] | None = release
-
-    def release(self) -> None:
-        if self._release is not None:
-            self._release()
-            self._release = None
+            try:
+                async with asyncio.timeout(max(timeout, 0.0)):
+                    await semaphore.acquire()
+            except TimeoutError:
+                yield False
+                return
+            try:
+                yield True
+            finally:
+                semaphore.release()
+        finally:
+            users[0] -= 1
+            if users[0] == 0:
+                self._held.pop(session_id, None)
 
 
 class HermesClient:
@@ -420,8 +409,12 @@ class HermesClient:
         self.config = config or SessionConfig()
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
-        self.max_in_flight_per_session = max_in_flight_per_session
         self._slots = _SessionSlots(max_in_flight_per_session)
+
+    @property
+    def max_in_flight_per_session(self) -> int:
+        """Messages of one session this client sends at once (set at construction)."""
+        return self._slots.limit
 
     @classmethod
     async def connect(
@@ -573,16 +566,13 @@ class HermesClient:
         cid = client_message_id or f"msg-{uuid.uuid4()}"
         loop = asyncio.get_running_loop()
         busy_deadline = loop.time() + busy_timeout_seconds
-        slot = await self._slots.acquire(session_id, busy_deadline - loop.time())
-        if slot is None:
-            raise SessionBusyError(
-                f"session {session_id!r} is busy ({self.max_in_flight_per_session} messages of it already in flight "
-                "from this client); the message was not sent, retry later"
-            )
-        try:
+        async with self._slots.hold(session_id, busy_deadline - loop.time()) as held:
+            if not held:
+                raise SessionBusyError(
+                    f"session {session_id!r} is busy ({self.max_in_flight_per_session} messages of it already in "
+                    "flight from this client); the message was not sent, retry later"
+                )
             return await self._send(session_id, text, stored, cid, user_id, channel, config, busy_deadline)
-        finally:
-            slot.release()
 
     async def _send(
         self,

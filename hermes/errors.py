@@ -223,3 +223,11 @@ class MessageFailedError(HermesError):
     def __init__(self, message: str, *, reason: str):
         self.reason = reason
         super().__init__(message)
+
+
+def failed_to_replay(query_failure: str) -> bool:
+    """Whether a failed query's message says that the worker answering it failed to
+    replay the session (Temporal core's nondeterminism error, ``[TMPRL1100]``). Seen in
+    issue 12's soak on workers without the session cached, with histories that replay
+    cleanly: another attempt may reach a worker that has it, so it is retried."""
+    return "[TMPRL1100]" in query_failure
