@@ -33,6 +33,7 @@ from hermes.blobs import BlobStore
 from hermes.durable import DurableStore
 from hermes.errors import ConfigError
 from hermes.providers import ModelProvider, make_provider
+from hermes.run_cache import MovedRunEviction
 from hermes.settings import Settings, get_settings
 from hermes.tokens import TokenCounter, encoding_name_for_model
 from hermes.tools.builtin import register_builtins
@@ -146,7 +147,7 @@ def build_worker(
     audit = AuditActivities(redis, durable)
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
-    return Worker(
+    worker = Worker(
         client,
         task_queue=task_queue or settings.task_queue,
         workflows=[SessionWorkflow, CompositeToolWorkflow, MemoryWriterWorkflow, MemoryConsolidationWorkflow],
@@ -175,6 +176,11 @@ def build_worker(
         # only what is still running after it is cancelled, to be retried elsewhere.
         graceful_shutdown_timeout=timedelta(seconds=settings.resolved_worker_shutdown_seconds),
     )
+    # Runs this worker takes are announced on Redis, and this worker's stale copies of runs
+    # taken elsewhere leave its cache (hermes.run_cache).
+    eviction = MovedRunEviction(worker, redis)
+    worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
+    return worker
 
 
 def _memory_activities(

@@ -44,7 +44,13 @@ Printed: turns/s of the measured phase, client errors by type, worker A's RSS ov
 time, at start (after warm-up) and at the end (after the last turn, then after 5 s
 of quiet), lost and duplicated turns, and last ``rss_growth_ratio=<end/start>``
 (target at most 1.2; the end figure is the one taken right after the last turn).
-The run fails (exit 1) if a turn is lost or duplicated.
+The run fails (exit 1) if a turn is lost or duplicated. If it stops on an error (a
+session that never answers, a worker that died), the worker logs and every session's
+history (``histories/<workflow id>.<run id>.json``, readable by
+``temporalio.worker.Replayer``) are kept and their folder printed, since the server
+holding them is gone with the run. ``--server-config`` sets the dev server's dynamic
+config (for example a small ``frontend.historyMaxPageSize``, so that every replay
+fetches its history in pages).
 """
 
 from __future__ import annotations
@@ -289,6 +295,21 @@ async def history_counts(client: Any, workflow_ids: list[str]) -> collections.Co
     return counts
 
 
+async def dump_histories(client: Any, workflow_ids: list[str], folder: Path) -> None:
+    """Every run's history of the given sessions, as ``<workflow id>.<run id>.json``
+    (the JSON ``temporal workflow show --output json`` writes, which
+    ``temporalio.worker.Replayer`` reads), so a failed soak can be replayed after the
+    server is gone. Best effort: a history that cannot be fetched is skipped."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for workflow_id in workflow_ids:
+        try:
+            async for run in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
+                history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
+                (folder / f"{workflow_id}.{run.run_id}.json").write_text(history.to_json(), encoding="utf-8")
+        except Exception as err:  # noqa: BLE001 - evidence gathering must not hide the failure
+            print(f"history of {workflow_id} not kept: {err!r}", flush=True)
+
+
 def check_transcript(messages: list[Any], sent: dict[str, str]) -> tuple[list[str], list[str]]:
     """(lost, duplicated) client message ids of one session."""
     users: collections.Counter[str] = collections.Counter()
@@ -332,6 +353,13 @@ async def main() -> None:
         help="what worker A runs instead of worker.py, e.g. a tracemalloc wrapper; it is sent SIGUSR1 "
         "when the start RSS is read and again at the end (so it must handle SIGUSR1)",
     )
+    p.add_argument(
+        "--server-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a dynamic-config value for the dev server (the value as YAML), e.g. frontend.historyMaxPageSize=20 (repeatable)",
+    )
     p.add_argument("--keep-logs", action="store_true", help="print where the worker logs are and keep them")
     p.add_argument(
         "--replay-budget-events",
@@ -364,7 +392,15 @@ async def main() -> None:
 
     asyncio.get_running_loop().set_exception_handler(on_loop_error)
     tmp = Path(tempfile.mkdtemp(prefix="hermes-soak-"))
-    env_server = await start_dev_environment()
+    server_config: dict[str, str] = {}
+    for item in args.server_config:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            p.error(f"--server-config: expected KEY=VALUE, got {item!r}")
+        server_config[name] = value
+    if server_config:
+        print("server dynamic config: " + ", ".join(args.server_config), flush=True)
+    env_server = await start_dev_environment(dynamic_config=server_config)
     stack = EmbeddedStack(tmp / "redis", start_temporal=False, redis_port=free_port(), ui=False)
     await stack.start_async()
     import redis.asyncio as aioredis
@@ -528,6 +564,12 @@ async def main() -> None:
         headline("rss_growth_ratio", f"{rss_end / rss_start:.2f}")
         if lost or duplicated:
             raise SystemExit(1)
+    except BaseException:
+        # The server and its histories go with this process: keep what explains the failure.
+        args.keep_logs = True
+        await dump_histories(env_server.client, list(tally.sent), tmp / "histories")
+        print(f"failed; worker logs and the sessions' histories kept in {tmp}", flush=True)
+        raise
     finally:
         workers.stop_all()
         await redis.aclose()

@@ -117,7 +117,10 @@ class Settings(BaseSettings):
     0.6 MiB, plus about 35 KB a turn since its last continue-as-new, so at most about
     2 MiB at the default replay budget of 1,000 events (``bench/soak.py``, issue 12);
     a worker's memory is its base (about 180 MB, 430 MB with long-term memory loaded)
-    plus that times the sessions it serves, bounded by this."""
+    plus that times the sessions it serves, bounded by this. A run another worker took
+    over (a crash, or a sticky timeout on a busy machine) leaves this cache at once,
+    announced over Redis (``hermes.run_cache``), so the sessions counted are the ones
+    this worker serves now, not every one it ever served."""
     workflow_sandbox: bool = True
     """Run workflow code in Temporal's sandbox, which re-imports the workflow modules for
     every run it starts or replays and checks the calls they make. ``false``

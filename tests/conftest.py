@@ -41,6 +41,21 @@ stop their workers and servers, where the signal of pytest-timeout would leave t
 event loop with a half-run test in it."""
 
 
+_MCP_SERVER_MODULES = frozenset(
+    {"test_cli", "test_mcp_failures", "test_mcp_manager", "test_mcp_session", "test_mcp_third_party_smoke"}
+)
+"""Test modules that start processes from tests/mcp_servers. They run in one pytest-xdist
+worker, one after another: test_mcp_manager's leftover check counts every live process
+started from there, so a server of a test in the other worker would look leaked."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        module = getattr(item, "module", None)
+        if module is not None and module.__name__.rsplit(".", 1)[-1] in _MCP_SERVER_MODULES:
+            item.add_marker(pytest.mark.xdist_group("mcp_servers"))
+
+
 def _test_timeout_seconds(item: pytest.Item) -> float:
     marker = item.get_closest_marker("timeout")
     if marker is not None and (marker.args or "timeout" in marker.kwargs):

@@ -1,0 +1,159 @@
+"""Workers drop their cached copy of a session's run as soon as another worker takes the
+session over.
+
+Why (issue 12, measured in ``bench/README.md``): a worker keeps each workflow run it
+served in its cache (``max_cached_workflows``) until the cache is full. When a session
+moves to another worker (its worker crashed, or was too busy to start a workflow task
+within the sticky schedule-to-start timeout), nothing tells the first worker: its copy
+is stale, is never used again (the next task it gets for that run replays it anyway),
+and stays. On a loaded machine sessions move often, so every worker ended up holding
+every session: worker memory grew with the number of sessions in the deployment, not
+with the number a worker serves (20 sessions on two workers: 8 -> 30 runs cached by one).
+
+How: when a worker starts a run that is not in its cache (a new run, or one it replays
+from history: a takeover), it publishes the run id on the Redis channel
+:data:`CHANNEL`; every other worker that has that run cached asks the SDK core to evict
+it. A run that is evicted while a workflow task of it is running leaves when that task
+completes (the core's rule), and a run evicted by mistake is only replayed on its next
+task, so a late or duplicated notice costs a replay, never a turn. While Redis is down
+nothing is published: stale copies then stay, as without this, until the LRU bound.
+
+This uses two private parts of the Temporal Python SDK (1.x, pinned below 2 in
+pyproject.toml): ``Worker._workflow_worker`` (its activation handler and its cache) and
+the bridge worker's ``request_workflow_eviction``. If they are missing, :meth:`install`
+returns False, logs it, and the worker runs as before.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+log = logging.getLogger("hermes.run_cache")
+
+CHANNEL = "hermes:workflow-runs-taken"
+"""Redis pub/sub channel: messages ``<worker id> <run id>``, one per run a worker started
+that it did not have cached."""
+
+RECONNECT_SECONDS = (0.5, 5.0)
+"""Backoff (first, last) between attempts to subscribe again after a Redis error."""
+
+
+class MovedRunEviction:
+    """Evicts this worker's stale copies of runs other workers took over (see the module
+    docstring), and tells the other workers about the runs this one takes.
+
+    Args:
+        worker: a ``temporalio.worker.Worker`` (not yet running is fine).
+        redis: a ``redis.asyncio.Redis``; None disables the whole mechanism.
+        worker_id: this worker's id in the messages; unique by default.
+    """
+
+    def __init__(self, worker: Any, redis: Any, *, worker_id: str | None = None) -> None:
+        self._worker = worker
+        self._redis = redis
+        self.worker_id = worker_id or uuid.uuid4().hex
+        self._workflows: Any = None
+        self._pending: set[asyncio.Task[Any]] = set()
+        self.published = 0
+        """Runs announced (attempts; a publish that failed on a Redis error counts too)."""
+        self.evicted = 0
+        """Cached runs evicted because another worker took them."""
+
+    def install(self) -> bool:
+        """Hook the worker's activation handler, and run :meth:`run` beside its workflow
+        polling. Returns False (and changes nothing) when there is no Redis, no workflow
+        worker, or the SDK's internals are not the ones this was written for."""
+        workflows = getattr(self._worker, "_workflow_worker", None)
+        if self._redis is None or workflows is None:
+            return False
+        handle = getattr(workflows, "_handle_activation", None)
+        if (
+            handle is None
+            or not isinstance(getattr(workflows, "_running_workflows", None), dict)
+            or not callable(getattr(workflows, "_bridge_worker", None))
+            or not callable(getattr(workflows, "run", None))
+        ):
+            log.warning("stale-run eviction off: this temporalio version's worker internals differ")
+            return False
+        self._workflows = workflows
+
+        async def handle_activation(act: Any) -> None:
+            if act.run_id not in workflows._running_workflows and any(
+                job.HasField("initialize_workflow") for job in act.jobs
+            ):
+                self._announce(act.run_id)
+            await handle(act)
+
+        workflows._handle_activation = handle_activation
+        poll = workflows.run
+
+        async def run_with_listener() -> None:
+            # The listener lives as long as the worker's workflow polling does, however
+            # the worker is run (``async with``, ``Worker.run``, hermes dev / demo).
+            listener = asyncio.ensure_future(self.run())
+            try:
+                await poll()
+            finally:
+                listener.cancel()
+                await asyncio.gather(listener, return_exceptions=True)
+
+        workflows.run = run_with_listener
+        return True
+
+    def _announce(self, run_id: str) -> None:
+        task = asyncio.ensure_future(self._publish(run_id))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _publish(self, run_id: str) -> None:
+        self.published += 1
+        try:
+            await self._redis.publish(CHANNEL, f"{self.worker_id} {run_id}")
+        except Exception as err:  # noqa: BLE001 - best effort: a stale copy only costs memory
+            log.debug("run %s not announced: %r", run_id, err)
+
+    def on_message(self, data: bytes | str) -> bool:
+        """Handle one channel message; True if it evicted a cached run of this worker."""
+        text = data.decode() if isinstance(data, bytes) else data
+        sender, _, run_id = text.partition(" ")
+        if not run_id or sender == self.worker_id or self._workflows is None:
+            return False
+        if run_id not in self._workflows._running_workflows:
+            return False
+        try:
+            self._workflows._bridge_worker().request_workflow_eviction(run_id)
+        except Exception:  # noqa: BLE001 - the worker may be shutting down
+            log.debug("eviction of run %s not requested", run_id, exc_info=True)
+            return False
+        self.evicted += 1
+        return True
+
+    async def run(self) -> None:
+        """Listen on :data:`CHANNEL` until cancelled, subscribing again after a Redis
+        error (with backoff)."""
+        if self._workflows is None:
+            return
+        delay = RECONNECT_SECONDS[0]
+        while True:
+            pubsub = self._redis.pubsub()
+            try:
+                await pubsub.subscribe(CHANNEL)
+                delay = RECONNECT_SECONDS[0]
+                while True:
+                    message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    if message is not None and message.get("type") == "message":
+                        self.on_message(message["data"])
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # noqa: BLE001 - Redis down: try again later
+                log.debug("run-taken channel: %r; subscribing again in %.1f s", err, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RECONNECT_SECONDS[1])
+            finally:
+                try:
+                    await pubsub.aclose()
+                except Exception:  # noqa: BLE001
+                    pass
