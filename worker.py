@@ -176,11 +176,25 @@ def build_worker(
         # only what is still running after it is cancelled, to be retried elsewhere.
         graceful_shutdown_timeout=timedelta(seconds=settings.resolved_worker_shutdown_seconds),
     )
+    set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)
     # Runs this worker takes are announced on Redis, and this worker's stale copies of runs
     # taken elsewhere leave its cache (hermes.run_cache).
     eviction = MovedRunEviction(worker, redis)
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
     return worker
+
+
+def set_deadlock_timeout(worker: Worker, seconds: float) -> bool:
+    """Set how long an activation of workflow code may run before the SDK fails its task
+    as a deadlock (``Settings.workflow_deadlock_seconds``). The Python SDK fixes it at 2 s
+    (only its debug mode, which also runs workflow code on the event loop, turns it off),
+    so this sets the workflow worker's private attribute; returns False, changing nothing,
+    if this SDK version has no such attribute or the worker runs no workflows."""
+    workflows = getattr(worker, "_workflow_worker", None)
+    if workflows is None or getattr(workflows, "_deadlock_timeout_seconds", None) is None:
+        return False
+    workflows._deadlock_timeout_seconds = seconds
+    return True
 
 
 def _memory_activities(

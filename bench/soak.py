@@ -230,6 +230,23 @@ async def send(hermes: HermesClient, session_id: str, user_id: str, cid: str, te
             delay = min(delay * 2, 3.0)
 
 
+async def run_index(hermes: HermesClient, session_id: str, tally: Tally, deadline_seconds: float) -> int:
+    """The session's run index (``get_state``), asked again with backoff on any error up
+    to a deadline: on a loaded machine a query can wait for a busy worker past the
+    client's patience, and that is no lost turn."""
+    deadline = time.monotonic() + deadline_seconds
+    delay = 0.2
+    while True:
+        try:
+            return (await hermes.get_state(session_id)).run_index
+        except Exception as err:  # noqa: BLE001 - counted, asked again
+            tally.errors[f"get_state {type(err).__name__}: {str(err)[:70]}"] += 1
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 3.0)
+
+
 async def session_loop(
     hermes: HermesClient,
     index: int,
@@ -249,7 +266,7 @@ async def session_loop(
     target = n + count
     while True:
         if n >= target:
-            if not until_continued or n >= MAX_WARMUP_TURNS or (await hermes.get_state(session_id)).run_index >= 1:
+            if not until_continued or n >= MAX_WARMUP_TURNS or await run_index(hermes, session_id, tally, deadline_seconds) >= 1:
                 break
         cid = f"{session_id}:{n}"
         text = message_text(index, n)

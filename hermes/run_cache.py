@@ -10,10 +10,11 @@ and stays. On a loaded machine sessions move often, so every worker ended up hol
 every session: worker memory grew with the number of sessions in the deployment, not
 with the number a worker serves (20 sessions on two workers: 8 -> 30 runs cached by one).
 
-How: when a worker starts a run that is not in its cache (a new run, or one it replays
-from history: a takeover), it publishes the run id on the Redis channel
-:data:`CHANNEL`; every other worker that has that run cached asks the SDK core to evict
-it. A run that is evicted while a workflow task of it is running leaves when that task
+How: when a worker does new work (an activation that is not a replay, nor only a query)
+on a run it did not have cached (a new run, or one it replayed from history: a
+takeover), it publishes the run id on the Redis channel :data:`CHANNEL`; every other
+worker that has that run cached asks the SDK core to evict it. A worker that only
+replayed a run to answer a query announces nothing: the run's owner keeps its copy. A run that is evicted while a workflow task of it is running leaves when that task
 completes (the core's rule), and a run evicted by mistake is only replayed on its next
 task, so a late or duplicated notice costs a replay, never a turn. While Redis is down
 nothing is published: stale copies then stay, as without this, until the LRU bound.
@@ -34,8 +35,8 @@ from typing import Any
 log = logging.getLogger("hermes.run_cache")
 
 CHANNEL = "hermes:workflow-runs-taken"
-"""Redis pub/sub channel: messages ``<worker id> <run id>``, one per run a worker started
-that it did not have cached."""
+"""Redis pub/sub channel: messages ``<worker id> <run id>``, one per run a worker took
+(started doing new work on without having it cached)."""
 
 RECONNECT_SECONDS = (0.5, 5.0)
 """Backoff (first, last) between attempts to subscribe again after a Redis error."""
@@ -57,6 +58,9 @@ class MovedRunEviction:
         self.worker_id = worker_id or uuid.uuid4().hex
         self._workflows: Any = None
         self._pending: set[asyncio.Task[Any]] = set()
+        self._unannounced: set[str] = set()
+        """Runs this worker started without having them cached, until it does new work
+        on them (then announced) or they leave its cache."""
         self.published = 0
         """Runs announced (attempts; a publish that failed on a Redis error counts too)."""
         self.evicted = 0
@@ -81,10 +85,18 @@ class MovedRunEviction:
         self._workflows = workflows
 
         async def handle_activation(act: Any) -> None:
-            if act.run_id not in workflows._running_workflows and any(
-                job.HasField("initialize_workflow") for job in act.jobs
-            ):
-                self._announce(act.run_id)
+            run_id = act.run_id
+            kinds = [job.WhichOneof("variant") for job in act.jobs]
+            if "remove_from_cache" in kinds:
+                self._unannounced.discard(run_id)
+            elif run_id not in workflows._running_workflows and "initialize_workflow" in kinds:
+                self._unannounced.add(run_id)
+            if run_id in self._unannounced and not act.is_replaying and any(k != "query_workflow" for k in kinds):
+                # New work on a run this worker did not have cached: it holds the run's
+                # workflow task now. (A replay only to answer a query is no takeover: the
+                # owner keeps its copy.)
+                self._unannounced.discard(run_id)
+                self._announce(run_id)
             await handle(act)
 
         workflows._handle_activation = handle_activation

@@ -121,6 +121,15 @@ class Settings(BaseSettings):
     over (a crash, or a sticky timeout on a busy machine) leaves this cache at once,
     announced over Redis (``hermes.run_cache``), so the sessions counted are the ones
     this worker serves now, not every one it ever served."""
+    workflow_deadlock_seconds: float = Field(default=8.0, gt=0)
+    """How long one activation of workflow code may run before the SDK calls it a deadlock
+    ([TMPRL1101]) and fails the workflow task; the same bound applies to evicting a run
+    from the cache. The SDK's value is 2 s, and on a loaded 2-core machine (load 15-20)
+    plain session code missed it: the task failed, the eviction that follows timed out
+    too and was retried every 2 s, and the session answered "Workflow Task in failed
+    state" until the test gave up (issue 12). Hermes' workflow code does work bounded by
+    configuration only, so the bound is there for code stuck for good: 8 s, 80% of the
+    10 s workflow task timeout (the fraction at which the SDK core heartbeats a task)."""
     workflow_sandbox: bool = True
     """Run workflow code in Temporal's sandbox, which re-imports the workflow modules for
     every run it starts or replays and checks the calls they make. ``false``

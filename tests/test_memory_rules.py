@@ -311,10 +311,12 @@ HOSTILE = [
 
 @pytest.mark.parametrize("message", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_input_returns_quickly_without_raising(message):
-    started = time.perf_counter()
+    # CPU time of this thread, not wall time: a loaded machine (the suite runs in two
+    # processes, often beside a CPU hog) stretches the wall clock, not the work.
+    started = time.thread_time()
     assert isinstance(extract_by_rules(message), list)
     assert isinstance(detect_triggers(message), Triggers)
-    assert time.perf_counter() - started < 2.0  # loose: every pattern is linear on 4,000 characters
+    assert time.thread_time() - started < 2.0  # loose: every pattern is linear on 4,000 characters
 
 
 _ALPHABET = st.sampled_from(list("aeimnorstIM @.+-()0123456789,.!?'\"\n\t我是叫住在喜欢记忆忘不了的，。？！")
@@ -324,10 +326,10 @@ _ALPHABET = st.sampled_from(list("aeimnorstIM @.+-()0123456789,.!?'\"\n\t我是�
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.one_of(st.text(max_size=4_000), st.lists(_ALPHABET, max_size=1_200).map("".join)))
 def test_random_text_never_raises_and_finishes_in_time(message):
-    started = time.perf_counter()
+    started = time.thread_time()  # CPU time, as above
     candidates = extract_by_rules(message)
     triggers = detect_triggers(message)
-    assert time.perf_counter() - started < 1.0 + 1.0  # 1 s per call for 4 KB, two calls
+    assert time.thread_time() - started < 1.0 + 1.0  # 1 s per call for 4 KB, two calls
     assert isinstance(triggers, Triggers)
     for c in candidates:
         assert c.text and len(c.text) <= 200
