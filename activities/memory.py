@@ -397,14 +397,28 @@ class MemoryActivities:
                 batch and tries again later), or a store failure (retried).
         """
         try:
-            report = await self._run(lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None))
+            return await self._mutating(
+                inp.user_id, lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None)
+            )
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__) from None
-        if report.inserted or report.updated or report.superseded:
-            await self._changed(inp.user_id)
-        return report
+
+    async def _mutating(self, user_id: str, fn: Any) -> Any:
+        """Run the store change ``fn`` for ``user_id``, then start a new rows generation
+        (:meth:`_changed`) whatever it reports, and also when it fails or is cancelled.
+
+        Why always: an attempt of this activity cancelled after its commit (a heartbeat
+        timeout on a loaded machine) never started the new generation, and its retry finds
+        the rows already written and reports nothing changed; searches then kept serving
+        the rows cached before the write (the demo's second session did not recall the
+        user's city on a loaded machine). A generation too many costs one uncached search.
+        """
+        try:
+            return await self._run(fn)
+        finally:
+            await asyncio.shield(self._changed(user_id))
 
     @activity.defn(name=names.FORGET_MEMORIES)
     async def forget_memories(self, user_id: str) -> int:
@@ -451,14 +465,11 @@ class MemoryActivities:
         """Consolidate one user's rows (see :meth:`MemoryStore.consolidate_user`)."""
         judge = inp.judge and self.provider is not None
         try:
-            report = await self._run(lambda s: consolidate_and_judge(s, inp, judge=judge))
+            return await self._mutating(inp.user_id, lambda s: consolidate_and_judge(s, inp, judge=judge))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
-        if report.changed():
-            await self._changed(inp.user_id)
-        return report
 
     @activity.defn(name=names.JUDGE_MEMORIES)
     async def judge_memories(self, inp: JudgeMemoriesInput) -> JudgeReport:
@@ -467,12 +478,12 @@ class MemoryActivities:
         and the consolidation run it). A store failure raises (retried; verdicts already
         applied find their rows gone and change nothing)."""
         try:
-            report = await judge_pairs(self.store(), self.provider, inp, run=self._run)
+            return await judge_pairs(self.store(), self.provider, inp, run=self._run)
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__) from None
-        if report.merged or report.superseded:
-            await self._changed(inp.user_id)
-        return report
+        finally:
+            # As _mutating: a cancelled attempt may have applied verdicts.
+            await asyncio.shield(self._changed(inp.user_id))
 
     @activity.defn(name=names.OPTIMIZE_MEMORIES)
     async def optimize_memories(self) -> None:
