@@ -9,9 +9,11 @@ loop never waits on them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import uuid
+from collections.abc import AsyncIterator
 from datetime import datetime, timezone
 from typing import Any, Callable
 
@@ -397,17 +399,18 @@ class MemoryActivities:
                 batch and tries again later), or a store failure (retried).
         """
         try:
-            return await self._mutating(
-                inp.user_id, lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None)
-            )
+            async with self._changing(inp.user_id):
+                return await self._run(lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__) from None
 
-    async def _mutating(self, user_id: str, fn: Any) -> Any:
-        """Run the store change ``fn`` for ``user_id``, then start a new rows generation
-        (:meth:`_changed`) whatever it reports, and also when it fails or is cancelled.
+    @contextlib.asynccontextmanager
+    async def _changing(self, user_id: str) -> AsyncIterator[None]:
+        """Around a change of ``user_id``'s rows: on leaving, start a new rows generation
+        (:meth:`_changed`) whatever the change reported, and also when it failed or was
+        cancelled.
 
         Why always: an attempt of this activity cancelled after its commit (a heartbeat
         timeout on a loaded machine) never started the new generation, and its retry finds
@@ -416,7 +419,7 @@ class MemoryActivities:
         user's city on a loaded machine). A generation too many costs one uncached search.
         """
         try:
-            return await self._run(fn)
+            yield
         finally:
             await asyncio.shield(self._changed(user_id))
 
@@ -465,7 +468,8 @@ class MemoryActivities:
         """Consolidate one user's rows (see :meth:`MemoryStore.consolidate_user`)."""
         judge = inp.judge and self.provider is not None
         try:
-            return await self._mutating(inp.user_id, lambda s: consolidate_and_judge(s, inp, judge=judge))
+            async with self._changing(inp.user_id):
+                return await self._run(lambda s: consolidate_and_judge(s, inp, judge=judge))
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:
@@ -478,12 +482,10 @@ class MemoryActivities:
         and the consolidation run it). A store failure raises (retried; verdicts already
         applied find their rows gone and change nothing)."""
         try:
-            return await judge_pairs(self.store(), self.provider, inp, run=self._run)
+            async with self._changing(inp.user_id):
+                return await judge_pairs(self.store(), self.provider, inp, run=self._run)
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__) from None
-        finally:
-            # As _mutating: a cancelled attempt may have applied verdicts.
-            await asyncio.shield(self._changed(inp.user_id))
 
     @activity.defn(name=names.OPTIMIZE_MEMORIES)
     async def optimize_memories(self) -> None:

@@ -212,39 +212,43 @@ class Tally:
     done: int = 0
 
 
-async def send(hermes: HermesClient, session_id: str, user_id: str, cid: str, text: str, tally: Tally, deadline_seconds: float) -> str:
-    """Send one message until it is answered, resending with the same client message id."""
+async def retried(call: Any, what: str, label: str, tally: Tally, deadline_seconds: float) -> Any:
+    """``await call()`` until it returns, again with backoff (0.2 s doubling to 3 s) on
+    any error but a final one (the message refused, the session closed), each counted
+    in ``tally.errors`` under ``label``, up to a deadline."""
     deadline = time.monotonic() + deadline_seconds
     delay = 0.2
     while True:
         try:
-            result = await hermes.send_message(session_id, text, user_id=user_id, client_message_id=cid)
-            return result.reply
+            return await call()
         except (MessageRejectedError, SessionClosedError):
             raise
-        except Exception as err:  # noqa: BLE001 - every other failure is retried with the same id
-            tally.errors[f"{type(err).__name__}: {str(err)[:80]}"] += 1
+        except Exception as err:  # noqa: BLE001 - every other failure is retried (a send, with the same id)
+            tally.errors[f"{label}{type(err).__name__}: {str(err)[:80 - len(label)]}"] += 1
             if time.monotonic() > deadline:
-                raise RuntimeError(f"{cid}: not answered within {deadline_seconds} s; last error {err!r}") from err
+                raise RuntimeError(f"{what}: not answered within {deadline_seconds} s; last error {err!r}") from err
             await asyncio.sleep(delay)
             delay = min(delay * 2, 3.0)
+
+
+async def send(hermes: HermesClient, session_id: str, user_id: str, cid: str, text: str, tally: Tally, deadline_seconds: float) -> str:
+    """Send one message until it is answered, resending with the same client message id."""
+
+    async def call() -> str:
+        return (await hermes.send_message(session_id, text, user_id=user_id, client_message_id=cid)).reply
+
+    return await retried(call, cid, "", tally, deadline_seconds)
 
 
 async def run_index(hermes: HermesClient, session_id: str, tally: Tally, deadline_seconds: float) -> int:
-    """The session's run index (``get_state``), asked again with backoff on any error up
-    to a deadline: on a loaded machine a query can wait for a busy worker past the
-    client's patience, and that is no lost turn."""
-    deadline = time.monotonic() + deadline_seconds
-    delay = 0.2
-    while True:
-        try:
-            return (await hermes.get_state(session_id)).run_index
-        except Exception as err:  # noqa: BLE001 - counted, asked again
-            tally.errors[f"get_state {type(err).__name__}: {str(err)[:70]}"] += 1
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 3.0)
+    """The session's run index (``get_state``), asked again on errors: on a loaded machine
+    a query can wait for a busy worker past the client's patience, and that is no lost
+    turn."""
+
+    async def call() -> int:
+        return (await hermes.get_state(session_id)).run_index
+
+    return await retried(call, f"get_state of {session_id}", "get_state ", tally, deadline_seconds)
 
 
 async def session_loop(
@@ -320,9 +324,9 @@ async def dump_histories(client: Any, workflow_ids: list[str], folder: Path) -> 
     folder.mkdir(parents=True, exist_ok=True)
     for workflow_id in workflow_ids:
         try:
-            async for run in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
-                history = await client.get_workflow_handle(workflow_id, run_id=run.run_id).fetch_history()
-                (folder / f"{workflow_id}.{run.run_id}.json").write_text(history.to_json(), encoding="utf-8")
+            async for execution in client.list_workflows(f"WorkflowId = '{workflow_id}'"):
+                history = await client.get_workflow_handle(workflow_id, run_id=execution.run_id).fetch_history()
+                (folder / f"{workflow_id}.{execution.run_id}.json").write_text(history.to_json(), encoding="utf-8")
         except Exception as err:  # noqa: BLE001 - evidence gathering must not hide the failure
             print(f"history of {workflow_id} not kept: {err!r}", flush=True)
 
@@ -344,6 +348,18 @@ def check_transcript(messages: list[Any], sent: dict[str, str]) -> tuple[list[st
     lost = [cid for cid in sent if users[cid] == 0 or finals[cid] == 0]
     duplicated = [cid for cid in sent if users[cid] > 1 or finals[cid] > 1]
     return lost, duplicated
+
+
+def key_values(p: Any, option: str, items: list[str], *, shape: str) -> dict[str, str]:
+    """``NAME=VALUE`` items of a repeatable option as a dict; a malformed one stops the
+    run with an error naming the option and the item."""
+    pairs: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            p.error(f"{option}: expected {shape}, got {item!r}")
+        pairs[name] = value
+    return pairs
 
 
 async def main() -> None:
@@ -409,12 +425,7 @@ async def main() -> None:
 
     asyncio.get_running_loop().set_exception_handler(on_loop_error)
     tmp = Path(tempfile.mkdtemp(prefix="hermes-soak-"))
-    server_config: dict[str, str] = {}
-    for item in args.server_config:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            p.error(f"--server-config: expected KEY=VALUE, got {item!r}")
-        server_config[name] = value
+    server_config = key_values(p, "--server-config", args.server_config, shape="KEY=VALUE")
     if server_config:
         print("server dynamic config: " + ", ".join(args.server_config), flush=True)
     env_server = await start_dev_environment(dynamic_config=server_config)
@@ -440,11 +451,7 @@ async def main() -> None:
             "PYTHONUNBUFFERED": "1",
         }
     )
-    for item in args.worker_env:
-        name, sep, value = item.partition("=")
-        if not sep or not name:
-            p.error(f"--worker-env: expected NAME=VALUE, got {item!r}")
-        env[name] = value
+    env.update(key_values(p, "--worker-env", args.worker_env, shape="NAME=VALUE"))
     if args.worker_env:
         print("workers' extra settings: " + ", ".join(args.worker_env), flush=True)
     workers = Workers(env=env, log_dir=tmp)

@@ -51,7 +51,6 @@ from hermes import names
 from hermes.blobs import BlobStore, stored_preview, value_ref
 from hermes.durable import DurableStore
 from hermes.errors import (
-    failed_to_replay,
     HermesError,
     MessageFailedError,
     MessageRejectedError,
@@ -61,6 +60,7 @@ from hermes.errors import (
     SessionNotFoundError,
     SessionUnavailableError,
     TemporalRequestError,
+    failed_to_replay,
 )
 from hermes.models import (
     ApprovalAuditEntry,
