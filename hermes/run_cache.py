@@ -41,6 +41,10 @@ CHANNEL = "hermes:workflow-runs-taken"
 RECONNECT_SECONDS = (0.5, 5.0)
 """Backoff (first, last) between attempts to subscribe again after a Redis error."""
 
+STOP_WAIT_SECONDS = 5.0
+"""How long the worker's shutdown waits for the listener to stop (it checks its stop flag
+at least once a second); past that the shutdown goes on without it."""
+
 
 class MovedRunEviction:
     """Evicts this worker's stale copies of runs other workers took over (see the module
@@ -58,6 +62,7 @@ class MovedRunEviction:
         self.worker_id = worker_id or uuid.uuid4().hex
         self._workflows: Any = None
         self._pending: set[asyncio.Task[Any]] = set()
+        self._stopping = False
         self._unannounced: set[str] = set()
         """Runs this worker started without having them cached, until it does new work
         on them (then announced) or they leave its cache."""
@@ -105,15 +110,27 @@ class MovedRunEviction:
         async def run_with_listener() -> None:
             # The listener lives as long as the worker's workflow polling does, however
             # the worker is run (``async with``, ``Worker.run``, hermes dev / demo).
+            self._stopping = False
             listener = asyncio.ensure_future(self.run())
             try:
                 await poll()
             finally:
-                listener.cancel()
-                await asyncio.gather(listener, return_exceptions=True)
+                await self._stop(listener)
 
         workflows.run = run_with_listener
         return True
+
+    async def _stop(self, listener: asyncio.Task[Any]) -> None:
+        # A stop flag as well as the cancel: a cancel that lands while redis-py's read
+        # timeout expires can be swallowed (asyncio.timeout on Python 3.11), and the
+        # listener would then run on and hold the worker's shutdown forever (seen in CI).
+        self._stopping = True
+        listener.cancel()
+        done, _ = await asyncio.wait({listener}, timeout=STOP_WAIT_SECONDS)
+        if not done:
+            log.warning("run-taken listener did not stop within %.0f s; shutting down without it", STOP_WAIT_SECONDS)
+        elif not listener.cancelled() and listener.exception() is not None:
+            log.debug("run-taken listener ended with %r", listener.exception())
 
     def _announce(self, run_id: str) -> None:
         task = asyncio.ensure_future(self._publish(run_id))
@@ -144,17 +161,17 @@ class MovedRunEviction:
         return True
 
     async def run(self) -> None:
-        """Listen on :data:`CHANNEL` until cancelled, subscribing again after a Redis
-        error (with backoff)."""
+        """Listen on :data:`CHANNEL` until cancelled or the worker's polling ends,
+        subscribing again after a Redis error (with backoff)."""
         if self._workflows is None:
             return
         delay = RECONNECT_SECONDS[0]
-        while True:
+        while not self._stopping:
             pubsub = self._redis.pubsub()
             try:
                 await pubsub.subscribe(CHANNEL)
                 delay = RECONNECT_SECONDS[0]
-                while True:
+                while not self._stopping:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
                     if message is not None and message.get("type") == "message":
                         self.on_message(message["data"])
@@ -162,10 +179,13 @@ class MovedRunEviction:
                 raise
             except Exception as err:  # noqa: BLE001 - Redis down: try again later
                 log.debug("run-taken channel: %r; subscribing again in %.1f s", err, delay)
-                await asyncio.sleep(delay)
+                for _ in range(max(1, round(delay / 0.25))):  # the stop flag is checked during the backoff
+                    if self._stopping:
+                        break
+                    await asyncio.sleep(0.25)
                 delay = min(delay * 2, RECONNECT_SECONDS[1])
             finally:
                 try:
-                    await pubsub.aclose()
-                except Exception:  # noqa: BLE001
+                    await asyncio.wait_for(pubsub.aclose(), timeout=2.0)
+                except (Exception, asyncio.CancelledError):  # noqa: BLE001 - closing a dead connection
                     pass

@@ -6,6 +6,7 @@ deadlock (``Settings.workflow_deadlock_seconds``)."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -102,6 +103,60 @@ async def test_a_new_run_is_announced_on_redis_with_this_workers_id(
             await eventually(announced, what="the new run announced", timeout_seconds=30)
     finally:
         await pubsub.aclose()
+
+
+class _SwallowingPubSub:
+    """A real Redis pub/sub whose reads swallow a cancel, as redis-py's read timeout can
+    on Python 3.11 when the cancel lands while the timeout expires (asyncio.timeout)."""
+
+    def __init__(self, pubsub: Any) -> None:
+        self._pubsub = pubsub
+        self.swallowed = 0
+
+    async def subscribe(self, *channels: str) -> None:
+        await self._pubsub.subscribe(*channels)
+
+    async def get_message(self, **kwargs: Any) -> Any:
+        try:
+            return await self._pubsub.get_message(**kwargs)
+        except asyncio.CancelledError:
+            self.swallowed += 1
+            return None
+
+    async def aclose(self) -> None:
+        await self._pubsub.aclose()
+
+
+class _SwallowingRedis:
+    def __init__(self, redis: Any) -> None:
+        self._redis = redis
+        self.pubsubs: list[_SwallowingPubSub] = []
+
+    def pubsub(self) -> _SwallowingPubSub:
+        self.pubsubs.append(_SwallowingPubSub(self._redis.pubsub()))
+        return self.pubsubs[-1]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._redis, name)
+
+
+async def test_a_listener_that_swallows_its_cancel_does_not_hold_the_workers_shutdown(
+    temporal_client, settings, redis, session_id
+):
+    # CI once waited 570 s for a worker's shutdown: the run-taken listener went on
+    # after its cancel. It also stops on a flag, and the shutdown waits for it at most
+    # STOP_WAIT_SECONDS.
+    swallowing = _SwallowingRedis(redis)
+    worker = _worker(temporal_client, settings, redis)
+    eviction = MovedRunEviction(worker, swallowing)
+    assert eviction.install()  # over build_worker's own (which reads the real Redis)
+    async with worker:
+        await _hermes(temporal_client, settings, redis).send_message(session_id, "hello")
+        await eventually(lambda: _subscribed(redis), what="the listener subscribed")
+    # The shutdown returned (the per-test timeout fails this test otherwise), after
+    # cancelling a read that swallowed the cancel.
+    assert sum(p.swallowed for p in swallowing.pubsubs) >= 1
+    assert eviction._stopping
 
 
 def test_without_redis_or_workflows_nothing_is_hooked():
