@@ -181,6 +181,7 @@ def build_worker(
     # taken elsewhere leave its cache (hermes.run_cache).
     eviction = MovedRunEviction(worker, redis)
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
+    worker.hermes_memory = memory_activities  # type: ignore[attr-defined]
     return worker
 
 

@@ -212,6 +212,12 @@ class MemoryActivities:
             self._opening = threading.Thread(target=open_store, name="hermes-memory-open", daemon=True)
             self._opening.start()
 
+    async def wait_open(self, timeout_seconds: float) -> bool:
+        """Start opening the store if needed and wait for it at most ``timeout_seconds``;
+        True once it is open (False: still opening, or it failed: see the searches)."""
+        self.open_in_background()
+        return await asyncio.to_thread(self._opened.wait, timeout_seconds)
+
     async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """``fn(store, *args, **kwargs)`` in a thread, heartbeating meanwhile (writes and
         consolidations can take minutes; a dead worker's are retried in seconds)."""

@@ -172,10 +172,15 @@ def builtin_registry() -> ToolRegistry:
     return register_builtins(ToolRegistry())
 
 
+MEMORY_OPEN_SECONDS = 240.0
+"""How long ``run_worker(..., memory_ready=True)`` waits for the worker's memory store."""
+
+
 @pytest.fixture
 def run_worker(temporal_client: Client, settings: Settings, redis: Any) -> Callable[..., Any]:
     """``async with run_worker(script, registry=..., **worker_kwargs) as hermes:`` runs a
-    worker on this test's task queue and yields a :class:`HermesClient` for it."""
+    worker on this test's task queue and yields a :class:`HermesClient` for it
+    (``memory_ready=True``: once its memory store is open)."""
 
     @asynccontextmanager
     async def run(
@@ -183,6 +188,7 @@ def run_worker(temporal_client: Client, settings: Settings, redis: Any) -> Calla
         *,
         registry: ToolRegistry | None = None,
         config: SessionConfig | None = None,
+        memory_ready: bool = False,
         **kwargs: Any,
     ) -> AsyncIterator[HermesClient]:
         provider = ScriptedModel.from_dict(script) if isinstance(script, dict) else script
@@ -195,6 +201,11 @@ def run_worker(temporal_client: Client, settings: Settings, redis: Any) -> Calla
             **kwargs,
         )
         async with worker:
+            memory = getattr(worker, "hermes_memory", None)
+            if memory_ready and memory is not None:
+                # A test that checks each turn's exact trace or warnings: on a loaded machine
+                # the store took 38 s to open, and turns before it go on without memories.
+                assert await memory.wait_open(MEMORY_OPEN_SECONDS), "the memory store did not open"
             yield HermesClient(
                 temporal_client,
                 task_queue=settings.task_queue,

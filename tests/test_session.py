@@ -163,7 +163,7 @@ CONVERSATION = {
 async def test_a_multi_turn_conversation_keeps_replies_transcript_state_and_trace_in_order(
     run_worker, session_id, max_cached_workflows
 ):
-    async with run_worker(CONVERSATION, max_cached_workflows=max_cached_workflows) as hermes:
+    async with run_worker(CONVERSATION, max_cached_workflows=max_cached_workflows, memory_ready=True) as hermes:
         texts = ["hi", "what time is it in Shanghai?", "what is 6 * 7?", "thanks"]
         results = [await hermes.send_message(session_id, t, user_id="alice", channel="web") for t in texts]
 
