@@ -156,6 +156,9 @@ class PageReader:
 
     def __init__(self) -> None:
         self.reply_calls = 0
+        self.reply_steps: set[tuple[int, int]] = set()
+        """(turn, step) of every reply call: an attempt retried after a heartbeat timeout
+        (a loaded machine) calls again for the same step."""
         self.summary_calls = 0
         self.last_reply_request: CallModelInput | None = None
         self.extraction_calls = 0
@@ -169,6 +172,7 @@ class PageReader:
             self.extraction_calls += 1
             return CallModelResult(message=Message(role="assistant", content='{"memories": []}'), provider="test")
         self.reply_calls += 1
+        self.reply_steps.add((request.turn, request.step))
         self.last_reply_request = request
         if request.step == 0:
             return call_result(f"page_{request.turn}", "read_page", {"n": request.turn}, request)
@@ -258,7 +262,10 @@ async def test_a_thousand_turns_with_5_kb_tool_results_keep_every_run_small_and_
         f"  model calls: {model.reply_calls} replies, {model.summary_calls} summaries; last context "
         f"{state.context_tokens} tokens (session estimate), {provider_tokens} (provider count), budget {budget}"
     )
-    assert model.reply_calls == 2 * turns
+    # Every step of every turn was called; a step called again is an attempt retried after
+    # its heartbeat timed out (beside a soak, 5 of 2,000), never a second turn.
+    assert model.reply_steps == {(n, step) for n in range(1, turns + 1) for step in (0, 1)}
+    assert model.reply_calls - 2 * turns <= turns // 50, f"{model.reply_calls - 2 * turns} steps called again"
     assert 0 < state.context_tokens <= budget and provider_tokens <= budget
     assert state.summary is not None and model.summary_calls >= 1
     assert model.extraction_calls >= turns // 8 - 1, "memory extractions ran every 8 turns"
@@ -305,6 +312,9 @@ class BatchJob:
         self.job_turn: int | None = None
         self.job_context_tokens: list[int] = []
         self.reply_calls = 0
+        self.reply_steps: set[tuple[int, int]] = set()
+        """(turn, step) of every reply call: an attempt retried after a heartbeat timeout
+        (a loaded machine) calls again for the same step."""
         self.summary_calls = 0
         self.reached = {20: asyncio.Event()}
 
