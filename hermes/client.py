@@ -22,6 +22,11 @@ of :mod:`hermes.errors` (never a raw ``RPCError``):
 
 Queries and signals ride the same retries. Signals are safe to resend: a decision on a
 settled tool call changes nothing, close and set_system_prompt are idempotent.
+
+Why this module is long: :class:`HermesClient` is the package's one public surface for
+callers (STYLE.md: one public surface per module), and its every method rides on the
+same retry, refusal and settle logic that makes a send exactly-once; split, that logic
+would have to be public to be shared.
 """
 
 from __future__ import annotations

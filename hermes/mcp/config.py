@@ -64,6 +64,10 @@ Every mistake is refused with :class:`~hermes.errors.ConfigError` naming the fil
 Model-facing tool names are ``<server>_<tool>`` made safe for every provider by
 :func:`sanitize_tool_name`; :func:`merge_tool_names` resolves the collisions that
 sanitising can cause, deterministically, and says what it did.
+
+Why this module is long: it is one file format end to end (keys, validation with
+line-exact errors, variable substitution, resolution, tool-name merging), and each
+step's error messages name the keys the previous step checked.
 """
 
 from __future__ import annotations

@@ -58,6 +58,11 @@ on a page that brings nothing new (a cursor that never advances).
 Secrets: every message this module produces (errors, ``status()``, logs) has the
 server's resolved ``${NAME}`` values and ``env``/``headers`` values masked
 (:func:`hermes.mcp.config.redact`).
+
+Why this module is long: a connection's life (start, initialize, watch, back off, stop
+when idle, clean up the process tree) is one state machine whose transitions share one
+lock and one record per server; spread over files, a reader could no longer check that
+every path out of a state releases what it holds.
 """
 
 from __future__ import annotations

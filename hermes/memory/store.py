@@ -22,6 +22,11 @@ DESIGN.md "Memory" and seeds 000 §4, 002 §6, 004 §6-7:
   user id with quotes or SQL in it selects that id and nothing else.
 
 All methods are synchronous (LanceDB's own calls are); the activities run them in threads.
+
+Why this module is long: the write path, the search and the consolidation work on the
+same two LanceDB tables, under the same per-user locks and with the same SQL and schema
+helpers, and must change together whenever the schema does; the pure helpers (text
+cleaning, identifiers, re-embedding) sit beside them for the same reason.
 """
 
 from __future__ import annotations

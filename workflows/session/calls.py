@@ -1,0 +1,270 @@
+"""The activities a session starts, each with its timeouts and retry policy.
+
+Workflow code (it calls ``workflow.execute_activity`` and friends) but no decisions: the
+session shell decides what to call and when; this module says how each call is made.
+Changing an option here (a timeout, a retry policy) changes no command, so replay is
+unaffected; changing which activity runs, or its order, needs ``workflow.patched()``.
+
+Timeouts (DESIGN.md, tiered): local activities for cheap Redis writes and checks
+(5-15 s); model calls ``SessionConfig.model_timeout_seconds`` with a heartbeat of
+``model_heartbeat_seconds`` (issue 12: a call on a dead worker is retried in seconds).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from hermes import names
+    from hermes.memory.models import ExtractMemoriesInput, ExtractMemoriesResult, ForgetReport, SearchMemoriesInput, SearchMemoriesResult
+    from hermes.models import (
+        ApprovalAuditBatch,
+        ArchiveMessagesInput,
+        CallModelInput,
+        CallModelResult,
+        CompositeInput,
+        CountTokensInput,
+        ListToolsInput,
+        ListToolsResult,
+        RunToolInput,
+        SessionConfig,
+        SnapshotInput,
+        Summary,
+        SummarizeInput,
+        ToolResult,
+        ToolSpec,
+        ValidateToolCallResult,
+    )
+
+    from workflows.session.turn import TurnCancelled
+    from workflows.tool_calls import tool_activity_options
+
+_MODEL_ERRORS_NOT_RETRIED = ["ModelRequestError", "ScriptExhaustedError", "ContextTooLongError"]
+
+
+def model_heartbeat(cfg: SessionConfig) -> timedelta | None:
+    """Heartbeat timeout of the model activities (calls, summaries, extraction): an
+    attempt on a dead worker is retried after it. Only an activity option: the
+    commands, and so replay, are the same with or without it."""
+    return timedelta(seconds=cfg.model_heartbeat_seconds) if cfg.model_heartbeat_seconds > 0 else None
+
+
+async def list_tools(inp: ListToolsInput | None) -> ListToolsResult:
+    """The worker's tools (a local activity: cached and bounded, 8 s per MCP server;
+    it cannot heartbeat, and a regular activity would add three events and a server
+    round trip to every turn). ``inp`` None: runs recorded before bounded-context sent
+    no argument."""
+    return await workflow.execute_local_activity(
+        names.LIST_TOOLS,
+        *([inp] if inp is not None else []),
+        result_type=ListToolsResult,
+        start_to_close_timeout=timedelta(seconds=10),
+    )
+
+
+async def count_tokens(text: str, encoding: str) -> int:
+    """Exact tokens of a text too long to count in workflow code (a local activity,
+    recorded, so a replay does not count it again)."""
+    return await workflow.execute_local_activity(
+        names.COUNT_TOKENS,
+        CountTokensInput(text=text, encoding=encoding),
+        result_type=int,
+        start_to_close_timeout=timedelta(seconds=10),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+        summary="count tokens",
+    )
+
+
+def start_model_call(cfg: SessionConfig, request: CallModelInput, turn: int, step: int) -> workflow.ActivityHandle[CallModelResult]:
+    """Start one model step."""
+    return workflow.start_activity(
+        names.CALL_MODEL,
+        request,
+        result_type=CallModelResult,
+        start_to_close_timeout=timedelta(seconds=cfg.model_timeout_seconds),
+        # A call on a worker that died is retried after seconds, not the timeout.
+        heartbeat_timeout=model_heartbeat(cfg),
+        retry_policy=RetryPolicy(
+            # After a worker crash (a heartbeat timeout) this wait is part of the time to
+            # the reply; a provider's failure sets its own longer wait
+            # (activities.model.provider_retry_delay: 0.5 s doubling, Retry-After).
+            initial_interval=timedelta(milliseconds=100),
+            backoff_coefficient=2.0,
+            maximum_interval=timedelta(seconds=30),
+            maximum_attempts=cfg.model_max_attempts,
+            non_retryable_error_types=_MODEL_ERRORS_NOT_RETRIED,
+        ),
+        summary=f"model, turn {turn}, step {step + 1}",
+    )
+
+
+async def summarize(cfg: SessionConfig, inp: SummarizeInput, *, summary: str) -> Summary:
+    """Fold turns into the running summary (a model call)."""
+    return await workflow.execute_activity(
+        names.SUMMARIZE_CONTEXT,
+        inp,
+        result_type=Summary,
+        start_to_close_timeout=timedelta(seconds=cfg.model_timeout_seconds),
+        heartbeat_timeout=model_heartbeat(cfg),
+        retry_policy=RetryPolicy(
+            initial_interval=timedelta(seconds=1),
+            maximum_interval=timedelta(seconds=30),
+            maximum_attempts=3,
+            non_retryable_error_types=_MODEL_ERRORS_NOT_RETRIED,
+        ),
+        summary=summary,
+    )
+
+
+async def search_memories(inp: SearchMemoriesInput) -> SearchMemoriesResult:
+    """The user's memories for a message (a local activity, 15 s, two attempts)."""
+    return await workflow.execute_local_activity(
+        names.SEARCH_MEMORIES,
+        inp,
+        result_type=SearchMemoriesResult,
+        start_to_close_timeout=timedelta(seconds=15),
+        retry_policy=RetryPolicy(maximum_attempts=2),
+        summary="recall memories",
+    )
+
+
+async def forget_user(cfg: SessionConfig, user_id: str) -> ForgetReport:
+    """Delete every memory of ``user_id`` (and what still waits to be written)."""
+    return await workflow.execute_activity(
+        names.FORGET_USER_MEMORIES,
+        user_id,
+        result_type=ForgetReport,
+        start_to_close_timeout=timedelta(seconds=60),
+        heartbeat_timeout=model_heartbeat(cfg),
+        retry_policy=RetryPolicy(maximum_attempts=3),
+        summary="forget the user",
+    )
+
+
+async def extract_memories(cfg: SessionConfig, inp: ExtractMemoriesInput) -> ExtractMemoriesResult:
+    """Deliver a turn's memory candidates (and run the model extraction): retried until
+    delivered, since the candidates are in this input and nowhere else."""
+    return await workflow.execute_activity(
+        names.EXTRACT_MEMORIES,
+        inp,
+        result_type=ExtractMemoriesResult,
+        start_to_close_timeout=timedelta(seconds=cfg.model_timeout_seconds + 30),
+        heartbeat_timeout=model_heartbeat(cfg),
+        retry_policy=RetryPolicy(initial_interval=timedelta(seconds=2), maximum_interval=timedelta(seconds=60)),
+        summary=f"memories of turn {inp.turn} ({', '.join(inp.reasons) or 'rules'})",
+    )
+
+
+async def validate_tool_call(request: RunToolInput, name: str) -> ValidateToolCallResult:
+    """Check a gated call's arguments before a human is asked (a local activity)."""
+    return await workflow.execute_local_activity(
+        names.VALIDATE_TOOL_CALL,
+        request,
+        result_type=ValidateToolCallResult,
+        start_to_close_timeout=timedelta(seconds=10),
+        retry_policy=RetryPolicy(maximum_attempts=3),
+        summary=f"validate {name}",
+    )
+
+
+def start_tool(request: RunToolInput, spec: ToolSpec) -> workflow.ActivityHandle[ToolResult]:
+    """Start a tool call, with its tier's timeouts and its idempotency's retries."""
+    return workflow.start_activity(
+        names.RUN_TOOL, request, result_type=ToolResult, summary=f"tool {request.tool_call.name}", **tool_activity_options(spec)
+    )
+
+
+async def run_composite(request: RunToolInput, spec: ToolSpec, specs: dict[str, ToolSpec]) -> ToolResult:
+    """A composite tool: its steps in a child workflow, one per call."""
+    steps = spec.composite or []
+    return await workflow.execute_child_workflow(
+        names.COMPOSITE_TOOL_WORKFLOW,
+        CompositeInput(
+            session_id=request.session_id,
+            user_id=request.user_id,
+            turn=request.turn,
+            chain_id=request.chain_id,
+            tool_call=request.tool_call,
+            steps=steps,
+            specs={s.tool: specs[s.tool] for s in steps if s.tool in specs},
+        ),
+        id=f"{request.session_id}/tool/{request.call_key}",
+        result_type=ToolResult,
+        static_summary=f"composite tool {spec.name}",
+    )
+
+
+async def archive_messages(inp: ArchiveMessagesInput) -> None:
+    """Write a chunk of the transcript to the archive (by index: a retry rewrites it)."""
+    await workflow.execute_activity(
+        names.ARCHIVE_MESSAGES,
+        inp,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_attempts=5),
+        summary="archive transcript",
+    )
+
+
+async def save_snapshot(inp: SnapshotInput) -> None:
+    """The archived session's final state (a few seconds at most: messages wait, busy,
+    while the run drains)."""
+    await workflow.execute_activity(
+        names.SAVE_SNAPSHOT,
+        inp,
+        start_to_close_timeout=timedelta(seconds=30),
+        retry_policy=RetryPolicy(maximum_interval=timedelta(seconds=2), maximum_attempts=3),
+        summary="session snapshot",
+    )
+
+
+async def record_audit(batch: ApprovalAuditBatch) -> bool:
+    """Write approval audit entries (a local activity); False after a final failure
+    (logged: the state's decision list stays the record)."""
+    try:
+        await workflow.execute_local_activity(
+            names.RECORD_APPROVAL_AUDIT,
+            batch,
+            start_to_close_timeout=timedelta(seconds=5),
+            retry_policy=RetryPolicy(maximum_attempts=5),
+            summary="approval audit",
+        )
+    except FailureError:
+        workflow.logger.warning("approval audit: %d entries not written", len(batch.entries), exc_info=True)
+        return False
+    return True
+
+
+async def cache_write(activity: str, arg: Any, *, summary: str, attempts: int) -> None:
+    """A cheap, idempotent Redis write as a local activity (DESIGN.md: cache writes fit
+    local activities). A final failure is logged, never fails the session (a local
+    activity's final failure arrives as the ApplicationError itself, not wrapped in
+    ActivityError)."""
+    try:
+        await workflow.execute_local_activity(
+            activity,
+            arg,
+            start_to_close_timeout=timedelta(seconds=5),
+            retry_policy=RetryPolicy(maximum_attempts=attempts),
+            summary=summary,
+        )
+    except FailureError:
+        workflow.logger.warning("%s failed", summary, exc_info=True)
+
+
+async def cancellable(task: Any, cancelled: Any) -> Any:
+    """Await ``task`` (an activity handle or task) unless ``cancelled()`` turns true
+    first: then it is cancelled, awaited, and :class:`TurnCancelled` is raised."""
+    await workflow.wait_condition(lambda: task.done() or cancelled())
+    if not task.done():
+        task.cancel()
+        try:
+            await task
+        except BaseException:  # noqa: BLE001 - the turn is cancelled whatever the task did
+            pass
+        raise TurnCancelled()
+    return await task

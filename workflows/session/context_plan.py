@@ -1,0 +1,179 @@
+"""What a model call is sent, by reference: the context (system prompt, memories,
+summary, the recent turns that fit the token budget) and the offered tool list.
+
+A model call's activity input carries content references, never the messages: its size
+does not grow with the context (issue 12). The bodies are answered from the session by
+the ``get_message_bodies`` query (the activity reads them from Redis first). Plain
+Python; nothing here knows of Temporal.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from hermes.blobs import body_json, message_ref, value_ref
+from hermes.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
+from hermes.models import ListToolsResult, SessionConfig, Summary, ToolSpec
+from hermes.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
+
+from workflows.session.transcript import Transcript
+from workflows.session.turn import ContextTooLarge
+
+MAX_TOOL_LISTS = 16
+"""Distinct offered tool lists kept (with their bodies) before the cache starts over."""
+MAX_SYNTHETIC = 64
+"""Bodies of context parts that are not transcript messages (system prompt, summary,
+memories, context lists) kept; past it the newest half stays."""
+
+
+class ContextPlanner:
+    """The session's context and tool-list references, with the bodies it may be asked
+    for (``synthetic``, ``tool_bodies``) and the context of the model call in flight
+    (``inflight``: turn, step, references)."""
+
+    def __init__(self) -> None:
+        self.synthetic: dict[str, str] = {}
+        self.tool_lists: dict[tuple[Any, ...], tuple[str, int]] = {}
+        self.tool_bodies: dict[str, str] = {}
+        self.tools_generation = 0
+        """Counts tool listings: a cached tool list is one of the same listing."""
+        self.listing: tuple[str, dict[str, ToolSpec], list[Any]] | None = None
+        """The last full tool listing of this run: its reference, tools and groups."""
+        self.inflight: tuple[int, int, list[str]] | None = None
+        self._bounded: BoundedCounter | None = None
+
+    def counter(self, encoding: str, bounded_work: bool) -> TokenCounter | BoundedCounter:
+        """The session's token counter: bounded in cost per text (``bounded_work``: runs
+        with that patch), or exact (runs recorded before it). An encoding this worker
+        cannot load offline counts as ``DEFAULT_ENCODING``."""
+        try:
+            exact = TokenCounter.get(encoding or DEFAULT_ENCODING)
+        except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
+            exact = TokenCounter.get(DEFAULT_ENCODING)
+        if not bounded_work:
+            return exact
+        if self._bounded is None or self._bounded.counter is not exact:
+            self._bounded = BoundedCounter(exact)
+        return self._bounded
+
+    def take_listing(self, result: ListToolsResult, *, bounded: bool) -> tuple[dict[str, ToolSpec], list[Any]]:
+        """The tools of a listing: the held ones when it is unchanged (same reference),
+        else the new ones (held when ``bounded``: the run's bounded-context patch)."""
+        if result.unchanged and self.listing is not None and result.ref == self.listing[0]:
+            _, specs, groups = self.listing
+            return specs, groups
+        specs, groups = {spec.name: spec for spec in result.tools}, result.groups
+        self.tools_generation += 1
+        if bounded and result.ref:
+            self.listing = (result.ref, specs, groups)
+        return specs, groups
+
+    def known_listing(self) -> str | None:
+        return self.listing[0] if self.listing else None
+
+    def tool_list(self, tools: list[ToolSpec], counter: TokenCounter | BoundedCounter) -> tuple[str | None, int]:
+        """The content reference of the offered tool list and its tokens (computed once
+        per distinct list: a turn offers the same list at most steps)."""
+        if not tools:
+            return None, 0
+        key = (self.tools_generation, *(t.name for t in tools))
+        cached = self.tool_lists.get(key)
+        if cached is None:
+            tools_json = [t.model_dump(mode="json") for t in tools]
+            ref = value_ref(tools_json)
+            if len(self.tool_lists) > MAX_TOOL_LISTS:
+                self.tool_lists.clear()
+                self.tool_bodies.clear()
+            self.tool_bodies[ref] = json.dumps(tools_json, ensure_ascii=False)
+            cached = (ref, counter.tools(tools))
+            self.tool_lists[key] = cached
+        return cached
+
+    def build(
+        self,
+        transcript: Transcript,
+        cfg: SessionConfig,
+        *,
+        turn: int,
+        system_prompt: str,
+        counter: TokenCounter | BoundedCounter,
+        summary: Summary | None,
+        memories: list[str],
+        tools: list[ToolSpec],
+        tool_tokens: int | None,
+        correction: float,
+    ) -> BuiltContext:
+        """System prompt, memories, summary and the recent turns that fit the token budget
+        (:func:`hermes.context.build_context`).
+
+        Raises:
+            ContextTooLarge: the system prompt and the newest user message alone do not
+                fit, or this turn's last tool step with its results does not.
+        """
+        if len(self.synthetic) > MAX_SYNTHETIC:
+            self.synthetic = dict(list(self.synthetic.items())[-MAX_SYNTHETIC // 2 :])
+        try:
+            built = build_context(
+                transcript.messages,
+                turn=turn,
+                system_prompt=system_prompt,
+                policy=ContextPolicy.from_config(cfg),
+                counter=counter,
+                summary=summary,
+                memories=memories,
+                tool_tokens=counter.tools(tools) if tool_tokens is None else tool_tokens,
+                correction=correction,
+            )
+        except ContextOverBudget as err:
+            raise ContextTooLarge(str(err)) from None
+        # The model must see its last step (its tool calls and their results): without
+        # it, it would only ask for the same calls again.
+        last_step = transcript.last_tool_step(turn)
+        if last_step is not None and not any(m is last_step for m in built.messages):
+            raise ContextTooLarge(
+                f"the last tool step of this turn ({', '.join(c.name for c in last_step.tool_calls)}) "
+                f"with its results does not fit the context budget of {built.budget} tokens"
+            )
+        return built
+
+    def context_ref(self, built: BuiltContext, transcript: Transcript, turn: int, step: int) -> str:
+        """One reference for the whole context of the call of ``turn`` and ``step`` (now
+        the one in flight): the input's size does not grow with the context."""
+        refs = []
+        for m in built.messages:
+            if m.ref is not None and m.ref in transcript.by_ref:
+                refs.append(m.ref)
+                continue
+            ref = message_ref(m)
+            self.synthetic.setdefault(ref, body_json(m))
+            refs.append(ref)
+        context_ref = value_ref(refs)
+        self.synthetic[context_ref] = json.dumps(refs)
+        self.inflight = (turn, step, refs)
+        return context_ref
+
+    def inflight_refs(self, turn: int, step: int) -> list[str] | None:
+        if self.inflight is None or self.inflight[:2] != (turn, step):
+            return None
+        return self.inflight[2]
+
+    def bodies(self, refs: list[str], transcript: Transcript) -> dict[str, str]:
+        """Bodies (:func:`hermes.blobs.body_json`) of the referenced messages and tool
+        lists; references not held are left out. Asked for a context list, the newest
+        turn's bodies come too: the content store cannot have them yet, and the activity
+        is saved a second query."""
+        found: dict[str, str] = {}
+        for ref in refs:
+            message = transcript.by_ref.get(ref)
+            if message is not None:
+                found[ref] = body_json(message)
+            elif ref in self.synthetic:
+                found[ref] = self.synthetic[ref]
+            elif ref in self.tool_bodies:
+                found[ref] = self.tool_bodies[ref]
+        if any(r in self.synthetic and r.startswith("b:") for r in refs):
+            for m in transcript.newest_turn():
+                if m.ref is not None and not m.internal:
+                    found.setdefault(m.ref, body_json(m))
+        return found

@@ -1,0 +1,234 @@
+"""The durable side of a session's model calls: the tool listing, the model step with
+its one forced compaction, and the running summary.
+
+Workflow code, called by :class:`SessionWorkflow`. What a call is sent is decided by
+:class:`ContextPlanner`; when a summary is due by :func:`lifecycle.summary_due`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError, FailureError
+
+with workflow.unsafe.imports_passed_through():
+    from hermes.context import ContextPolicy
+    from hermes.models import CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, SummarizeInput, ToolSpec
+    from hermes.tokens import BOUNDED_COUNT_CHARS, usage_correction
+
+    from workflows.session import calls, lifecycle, patches
+    from workflows.session.state import SessionCore
+    from workflows.session.turn import ContextTooLarge, ModelFailed, TurnCancelled
+    from workflows.tool_calls import failure_text
+
+SUMMARY_GRACE = timedelta(seconds=5)
+"""How long continue-as-new, close or archive wait for a running summary before cancelling it."""
+
+
+class ModelSteps:
+    """A session's model calls and summaries (``core``: the session's state)."""
+
+    def __init__(self, core: SessionCore) -> None:
+        self.core = core
+        self.summarizing = False
+        self.summary_task: asyncio.Task[None] | None = None
+
+    def _trace(self, turn: int, kind: str, started: Any, **fields: Any) -> None:
+        self.core.add_trace(turn, kind, started, workflow.now(), **fields)
+
+    def take_listing(self, result: ListToolsResult) -> tuple[dict[str, ToolSpec], list[Any]]:
+        """The tools of a listing (recorded in history once per turn, so replay never
+        depends on a worker's registry; an unchanged list is recorded as its reference)."""
+        core = self.core
+        bounded = core.patched(patches.BOUNDED_CONTEXT)
+        specs, groups = core.planner.take_listing(result, bounded=bounded)
+        core.memory_served = result.memory
+        if not core.encoding and result.encoding and bounded:
+            core.encoding = result.encoding  # fixed for the session's life: counts stay comparable
+            core.transcript.count_all(core.counter().message)
+        return specs, groups
+
+    async def list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
+        core = self.core
+        if not core.patched(patches.BOUNDED_CONTEXT):
+            return self.take_listing(await calls.list_tools(None))
+        encoding = core.encoding if core.patched(patches.BOUNDED_WORK) else ""
+        return self.take_listing(await calls.list_tools(ListToolsInput(known_ref=core.planner.known_listing(), encoding=encoding)))
+
+    async def count_exactly(self, message: Message) -> None:
+        """Set the exact tokens of a user message too long to count in workflow code,
+        from a local activity. On a failure the bounded estimate stays."""
+        core = self.core
+        text = message.content or ""
+        if not core.encoding or len(text) <= BOUNDED_COUNT_CHARS or not core.patched(patches.BOUNDED_WORK):
+            return
+        try:
+            tokens = await calls.count_tokens(text, core.encoding)
+        except FailureError:
+            workflow.logger.warning("exact token count of turn %d's message failed; estimated", message.turn)
+            return
+        message.tokens = core.counter().message(message.model_copy(update={"content": "", "tokens": None})) + tokens
+
+    async def call_model(self, turn: int, tools: list[ToolSpec], step: int = 0) -> CallModelResult:
+        """One model step. The context goes by reference; a provider's "context too long"
+        triggers one forced compaction and one retry (never a loop).
+
+        Raises:
+            ContextTooLarge: the current turn alone does not fit the budget, or the
+                provider refused the context again after compaction.
+            ModelFailed, TurnCancelled.
+        """
+        core = self.core
+        compacted = False
+        while True:
+            started = workflow.now()
+            request = self.model_request(turn, tools, step)
+            try:
+                result: CallModelResult = await calls.cancellable(
+                    calls.start_model_call(core.cfg, request, turn, step), lambda: core.cancel_requested
+                )
+            except TurnCancelled:
+                self._trace(turn, "model", started, status="cancelled")
+                raise
+            except ActivityError as err:
+                too_long = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextTooLongError"
+                self._trace(turn, "model", started, status="context_too_long" if too_long else "error")
+                if too_long and core.patched(patches.BOUNDED_CONTEXT):
+                    if not compacted:
+                        compacted = True
+                        if await self.compact(turn, refused_tokens=request.context_tokens):
+                            continue
+                        why = "and compacting the earlier conversation did not help"
+                    else:
+                        why = "even after the earlier conversation was compacted"
+                    raise ContextTooLarge(f"the model refused the context as too long, {why} ({failure_text(err)})") from None
+                raise ModelFailed(failure_text(err)) from None
+            break
+        core.token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
+        if core.patched(patches.BOUNDED_CONTEXT) and request.context_tokens and result.usage.prompt_tokens:
+            core.token_correction = usage_correction(core.token_correction, request.context_tokens, result.usage.prompt_tokens)
+        self._trace(turn, "model", started, provider=result.provider, tokens=core.token_estimate)
+        return result
+
+    def model_request(self, turn: int, tools: list[ToolSpec], step: int) -> CallModelInput:
+        """The model call's input: references to the context's messages and tool list.
+
+        Raises:
+            ContextTooLarge: the context does not fit (:meth:`ContextPlanner.build`).
+        """
+        core = self.core
+        base: dict[str, Any] = dict(session_id=core.inp.session_id, turn=turn, model=core.cfg.model, profile=core.cfg.model_profile)
+        if not core.patched(patches.BOUNDED_CONTEXT):
+            # Runs recorded before: the same commands (activity inputs are not replayed).
+            try:
+                context = core.transcript.legacy_context(turn, core.system_prompt)
+            except ValueError as err:
+                raise ContextTooLarge(str(err)) from None
+            return CallModelInput(**base, messages=context, tools=tools)
+        counter = core.counter()
+        tools_ref, tool_tokens = core.planner.tool_list(tools, counter)
+        built = core.planner.build(
+            core.transcript, core.cfg, turn=turn, system_prompt=core.system_prompt, counter=counter,
+            summary=core.summary, memories=core.memories, tools=tools, tool_tokens=tool_tokens,
+            correction=core.token_correction,
+        )
+        core.context_tokens = built.tokens
+        return CallModelInput(
+            **base, context_ref=core.planner.context_ref(built, core.transcript, turn, step), tools_ref=tools_ref,
+            step=step, context_tokens=built.tokens, encoding=core.encoding if core.patched(patches.BOUNDED_WORK) else "",
+        )
+
+    # ------------------------------------------------------------ summaries
+
+    def start_summary_if_due(self, turn: int) -> None:
+        """After a reply: fold older turns into the summary in the background when one
+        is due (the reply does not wait)."""
+        core = self.core
+        if not core.patched(patches.BOUNDED_CONTEXT) or self.summarizing or core.status == "closed":
+            return
+        covered = core.summary.upto_turn if core.summary else 0
+        upto = lifecycle.summary_due(core.cfg, turn, covered=covered, retry_turn=core.summary_retry_turn)
+        if upto is not None:
+            self.summarizing = True
+            self.summary_task = asyncio.create_task(self._summarize_in_background(turn, upto))
+
+    async def _summarize_in_background(self, turn: int, upto: int) -> None:
+        self.summarizing = False
+        await self.summarize(turn, upto)
+
+    async def summarize(self, turn: int, upto: int, *, forced: bool = False, max_input_tokens: int | None = None) -> bool:
+        """Fold turns up to ``upto`` into the running summary (a model call in an
+        activity). A failure or an empty summary keeps the messages as they are and
+        is retried after ``summary_retry_turns`` turns.
+
+        Returns:
+            Whether the summary now covers more turns than before.
+        """
+        core = self.core
+        covered = core.summary.upto_turn if core.summary else 0
+        refs, turns_of = core.transcript.fold_refs(covered, upto)
+        if not refs:
+            return False
+        self.summarizing = True
+        started = workflow.now()
+        budget = ContextPolicy.from_config(core.cfg).budget
+        try:
+            summary = await calls.summarize(
+                core.cfg,
+                SummarizeInput(
+                    session_id=core.inp.session_id, message_refs=refs, message_turns=turns_of,
+                    previous_summary=core.summary.text if core.summary else "", upto_turn=upto,
+                    max_tokens=core.cfg.summary_max_tokens,
+                    max_input_tokens=max_input_tokens or max(budget - 2 * core.cfg.summary_max_tokens, 1000),
+                    model=core.cfg.model, profile=core.cfg.model_profile, encoding=core.encoding,
+                ),
+                summary=f"summary of turns {covered + 1}-{upto}" + (" (forced)" if forced else ""),
+            )
+        except ActivityError as err:
+            workflow.logger.warning("summary of turns %d-%d failed: %s", covered + 1, upto, failure_text(err))
+            core.summary_retry_turn = core.turn_count + core.cfg.summary_retry_turns
+            self._trace(turn, "summary", started, status="error")
+            return False
+        finally:
+            self.summarizing = False
+        if not summary.text.strip():
+            core.summary_retry_turn = core.turn_count + core.cfg.summary_retry_turns
+            self._trace(turn, "summary", started, status="empty")
+            return False
+        advanced = core.summary is None or summary.upto_turn > core.summary.upto_turn
+        if advanced:
+            core.summary = summary.model_copy(update={"created_at": workflow.now()})
+            core.last_summary_turn = turn
+        self._trace(turn, "summary", started, tokens=summary.tokens)
+        return advanced
+
+    async def compact(self, turn: int, *, refused_tokens: int = 0) -> bool:
+        """Forced compaction after the provider refused a context of about
+        ``refused_tokens`` as too long: every turn before this one goes into the summary,
+        now, from a request well under that size."""
+        if self.summarizing:
+            await workflow.wait_condition(lambda: not self.summarizing)
+        limit = max(1000, refused_tokens // 2) if refused_tokens else None
+        return await self.summarize(turn, turn - 1, forced=True, max_input_tokens=limit)
+
+    async def drain_summary(self) -> None:
+        """Wait for a running summary at most ``SUMMARY_GRACE``, then cancel it (the next
+        run summarises again): continue-as-new, close and archive never wait long on a
+        model call."""
+        task = self.summary_task
+        if task is not None and not task.done():
+            try:
+                await workflow.wait_condition(task.done, timeout=SUMMARY_GRACE, timeout_summary="summary to finish")
+            except asyncio.TimeoutError:
+                pass
+        if task is not None and not task.done():
+            task.cancel()
+        if task is not None:
+            try:
+                await task
+            except (asyncio.CancelledError, ActivityError):
+                pass
+        self.summary_task, self.summarizing = None, False

@@ -1,0 +1,34 @@
+"""The session workflow's patches (``workflow.patched`` ids), oldest first.
+
+A run recorded before a patch replays without it to its end; every patch is decided
+once, in the run's first workflow task (:meth:`SessionWorkflow._patched`). An id is
+never renamed or reused: committed histories in ``tests/histories/`` hold them.
+"""
+
+from __future__ import annotations
+
+AUDIT_LOG = "approval-audit-log"
+"""Approval requests, decisions and verdicts are also written to the audit log in Redis."""
+STOP_ON_CLOSE = "stop-turn-on-close"
+"""A close signal stops the running turn at the next tool call or model step."""
+TOOL_LAYER_V2 = "tool-layer-v2"
+"""Checks a gated call before asking, and asks for a whole step's approvals at once."""
+BOUNDED_CONTEXT = "bounded-context"
+"""Token-budgeted layered context, running summaries, forced compaction, idle and
+archive timers, and the history-size budget (issue 5)."""
+MEMORY = "long-term-memory"
+"""Memories recalled before a turn's model calls and written after its reply, working
+memory, "forget me" (issue 6)."""
+BOUNDED_WORK = "bounded-workflow-work"
+"""Workflow code does only bounded work and a run replays in bounded time (issue 12):
+tokens of replies, tool schemas and long user messages are counted by activities, other
+texts by :class:`hermes.tokens.BoundedCounter`; the run continues as new on a replay
+budget (``SessionConfig.replay_budget_events``)."""
+ARCHIVE_SUMMARIZED = "archive-summarized-turns"
+"""At continue-as-new, turns the running summary covers go to the transcript archive
+(they are no longer in any context), so a long session's state stays about
+``context_history_turns`` plus one run of turns, not up to ``max_carry_bytes`` (issue 12:
+a worker's memory grows with what its cached sessions hold)."""
+
+ALL = (TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED)
+"""In the order the first workflow task asks for them (the order of their markers)."""

@@ -1,0 +1,557 @@
+"""SessionWorkflow: one durable conversation per ``session_id``, the durable shell.
+
+User turns arrive as the ``send_message`` update and run one at a time in arrival
+order; approvals, cancel, system-prompt changes and close are signals; state,
+transcript, pending approvals and trace are queries. Each turn is the agent loop:
+model call -> tool calls -> tool results -> model, until a final answer or
+``max_iterations``. The workflow continues as new (carrying its state) when Temporal
+suggests it or after ``max_updates_per_run`` messages, only when no handler is running.
+
+This class holds the handlers, ``run`` (the idle / archive / continue-as-new loop) and
+the turn's order of steps; the state is one :class:`SessionCore`, the decisions are in
+plain modules, the tool calls, model calls and memory hooks in their durable helpers
+(the package docstring has the map). The order of commands is what a recorded history
+holds: change it only behind ``workflow.patched()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
+
+with workflow.unsafe.imports_passed_through():
+    from hermes import names
+    from hermes.models import (
+        ApprovalDecision,
+        ArchiveMessagesInput,
+        CallModelResult,
+        Message,
+        PendingApproval,
+        SendMessageInput,
+        SessionConfig,
+        SessionIndexEntry,
+        SessionInput,
+        SessionState,
+        SnapshotInput,
+        ToolCallRecord,
+        ToolSpec,
+        TraceStep,
+        TurnResult,
+    )
+    from hermes.tokens import DEFAULT_ENCODING, TokenCounter
+    from hermes.tools.routing import offered_tools, route_groups
+
+    from workflows.session import calls, lifecycle, patches
+    from workflows.session import turn as turns
+    from workflows.session.memory_path import MemoryPath
+    from workflows.session.model_steps import ModelSteps
+    from workflows.session.payloads import ARCHIVE_CHUNK_BYTES, MAX_CARRY_PAYLOAD_BYTES, MAX_TURN_RESULT_BYTES, slim
+    from workflows.session.state import SessionCore
+    from workflows.session.tool_runner import ToolRunner
+    from workflows.session.tool_step import StepTally
+    from workflows.session.transcript import Transcript
+
+    # Loaded here, outside the sandbox: tiktoken finds its encodings by importing plugin
+    # modules and takes locks, which workflow code may not do.
+    TokenCounter.get(DEFAULT_ENCODING)
+
+
+@workflow.defn(name=names.SESSION_WORKFLOW)
+class SessionWorkflow:
+    @workflow.init
+    def __init__(self, inp: SessionInput) -> None:
+        self._patches: dict[str, bool] = {}
+        self._s = SessionCore(inp, now=workflow.now(), first_run_id=workflow.info().first_execution_run_id, patched=self._patched)
+        self._lock = asyncio.Lock()
+        self._background: list[asyncio.Task[None]] = []
+        self._tools = ToolRunner(self._s, self._closed_mid_turn)
+        self._model = ModelSteps(self._s)
+        self._memory = MemoryPath(self._s)
+
+    @property
+    def _cfg(self) -> SessionConfig:
+        return self._s.cfg
+
+    @_cfg.setter
+    def _cfg(self, cfg: SessionConfig) -> None:
+        self._s.cfg = cfg
+
+    # ------------------------------------------------------------------ run
+
+    @workflow.run
+    async def run(self, inp: SessionInput) -> SessionState:
+        # Every patch is decided once, in the run's first workflow task: a run recorded
+        # before a change replays it without the change to its end, and a patch marker's
+        # position never depends on when local activities (validation, audit) resolved.
+        s = self._s
+        self._patched(patches.TOOL_LAYER_V2)
+        self._memory.resume_carried()
+        workflow.upsert_search_attributes(
+            [
+                names.SA_USER_ID.value_set(inp.user_id),
+                names.SA_CHANNEL.value_set(inp.channel),
+                names.SA_STATUS.value_set("active"),
+                names.SA_PENDING_APPROVALS.value_set(0),
+            ]
+        )
+        while True:
+            try:
+                await workflow.wait_condition(
+                    lambda: s.status == "closed"
+                    or self._must_roll_over()
+                    or (self._should_roll_over() and self._idle())
+                    or (bool(s.book.audit_buffer) and self._idle()),
+                    timeout=self._lifecycle_timeout(),
+                    timeout_summary="idle check",
+                )
+            except asyncio.TimeoutError:
+                if self._lifecycle_due():
+                    final = await self._archive_session()
+                    if final is not None:
+                        return final
+                continue
+            if s.book.audit_buffer and s.status != "closed" and not self._must_roll_over():
+                # Decisions that arrived between turns; under the turn lock, so this write
+                # never interleaves with a turn's local activities.
+                async with self._lock:
+                    await self._tools.flush_audit()
+                if not (self._should_roll_over() and self._idle()):
+                    continue
+            s.draining = True
+            await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._idle())
+            if s.status == "closed":
+                workflow.upsert_search_attributes([names.SA_STATUS.value_set("closed")])
+                await self._tools.flush_audit()
+                self._schedule_index_update()
+                self._memory.at_end("close")
+                await self._drain_background(final=True)
+                return self._state()
+            await self._tools.flush_audit()
+            await self._drain_background()
+            if s.status == "closed":
+                continue  # closed while the index writes drained: close, do not roll over
+            if not await self._archive_for_carry():
+                # The transcript is too large to carry and could not be archived: keep this
+                # run going (messages are taken again) and try later, rather than emit a
+                # continue-as-new the server would refuse.
+                s.draining = False
+                await workflow.sleep(timedelta(seconds=60))
+                continue
+            workflow.continue_as_new(
+                SessionInput(session_id=inp.session_id, user_id=inp.user_id, channel=inp.channel, config=s.cfg, carry=s.carry())
+            )
+
+    def _figures(self) -> lifecycle.RunFigures:
+        info = workflow.info()
+        return lifecycle.RunFigures(
+            updates=self._s.updates_this_run, history_length=info.get_current_history_length(),
+            history_bytes=info.get_current_history_size(), suggested=info.is_continue_as_new_suggested(),
+            live_bytes=self._s.transcript.live_bytes,
+        )
+
+    def _should_roll_over(self) -> bool:
+        return lifecycle.should_roll_over(
+            self._s.cfg, self._figures(), bounded_context=self._patched(patches.BOUNDED_CONTEXT),
+            bounded_work=self._patched(patches.BOUNDED_WORK),
+        )
+
+    def _must_roll_over(self) -> bool:
+        return lifecycle.must_roll_over(self._s.cfg, self._figures(), bounded_context=self._patched(patches.BOUNDED_CONTEXT))
+
+    def _idle(self) -> bool:
+        return self._s.idle(self._lock.locked())
+
+    def _lifecycle_timeout(self) -> timedelta | None:
+        """Time until the session turns idle, or (idle) until it is archived (seed 000
+        §1.3); None before the patch or closed."""
+        s = self._s
+        if s.status == "closed" or not self._patched(patches.BOUNDED_CONTEXT):
+            return None
+        return lifecycle.idle_timeout(
+            s.cfg, now=workflow.now(), last_active_at=s.last_active_at, idle_marked=s.idle_marked, not_before=s.lifecycle_not_before
+        )
+
+    def _lifecycle_due(self) -> bool:
+        """On the idle timer: mark the session idle; True when it is due for archiving."""
+        s, now = self._s, workflow.now()
+        if not self._idle() or s.book.pending or s.status == "closed" or now < s.lifecycle_not_before:
+            return False
+        if lifecycle.due_for_archive(s.cfg, now, s.last_active_at):
+            return True
+        if lifecycle.turns_idle(s.cfg, now, s.last_active_at, s.idle_marked):
+            s.idle_marked = True
+            if not s.book.halted_on:
+                workflow.upsert_search_attributes([names.SA_STATUS.value_set("idle")])
+            self._schedule_index_update()
+        return False
+
+    async def _archive_session(self) -> SessionState | None:
+        """Write the final snapshot and end the run (the next message resumes from it).
+
+        Returns:
+            The final state (with ``snapshot``), or None when archiving must wait (a
+            message arrived, the session closed, or the state is too large to carry).
+        """
+        s = self._s
+        s.draining = True
+        await workflow.wait_condition(lambda: workflow.all_handlers_finished() and self._idle())
+        if s.status == "closed" or s.queued or lifecycle.active_since_idle(s.cfg, workflow.now(), s.last_active_at):
+            s.draining = False
+            return None
+        await self._tools.flush_audit()
+        self._memory.at_end("archive")
+        await self._drain_background(final=True)
+        snapshot = None
+        if await self._archive_for_carry():
+            snapshot = s.carry()
+            snapshot.status = "archived"
+            try:
+                await calls.save_snapshot(SnapshotInput(session_id=s.inp.session_id, carry=snapshot))
+            except ActivityError:
+                # Redis is down: stay open (taking messages) and try again later, rather
+                # than end without the snapshot's second copy.
+                workflow.logger.warning("session snapshot not written; archiving again in 10 minutes")
+                snapshot = None
+        if snapshot is None:
+            s.draining = False
+            s.lifecycle_not_before = workflow.now() + timedelta(minutes=10)
+            return None
+        s.archived_state = True
+        workflow.upsert_search_attributes([names.SA_STATUS.value_set("archived")])
+        self._schedule_index_update()
+        await self._drain_background()
+        return self._state().model_copy(update={"snapshot": snapshot})
+
+    async def _archive_for_carry(self) -> bool:
+        """Make the state carried across continue-as-new fit ``max_carry_bytes``, and
+        leave out the turns the running summary covers (:meth:`Transcript.archive_cut`):
+        they go to the transcript archive in chunks of at most 1 MB, folded into the
+        summary first; if the rest is still too large, the resend cache and then the
+        trace are trimmed. Sizes are the JSON the payload will be, escapes included.
+
+        Returns:
+            False if the state is still over Temporal's payload limit (archiving failed):
+            the caller must not continue as new yet.
+        """
+        s, transcript = self._s, self._s.transcript
+        summarized = transcript.summarized_prefix(s.summary if self._patched(patches.ARCHIVE_SUMMARIZED) else None)
+        over_budget = s.carry_bytes() > s.cfg.max_carry_bytes
+        if not over_budget and not summarized:
+            return True
+        messages = transcript.messages
+        cut, sizes, starts = transcript.archive_cut(s.cfg.max_carry_bytes, over_budget, summarized)
+        if cut and self._patched(patches.BOUNDED_CONTEXT):
+            # Turns leaving the state leave the model's context too (if the summary fails
+            # they are archived anyway: the payload limit leaves no choice).
+            last = messages[cut - 1].turn
+            if last > (s.summary.upto_turn if s.summary else 0):
+                await self._model.summarize(s.turn_count, last)
+        archived_upto = 0
+        try:
+            for start, end in Transcript.chunks(sizes, cut, ARCHIVE_CHUNK_BYTES):
+                await calls.archive_messages(
+                    ArchiveMessagesInput(
+                        session_id=s.inp.session_id, chain_id=s.chain_id, first_index=transcript.archived + start,
+                        messages=messages[start:end],
+                    )
+                )
+                archived_upto = end
+        except ActivityError:
+            workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
+        transcript.drop_archived(archived_upto, sizes, starts)
+        excess = s.carry_bytes() - s.cfg.max_carry_bytes
+        while excess > 0 and s.replies.completed:
+            excess -= s.replies.evict_oldest()
+        if excess > 0:
+            del s.trace[:-50]
+        return s.carry_bytes() <= MAX_CARRY_PAYLOAD_BYTES
+
+    async def _drain_background(self, *, final: bool = False) -> None:
+        """Wait for the memory extractions (:meth:`MemoryPath.drain`), a running summary
+        (:meth:`ModelSteps.drain_summary`) and the background writes."""
+        await self._memory.drain(final=final)
+        await self._model.drain_summary()
+        while self._background:
+            await self._background.pop()
+
+    # ------------------------------------------------------------- updates
+
+    @workflow.update(name=names.SEND_MESSAGE)
+    async def send_message(self, inp: SendMessageInput) -> TurnResult:
+        """Run one user turn (``inp``: the text and an optional client message id) and
+        return the reply with its tool calls; a resend of an answered id returns that
+        answer and runs no second turn."""
+        s = self._s
+        s.updates_this_run += 1
+        cid = inp.client_message_id
+        if cid is not None:
+            if cid in s.replies.completed:
+                return s.replies.completed[cid]
+            if cid in s.in_flight_ids:
+                await workflow.wait_condition(lambda: cid in s.replies.completed or cid not in s.in_flight_ids)
+                if cid in s.replies.completed:
+                    return s.replies.completed[cid]
+                raise ApplicationError(
+                    "the first copy of this message failed before it was answered; send it again with a new id",
+                    type="MessageFailedError",
+                    non_retryable=True,
+                )
+            answered = s.transcript.answer(s.inp.session_id, cid)
+            if answered is None and cid in s.replies.answered and self._patched(patches.BOUNDED_WORK):
+                answered = s.replies.already_answered(s.inp.session_id, cid)
+            if answered is not None:
+                return answered
+            s.in_flight_ids.add(cid)
+        s.queued += 1
+        try:
+            async with self._lock:
+                s.queued -= 1
+                result = await self._run_turn(inp)
+        finally:
+            if cid is not None:
+                s.in_flight_ids.discard(cid)
+        if cid is not None:
+            result.client_message_id = cid
+            s.replies.remember(cid, result)
+        return slim(result, MAX_TURN_RESULT_BYTES)
+
+    def _knows(self, cid: str | None) -> bool:
+        # Read from the decided patches: a validator issues no command.
+        return self._s.knows(cid, bounded_work=self._patches.get(patches.BOUNDED_WORK, False))
+
+    @send_message.validator
+    def _validate_send_message(self, inp: SendMessageInput) -> None:
+        # A resend of a message this session knows is always taken, even while closing,
+        # rolling over or halted: its handler only waits for or returns the first reply.
+        # So a refusal (busy, closed, halted) always means "never taken", and a client
+        # that resends under a new id after it never gets the turn twice. Only which
+        # updates are accepted changes, never the commands of an accepted one: replay-safe.
+        s = self._s
+        if inp.client_message_id is not None and inp.client_message_id in s.replies.completed:
+            return
+        if (s.status == "closed" or s.draining or s.book.halted_on) and self._knows(inp.client_message_id):
+            return
+        if s.status == "closed":
+            raise ApplicationError("the session is closed", type="SessionClosedError", non_retryable=True)
+        if not inp.text or not inp.text.strip():
+            raise ApplicationError("the message is empty", type="MessageRejectedError", non_retryable=True)
+        size = len(inp.text.encode("utf-8"))
+        if size > s.cfg.max_message_bytes:
+            raise ApplicationError(
+                f"the message is {size} bytes; the limit is {s.cfg.max_message_bytes} bytes",
+                type="MessageRejectedError",
+                non_retryable=True,
+            )
+        if s.draining:
+            raise ApplicationError("the session is continuing as new; retry in a moment", type="SessionBusyError")
+        if s.book.halted_on:
+            raise ApplicationError(
+                f"the session is halted until a human approves or rejects: {s.book.waiting_for()}",
+                type="SessionHaltedError",
+                non_retryable=True,
+            )
+
+    @workflow.update(name=names.SETTLE_MESSAGE)
+    def settle_message(self, client_message_id: str) -> bool:
+        """Whether this session took message ``client_message_id``, asked by a client about
+        to report it busy after refusals from Temporal, not from this session: such a
+        refusal does not prove it was never taken (aborted updates are retried, and an
+        attempt already sent may still be accepted). Updates arrive in the order they were
+        admitted, so the validator's refusal settles it as never taken; acceptance (True)
+        means taken: resend it under the same id for its reply."""
+        return True
+
+    @settle_message.validator
+    def _validate_settle_message(self, client_message_id: str) -> None:
+        if not self._knows(client_message_id):
+            raise ApplicationError("the session has not taken this message", type="MessageNotTaken", non_retryable=True)
+
+    # ------------------------------------------------------------- signals
+
+    @workflow.signal(name=names.APPROVE_TOOL_CALL)
+    def approve_tool_call(self, decision: ApprovalDecision) -> None:
+        """Approve a pending tool call. Unknown or already settled ids change nothing."""
+        self._s.book.decide(decision.model_copy(update={"approved": True}), workflow.now())
+
+    @workflow.signal(name=names.REJECT_TOOL_CALL)
+    def reject_tool_call(self, decision: ApprovalDecision) -> None:
+        """Reject a pending tool call; the model is told it was denied."""
+        self._s.book.decide(decision.model_copy(update={"approved": False}), workflow.now())
+
+    @workflow.signal(name=names.SET_SYSTEM_PROMPT)
+    def set_system_prompt(self, system_prompt: str) -> None:
+        """Replace the system prompt from the next model call on; one over
+        ``max_system_prompt_bytes`` is refused and listed in the state's ``notices``."""
+        s = self._s
+        size = len(system_prompt.encode("utf-8", "surrogatepass"))
+        if size > s.cfg.max_system_prompt_bytes:
+            s.notices.append(
+                f"{workflow.now().isoformat(timespec='seconds')}: system prompt of {size} bytes refused "
+                f"(limit {s.cfg.max_system_prompt_bytes}); the previous one stays"
+            )
+            del s.notices[:-20]
+            return
+        s.system_prompt = system_prompt
+
+    @workflow.signal(name=names.CANCEL_TURN)
+    def cancel_turn(self) -> None:
+        """Stop the current turn at once; queued messages still run."""
+        if self._s.current_turn is not None:
+            self._s.cancel_requested = True
+
+    @workflow.signal(name=names.CLOSE_SESSION)
+    def close_session(self) -> None:
+        """Close the session: pending approvals are denied, new messages refused."""
+        self._s.status = "closed"
+
+    # ------------------------------------------------------------- queries
+
+    @workflow.query(name=names.GET_STATE)
+    def get_state(self) -> SessionState:
+        return self._state()
+
+    @workflow.query(name=names.GET_TRANSCRIPT)
+    def get_transcript(self) -> list[Message]:
+        return self._s.transcript.messages
+
+    @workflow.query(name=names.GET_PENDING_APPROVALS)
+    def get_pending_approvals(self) -> list[PendingApproval]:
+        return list(self._s.book.pending.values())
+
+    @workflow.query(name=names.GET_TRACE)
+    def get_trace(self) -> list[TraceStep]:
+        return self._s.trace
+
+    @workflow.query(name=names.GET_MODEL_CONTEXT)
+    def get_model_context(self, turn: int, step: int) -> list[str] | None:
+        """The message references of the model call of ``turn`` and ``step`` if in flight
+        (a copy rebuilt from history may have built it a little differently from the
+        recorded input; the activity then sends this one, equally valid)."""
+        return self._s.planner.inflight_refs(turn, step)
+
+    @workflow.query(name=names.GET_MESSAGE_BODIES)
+    def get_message_bodies(self, refs: list[str]) -> dict[str, str]:
+        """Bodies (:func:`hermes.blobs.body_json`) of the referenced messages and tool
+        lists this session holds; references it does not hold are left out."""
+        return self._s.planner.bodies(refs, self._s.transcript)
+
+    def _state(self) -> SessionState:
+        info = workflow.info()
+        return self._s.state(history_length=info.get_current_history_length(), history_bytes=info.get_current_history_size())
+
+    def _patched(self, patch: str) -> bool:
+        """Whether this run has ``patch``; all patches are decided together, at the first
+        call, which :meth:`run` makes in the first workflow task (a handler that runs
+        before it, in the same first activation, decides the same)."""
+        if not self._patches:
+            self._patches = {name: workflow.patched(name) for name in patches.ALL}
+        return self._patches[patch]
+
+    def _closed_mid_turn(self) -> bool:
+        # The patch check only once closed: histories without a mid-turn close are unchanged.
+        return self._s.status == "closed" and self._patched(patches.STOP_ON_CLOSE)
+
+    # ---------------------------------------------------------- the turn
+
+    async def _run_turn(self, inp: SendMessageInput) -> TurnResult:
+        first_new = len(self._s.transcript.messages)
+        try:
+            return await self._run_turn_inner(inp)
+        finally:
+            self._s.transcript.account(first_new)
+
+    async def _run_turn_inner(self, inp: SendMessageInput) -> TurnResult:
+        s = self._s
+        s.turn_count += 1
+        turn = s.turn_count
+        now = s.last_active_at = workflow.now()
+        if s.idle_marked:
+            s.idle_marked = False
+            if not s.book.halted_on and s.status != "closed":
+                workflow.upsert_search_attributes([names.SA_STATUS.value_set("active")])
+        user_message = Message(role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id)
+        s.transcript.add(user_message, s.count_fn())
+        if not s.title:
+            s.title = turns.title_of(inp.text)
+            # In the memo too, so a session index rebuilt from visibility keeps the title.
+            workflow.upsert_memo({names.MEMO_TITLE: s.title})
+        if s.status == "closed":
+            self._notice(turn, turns.CLOSED_BEFORE_TURN)
+            return TurnResult(session_id=s.inp.session_id, turn=turn, reply=turns.CLOSED_BEFORE_TURN, status="closed")
+        s.current_turn, s.cancel_requested = turn, False
+        s.warnings, s.memories, s.turn_triggers = [], [], None
+        records: list[ToolCallRecord] = []
+        status, groups = "completed", None
+        try:
+            specs, tool_groups = await self._list_tools()
+            s.all_specs = specs
+            await self._model.count_exactly(user_message)
+            if self._memory.active():
+                await self._memory.recall(turn, inp.text)
+            if s.cfg.tool_routing == "keywords":
+                groups = route_groups(
+                    inp.text, tool_groups, specs.values(), max_groups=s.cfg.max_routed_groups, previous=s.last_groups
+                )
+            s.last_groups = groups
+            tally = StepTally()
+            for iteration in range(s.cfg.max_iterations):
+                result: CallModelResult = await self._model.call_model(turn, offered_tools(specs, groups, tally.suggested), iteration)
+                step = s.transcript.unique_tool_call_ids(result.message.tool_calls, turn, iteration, s.book.settled)
+                assistant = result.message.model_copy(update={"turn": turn, "created_at": workflow.now(), "tool_calls": step})
+                s.transcript.add(assistant, s.count_fn())
+                if not step:
+                    reply = assistant.content or ""
+                    if not reply.strip():
+                        reply = turns.EMPTY_ANSWER
+                        self._notice(turn, reply)
+                    break
+                await self._tools.run_step(turn, step, specs, records)
+                exhausted = tally.count(step, records[-len(step):], specs, s.cfg.max_argument_retries)
+                if exhausted is not None:
+                    raise turns.ArgumentsExhausted(*exhausted)
+                if self._closed_mid_turn():
+                    raise turns.SessionClosedMidTurn()
+            else:
+                status, reply = "max_iterations", turns.max_iterations_reply(s.cfg)
+                self._notice(turn, reply)
+        except turns.TurnStop as stop:
+            status, reply = stop.status, stop.reply(s.cfg)
+            s.transcript.close_open_tool_calls(turn, records, workflow.now(), s.count_fn())
+            self._notice(turn, reply)
+        finally:
+            s.current_turn, s.cancel_requested = None, False
+
+        await self._tools.flush_audit()
+        s.last_active_at = workflow.now()
+        self._schedule_index_update()
+        self._model.start_summary_if_due(turn)
+        if self._memory.active():
+            try:
+                self._memory.after_reply(turn, inp.text, reply, status, records)
+            except Exception:  # noqa: BLE001 - memory must never cost the user the reply
+                workflow.logger.exception("memory write path failed for turn %d", turn)
+                s.warnings.append("This message could not be considered for long-term memory (an internal error).")
+        return TurnResult(
+            session_id=s.inp.session_id, turn=turn, reply=reply, status=status,  # type: ignore[arg-type]
+            tool_calls=records, tool_groups=groups, warnings=list(s.warnings), memories=list(s.memories),
+        )
+
+    async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
+        """The worker's tools for this turn (:meth:`ModelSteps.list_tools`)."""
+        return await self._model.list_tools()
+
+    def _notice(self, turn: int, text: str) -> None:
+        self._s.transcript.notice(turn, text, workflow.now(), self._s.count_fn())
+
+    def _schedule_index_update(self) -> None:
+        # The index is a cache: Temporal stays the source of truth, `hermes sessions`
+        # rebuilds it. A Redis outage must not fail a turn.
+        entry = SessionIndexEntry.from_state(self._state())
+        self._background = [t for t in self._background if not t.done()]
+        self._background.append(
+            asyncio.create_task(calls.cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))
+        )

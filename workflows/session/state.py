@@ -1,0 +1,171 @@
+"""The state of a session run, in one place: what it carries across continue-as-new
+(:meth:`SessionCore.carry`), what the ``get_state`` query answers
+(:meth:`SessionCore.state`), and the flags its handlers share.
+
+Plain Python; nothing here knows of Temporal: times and history figures come in as
+arguments, and the parts (:class:`Transcript`, :class:`ReplyBook`, :class:`ApprovalBook`,
+:class:`ContextPlanner`) are unit-tested without a server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from hermes.memory.models import ExtractMemoriesInput, WorkingItem
+from hermes.memory.rules import Triggers
+from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, ToolSpec, TraceStep
+
+from workflows.session import patches
+from workflows.session.approvals import ApprovalBook
+from workflows.session.context_plan import ContextPlanner
+from workflows.session.payloads import MAX_DECISIONS, MAX_SETTLED, MAX_TRACE
+from workflows.session.replies import ReplyBook
+from workflows.session.transcript import Transcript
+
+
+class SessionCore:
+    """Everything a session run holds (see :class:`hermes.models.SessionCarry` for the
+    carried fields' meaning), built from the run's input.
+
+    Args:
+        inp: the run's input (its ``carry`` from the previous run, if any).
+        now: the workflow's time (the session's creation time when it is new).
+        first_run_id: the chain's first run id (the session's ``chain_id`` when new).
+        patched: whether the run has a patch (:mod:`workflows.session.patches`); asked
+            only when a decision depends on it.
+    """
+
+    def __init__(self, inp: SessionInput, *, now: datetime, first_run_id: str, patched: Callable[[str], bool]) -> None:
+        carry = inp.carry or SessionCarry()
+        self.inp, self.cfg = inp, inp.config
+        self.patched = patched
+        self.encoding = carry.encoding
+        self.planner = ContextPlanner()
+        self.transcript = Transcript(carry.messages, carry.archived_messages, self.count_fn())
+        self.replies = ReplyBook(
+            carry.completed, carry.answered_ids, max_completed=self.cfg.max_completed_ids, max_answered=self.cfg.max_answered_ids
+        )
+        self.book = ApprovalBook(
+            session_id=inp.session_id, user_id=inp.user_id, decisions=carry.decisions,
+            settled=carry.settled_tool_call_ids, unknown=carry.unknown_outcomes,
+            audit_enabled=lambda: patched(patches.AUDIT_LOG),
+        )
+        self.turn_count, self.token_estimate, self.title = carry.turn_count, carry.token_estimate, carry.title
+        self.created_at = carry.created_at or now
+        self.last_active_at = carry.last_active_at or self.created_at
+        self.trace: list[TraceStep] = list(carry.trace)
+        self.run_index, self.notices = carry.run_index, list(carry.notices)
+        self.system_prompt = carry.system_prompt or self.cfg.system_prompt
+        self.chain_id = carry.chain_id or first_run_id
+        self.last_groups: list[str] | None = carry.tool_groups
+        self.summary: Summary | None = carry.summary
+        self.summary_retry_turn, self.last_summary_turn = carry.summary_retry_turn, carry.last_summary_turn
+        self.token_correction, self.context_tokens = carry.token_correction, carry.context_tokens
+        # Long-term memory: this turn's recall as shown, working memory, extractions.
+        self.memories: list[str] = []
+        self.working: list[WorkingItem] = list(carry.working_memory)
+        self.last_extracted_turn = carry.last_extracted_turn
+        self.carried_extractions: list[ExtractMemoriesInput] = list(carry.pending_extractions)
+        self.memory_served = False
+        self.turn_triggers: Triggers | None = None
+        # The run's flags.
+        self.idle_marked, self.archived_state = carry.status == "idle", False
+        self.lifecycle_not_before = self.created_at
+        self.status = "active"
+        self.in_flight_ids: set[str] = set()
+        self.queued = self.updates_this_run = 0
+        self.draining = self.cancel_requested = False
+        self.current_turn: int | None = None
+        self.all_specs: dict[str, ToolSpec] = {}
+        self.warnings: list[str] = []
+
+    # ---------------------------------------------------------------- counting
+
+    def counter(self) -> Any:
+        """The session's token counter (:meth:`ContextPlanner.counter`)."""
+        return self.planner.counter(self.encoding, self.patched(patches.BOUNDED_WORK))
+
+    def count_fn(self) -> Callable[[Message], int] | None:
+        """Tokens of a message by the session's counter; None while its encoding is unknown."""
+        return (lambda m: self.counter().message(m)) if self.encoding else None
+
+    # ------------------------------------------------------------------ trace
+
+    def add_trace(
+        self, turn: int, action_type: str, started: datetime, now: datetime, *, provider: str = "",
+        tool_name: str | None = None, tokens: int = 0, status: str = "ok",
+    ) -> None:
+        """One step of the trace (the newest ``MAX_TRACE`` are kept)."""
+        self.trace.append(
+            TraceStep(
+                session_id=self.inp.session_id, turn=turn, step=(self.trace[-1].step + 1) if self.trace else 1,
+                action_type=action_type,  # type: ignore[arg-type]
+                provider=provider, tool_name=tool_name, latency_ms=(now - started).total_seconds() * 1000,
+                tokens=tokens, status=status,
+            )
+        )
+        del self.trace[:-MAX_TRACE]
+
+    # ----------------------------------------------------------------- reading
+
+    def knows(self, cid: str | None, *, bounded_work: bool) -> bool:
+        """Whether message ``cid`` was taken by this session: running or queued now, or
+        answered (its reply cached, its turn number kept (``bounded_work``: runs with
+        that patch; a validator passes the decided patches, since it may issue no
+        command), or its turn still in the transcript this run holds)."""
+        if cid is None:
+            return False
+        if cid in self.replies.completed or cid in self.in_flight_ids:
+            return True
+        if cid in self.replies.answered and bounded_work:
+            return True
+        return self.transcript.knows_message(cid)
+
+    def session_status(self) -> str:
+        if self.status == "closed":
+            return "closed"
+        if self.archived_state:
+            return "archived"
+        if self.book.halted_on:
+            return "halted"
+        return "idle" if self.idle_marked else self.status
+
+    def idle(self, locked: bool) -> bool:
+        """No turn runs (``locked``: the turn lock is held) and none waits."""
+        return not locked and self.queued == 0
+
+    def carry(self) -> SessionCarry:
+        """What the next run starts from (continue-as-new input, or the archive's snapshot)."""
+        return SessionCarry(
+            messages=self.transcript.messages, turn_count=self.turn_count, created_at=self.created_at,
+            last_active_at=self.last_active_at, token_estimate=self.token_estimate,
+            completed=self.replies.completed, answered_ids=self.replies.answered, trace=self.trace[-MAX_TRACE:],
+            decisions=self.book.decisions[-MAX_DECISIONS:], title=self.title, run_index=self.run_index + 1,
+            system_prompt=self.system_prompt, settled_tool_call_ids=self.book.settled[-MAX_SETTLED:],
+            archived_messages=self.transcript.archived, notices=self.notices, unknown_outcomes=self.book.unknown,
+            tool_groups=self.last_groups, chain_id=self.chain_id, summary=self.summary,
+            summary_retry_turn=self.summary_retry_turn, last_summary_turn=self.last_summary_turn,
+            encoding=self.encoding, token_correction=self.token_correction, context_tokens=self.context_tokens,
+            status="idle" if self.idle_marked else "active", working_memory=self.working,
+            last_extracted_turn=self.last_extracted_turn, pending_extractions=self.carried_extractions,
+        )
+
+    def carry_bytes(self) -> int:
+        """Bytes of the continue-as-new input: the carry and the configuration, as JSON."""
+        return len(self.carry().model_dump_json().encode("utf-8", "surrogatepass")) + len(self.cfg.model_dump_json())
+
+    def state(self, *, history_length: int, history_bytes: int) -> SessionState:
+        """The answer of the ``get_state`` query (``history_*``: the run's, from Temporal)."""
+        return SessionState(
+            session_id=self.inp.session_id, user_id=self.inp.user_id, channel=self.inp.channel,
+            status=self.session_status(),  # type: ignore[arg-type]
+            title=self.title, created_at=self.created_at, last_active_at=self.last_active_at,
+            turn_count=self.turn_count, token_estimate=self.token_estimate, system_prompt=self.system_prompt,
+            busy=self.current_turn is not None, queued_messages=self.queued,
+            pending_approvals=list(self.book.pending.values()), decisions=self.book.decisions,
+            run_index=self.run_index, updates_this_run=self.updates_this_run, history_length=history_length,
+            archived_messages=self.transcript.archived, chain_id=self.chain_id, notices=self.notices,
+            summary=self.summary, context_tokens=self.context_tokens, history_size_bytes=history_bytes,
+        )

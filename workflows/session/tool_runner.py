@@ -1,0 +1,258 @@
+"""The durable side of a model step's tool calls: checks, approvals, tool activities,
+fallbacks, and the approval audit log, in the order a recorded history holds.
+
+Workflow code, called by :class:`SessionWorkflow` (it starts activities, waits on
+timers and signals, writes search attributes). What to do with each call is decided by
+the plain parts: :func:`tool_step.screen`, :class:`ApprovalBook`,
+:func:`tool_step.fallback_for`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from temporalio import workflow
+from temporalio.exceptions import ActivityError, ChildWorkflowError
+
+with workflow.unsafe.imports_passed_through():
+    from hermes import names
+    from hermes.models import (
+        ApprovalAuditBatch,
+        ApprovalDecision,
+        ApprovalPolicy,
+        PendingApproval,
+        RunToolInput,
+        ToolCall,
+        ToolCallRecord,
+        ToolResult,
+        ToolResultCode,
+        ToolSpec,
+    )
+
+    from workflows.session import calls, patches
+    from workflows.session.approvals import denial
+    from workflows.session.state import SessionCore
+    from workflows.session.tool_step import CANCELLED_WHILE_RUNNING, CLOSED_BEFORE_RUN, checked_call, screen
+    from workflows.session.tool_step import fallback_call, fallback_for, fallback_result
+    from workflows.session.turn import TurnCancelled
+    from workflows.tool_calls import failure_text, result_from_failure
+
+
+class ToolRunner:
+    """Runs the tool calls of a session's model steps.
+
+    Args:
+        core: the session's state.
+        closed_mid_turn: whether the session was closed while this turn runs (and the run
+            stops turns on close).
+    """
+
+    def __init__(self, core: SessionCore, closed_mid_turn: Callable[[], bool]) -> None:
+        self.core = core
+        self.closed_mid_turn = closed_mid_turn
+
+    def _trace(self, turn: int, kind: str, started: Any, **fields: Any) -> None:
+        self.core.add_trace(turn, kind, started, workflow.now(), **fields)
+
+    async def run_step(self, turn: int, step: list[ToolCall], specs: dict[str, ToolSpec], records: list[ToolCallRecord]) -> None:
+        """Run the tool calls of one model step: exactly one result per call, in order.
+
+        Calls that need a human are checked first and all put up for decision at once
+        (the approver sees the whole step); calls that need nobody run in order
+        meanwhile; a denied call is reported, never run. Runs recorded before
+        tool-layer-v2 replay its command order: no check before an approval, and
+        approvals requested one at a time (:data:`tool_step.Screen`)."""
+        core = self.core
+        early: dict[str, ToolResult] = {}
+        gated: dict[str, PendingApproval] = {}
+        prepared: dict[str, ToolCall] = {}
+        lazy: dict[str, ApprovalPolicy] = {}
+        try:
+            for call in step:
+                spec = specs.get(call.name)
+                policy, reason = core.book.policy(call, spec, core.cfg.approval_policies) if spec else (None, "")
+                screening = screen(call, spec, specs, policy, v2=core.patched(patches.TOOL_LAYER_V2))
+                if screening.screen == "refused":
+                    early[call.tool_call_id] = screening.result  # type: ignore[assignment]
+                elif screening.screen == "ask_later":
+                    lazy[call.tool_call_id] = policy  # type: ignore[assignment]
+                elif screening.screen == "check":
+                    assert spec is not None and policy is not None
+                    checked = await calls.validate_tool_call(self.tool_input(turn, call, spec), call.name)
+                    if checked.error is not None:
+                        early[call.tool_call_id] = checked.error
+                        continue
+                    prepared[call.tool_call_id] = checked_call(call, checked.arguments, checked.arguments_ref)
+                    if policy.action != "run":
+                        gated[call.tool_call_id] = self.request_approval(turn, prepared[call.tool_call_id], spec, policy, reason)
+            await self.flush_audit()
+            for call in step:
+                tcid = call.tool_call_id
+                record = ToolCallRecord(tool_call_id=tcid, name=call.name, arguments=call.arguments, result=ToolResult())
+                if tcid in early:
+                    record.result = early[tcid]
+                elif tcid not in gated and tcid not in lazy and self.closed_mid_turn():
+                    record.approval, record.result = "cancelled", CLOSED_BEFORE_RUN
+                    self._trace(turn, "tool", workflow.now(), tool_name=call.name, status=f"code_{int(record.result.code)}")
+                else:
+                    spec = specs[call.name]
+                    if tcid in lazy:
+                        gated[tcid] = self.request_approval(turn, call, spec, lazy[tcid], "")
+                    if tcid in gated:
+                        verdict, decision = await self.wait_verdict(turn, gated[tcid])
+                        record.approval = verdict  # type: ignore[assignment]
+                        record.approver = decision.approver if decision else None
+                        if verdict != "approved":
+                            record.result = denial(verdict, decision)
+                    if record.approval in ("not_required", "approved"):
+                        record.result, record.fallback = await self.run_with_fallback(turn, prepared.get(tcid, call), spec, specs)
+                records.append(record)
+                core.transcript.tool_result(turn, call, record.result, workflow.now(), core.count_fn())
+        finally:
+            for tcid, waiting in gated.items():
+                if self.settle(tcid):
+                    core.book.audit("verdict", waiting, now=workflow.now(), outcome="cancelled", detail="the turn ended before a decision")
+            await self.flush_audit()
+
+    async def run_with_fallback(
+        self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec]
+    ) -> tuple[ToolResult, str | None]:
+        """Run ``call``; then its fallback tool if the failure allows (the result says so)."""
+        result = await self.run_tool(turn, call, spec)
+        warning = self.core.book.note_result(call, spec, result)
+        if warning is not None:
+            self.core.warnings.append(warning)
+        fallback = fallback_for(result, spec, specs)
+        if fallback is None:
+            return result, None
+        fb_result = await self.run_tool(turn, fallback_call(call, fallback), fallback)
+        return fallback_result(spec, fallback, result, fb_result), fallback.name
+
+    def request_approval(self, turn: int, call: ToolCall, spec: ToolSpec, policy: ApprovalPolicy, reason: str) -> PendingApproval:
+        book = self.core.book
+        pending = book.request(
+            turn, call, spec, policy, reason, now=workflow.now(), default_timeout_seconds=self.core.cfg.approval_timeout_seconds
+        )
+        workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(book.pending))])
+        return pending
+
+    def settle(self, tcid: str) -> bool:
+        """Settle ``tcid`` in the book and update the search attributes; False if it was
+        not pending."""
+        book = self.core.book
+        if not book.settle(tcid):
+            return False
+        updates = [names.SA_PENDING_APPROVALS.value_set(len(book.pending))]
+        if not book.halted_on and self.core.status != "closed":
+            updates.append(names.SA_STATUS.value_set("active"))
+        workflow.upsert_search_attributes(updates)
+        return True
+
+    async def wait_verdict(self, turn: int, pending: PendingApproval) -> tuple[str, ApprovalDecision | None]:
+        """Wait for a decision on ``pending`` until it expires; then deny, or halt the
+        session (policy ``on_expiry="halt"``) and keep waiting for a human.
+
+        Raises:
+            TurnCancelled: the turn was cancelled while it waited.
+        """
+        core, book = self.core, self.core.book
+        started = workflow.now()
+        tcid = pending.tool_call_id
+
+        def decided() -> bool:
+            return book.decided(tcid) or core.cancel_requested or core.status == "closed"
+
+        def woken() -> bool:  # a decision, or audit entries (a refused decision) to write now
+            return decided() or bool(book.audit_buffer)
+
+        expired = waited = False
+        while not waited or not decided():
+            waited = True
+            remaining = (pending.expires_at - workflow.now()).total_seconds()
+            if remaining <= 0 and not decided():
+                expired = True
+                break
+            try:
+                await workflow.wait_condition(
+                    woken, timeout=timedelta(seconds=max(remaining, 0.001)), timeout_summary=f"approval of {pending.tool_name}"
+                )
+            except asyncio.TimeoutError:
+                expired = True
+                break
+            await self.flush_audit()
+        if expired:
+            if pending.on_expiry != "halt":
+                self.settle(tcid)
+                book.audit("verdict", pending, now=workflow.now(), outcome="expired")
+                await self.flush_audit()
+                self._trace(turn, "approval", started, tool_name=pending.tool_name, status="expired")
+                return "expired", None
+            book.halt(pending, workflow.now())
+            workflow.upsert_search_attributes([names.SA_STATUS.value_set("halted")])
+            await self.flush_audit()
+            while not decided():
+                await workflow.wait_condition(woken)
+                await self.flush_audit()
+        decision: ApprovalDecision | None = None
+        if book.decided(tcid):
+            decision = book.verdicts[tcid]
+            verdict = "approved" if decision.approved else "rejected"
+        elif core.cancel_requested:
+            self.settle(tcid)
+            book.audit("verdict", pending, now=workflow.now(), outcome="cancelled", detail="the turn was cancelled")
+            await self.flush_audit()
+            raise TurnCancelled()
+        else:
+            verdict = "cancelled"
+        self.settle(tcid)
+        book.audit(
+            "verdict", pending, now=workflow.now(), outcome=verdict, approver=decision.approver if decision else None,
+            approved=decision.approved if decision else None, reason=decision.reason if decision else None,
+        )
+        await self.flush_audit()
+        self._trace(turn, "approval", started, tool_name=pending.tool_name, status=verdict)
+        return verdict, decision
+
+    def tool_input(self, turn: int, call: ToolCall, spec: ToolSpec | None) -> RunToolInput:
+        core = self.core
+        return RunToolInput(
+            session_id=core.inp.session_id, user_id=core.inp.user_id, turn=turn, tool_call=call,
+            idempotent=spec.idempotent if spec is not None else True, mcp=spec.mcp if spec is not None else None,
+            chain_id=core.chain_id,
+        )
+
+    async def run_tool(self, turn: int, call: ToolCall, spec: ToolSpec) -> ToolResult:
+        """One tool call (a composite one as a child workflow), cancellable with the turn.
+
+        Raises:
+            TurnCancelled: its result is then recorded as an unknown outcome.
+        """
+        core = self.core
+        started = workflow.now()
+        request = self.tool_input(turn, call, spec)
+        if spec.composite is not None:
+            task: Any = asyncio.create_task(calls.run_composite(request, spec, core.all_specs))
+        else:
+            task = calls.start_tool(request, spec)
+        try:
+            result: ToolResult = await calls.cancellable(task, lambda: core.cancel_requested)
+        except TurnCancelled:
+            self._trace(turn, "tool", started, tool_name=call.name, status="cancelled")
+            core.transcript.tool_result(turn, call, CANCELLED_WHILE_RUNNING, workflow.now(), core.count_fn())
+            raise
+        except ActivityError as err:
+            result = result_from_failure(err, spec)
+        except ChildWorkflowError as err:
+            result = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"composite tool failed: {failure_text(err)}"[:2000])
+        self._trace(turn, "tool", started, tool_name=call.name, status="ok" if result.ok else f"code_{int(result.code)}")
+        return result
+
+    async def flush_audit(self) -> None:
+        """Write the buffered audit entries (one local activity, awaited in line: audit
+        writes never interleave with the turn's other local activities, so the order of
+        commands is the same on replay)."""
+        if self.core.book.audit_buffer:
+            await calls.record_audit(ApprovalAuditBatch(entries=self.core.book.take_audit()))
