@@ -37,6 +37,7 @@ import random
 import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from temporalio.client import (
@@ -624,6 +625,7 @@ class HermesClient:
                     ]
                 ),
                 static_summary=f"session of {user_id} ({channel})",
+                task_timeout=timedelta(seconds=names.SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS),
             )
             try:
                 return await self.client.execute_update_with_start_workflow(

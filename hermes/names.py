@@ -10,6 +10,16 @@ DEFAULT_TASK_QUEUE = "hermes-sessions"
 
 # Workflows
 SESSION_WORKFLOW = "SessionWorkflow"
+SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS = 30.0
+"""Workflow task timeout of a session's runs (Temporal's default is 10 s; continue-as-new
+keeps the first run's). A session's task holds its turn's local activities (tool
+listing, memory search up to 15 s, checks, audit and index writes) and the SDK core
+heartbeats it at 80% of this: at 10 s, a worker starved of CPU (load 16 on 2 cores, beside
+a soak) sent that heartbeat late, the task timed out again and again, and the server then
+waited about 4 minutes before each next attempt, refusing the session's messages ("Workflow
+Task in failed state") meanwhile (issue 12). A worker that dies while it holds a task is
+noticed after this long; one that dies between tasks (the usual case: a model or tool call
+runs in an activity) is noticed by the sticky queue's timeout, as before."""
 MEMORY_WRITER_WORKFLOW = "MemoryWriterWorkflow"
 """One per user (id :func:`memory_writer_id`): batches that user's memory writes."""
 MEMORY_CONSOLIDATION_WORKFLOW = "MemoryConsolidationWorkflow"

@@ -128,8 +128,8 @@ class Settings(BaseSettings):
     plain session code missed it: the task failed, the eviction that follows timed out
     too and was retried every 2 s, and the session answered "Workflow Task in failed
     state" until the test gave up (issue 12). Hermes' workflow code does work bounded by
-    configuration only, so the bound is there for code stuck for good: 8 s, 80% of the
-    10 s workflow task timeout (the fraction at which the SDK core heartbeats a task)."""
+    configuration only, so the bound is there for code stuck for good: 8 s, well under a
+    session's 30 s workflow task timeout (names.SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS)."""
     workflow_sandbox: bool = True
     """Run workflow code in Temporal's sandbox, which re-imports the workflow modules for
     every run it starts or replays and checks the calls they make. ``false``
