@@ -182,6 +182,13 @@ def build_worker(
     eviction = MovedRunEviction(worker, redis)
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
     worker.hermes_memory = memory_activities  # type: ignore[attr-defined]
+    if memory_activities is not None:
+        # Every way of running a worker (python worker.py, hermes worker/dev/demo, tests)
+        # starts loading the store and its embedding model now, not in its first turns;
+        # only after the SDK validated the workflows above, which imports their modules in
+        # its sandbox: a thread importing meanwhile can make Python 3.11's import locks
+        # fail that validation (KeyError(<thread id>), python/cpython#91351).
+        memory_activities.open_in_background()
     return worker
 
 
@@ -220,9 +227,6 @@ def _memory_activities(
         heartbeat_seconds=settings.model_heartbeat_seconds,
         judge_max_calls=settings.resolved_memory_judge_max_calls,
     )
-    # Every way of running a worker (python worker.py, hermes worker/dev/demo, tests)
-    # starts loading the store and its embedding model now, not in its first turns.
-    activities.open_in_background()
     return activities
 
 

@@ -344,7 +344,8 @@ async def test_a_call_whose_outcome_is_unknown_is_not_run_again_without_a_human(
         return "sent"
 
     registry = ToolRegistry()
-    registry.register(send_wire, idempotency="none", timeout_seconds=1.0)
+    # 5 s: on a loaded machine a 1 s timeout could pass before the function even started.
+    registry.register(send_wire, idempotency="none", timeout_seconds=5.0)
     model = Steps([("send_wire", {"amount": 100})], tool_results)
     async with run_worker(model, registry=registry) as hermes:
         first = await hermes.send_message(session_id, "wire 100", user_id="alice")

@@ -22,10 +22,32 @@ Where each concern lives (issue 14):
 - ``payloads.py``: sizes against Temporal's payload limits.
 - ``patches.py``: the ``workflow.patched()`` ids.
 
-Only ``shell.py`` and ``calls.py`` import ``temporalio``; the rest are unit-tested
+Only the shell and its durable helpers (``calls.py``, ``tool_runner.py``,
+``model_steps.py``, ``memory_path.py``) import ``temporalio``; the rest are unit-tested
 without a server (``tests/test_session_parts.py``).
+
+This ``__init__`` imports nothing at import time (``SessionWorkflow`` is loaded on first
+access, PEP 562): Temporal's sandbox re-imports ``workflows.session.shell`` for every
+worker it validates and every run it starts, and a package ``__init__`` that imported
+the module being imported made that a nested import of the same module, which Python
+3.11's import locks can fail with ``KeyError(<thread id>)`` when another thread imports
+at the same time (python/cpython#91351; seen once in a fresh clone's test run, and once
+in 9 runs of tests/test_tool_layer.py).
 """
 
-from workflows.session.shell import SessionWorkflow
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from workflows.session.shell import SessionWorkflow
 
 __all__ = ["SessionWorkflow"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "SessionWorkflow":
+        from workflows.session.shell import SessionWorkflow
+
+        return SessionWorkflow
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
