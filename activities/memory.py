@@ -241,8 +241,7 @@ class MemoryActivities:
         if self._store is None:
             # Never hold a turn on a cold store: a search waits a moment for it, then the
             # turn goes on without memories (its writes wait: they are not on a turn's path).
-            self.open_in_background()
-            if not await asyncio.to_thread(self._opened.wait, STORE_WAIT_SECONDS):
+            if not await self.wait_open(STORE_WAIT_SECONDS):
                 why = f"it could not be opened ({self._open_error})" if self._open_error else "it is still opening on this worker"
                 return SearchMemoriesResult(error=f"the memory store was not searched: {why}")
         now = datetime.now(timezone.utc)

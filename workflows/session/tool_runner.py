@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
     from workflows.session import calls, patches
     from workflows.session.approvals import denial
     from workflows.session.state import SessionCore
-    from workflows.session.tool_step import CANCELLED_WHILE_RUNNING, CLOSED_BEFORE_RUN, checked_call, screen
+    from workflows.session.tool_step import cancelled_while_running, checked_call, closed_before_run, screen
     from workflows.session.tool_step import fallback_call, fallback_for, fallback_result
     from workflows.session.turn import TurnCancelled
     from workflows.tool_calls import failure_text, result_from_failure
@@ -95,7 +95,7 @@ class ToolRunner:
                 if tcid in early:
                     record.result = early[tcid]
                 elif tcid not in gated and tcid not in lazy and self.closed_mid_turn():
-                    record.approval, record.result = "cancelled", CLOSED_BEFORE_RUN
+                    record.approval, record.result = "cancelled", closed_before_run()
                     self._trace(turn, "tool", workflow.now(), tool_name=call.name, status=f"code_{int(record.result.code)}")
                 else:
                     spec = specs[call.name]
@@ -241,7 +241,7 @@ class ToolRunner:
             result: ToolResult = await calls.cancellable(task, lambda: core.cancel_requested)
         except TurnCancelled:
             self._trace(turn, "tool", started, tool_name=call.name, status="cancelled")
-            core.transcript.tool_result(turn, call, CANCELLED_WHILE_RUNNING, workflow.now(), core.count_fn())
+            core.transcript.tool_result(turn, call, cancelled_while_running(), workflow.now(), core.count_fn())
             raise
         except ActivityError as err:
             result = result_from_failure(err, spec)

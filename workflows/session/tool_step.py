@@ -69,14 +69,20 @@ def checked_call(call: ToolCall, arguments: dict[str, Any], arguments_ref: str |
     return call.model_copy(update=update)
 
 
-CLOSED_BEFORE_RUN = ToolResult(
-    code=ToolResultCode.DENIED_BY_HUMAN, message="the session was closed before this tool call ran; it was not run"
-)
+def closed_before_run() -> ToolResult:
+    """The result of a call the session's close stopped before it ran (a new object each
+    time: results go into records and transcripts that may be changed later)."""
+    return ToolResult(
+        code=ToolResultCode.DENIED_BY_HUMAN, message="the session was closed before this tool call ran; it was not run"
+    )
 
-CANCELLED_WHILE_RUNNING = ToolResult(
-    code=ToolResultCode.OUTCOME_UNKNOWN,
-    message="the turn was cancelled while this tool call ran; its outcome is unknown",
-)
+
+def cancelled_while_running() -> ToolResult:
+    """The result of a call that ran when its turn was cancelled: its outcome is unknown."""
+    return ToolResult(
+        code=ToolResultCode.OUTCOME_UNKNOWN,
+        message="the turn was cancelled while this tool call ran; its outcome is unknown",
+    )
 
 
 def fallback_for(result: ToolResult, spec: ToolSpec, specs: Mapping[str, ToolSpec]) -> ToolSpec | None:
