@@ -53,12 +53,14 @@ from hermes.client import HermesClient
 from hermes.memory.models import ConversationExcerpt, ExtractMemoriesInput
 from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, SummarizeInput
 from hermes.stack import free_port
+from tests.test_replay import replayer
+from workflows.session import calls
 from tests.test_crash import kill_group, worker_log
 
 MAIN_DIR = Path(__file__).resolve().parent.parent
 MODEL = "fake-model"
 HEARTBEAT_SECONDS = SessionConfig().model_heartbeat_seconds
-"""The default (2 s): the tests check the shipped setting, not a lowered one."""
+"""The default (1 s): the tests check the shipped setting, not a lowered one."""
 OLD_GRACEFUL_SECONDS = 5.0
 """The worker's graceful shutdown before it became a setting: a call held longer than this
 after SIGTERM would have been cancelled and sent to the provider again."""
@@ -146,6 +148,90 @@ async def test_heartbeating_outside_an_activity_does_nothing_and_a_bad_interval_
 
     with pytest.raises(ValueError, match="interval_seconds"):
         await env.run(bad)
+
+
+# ------------------------- a live worker too busy to heartbeat: the step is started again
+
+
+class BusyWorkerModel:
+    """A provider whose first ``busy_calls`` calls hold the worker's event loop (a
+    blocking ``time.sleep``, as CPU work would) for ``hold_seconds``: no heartbeat leaves
+    the worker meanwhile, so the attempt ends in a heartbeat timeout although the worker
+    is alive. Later calls answer at once."""
+
+    name = "busy-worker"
+
+    def __init__(self, *, busy_calls: int, hold_seconds: float) -> None:
+        self.busy_calls = busy_calls
+        self.hold_seconds = hold_seconds
+        self.calls = 0
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.calls += 1
+        if self.calls <= self.busy_calls:
+            time.sleep(self.hold_seconds)  # noqa: ASYNC251 - the point: the worker's loop is starved
+        return CallModelResult(message=Message(role="assistant", content=f"answered on call {self.calls}"))
+
+
+async def model_activity_events(client: Client, session_id: str) -> tuple[list[Any], list[Any]]:
+    """(scheduled, timed out) events of the session's model-call activities."""
+    history = await client.get_workflow_handle(session_id).fetch_history()
+    scheduled = [
+        e.activity_task_scheduled_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == names.CALL_MODEL
+    ]
+    timed_out = [
+        e.activity_task_timed_out_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT
+    ]
+    return scheduled, timed_out
+
+
+async def test_a_model_step_whose_attempts_all_missed_their_heartbeat_is_started_again_and_the_turn_is_answered(
+    run_worker, session_id, temporal_client
+):
+    # The issue 12 soak: one worker left with 50 sessions on a loaded machine spent a
+    # step's five attempts on 1 s heartbeat timeouts in seconds and the turn was lost.
+    cfg = SessionConfig()
+    model = BusyWorkerModel(busy_calls=cfg.model_max_attempts, hold_seconds=3 * cfg.model_heartbeat_seconds)
+    async with run_worker(model) as hermes:
+        result = await hermes.send_message(session_id, "hello")
+    assert result.status == "completed", result
+    assert int(result.reply.rsplit(" ", 1)[1]) > cfg.model_max_attempts, result.reply
+    scheduled, timed_out = await model_activity_events(temporal_client, session_id)
+    assert [s.heartbeat_timeout.ToTimedelta() for s in scheduled] == [
+        timedelta(seconds=cfg.model_heartbeat_seconds), timedelta(seconds=2 * cfg.model_heartbeat_seconds)
+    ]
+    assert [t.failure.timeout_failure_info.timeout_type for t in timed_out] == [TimeoutType.TIMEOUT_TYPE_HEARTBEAT]
+    # The step started again replays as it ran.
+    history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    await replayer().replay_workflow(history)
+
+
+async def test_a_model_step_lost_on_every_heartbeat_is_started_again_a_bounded_number_of_times(
+    run_worker, session_id, temporal_client
+):
+    # One attempt per start, heartbeats of 0.25, 0.5, 1 and 2 s: a call that holds the loop
+    # for 3 s misses every one of them; the turn ends with the model error, not a loop.
+    cfg = SessionConfig(model_max_attempts=1, model_heartbeat_seconds=0.25)
+    model = BusyWorkerModel(busy_calls=100, hold_seconds=3.0)
+    async with run_worker(model, config=cfg) as hermes:
+        result = await hermes.send_message(session_id, "hello")
+        assert result.status == "model_error", result
+        assert "could not answer" in result.reply and "heartbeat" in result.reply
+        scheduled, timed_out = await model_activity_events(temporal_client, session_id)
+        assert [s.heartbeat_timeout.ToTimedelta() for s in scheduled] == [
+            timedelta(seconds=0.25 * 2**n) for n in range(calls.MODEL_REISSUES + 1)
+        ]
+        assert len(timed_out) == calls.MODEL_REISSUES + 1
+        assert model.calls == calls.MODEL_REISSUES + 1
+        # The session stays usable.
+        model.busy_calls = 0
+        after = await hermes.send_message(session_id, "again")
+        assert after.status == "completed"
 
 
 # ---------------------------------------------- worker subprocesses and a provider

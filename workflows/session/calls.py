@@ -17,7 +17,7 @@ from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import FailureError
+from temporalio.exceptions import ActivityError, FailureError, TimeoutError, TimeoutType
 
 with workflow.unsafe.imports_passed_through():
     from hermes import names
@@ -46,12 +46,33 @@ with workflow.unsafe.imports_passed_through():
 
 _MODEL_ERRORS_NOT_RETRIED = ["ModelRequestError", "ScriptExhaustedError", "ContextTooLongError"]
 
+MODEL_REISSUES = 3
+"""How many times a model step is started again after every attempt of it ended in a
+heartbeat timeout (:func:`worker_lost`), each time with twice the heartbeat timeout
+(1 s, then 2, 4 and 8 s by default). A dead worker is still noticed after the first,
+short timeout; a live worker too busy to heartbeat in time (the issue 12 soak: one
+worker left with 50 sessions on a loaded machine spent a step's five attempts in about
+seven seconds, and the turn ended "could not answer") gets slower beats allowed instead
+of the turn being lost. Provider errors end a step as before: they are not heartbeat
+timeouts."""
 
-def model_heartbeat(cfg: SessionConfig) -> timedelta | None:
+
+def model_heartbeat(cfg: SessionConfig, reissue: int = 0) -> timedelta | None:
     """Heartbeat timeout of the model activities (calls, summaries, extraction): an
-    attempt on a dead worker is retried after it. Only an activity option: the
+    attempt on a dead worker is retried after it. ``reissue``: how many times this
+    model step was started again after :func:`worker_lost` (doubles the timeout each
+    time, at most the call's start-to-close timeout). Only an activity option: the
     commands, and so replay, are the same with or without it."""
-    return timedelta(seconds=cfg.model_heartbeat_seconds) if cfg.model_heartbeat_seconds > 0 else None
+    if cfg.model_heartbeat_seconds <= 0:
+        return None
+    seconds = min(cfg.model_heartbeat_seconds * 2**reissue, max(cfg.model_timeout_seconds, cfg.model_heartbeat_seconds))
+    return timedelta(seconds=seconds)
+
+
+def worker_lost(err: ActivityError) -> bool:
+    """Whether an activity's final failure is a heartbeat timeout: its last attempt's
+    worker stopped reporting (dead, or too busy to heartbeat), not that the work failed."""
+    return isinstance(err.cause, TimeoutError) and err.cause.type == TimeoutType.HEARTBEAT
 
 
 async def list_tools(inp: ListToolsInput | None) -> ListToolsResult:
@@ -80,15 +101,18 @@ async def count_tokens(text: str, encoding: str) -> int:
     )
 
 
-def start_model_call(cfg: SessionConfig, request: CallModelInput, turn: int, step: int) -> workflow.ActivityHandle[CallModelResult]:
-    """Start one model step."""
+def start_model_call(
+    cfg: SessionConfig, request: CallModelInput, turn: int, step: int, reissue: int = 0
+) -> workflow.ActivityHandle[CallModelResult]:
+    """Start one model step (``reissue``: the how-many-th time it is started again after
+    :func:`worker_lost`; 0 the first time)."""
     return workflow.start_activity(
         names.CALL_MODEL,
         request,
         result_type=CallModelResult,
         start_to_close_timeout=timedelta(seconds=cfg.model_timeout_seconds),
         # A call on a worker that died is retried after seconds, not the timeout.
-        heartbeat_timeout=model_heartbeat(cfg),
+        heartbeat_timeout=model_heartbeat(cfg, reissue),
         retry_policy=RetryPolicy(
             # After a worker crash (a heartbeat timeout) this wait is part of the time to
             # the reply; a provider's failure sets its own longer wait
@@ -99,7 +123,7 @@ def start_model_call(cfg: SessionConfig, request: CallModelInput, turn: int, ste
             maximum_attempts=cfg.model_max_attempts,
             non_retryable_error_types=_MODEL_ERRORS_NOT_RETRIED,
         ),
-        summary=f"model, turn {turn}, step {step + 1}",
+        summary=f"model, turn {turn}, step {step + 1}" + (f" (started again: {reissue})" if reissue else ""),
     )
 
 

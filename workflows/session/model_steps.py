@@ -87,9 +87,7 @@ class ModelSteps:
             started = workflow.now()
             request = self.model_request(turn, tools, step)
             try:
-                result: CallModelResult = await calls.cancellable(
-                    calls.start_model_call(core.cfg, request, turn, step), lambda: core.cancel_requested
-                )
+                result = await self._call(request, turn, step)
             except TurnCancelled:
                 self._trace(turn, "model", started, status="cancelled")
                 raise
@@ -112,6 +110,31 @@ class ModelSteps:
             core.token_correction = usage_correction(core.token_correction, request.context_tokens, result.usage.prompt_tokens)
         self._trace(turn, "model", started, provider=result.provider, tokens=core.token_estimate)
         return result
+
+    async def _call(self, request: CallModelInput, turn: int, step: int) -> CallModelResult:
+        """Run one model step's activity; after a final heartbeat timeout (the worker
+        stopped reporting, :func:`calls.worker_lost`) start it again with a longer
+        heartbeat timeout, at most :data:`calls.MODEL_REISSUES` times.
+
+        Raises:
+            ActivityError: the step failed otherwise, or was lost too often.
+            TurnCancelled.
+        """
+        core = self.core
+        reissue = 0
+        while True:
+            try:
+                return await calls.cancellable(
+                    calls.start_model_call(core.cfg, request, turn, step, reissue), lambda: core.cancel_requested
+                )
+            except ActivityError as err:
+                if reissue >= calls.MODEL_REISSUES or not calls.worker_lost(err) or not core.patched(patches.MODEL_REISSUE):
+                    raise
+                reissue += 1
+                workflow.logger.warning(
+                    "turn %d step %d: every attempt of the model call timed out on its heartbeat; started again (%d of %d)",
+                    turn, step + 1, reissue, calls.MODEL_REISSUES,
+                )
 
     def model_request(self, turn: int, tools: list[ToolSpec], step: int) -> CallModelInput:
         """The model call's input: references to the context's messages and tool list.

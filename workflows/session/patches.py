@@ -30,5 +30,10 @@ ARCHIVE_SUMMARIZED = "archive-summarized-turns"
 ``context_history_turns`` plus one run of turns, not up to ``max_carry_bytes`` (issue 12:
 a worker's memory grows with what its cached sessions hold)."""
 
-ALL = (TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED)
+MODEL_REISSUE = "model-step-reissue"
+"""A model step whose every attempt ended in a heartbeat timeout is started again, with a
+longer heartbeat timeout, up to :data:`workflows.session.calls.MODEL_REISSUES` times
+(issue 12: a live worker too busy to heartbeat spent a step's attempts in seconds)."""
+
+ALL = (TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE)
 """In the order the first workflow task asks for them (the order of their markers)."""
