@@ -740,11 +740,17 @@ def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> De
         if len({item_of[x] for x in [r["memory_id"], *(r.get("sources") or [])] if x in item_of}) > 1
     )
     removed = total = whole = 0
+    text_of = {s["id"]: s["text"] for s in dev.statements}
+    split_groups: list[str] = []
     for gid, members in dev.groups.items():
         rows = {holder[m]["memory_id"] for m in members if m in holder}
         removed += len(members) - len(rows)
         total += len(members) - 1
         whole += len(rows) == 1
+        if len(rows) > 1:
+            parts = [" + ".join(_short(text_of[m], 40) for m in members if m in holder and holder[m]["memory_id"] == row)
+                     for row in sorted(rows)]
+            split_groups.append(f"    {gid}: {len(rows)} rows: " + " | ".join(parts))
     superseded = 0
     missed = []
     for cid, (old, new) in dev.changes.items():
@@ -807,6 +813,15 @@ def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> De
         lines.append(f"    lift {lift:+.2f}: recall@5={r5:.3f} MRR={mrr:.3f} unrelated_empty={empty:.3f}")
     r5, mrr, empty, stale_first = evaluate(embedder.thresholds.retrieval)
     store.thresholds = embedder.thresholds
+    missed_queries = []
+    for q in dev.raw["queries"]:
+        if q["type"] == "unrelated":
+            continue
+        ranked = rank(q)
+        if not any(got & relevant(q) for got in ranked[:TOP_K]):
+            want = sorted(relevant(q))
+            missed_queries.append(f"    {q['id']} {_short(q['text'], 40)!r}: wanted {_short(text_of.get(want[0], want[0]), 40)!r}; "
+                                  f"got {len(ranked)} ({_short(text_of.get(next(iter(ranked[0]), ''), '-'), 30) if ranked else '-'})")
     rates = {
         "recall_at_5": r5,
         "mrr": mrr,
@@ -819,6 +834,12 @@ def run_dev(dev: DevSet, embedder: Embedder, path: Path, *, provider=None) -> De
         f"stale memory ranked above the current one: {stale_first}; changes missed: {', '.join(missed) or '-'}"
     )
     lines.append(f"  true pairs that reached the judge (rules or model): {covered}/{true_pairs}")
+    if split_groups:
+        lines.append("  duplicate groups left in several rows:")
+        lines += split_groups
+    if missed_queries:
+        lines.append(f"  questions whose memory is not in the top {TOP_K}:")
+        lines += missed_queries
     if judge:
         rates["judge_pairs_asked"] = covered / true_pairs
         rates["judge_calls_per_write"] = asked / writes
