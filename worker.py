@@ -358,6 +358,9 @@ async def run_worker(
 
 
 def main() -> None:
+    from hermes.process import tune_allocator
+
+    tune_allocator()  # before any thread: the worker's memory stays flat (issue 12)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     asyncio.run(run_worker())
 

@@ -272,6 +272,9 @@ def worker_command() -> None:
 
     Uses TEMPORAL_ADDRESS / REDIS_URL, or the embedded addresses of `hermes dev`.
     """
+    from hermes.process import tune_allocator
+
+    tune_allocator()
     settings = load_settings()
 
     async def main() -> None:

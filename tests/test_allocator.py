@@ -1,0 +1,68 @@
+"""A worker's allocator gives large blocks back (issue 12: a worker's heap at the soak's
+plateau was about 40% memory freed but held). Each case runs in a fresh interpreter:
+``mallopt`` settings are process-wide."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROBE = textwrap.dedent(
+    """
+    import ctypes, sys
+    from hermes.process import tune_allocator
+
+    class Mallinfo2(ctypes.Structure):
+        _fields_ = [(n, ctypes.c_size_t) for n in
+                    ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+    libc = ctypes.CDLL("libc.so.6")
+    libc.mallinfo2.restype = Mallinfo2
+    if sys.argv[1] == "tuned":
+        assert tune_allocator()
+    size = 8 * 1024 * 1024
+    libc.malloc.restype = ctypes.c_void_p
+    libc.free.argtypes = [ctypes.c_void_p]
+    first = libc.malloc(size)
+    libc.free(first)  # glibc raises its mmap threshold past 8 MiB here, unless fixed
+    second = libc.malloc(size)
+    print(libc.mallinfo2().hblkhd >= size)
+    libc.free(second)
+    """
+)
+
+
+def probe(mode: str) -> bool:
+    out = subprocess.run([sys.executable, "-c", PROBE, mode], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip() == "True"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_after_tuning_a_large_block_freed_and_asked_again_is_mapped_and_so_returned_when_freed():
+    assert probe("untuned") is False  # glibc's dynamic threshold: the second block comes from the heap
+    assert probe("tuned") is True
+
+
+def test_the_environment_wins_over_the_tuning(monkeypatch):
+    from hermes import process
+
+    calls = []
+
+    class Mallopt:
+        def __call__(self, param, value):
+            calls.append(param)
+            return 1
+
+    class FakeLibc:
+        mallopt = Mallopt()
+
+    monkeypatch.setattr(process.ctypes, "CDLL", lambda name: FakeLibc())
+    monkeypatch.setattr(process.sys, "platform", "linux")
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    assert process.tune_allocator()
+    assert calls == [process.M_MMAP_THRESHOLD]
