@@ -290,7 +290,7 @@ async def test_memory_search_list_and_forget_reach_only_the_keys_user(run_worker
         now = datetime.now(timezone.utc)
         report = await worker_client.add_memories("alice", [MemoryCandidate(
             user_id="alice", kind="fact", text="Alice lives in Zurich", subject="home_city", value="Zurich",
-            importance=0.8, confidence=1.0, source="test", source_session="t", created_at=now,
+            importance=0.8, confidence=1.0, source="api", source_session="t", created_at=now,
         )])
         assert report.inserted, report
         async with api_server(settings, keys["path"], hermes) as http:
