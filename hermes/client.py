@@ -62,6 +62,7 @@ from hermes.errors import (
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
+    SessionExistsError,
     SessionHaltedError,
     SessionNotFoundError,
     SessionUnavailableError,
@@ -367,6 +368,20 @@ class _SessionSlots:
                 self._held.pop(session_id, None)
 
 
+def _store_opener(settings: Settings) -> Callable[[], Any]:
+    """Opens the settings' long-term memory store when called (see ``HermesClient``'s
+    ``memory_store``)."""
+
+    def open_() -> Any:
+        from hermes.memory.service import open_store
+
+        store = open_store(settings)
+        store.check_model()
+        return store
+
+    return open_
+
+
 class HermesClient:
     """Talks to session workflows.
 
@@ -389,6 +404,10 @@ class HermesClient:
             (default 8, below Temporal's 10 updates in flight per workflow: see
             :data:`DEFAULT_MAX_IN_FLIGHT_PER_SESSION`); more wait for a slot, within their
             ``busy_timeout_seconds``.
+        memory_store: for :meth:`search_memories` and :meth:`list_memories`: a
+            :class:`hermes.memory.store.MemoryStore`, or a function of no arguments that
+            opens one (called on first use: opening loads the embedding model, seconds
+            and about 250 MB). :meth:`connect` gives the settings' store this way.
 
     Raises:
         ValueError: ``retry_timeout_seconds`` is not positive, or ``max_in_flight_per_session`` below 1.
@@ -404,6 +423,7 @@ class HermesClient:
         retry_timeout_seconds: float = DEFAULT_RETRY_TIMEOUT_SECONDS,
         durable: DurableStore | None = None,
         max_in_flight_per_session: int = DEFAULT_MAX_IN_FLIGHT_PER_SESSION,
+        memory_store: Any = None,
     ):
         if not retry_timeout_seconds > 0:
             raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
@@ -416,6 +436,8 @@ class HermesClient:
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
         self._slots = _SessionSlots(max_in_flight_per_session)
+        self._memory_store = memory_store
+        self._memory_store_lock = asyncio.Lock()
 
     @property
     def max_in_flight_per_session(self) -> int:
@@ -433,7 +455,8 @@ class HermesClient:
             settings: default: :func:`hermes.settings.get_settings`.
             runtime: the Temporal runtime of the connection (its logging and metrics);
                 default: the SDK's process-wide one.
-            **kwargs: ``redis``, ``config`` and ``durable`` override what the settings give.
+            **kwargs: ``redis``, ``config``, ``durable`` and ``memory_store`` override what
+                the settings give.
         """
         from worker import connect_client, connect_redis
 
@@ -461,6 +484,7 @@ class HermesClient:
                 model_heartbeat_seconds=settings.model_heartbeat_seconds,
             ),
             retry_timeout_seconds=settings.client_retry_seconds,
+            memory_store=kwargs.pop("memory_store", None) or _store_opener(settings),
         )
 
     async def _call(self, session_id: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
@@ -511,6 +535,60 @@ class HermesClient:
         return self.client.get_workflow_handle(session_id)
 
     # ----------------------------------------------------------- messages
+
+    async def create_session(
+        self,
+        session_id: str,
+        *,
+        user_id: str = "anonymous",
+        channel: str = "cli",
+        config: SessionConfig | None = None,
+    ) -> None:
+        """Start a session before its first message (:meth:`send_message` also creates one).
+
+        The session runs from now on and waits for messages; its first message then
+        does not pay for the start.
+
+        Args:
+            session_id: the new session's id (workflow id).
+            user_id: its owner.
+            channel: where the conversation happens, e.g. ``cli``, ``api``.
+            config: its settings (default: the client's).
+
+        Raises:
+            SessionExistsError: a session with this id exists (running, closed or archived).
+            SessionUnavailableError: Temporal did not answer within ``retry_timeout_seconds``.
+            TemporalRequestError: Temporal refused the request itself.
+        """
+        config = config or self.config
+
+        async def start() -> None:
+            await self.client.start_workflow(
+                names.SESSION_WORKFLOW,
+                SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config),
+                id=session_id,
+                task_queue=self.task_queue,
+                id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
+                id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
+                search_attributes=TypedSearchAttributes(
+                    [
+                        SearchAttributePair(names.SA_USER_ID, user_id),
+                        SearchAttributePair(names.SA_CHANNEL, channel),
+                        SearchAttributePair(names.SA_STATUS, "active"),
+                    ]
+                ),
+                static_summary=f"session of {user_id} ({channel})",
+                task_timeout=timedelta(seconds=names.SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS),
+            )
+
+        try:
+            await self._call(session_id, "create_session", start)
+        except WorkflowAlreadyStartedError as err:
+            raise SessionExistsError(f"a session {session_id!r} exists already; use another id") from err
+        except TemporalRequestError as err:
+            if err.status != RPCStatusCode.ALREADY_EXISTS.name:
+                raise
+            raise SessionExistsError(f"a session {session_id!r} exists already; use another id") from err
 
     async def send_message(
         self,
@@ -1044,6 +1122,59 @@ class HermesClient:
                 _start_answered(start)
 
         return await self._call(writer_id, update, attempt)
+
+    async def _store(self) -> Any:
+        """The long-term memory store (opened on first use when given as a function).
+
+        Raises:
+            RuntimeError: the client was made without a memory store.
+            MemoryStoreError: the store cannot be opened, or was written with another
+                embedding model than the settings'.
+        """
+        async with self._memory_store_lock:
+            if self._memory_store is None:
+                raise RuntimeError("reading long-term memory needs a memory store (HermesClient(memory_store=...))")
+            if callable(self._memory_store):
+                self._memory_store = await asyncio.to_thread(self._memory_store)
+            return self._memory_store
+
+    async def search_memories(self, user_id: str, query: str, *, limit: int = 5) -> list[Any]:
+        """The memories a session of ``user_id`` would be given for ``query``, best first
+        (``hermes memory search``): prefilter, vector top-20 plus full-text, rerank (0.5
+        similarity, 0.2 recency, 0.2 importance, 0.1 frequency), the model's threshold.
+
+        Args:
+            user_id: whose memories.
+            query: what to look for, any language.
+            limit: at most this many (1-5).
+
+        Returns:
+            :class:`~hermes.memory.models.RetrievedMemory` items (texts cut to 200 characters).
+
+        Raises:
+            RuntimeError: no memory store (see the constructor).
+            MemoryStoreError: the store cannot be read, or ``user_id`` is not a valid id.
+        """
+        store = await self._store()
+        return await asyncio.to_thread(store.search, user_id, query, limit=limit)
+
+    async def list_memories(self, user_id: str, *, archived: bool = False, limit: int = 100) -> list[Any]:
+        """``user_id``'s memories, newest first (``hermes memory list``): active and
+        superseded rows, or with ``archived`` the archive's rows (merged, archived,
+        expired, superseded, active).
+
+        Returns:
+            :class:`~hermes.memory.models.MemoryRecord` items, at most ``limit``.
+
+        Raises:
+            RuntimeError, MemoryStoreError: as :meth:`search_memories`.
+        """
+        from hermes.memory.models import MemoryRecord
+
+        store = await self._store()
+        statuses = ("merged", "archived", "expired", "superseded", "active") if archived else ("active", "superseded")
+        rows = await asyncio.to_thread(store.list, user_id, statuses=statuses, archived=archived, limit=limit)
+        return [MemoryRecord.model_validate(row) for row in rows]
 
     async def consolidate_memories(self, *, archive_after_days: float, users: list[str] | None = None) -> Any:
         """Run the memory consolidation now (the one the schedule runs hourly) and wait.

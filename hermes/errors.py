@@ -18,6 +18,7 @@ Exception tree::
     ├── SessionHaltedError     not taken: a tool call waits for a human's decision
     ├── SessionClosedError     not taken: the session was closed; start a new one
     ├── SessionNotFoundError   no session with this id (a query or a signal)
+    ├── SessionExistsError     a session with this id exists already (creating one)
     ├── SessionUnavailableError  Temporal (or the session) did not answer before the
     │                            deadline; a message MAY have been taken: resend it
     │                            with the same client message id
@@ -166,6 +167,11 @@ class SessionClosedError(HermesError):
 
 class SessionNotFoundError(HermesError, LookupError):
     """No session with this id (a query or a signal to a session never started)."""
+
+
+class SessionExistsError(HermesError):
+    """A session with this id exists already, running, closed or archived
+    (``HermesClient.create_session``); nothing was started."""
 
 
 class SessionUnavailableError(HermesError):

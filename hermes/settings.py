@@ -174,6 +174,15 @@ class Settings(BaseSettings):
     memory_batch_seconds: float = Field(default=5.0, gt=0)
     """Memory writes are batched: 10 items or 5 s, whichever comes first (seed 004 §9)."""
 
+    api_keys_file: Path | None = None
+    """``hermes serve``'s API keys (``HERMES_API_KEYS_FILE``): a YAML or JSON file
+    ``{keys: [{key_sha256, user_id, roles}]}`` holding each key's SHA-256 (hex), never the
+    key; written by ``hermes keys add``, read again when it changes. Unset:
+    ``<data_dir>/api_keys.yaml``."""
+    api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """The largest request body ``hermes serve`` reads, in bytes (1 MiB); a larger one
+    is answered 413 and nothing is sent to the session."""
+
     @property
     def resolved_worker_shutdown_seconds(self) -> float:
         """``worker_shutdown_seconds``, or the longest an activity attempt runs by default
@@ -190,6 +199,10 @@ class Settings(BaseSettings):
             return self.heartbeat_throttle_seconds
         timeouts = [t for t in (self.model_heartbeat_seconds, self.tool_heartbeat_seconds) if t > 0]
         return max(0.1, min(timeouts) / 3)
+
+    @property
+    def resolved_api_keys_file(self) -> Path:
+        return self.api_keys_file or self.data_dir / "api_keys.yaml"
 
     @property
     def resolved_memory_uri(self) -> str:

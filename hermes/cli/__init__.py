@@ -14,6 +14,8 @@
     hermes tools                 # the tools a worker would serve (checks tool files)
     hermes mcp list / hermes mcp call SERVER TOOL '{"arg": 1}'
     hermes memory search|list|add|forget|consolidate|reembed
+    hermes serve                 # the HTTP API (hermes/api), with API keys
+    hermes keys add --user U     # a new API key for U: printed once, its SHA-256 stored
 
 Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
 ``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
@@ -38,6 +40,7 @@ One module per command group; what they share has one home each:
     tools.py         tools
     mcp.py           mcp list, mcp call
     memory.py        memory search, list, add, forget, consolidate, reembed
+    serve.py         serve, keys add
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ from hermes.cli import approvals as _approvals  # noqa: F401
 from hermes.cli import tools as _tools  # noqa: F401
 from hermes.cli import mcp as _mcp  # noqa: F401
 from hermes.cli import memory as _memory  # noqa: F401
+from hermes.cli import serve as _serve  # noqa: F401
 from hermes.cli.root import app
 
 __all__ = ["app", "main"]

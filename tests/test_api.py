@@ -1,0 +1,367 @@
+"""Tests of the HTTP API (hermes/api, `hermes serve`) over real HTTP on a socket.
+
+The app runs under uvicorn in the test's event loop (or, for `hermes serve`, as a real
+subprocess) against the fixtures' Temporal dev server and Redis, with a worker in the
+test process on the scripted demo model; requests go through httpx2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+import uvicorn
+import yaml
+
+from hermes.api import OPERATIONS, KeyRing, add_key, create_app
+from hermes.api.keys import hash_key
+from hermes.client import HermesClient
+from hermes.providers.scripted import ScriptedModel
+from hermes.settings import Settings
+from hermes.stack import free_port
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PROBLEM = "application/problem+json"
+
+
+@pytest.fixture
+def keys(tmp_path: Path) -> dict[str, Any]:
+    """A key file with alice and bob (users), carol (approver) and root (admin)."""
+    path = tmp_path / "api_keys.yaml"
+    made = {
+        "alice": add_key(path, "alice", ["user"]),
+        "bob": add_key(path, "bob", ["user"]),
+        "carol": add_key(path, "carol", ["user", "approver"]),
+        "root": add_key(path, "root", ["admin"]),
+    }
+    return {"path": path, **made}
+
+
+def auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@asynccontextmanager
+async def api_server(settings: Settings, keys_path: Path, hermes: HermesClient | None = None) -> AsyncIterator[httpx2.AsyncClient]:
+    """The API on a free port in this event loop; yields an HTTP client for it."""
+    port = free_port()
+    app = create_app(settings, keys=KeyRing(keys_path), hermes=hermes)
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_config=None, access_log=False))
+    server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # the test owns the signals
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            assert not task.done(), "the API server stopped during start-up"
+            await asyncio.sleep(0.02)
+        async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120.0) as http:
+            yield http
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 30)
+
+
+def assert_problem(response: httpx2.Response, status: int, slug: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith(PROBLEM), response.headers
+    doc = response.json()
+    assert doc["status"] == status and doc["title"] and doc["detail"] and doc["type"].startswith("https://")
+    if slug is not None:
+        assert doc["type"].endswith("/" + slug), doc
+    return doc
+
+
+# --------------------------------------------------------------------------- keys and OpenAPI
+
+
+def test_key_file_holds_only_hashes_and_unknown_keys_are_refused(tmp_path: Path):
+    path = tmp_path / "k.yaml"
+    key = add_key(path, "alice", ["user", "approver"], label="laptop")
+    text = path.read_text()
+    assert key not in text and hash_key(key) in text
+    assert (path.stat().st_mode & 0o777) == 0o600
+    entry = yaml.safe_load(text)["keys"][0]
+    assert entry["user_id"] == "alice" and entry["roles"] == ["user", "approver"]
+    ring = KeyRing(path)
+    identity = ring.identify(key)
+    assert identity is not None and identity.user_id == "alice" and identity.is_approver and not identity.is_admin
+    assert ring.identify(key + "x") is None and ring.identify("") is None
+    # A key added while the ring is in use is taken without a restart.
+    other = add_key(path, "bob", ["user"])
+    assert ring.identify(other).user_id == "bob"
+
+
+def test_openapi_document_describes_every_route():
+    app = create_app(Settings(temporal_address="127.0.0.1:1"), keys=KeyRing(Path("/nonexistent/keys.yaml")))
+    doc = app.state.openapi
+    assert doc["openapi"].startswith("3.")
+    routes = {(method, route.path) for route in app.routes for method in route.methods if method != "HEAD"}
+    documented = {(method.upper(), path) for path, item in doc["paths"].items() for method in item}
+    assert routes == documented and len(routes) == len(OPERATIONS)
+    schemas = doc["components"]["schemas"]
+    for path, item in doc["paths"].items():
+        for method, op in item.items():
+            for response in op["responses"].values():
+                for content in response.get("content", {}).values():
+                    ref = content["schema"].get("$ref")
+                    assert ref is None or ref.rsplit("/", 1)[1] in schemas, (method, path, ref)
+    assert "text" in schemas["SendMessageRequest"]["properties"]
+    assert "approver" not in schemas["DecisionRequest"]["properties"]
+
+
+# --------------------------------------------------------------------------- sessions and messages
+
+
+@pytest.mark.timeout(900)
+async def test_sessions_messages_transcript_and_error_statuses(run_worker, settings, keys):
+    small = settings.model_copy(update={"api_max_body_bytes": 4096})
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(small, keys["path"], hermes) as http:
+        alice, bob, root = auth(keys["alice"]), auth(keys["bob"]), auth(keys["root"])
+
+        health = await http.get("/health")
+        assert health.status_code == 200 and health.json() == {"status": "ok", "temporal": True, "redis": True}
+        assert (await http.get("/openapi.json")).json()["paths"]
+
+        # 401: no key, not Bearer, unknown key.
+        assert_problem(await http.get("/v1/sessions"), 401, "unauthorized")
+        assert_problem(await http.get("/v1/sessions", headers={"Authorization": f"Basic {keys['alice']}"}), 401)
+        r = await http.get("/v1/sessions", headers=auth("hk_not-a-key"))
+        assert_problem(r, 401)
+        assert r.headers["www-authenticate"].startswith("Bearer")
+
+        # Create: 201, then 409 for the same id; 422 for a bad field; 400 for bad JSON.
+        sid = f"api-{uuid.uuid4()}"
+        created = await http.post("/v1/sessions", json={"session_id": sid, "config": {"max_iterations": 4}}, headers=alice)
+        assert created.status_code == 201, created.text
+        assert created.json() == {"session_id": sid, "user_id": "alice", "channel": "api"}
+        assert_problem(await http.post("/v1/sessions", json={"session_id": sid}, headers=alice), 409, "session-exists")
+        bad = assert_problem(await http.post("/v1/sessions", json={"config": {"max_iterations": 0}}, headers=alice), 422)
+        assert bad["errors"][0]["loc"] == ["config", "max_iterations"]
+        assert_problem(await http.post("/v1/sessions", json={"user_id": "mallory"}, headers=alice), 422)
+        assert_problem(await http.post("/v1/sessions", content=b"{not json", headers=alice), 400, "malformed-request")
+
+        # State: the owner and an admin reach it; another user gets 403; no such session 404.
+        state = await http.get(f"/v1/sessions/{sid}", headers=alice)
+        assert state.status_code == 200 and state.json()["user_id"] == "alice" and state.json()["turn_count"] == 0
+        assert (await http.get(f"/v1/sessions/{sid}", headers=root)).status_code == 200
+        assert_problem(await http.get(f"/v1/sessions/{sid}", headers=bob), 403, "forbidden")
+        assert_problem(await http.get(f"/v1/sessions/{sid}-nope", headers=alice), 404, "not-found")
+        assert_problem(await http.post(f"/v1/sessions/{sid}-nope/messages", json={"text": "hi"}, headers=alice), 404)
+
+        # A message with an Idempotency-Key; the resend returns the first reply, runs no turn.
+        url = f"/v1/sessions/{sid}/messages"
+        first = await http.post(url, json={"text": "What is (17 + 25) * 3?"}, headers={**alice, "Idempotency-Key": "k-1"})
+        assert first.status_code == 200, first.text
+        assert first.json()["reply"] == "(17 + 25) * 3 = 126."
+        again = await http.post(url, json={"text": "What is (17 + 25) * 3?"}, headers={**alice, "Idempotency-Key": "k-1"})
+        assert again.status_code == 200 and again.json()["turn"] == first.json()["turn"]
+        assert again.json()["reply"] == first.json()["reply"]
+        assert (await hermes.get_state(sid)).turn_count == 1
+
+        # Another user's key cannot post to it.
+        assert_problem(await http.post(url, json={"text": "hi"}, headers=bob), 403)
+
+        # Bad input: 400, 422, 413; nothing is lost, the session stays usable.
+        assert_problem(await http.post(url, content=b"[1, 2]", headers=alice), 400)
+        assert_problem(await http.post(url, content=b'{"text": ', headers=alice), 400)
+        assert_problem(await http.post(url, json={"text": "x", "user_id": "bob"}, headers=alice), 422)
+        assert_problem(await http.post(url, json={}, headers=alice), 422, "validation-failed")
+        assert_problem(await http.post(url, json={"text": "   \u200b "}, headers=alice), 422, "message-rejected")
+        assert_problem(await http.post(url, json={"text": "x"}, headers={**alice, "Idempotency-Key": "k" * 300}), 400)
+        assert_problem(await http.post(url, json={"text": "a" * 5000}, headers=alice), 413, "payload-too-large")
+        assert (await hermes.get_state(sid)).turn_count == 1
+        second = await http.post(url, json={"text": "What is 2 ** 10?"}, headers=alice)
+        assert second.status_code == 200 and second.json()["reply"].endswith("1024.")
+
+        # Transcript: the owner's, in order; 403 for another user.
+        transcript = await http.get(f"/v1/sessions/{sid}/transcript", headers=alice)
+        assert transcript.status_code == 200
+        user_texts = [m["content"] for m in transcript.json()["messages"] if m["role"] == "user"]
+        assert user_texts == ["What is (17 + 25) * 3?", "What is 2 ** 10?"]
+        assert_problem(await http.get(f"/v1/sessions/{sid}/transcript", headers=bob), 403)
+
+        # Listing: alice's session is hers, not bob's; only an admin lists another's.
+        async def listed(headers: dict[str, str], query: str = "") -> list[str]:
+            r = await http.get(f"/v1/sessions{query}", headers=headers)
+            assert r.status_code == 200, r.text
+            return [s["session_id"] for s in r.json()["sessions"]]
+
+        for _ in range(100):  # the index is written by the session, after the turn
+            if sid in await listed(alice):
+                break
+            await asyncio.sleep(0.1)
+        assert sid in await listed(alice)
+        assert sid not in await listed(bob)
+        assert sid in await listed(root, "?user_id=alice")
+        assert_problem(await http.get("/v1/sessions?user_id=alice", headers=bob), 403)
+        assert_problem(await http.get("/v1/sessions?limit=0", headers=alice), 422)
+
+        # Closed: 409 for a message; unknown route: 404 problem.
+        assert (await http.post(f"/v1/sessions/{sid}/close", headers=bob)).status_code == 403
+        assert (await http.post(f"/v1/sessions/{sid}/close", headers=alice)).status_code == 204
+        for _ in range(100):
+            if (await hermes.get_state(sid)).status == "closed":
+                break
+            await asyncio.sleep(0.1)
+        assert_problem(await http.post(url, json={"text": "hello again"}, headers=alice), 409, "session-closed")
+        assert_problem(await http.get("/v1/nothing-here", headers=alice), 404)
+
+
+# --------------------------------------------------------------------------- approvals
+
+
+@pytest.mark.timeout(900)
+async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker, settings, keys):
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice, bob, carol = auth(keys["alice"]), auth(keys["bob"]), auth(keys["carol"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        turn = asyncio.create_task(http.post(f"/v1/sessions/{sid}/messages", json={"text": "Save a note: buy milk"}, headers=alice))
+        pending = await hermes.wait_for_approval(sid, timeout_seconds=120)
+        assert pending.tool_name == "save_note"
+        call = pending.tool_call_id
+
+        async def approvals(headers: dict[str, str]) -> list[tuple[str, str]]:
+            r = await http.get("/v1/approvals", headers=headers)
+            assert r.status_code == 200, r.text
+            return [(a["session_id"], a["tool_call_id"]) for a in r.json()["approvals"]]
+
+        for _ in range(200):  # Temporal visibility lags a moment behind the session
+            if (sid, call) in await approvals(alice):
+                break
+            await asyncio.sleep(0.1)
+        assert (sid, call) in await approvals(alice)
+        assert (sid, call) in await approvals(carol)  # the approver role sees every session's
+        assert (sid, call) not in await approvals(bob)
+
+        base = f"/v1/sessions/{sid}/approvals/{call}"
+        # A user key of someone else may not decide; a name in the body is refused.
+        assert_problem(await http.post(f"{base}/approve", headers=bob), 403, "forbidden")
+        assert_problem(await http.post(f"{base}/approve", json={"approver": "carol"}, headers=alice), 422)
+        assert_problem(await http.post(f"/v1/sessions/{sid}-nope/approvals/{call}/approve", headers=alice), 404)
+        assert_problem(await http.post(f"/v1/sessions/{sid}/approvals/call_unknown/approve", headers=alice), 404)
+        assert not turn.done()
+
+        approved = await http.post(f"{base}/approve", json={"reason": "fine"}, headers=alice)
+        assert approved.status_code == 200, approved.text
+        assert approved.json()["approver"] == "alice" and approved.json()["outcome"] == "applied"
+        reply = await asyncio.wait_for(turn, 120)
+        assert reply.status_code == 200, reply.text
+        assert [(c["name"], c["result"]["code"]) for c in reply.json()["tool_calls"]] == [("save_note", 0)]
+        assert_problem(await http.post(f"{base}/reject", headers=alice), 409, "already-decided")
+
+        # The approver role decides another user's call, as itself.
+        turn = asyncio.create_task(http.post(f"/v1/sessions/{sid}/messages", json={"text": "Save a note: sell eggs"}, headers=alice))
+        for _ in range(1200):
+            pending_now = await hermes.get_pending_approvals(sid)
+            if pending_now:
+                break
+            await asyncio.sleep(0.1)
+        second = pending_now[0].tool_call_id
+        rejected = await http.post(f"/v1/sessions/{sid}/approvals/{second}/reject", headers=carol)
+        assert rejected.status_code == 200, rejected.text
+        assert rejected.json()["approver"] == "carol" and rejected.json()["approved"] is False
+        reply = await asyncio.wait_for(turn, 120)
+        assert reply.json()["tool_calls"][0]["result"]["code"] == 5  # denied by a human
+        decisions = [(d.tool_call_id, d.approver) for d in (await hermes.get_state(sid)).decisions if d.outcome == "applied"]
+        assert decisions == [(call, "alice"), (second, "carol")]
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@pytest.mark.timeout(900)
+async def test_memory_search_list_and_forget_reach_only_the_keys_user(run_worker, settings, keys, store):
+    from hermes.memory.models import MemoryCandidate
+
+    async with run_worker(ScriptedModel.demo(), memory=store) as worker_client:
+        hermes = HermesClient(
+            worker_client.client, task_queue=worker_client.task_queue, redis=worker_client.redis, memory_store=lambda: store
+        )
+        now = datetime.now(timezone.utc)
+        report = await worker_client.add_memories("alice", [MemoryCandidate(
+            user_id="alice", kind="fact", text="Alice lives in Zurich", subject="home_city", value="Zurich",
+            importance=0.8, confidence=1.0, source="api", source_session="t", created_at=now,
+        )])
+        assert report.inserted, report
+        async with api_server(settings, keys["path"], hermes) as http:
+            alice, bob, root = auth(keys["alice"]), auth(keys["bob"]), auth(keys["root"])
+            found = await http.get("/v1/memory", params={"q": "Where does Alice live?"}, headers=alice)
+            assert found.status_code == 200, found.text
+            assert [m["text"] for m in found.json()["memories"]] == ["Alice lives in Zurich"]
+            assert (await http.get("/v1/memory", params={"q": "Where does Alice live?"}, headers=bob)).json()["memories"] == []
+            assert_problem(await http.get("/v1/memory", params={"q": "x", "user_id": "alice"}, headers=bob), 403)
+            assert_problem(await http.get("/v1/memory", headers=alice), 422)
+            listed = await http.get("/v1/memory/list", headers=alice)
+            assert [m["text"] for m in listed.json()["memories"]] == ["Alice lives in Zurich"]
+            assert (await http.get("/v1/memory/list", params={"user_id": "alice"}, headers=root)).json()["memories"]
+            assert (await http.delete("/v1/memory", headers=bob)).json()["deleted"] == 0
+            forgotten = await http.delete("/v1/memory", headers=alice)
+            assert forgotten.status_code == 200 and forgotten.json()["deleted"] == 1
+            assert (await http.get("/v1/memory/list", headers=alice)).json()["memories"] == []
+
+
+# --------------------------------------------------------------------------- unavailable
+
+
+async def test_temporal_unavailable_is_503(keys, redis_url):
+    closed = Settings(temporal_address=f"127.0.0.1:{free_port()}", redis_url=redis_url)
+    async with api_server(closed, keys["path"]) as http:
+        health = await http.get("/health")
+        assert health.status_code == 503 and health.json() == {"status": "unavailable", "temporal": False, "redis": True}
+        r = await http.post("/v1/sessions", json={}, headers=auth(keys["alice"]))
+        doc = assert_problem(r, 503, "unavailable")
+        assert "cannot connect to Temporal" in doc["detail"] and r.headers["retry-after"]
+        assert_problem(await http.get("/v1/sessions/s-1", headers=auth(keys["alice"])), 503)
+        # Authentication comes first: no key is still 401, not 503.
+        assert_problem(await http.get("/v1/sessions/s-1"), 401)
+
+
+# --------------------------------------------------------------------------- hermes serve
+
+
+@pytest.mark.timeout(900)
+async def test_hermes_serve_runs_the_api_against_the_configured_servers(run_worker, temporal_client, redis_url, task_queue, keys, tmp_path):
+    from tests.test_cli import clean_env
+
+    port = free_port()
+    env = clean_env(
+        TEMPORAL_ADDRESS=temporal_client.service_client.config.target_host, REDIS_URL=redis_url,
+        HERMES_TASK_QUEUE=task_queue, HERMES_DATA_DIR=str(tmp_path / "data"),
+    )
+    async with run_worker(ScriptedModel.demo(), memory=False):
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "hermes.cli", "serve", "--port", str(port), "--keys-file", str(keys["path"]),
+            env=env, cwd=tmp_path, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )
+        try:
+            async with httpx2.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=120.0) as http:
+                for _ in range(600):
+                    try:
+                        health = await http.get("/health")
+                        break
+                    except httpx2.TransportError:
+                        assert proc.returncode is None, (await proc.stderr.read()).decode()
+                        await asyncio.sleep(0.1)
+                assert health.status_code == 200, health.text
+                created = await http.post("/v1/sessions", json={}, headers=auth(keys["bob"]))
+                assert created.status_code == 201, created.text
+                sid = created.json()["session_id"]
+                reply = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "What is 2 ** 10?"}, headers=auth(keys["bob"]))
+                assert reply.status_code == 200 and reply.json()["reply"].endswith("1024.")
+                assert_problem(await http.get(f"/v1/sessions/{sid}", headers=auth(keys["alice"])), 403)
+        finally:
+            if proc.returncode is None:
+                proc.send_signal(signal.SIGINT)
+            out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0, err.decode()
+        assert f"http://127.0.0.1:{port}" in out.decode()
