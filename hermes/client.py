@@ -382,6 +382,22 @@ def _store_opener(settings: Settings) -> Callable[[], Any]:
     return open_
 
 
+def _session_start_options(user_id: str, channel: str) -> dict[str, Any]:
+    """What every start of a session workflow sets besides its id and input: the search
+    attributes listings use, the Web UI summary, and the session's task timeout."""
+    return {
+        "search_attributes": TypedSearchAttributes(
+            [
+                SearchAttributePair(names.SA_USER_ID, user_id),
+                SearchAttributePair(names.SA_CHANNEL, channel),
+                SearchAttributePair(names.SA_STATUS, "active"),
+            ]
+        ),
+        "static_summary": f"session of {user_id} ({channel})",
+        "task_timeout": timedelta(seconds=names.SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS),
+    }
+
+
 class HermesClient:
     """Talks to session workflows.
 
@@ -570,15 +586,7 @@ class HermesClient:
                 task_queue=self.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
                 id_reuse_policy=WorkflowIDReusePolicy.REJECT_DUPLICATE,
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(names.SA_USER_ID, user_id),
-                        SearchAttributePair(names.SA_CHANNEL, channel),
-                        SearchAttributePair(names.SA_STATUS, "active"),
-                    ]
-                ),
-                static_summary=f"session of {user_id} ({channel})",
-                task_timeout=timedelta(seconds=names.SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS),
+                **_session_start_options(user_id, channel),
             )
 
         try:
@@ -695,15 +703,7 @@ class HermesClient:
                     if resume is not None
                     else WorkflowIDReusePolicy.ALLOW_DUPLICATE_FAILED_ONLY
                 ),
-                search_attributes=TypedSearchAttributes(
-                    [
-                        SearchAttributePair(names.SA_USER_ID, user_id),
-                        SearchAttributePair(names.SA_CHANNEL, channel),
-                        SearchAttributePair(names.SA_STATUS, "active"),
-                    ]
-                ),
-                static_summary=f"session of {user_id} ({channel})",
-                task_timeout=timedelta(seconds=names.SESSION_WORKFLOW_TASK_TIMEOUT_SECONDS),
+                **_session_start_options(user_id, channel),
             )
             try:
                 return await self.client.execute_update_with_start_workflow(
