@@ -62,6 +62,7 @@ from hermes.errors import (
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
+    SessionForbiddenError,
     SessionHaltedError,
     SessionNotFoundError,
     SessionUnavailableError,
@@ -263,9 +264,10 @@ def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKi
     return "fatal"
 
 
-def documented_error(err: BaseException, session_id: str) -> HermesError | None:
+def documented_error(err: BaseException, session_id: str, *, user_id: str = "") -> HermesError | None:
     """The documented error that stands for a non-retryable Temporal failure ``err``, or
-    None when ``err`` is not a Temporal failure (raise it unchanged)."""
+    None when ``err`` is not a Temporal failure (raise it unchanged). ``user_id``: for a
+    message, who sent it (named by :class:`SessionForbiddenError`)."""
     if isinstance(err, WorkflowUpdateFailedError):
         cause = err.cause
         kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
@@ -276,6 +278,8 @@ def documented_error(err: BaseException, session_id: str) -> HermesError | None:
             return SessionClosedError(f"session {session_id!r} is closed")
         if kind == "SessionHaltedError":
             return SessionHaltedError(message)
+        if kind == "SessionForbiddenError":
+            return SessionForbiddenError(message, session_id=session_id, user_id=user_id)
         return MessageFailedError(
             f"session {session_id!r} failed the message ({kind}: {message})", reason=f"{kind}: {message}"
         )
@@ -288,6 +292,17 @@ def documented_error(err: BaseException, session_id: str) -> HermesError | None:
             f"Temporal refused the request ({err.status.name}): {err.message}", status=err.status.name
         )
     return None
+
+
+def message_update_id(user_id: str, client_message_id: str) -> str:
+    """The Temporal update id of message ``client_message_id`` sent by ``user_id``:
+    ``'<user_id>':<client_message_id>`` (the user id quoted, so no two pairs share it).
+
+    Temporal answers an update whose id it has seen in the run with that update's
+    outcome without asking the session, so the id names the sender: another user's
+    resend of a known client message id reaches the session, which refuses it, instead
+    of receiving the owner's reply."""
+    return f"{user_id!r}:{client_message_id}"
 
 
 def _describe(err: BaseException) -> str:
@@ -541,7 +556,8 @@ class HermesClient:
                 model reads the rest with ``read_stored_content``); with neither store it
                 is refused. At most
                 :data:`MAX_STORED_MESSAGE_BYTES` in any case.
-            user_id: owner of a new session (ignored for an existing one).
+            user_id: who sends it: the owner of a new session; an existing session
+                takes messages only from its own user.
             channel: where the conversation happens, e.g. ``cli``, ``web``.
             client_message_id: id for de-duplication; a resend with the same id returns
                 the first reply. Generated when not given.
@@ -557,6 +573,8 @@ class HermesClient:
                 inline and it could not be stored); not taken.
             SessionClosedError: the session is closed; not taken.
             SessionHaltedError: the session waits for a human's decision; not taken.
+            SessionForbiddenError: the session belongs to another user than ``user_id``;
+                not taken (nor is the reply to a message id it knows returned).
             SessionBusyError: the session stayed too busy to take the message; not taken,
                 and it will never be processed (no attempt could have been taken).
             SessionUnavailableError: Temporal or the session did not answer in time; its
@@ -630,9 +648,9 @@ class HermesClient:
             try:
                 return await self.client.execute_update_with_start_workflow(
                     names.SEND_MESSAGE,
-                    SendMessageInput(text=text, stored=stored, client_message_id=cid),
+                    SendMessageInput(text=text, stored=stored, client_message_id=cid, user_id=user_id),
                     start_workflow_operation=start,
-                    id=cid,
+                    id=message_update_id(user_id, cid),
                     result_type=TurnResult,
                 )
             except asyncio.CancelledError:
@@ -647,7 +665,7 @@ class HermesClient:
                 failure: BaseException = err
                 refused_by_session = isinstance(err, WorkflowUpdateFailedError)
             if kind == "fatal":
-                documented = documented_error(failure, session_id)
+                documented = documented_error(failure, session_id, user_id=user_id)
                 if documented is None:
                     raise failure
                 raise documented from failure
@@ -809,7 +827,13 @@ class HermesClient:
         await self._call(session_id, name, lambda: handle.signal(name, *args))
 
     async def approve(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
-        """Approve a pending tool call (a no-op for unknown or settled ids; see ``decisions``).
+        """Approve a pending tool call as ``approver`` (a user id). A signal: what the
+        session did with it is read from ``get_state().decisions`` (``applied``, or not:
+        ``unknown_tool_call``, ``already_decided``, ``not_allowed``). A ``write`` call
+        (``confirm``) is decided only by the session's user or a listed approver, an
+        ``admin`` call (``approve``) by a listed approver other than the requester (see
+        :meth:`hermes.models.PendingApproval.may_decide`); anyone else's decision is
+        recorded and audited as ``not_allowed`` and the call stays pending.
 
         Raises:
             SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as

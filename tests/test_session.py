@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.client import HermesClient
+from hermes.client import HermesClient, message_update_id
 from hermes.errors import MessageRejectedError, SessionClosedError
 from hermes.models import (
     CallModelInput,
@@ -319,7 +319,7 @@ async def test_concurrent_messages_run_one_at_a_time_in_arrival_order_without_in
         # Arrival order is the order in which the server handed the updates to the
         # workflow (their "accepted" events); turns must follow it.
         arrival = await accepted_update_ids(temporal_client, session_id)
-        turn_of = {f"c-{i}": r.turn for i, r in enumerate(results)}
+        turn_of = {message_update_id("anonymous", f"c-{i}"): r.turn for i, r in enumerate(results)}
         assert sorted(arrival) == sorted(turn_of)
         assert [turn_of[cid] for cid in arrival] == [1, 2, 3, 4, 5]
 
