@@ -826,14 +826,16 @@ class HermesClient:
         handle = self.handle(session_id)
         await self._call(session_id, name, lambda: handle.signal(name, *args))
 
-    async def approve(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
+    async def approve(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
         """Approve a pending tool call as ``approver`` (a user id). A signal: what the
         session did with it is read from ``get_state().decisions`` (``applied``, or not:
         ``unknown_tool_call``, ``already_decided``, ``not_allowed``). A ``write`` call
         (``confirm``) is decided only by the session's user or a listed approver, an
         ``admin`` call (``approve``) by a listed approver other than the requester (see
         :meth:`hermes.models.PendingApproval.may_decide`); anyone else's decision is
-        recorded and audited as ``not_allowed`` and the call stays pending.
+        recorded and audited as ``not_allowed`` and the call stays pending. ``approver``
+        has no default: the caller says who decides (before issue 16 it defaulted to
+        ``"user"``, which is nobody's user id).
 
         Raises:
             SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
@@ -842,7 +844,7 @@ class HermesClient:
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
         await self._signal(session_id, names.APPROVE_TOOL_CALL, decision)
 
-    async def reject(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
+    async def reject(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
         """Reject a pending tool call; the model is told it was denied. Raises as :meth:`approve`."""
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=False, approver=approver, reason=reason)
         await self._signal(session_id, names.REJECT_TOOL_CALL, decision)
