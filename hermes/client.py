@@ -671,7 +671,7 @@ class HermesClient:
                 raise documented from failure
             if kind == "exists":
                 if resume is None:
-                    resume = await self._archived_snapshot(session_id)
+                    resume = await self._archived_snapshot(session_id, user_id)
                     if resume is not None:
                         continue  # at once: start the session again from its snapshot
                 if may_have_been_taken:
@@ -750,13 +750,15 @@ class HermesClient:
                 last_error=str(err),
             ) from err
 
-    async def _archived_snapshot(self, session_id: str) -> SessionCarry | None:
+    async def _archived_snapshot(self, session_id: str, user_id: str) -> SessionCarry | None:
         """The snapshot of a session archived after a long idle time (None if the session
-        ended otherwise): the final run's result, or (past Temporal's retention) the copy
-        in the durable store (or Redis).
+        ended otherwise), for a message of ``user_id``: the final run's result, or (past
+        Temporal's retention) the copy in the durable store (or Redis).
 
         Raises:
             SessionClosedError: archived, but the snapshot is nowhere to be found.
+            SessionForbiddenError: archived, and its user (the ``HermesUserId`` search
+                attribute) is not ``user_id``: the session is not started again for them.
         """
         try:
             description = await self._call(session_id, "describe", self.handle(session_id).describe)
@@ -764,6 +766,14 @@ class HermesClient:
             return None
         if description.typed_search_attributes.get(names.SA_STATUS) != "archived":
             return None
+        owner = description.typed_search_attributes.get(names.SA_USER_ID)
+        if owner is not None and owner != user_id:
+            raise SessionForbiddenError(
+                f"session {session_id!r} takes messages only from its own user; the message from {user_id!r} "
+                "was not taken (the session is archived and was not started again)",
+                session_id=session_id,
+                user_id=user_id,
+            )
         # Past the namespace's retention the result is gone (NOT_FOUND): then the durable copy.
         final_run = self.client.get_workflow_handle(session_id, run_id=description.run_id, result_type=SessionState)
         with contextlib.suppress(SessionNotFoundError, TemporalRequestError, WorkflowFailureError):

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from temporalio.client import WorkflowHistory
+from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from hermes.client import HermesClient
@@ -103,6 +103,26 @@ async def test_a_message_from_another_user_is_refused_not_recorded_and_the_sessi
         # ...and the session goes on.
         third = await hermes.send_message(session_id, "third", user_id=user_id)
         assert (third.turn, third.reply) == (2, "Third reply.")
+
+
+async def test_an_archived_session_is_not_started_again_for_another_user(run_worker, session_id, user_id):
+    config = SessionConfig(idle_after_seconds=1, archive_after_seconds=2)
+    async with run_worker(SCRIPT, config=config) as hermes:
+        await hermes.send_message(session_id, "hi", user_id=user_id)
+
+        async def archived() -> bool:
+            return (await hermes.handle(session_id).describe()).status == WorkflowExecutionStatus.COMPLETED
+
+        await eventually(archived, what="the session archiving itself")
+        run_id = (await hermes.handle(session_id).describe()).run_id
+        with pytest.raises(SessionForbiddenError, match="not started again"):
+            await hermes.send_message(session_id, "second: it is mine now", user_id="someone-else")
+        assert (await hermes.handle(session_id).describe()).run_id == run_id, "a run was started for another user"
+
+        resumed = await hermes.send_message(session_id, "third", user_id=user_id)
+        state = await hermes.get_state(session_id)
+    assert (resumed.turn, resumed.reply) == (2, "Third reply.")
+    assert state.user_id == user_id
 
 
 # ------------------------------------------------------------------ approvals

@@ -332,13 +332,9 @@ class SessionWorkflow:
         # another user than the session's is refused before anything else. Only which
         # updates are accepted changes, never the commands of an accepted one: replay-safe.
         s = self._s
-        if inp.user_id is not None and inp.user_id != s.inp.user_id:
-            # First, so that another user's resend of a known id gets no reply either.
+        if inp.user_id is not None and inp.user_id != s.inp.user_id:  # first: another's resend gets no reply
             raise ApplicationError(
-                f"session {s.inp.session_id!r} takes messages only from its own user; "
-                f"the message from {inp.user_id!r} was not taken",
-                type="SessionForbiddenError",
-                non_retryable=True,
+                turns.foreign_sender(s.inp.session_id, inp.user_id), type="SessionForbiddenError", non_retryable=True
             )
         if inp.client_message_id is not None and inp.client_message_id in s.replies.completed:
             return
