@@ -674,7 +674,7 @@ async def test_in_a_flood_every_refused_message_is_absent_and_every_accepted_one
         other = HermesClient(
             hermes.client, task_queue=hermes.task_queue, redis=hermes.redis, config=config, retry_timeout_seconds=20.0
         )
-        await hermes.send_message(session_id, "hello")
+        await hermes.send_message(session_id, "hello", user_id="flood")
         outcomes: dict[str, Any] = {}
 
         async def one(i: int) -> None:

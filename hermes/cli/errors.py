@@ -36,7 +36,6 @@ from hermes.errors import (
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
-    SessionForbiddenError,
     SessionHaltedError,
     SessionNotFoundError,
     SessionUnavailableError,
@@ -127,9 +126,7 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         return err.message, err.code
     if isinstance(err, MessageRejectedError):
         return f"message rejected: {err}", EXIT_REFUSED
-    if isinstance(
-        err, (SessionClosedError, SessionBusyError, SessionHaltedError, SessionNotFoundError, SessionForbiddenError)
-    ):
+    if isinstance(err, (SessionClosedError, SessionBusyError, SessionHaltedError, SessionNotFoundError)):
         return str(err), EXIT_REFUSED
     if isinstance(err, SessionUnavailableError):
         return (
