@@ -90,18 +90,22 @@ class Backend:
                     ) from None
         return self._hermes
 
-    async def owned_session(self, identity: Identity, session_id: str) -> SessionState:
-        """The state of ``session_id`` if ``identity`` reaches it.
+    async def owned_session(self, identity: Identity, session_id: str, *, deciding: bool = False) -> SessionState:
+        """The state of ``session_id`` if ``identity`` reaches it (``deciding``: may decide
+        its approvals, which the approver role also gives).
 
         Raises:
-            Problem: 404 no such session, 403 not the key's (and not admin), 503 no answer.
+            Problem: 404 no such session, 403 not the key's (and not admin, nor an
+                approver when ``deciding``), 503 no answer.
         """
         hermes = await self.client()
         try:
             state = await hermes.get_state(session_id)
         except SessionNotFoundError:
             raise Problem("not-found", f"no session {session_id!r}") from None
-        if not identity.may_use(state.user_id):
+        if deciding and not identity.may_decide(state.user_id):
+            raise Problem("forbidden", f"deciding approvals of session {session_id!r} needs its own user or the approver role")
+        if not deciding and not identity.may_use(state.user_id):
             raise Problem("forbidden", f"session {session_id!r} belongs to another user")
         return state
 
@@ -287,12 +291,7 @@ async def _decide(request: Request, approved: bool) -> Response:
     body: DecisionRequest = await _body(request, DecisionRequest, optional=True)
     backend = _backend(request)
     hermes = await backend.client()
-    try:
-        state = await hermes.get_state(session_id)
-    except SessionNotFoundError:
-        raise Problem("not-found", f"no session {session_id!r}") from None
-    if not identity.may_decide(state.user_id):
-        raise Problem("forbidden", f"deciding approvals of session {session_id!r} needs its own user or the approver role")
+    await backend.owned_session(identity, session_id, deciding=True)
     try:
         record: DecisionRecord = await decide(
             hermes, session_id, tool_call_id, approved=approved, approver=identity.user_id, reason=body.reason,
