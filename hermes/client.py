@@ -63,6 +63,7 @@ from hermes.errors import (
     SessionBusyError,
     SessionClosedError,
     SessionExistsError,
+    SessionForbiddenError,
     SessionHaltedError,
     SessionNotFoundError,
     SessionUnavailableError,
@@ -264,9 +265,10 @@ def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKi
     return "fatal"
 
 
-def documented_error(err: BaseException, session_id: str) -> HermesError | None:
+def documented_error(err: BaseException, session_id: str, *, user_id: str = "") -> HermesError | None:
     """The documented error that stands for a non-retryable Temporal failure ``err``, or
-    None when ``err`` is not a Temporal failure (raise it unchanged)."""
+    None when ``err`` is not a Temporal failure (raise it unchanged). ``user_id``: for a
+    message, who sent it (named by :class:`SessionForbiddenError`)."""
     if isinstance(err, WorkflowUpdateFailedError):
         cause = err.cause
         kind = cause.type if isinstance(cause, ApplicationError) else type(cause).__name__
@@ -277,6 +279,8 @@ def documented_error(err: BaseException, session_id: str) -> HermesError | None:
             return SessionClosedError(f"session {session_id!r} is closed")
         if kind == "SessionHaltedError":
             return SessionHaltedError(message)
+        if kind == "SessionForbiddenError":
+            return SessionForbiddenError(message, session_id=session_id, user_id=user_id)
         return MessageFailedError(
             f"session {session_id!r} failed the message ({kind}: {message})", reason=f"{kind}: {message}"
         )
@@ -289,6 +293,17 @@ def documented_error(err: BaseException, session_id: str) -> HermesError | None:
             f"Temporal refused the request ({err.status.name}): {err.message}", status=err.status.name
         )
     return None
+
+
+def message_update_id(user_id: str, client_message_id: str) -> str:
+    """The Temporal update id of message ``client_message_id`` sent by ``user_id``:
+    ``'<user_id>':<client_message_id>`` (the user id quoted, so no two pairs share it).
+
+    Temporal answers an update whose id it has seen in the run with that update's
+    outcome without asking the session, so the id names the sender: another user's
+    resend of a known client message id reaches the session, which refuses it, instead
+    of receiving the owner's reply."""
+    return f"{user_id!r}:{client_message_id}"
 
 
 def _describe(err: BaseException) -> str:
@@ -627,7 +642,8 @@ class HermesClient:
                 model reads the rest with ``read_stored_content``); with neither store it
                 is refused. At most
                 :data:`MAX_STORED_MESSAGE_BYTES` in any case.
-            user_id: owner of a new session (ignored for an existing one).
+            user_id: who sends it: the owner of a new session; an existing session
+                takes messages only from its own user.
             channel: where the conversation happens, e.g. ``cli``, ``web``.
             client_message_id: id for de-duplication; a resend with the same id returns
                 the first reply. Generated when not given.
@@ -643,6 +659,8 @@ class HermesClient:
                 inline and it could not be stored); not taken.
             SessionClosedError: the session is closed; not taken.
             SessionHaltedError: the session waits for a human's decision; not taken.
+            SessionForbiddenError: the session belongs to another user than ``user_id``;
+                not taken (nor is the reply to a message id it knows returned).
             SessionBusyError: the session stayed too busy to take the message; not taken,
                 and it will never be processed (no attempt could have been taken).
             SessionUnavailableError: Temporal or the session did not answer in time; its
@@ -708,9 +726,9 @@ class HermesClient:
             try:
                 return await self.client.execute_update_with_start_workflow(
                     names.SEND_MESSAGE,
-                    SendMessageInput(text=text, stored=stored, client_message_id=cid),
+                    SendMessageInput(text=text, stored=stored, client_message_id=cid, user_id=user_id),
                     start_workflow_operation=start,
-                    id=cid,
+                    id=message_update_id(user_id, cid),
                     result_type=TurnResult,
                 )
             except asyncio.CancelledError:
@@ -725,13 +743,13 @@ class HermesClient:
                 failure: BaseException = err
                 refused_by_session = isinstance(err, WorkflowUpdateFailedError)
             if kind == "fatal":
-                documented = documented_error(failure, session_id)
+                documented = documented_error(failure, session_id, user_id=user_id)
                 if documented is None:
                     raise failure
                 raise documented from failure
             if kind == "exists":
                 if resume is None:
-                    resume = await self._archived_snapshot(session_id)
+                    resume = await self._archived_snapshot(session_id, user_id)
                     if resume is not None:
                         continue  # at once: start the session again from its snapshot
                 if may_have_been_taken:
@@ -810,13 +828,15 @@ class HermesClient:
                 last_error=str(err),
             ) from err
 
-    async def _archived_snapshot(self, session_id: str) -> SessionCarry | None:
+    async def _archived_snapshot(self, session_id: str, user_id: str) -> SessionCarry | None:
         """The snapshot of a session archived after a long idle time (None if the session
-        ended otherwise): the final run's result, or (past Temporal's retention) the copy
-        in the durable store (or Redis).
+        ended otherwise), for a message of ``user_id``: the final run's result, or (past
+        Temporal's retention) the copy in the durable store (or Redis).
 
         Raises:
             SessionClosedError: archived, but the snapshot is nowhere to be found.
+            SessionForbiddenError: archived, and its user (the ``HermesUserId`` search
+                attribute) is not ``user_id``: the session is not started again for them.
         """
         try:
             description = await self._call(session_id, "describe", self.handle(session_id).describe)
@@ -824,6 +844,14 @@ class HermesClient:
             return None
         if description.typed_search_attributes.get(names.SA_STATUS) != "archived":
             return None
+        owner = description.typed_search_attributes.get(names.SA_USER_ID)
+        if owner is not None and owner != user_id:
+            raise SessionForbiddenError(
+                f"session {session_id!r} takes messages only from its own user; the message from {user_id!r} "
+                "was not taken (the session is archived and was not started again)",
+                session_id=session_id,
+                user_id=user_id,
+            )
         # Past the namespace's retention the result is gone (NOT_FOUND): then the durable copy.
         final_run = self.client.get_workflow_handle(session_id, run_id=description.run_id, result_type=SessionState)
         with contextlib.suppress(SessionNotFoundError, TemporalRequestError, WorkflowFailureError):
@@ -886,8 +914,16 @@ class HermesClient:
         handle = self.handle(session_id)
         await self._call(session_id, name, lambda: handle.signal(name, *args))
 
-    async def approve(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
-        """Approve a pending tool call (a no-op for unknown or settled ids; see ``decisions``).
+    async def approve(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
+        """Approve a pending tool call as ``approver`` (a user id). A signal: what the
+        session did with it is read from ``get_state().decisions`` (``applied``, or not:
+        ``unknown_tool_call``, ``already_decided``, ``not_allowed``). A ``write`` call
+        (``confirm``) is decided only by the session's user or a listed approver, an
+        ``admin`` call (``approve``) by a listed approver other than the requester (see
+        :meth:`hermes.models.PendingApproval.may_decide`); anyone else's decision is
+        recorded and audited as ``not_allowed`` and the call stays pending. ``approver``
+        has no default: the caller says who decides (before issue 16 it defaulted to
+        ``"user"``, which is nobody's user id).
 
         Raises:
             SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
@@ -896,7 +932,7 @@ class HermesClient:
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
         await self._signal(session_id, names.APPROVE_TOOL_CALL, decision)
 
-    async def reject(self, session_id: str, tool_call_id: str, *, approver: str = "user", reason: str | None = None) -> None:
+    async def reject(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
         """Reject a pending tool call; the model is told it was denied. Raises as :meth:`approve`."""
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=False, approver=approver, reason=reason)
         await self._signal(session_id, names.REJECT_TOOL_CALL, decision)

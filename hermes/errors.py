@@ -19,6 +19,7 @@ Exception tree::
     ├── SessionClosedError     not taken: the session was closed; start a new one
     ├── SessionNotFoundError   no session with this id (a query or a signal)
     ├── SessionExistsError     a session with this id exists already (creating one)
+    ├── SessionForbiddenError  not taken: the message's user is not the session's
     ├── SessionUnavailableError  Temporal (or the session) did not answer before the
     │                            deadline; a message MAY have been taken: resend it
     │                            with the same client message id
@@ -163,6 +164,23 @@ class SessionHaltedError(HermesError):
 
 class SessionClosedError(HermesError):
     """The session is closed; send to a new session id. The message was not taken."""
+
+
+class SessionForbiddenError(HermesError, PermissionError):
+    """The session belongs to another user: it takes messages only from its own user
+    (``SessionInput.user_id``, set by its first message). Not taken, nothing recorded;
+    the session stays usable by its user. Sending again with the same ``user_id`` will
+    not help.
+
+    Attributes:
+        session_id: the session.
+        user_id: who the message claimed to be from.
+    """
+
+    def __init__(self, message: str, *, session_id: str = "", user_id: str = ""):
+        self.session_id = session_id
+        self.user_id = user_id
+        super().__init__(message)
 
 
 class SessionNotFoundError(HermesError, LookupError):

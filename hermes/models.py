@@ -388,7 +388,8 @@ class ApprovalPolicy(BaseModel):
 
     action: Literal["run", "confirm", "approve", "deny"]
     approvers: list[str] = Field(default_factory=list)
-    """Who may decide; empty: anyone (for ``approve``, anyone but the requester)."""
+    """Who may decide besides the session's user, for ``confirm`` (empty: the user
+    only); who may decide, for ``approve`` (empty: anyone but the requester)."""
     timeout_seconds: float | None = None
     """How long a decision may take; ``None``: ``SessionConfig.approval_timeout_seconds``."""
     on_expiry: OnExpiry = "deny"
@@ -516,6 +517,10 @@ class SendMessageInput(BaseModel):
     the whole message is in the content store under ``stored.ref``."""
     client_message_id: str | None = None
     """A resend with the same id returns the first reply and runs no second turn."""
+    user_id: str | None = None
+    """Who sends it: a session takes messages only from its own user (its
+    ``SessionInput.user_id``) and refuses others' as ``SessionForbiddenError``, not
+    taken. ``None`` (clients before issue 16): not checked."""
 
 
 class ToolCallRecord(BaseModel):
@@ -565,17 +570,35 @@ class PendingApproval(BaseModel):
     """The session's user, on whose behalf the model asked."""
     action: Literal["confirm", "approve"] = "confirm"
     approvers: list[str] = Field(default_factory=list)
-    """Who may decide; empty: anyone (for ``approve``: anyone but the requester)."""
+    """See :meth:`may_decide`: for ``confirm``, who may decide besides the requester;
+    for ``approve``, who may decide (empty: anyone but the requester)."""
     on_expiry: OnExpiry = "deny"
     expired: bool = False
     """Past ``expires_at`` with ``on_expiry="halt"``: the session is halted on it."""
     reason: str = ""
     """Why a human is asked, when not only the permission (e.g. an unknown outcome)."""
 
-    def may_decide(self, approver: str) -> str | None:
-        """``None`` if ``approver`` may decide, else why not."""
+    def may_decide(self, approver: str, *, identities: bool = True) -> str | None:
+        """Whether ``approver`` may decide this call: ``None`` if so, else why not (one
+        line, for the decision record and the audit log).
+
+        A ``confirm`` is decided by the session's user (``requester``) or a listed
+        approver; an ``approve`` by a listed approver (any one when none is listed), never
+        the requester.
+
+        Args:
+            approver: who decides (a user id).
+            identities: False gives the rule of sessions before the ``session-identity``
+                patch, under which anyone could decide a ``confirm`` with no listed
+                approvers (and the requester only when listed).
+        """
         if self.action == "approve" and approver == self.requester:
             return f"{approver!r} requested this call; an approval must come from someone else"
+        if identities and self.action == "confirm":
+            if approver == self.requester or approver in self.approvers:
+                return None
+            listed = f" or a listed approver ({', '.join(self.approvers)})" if self.approvers else ""
+            return f"{approver!r} may not confirm this call: only the session's user {self.requester!r}{listed} may"
         if self.approvers and approver not in self.approvers:
             return f"{approver!r} may not decide; allowed: {', '.join(self.approvers)}"
         return None

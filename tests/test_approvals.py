@@ -115,7 +115,7 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
         assert not turn.done()
         assert len(await saved_notes()) == 0, "a write tool ran before it was approved"
 
-        await hermes.approve(session_id, pending.tool_call_id, approver="bob", reason="fine by me")
+        await hermes.approve(session_id, pending.tool_call_id, approver=user_id, reason="fine by me")
         result = await asyncio.wait_for(turn, 30)
 
         state = await hermes.get_state(session_id)
@@ -126,7 +126,7 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
     assert record.tool_call_id == pending.tool_call_id
     assert record.name == "save_note"
     assert record.approval == "approved"
-    assert record.approver == "bob"
+    assert record.approver == user_id
     assert record.result.code == ToolResultCode.OK
     assert result.reply == "code=0 message=note saved"
 
@@ -139,7 +139,7 @@ async def test_an_approved_write_tool_call_runs_exactly_once_and_records_the_app
     assert (notes[0]["title"], notes[0]["text"]) == (NOTE_ARGUMENTS["title"], NOTE_ARGUMENTS["text"])
 
     [decision] = [d for d in state.decisions if d.tool_call_id == pending.tool_call_id]
-    assert (decision.approved, decision.approver, decision.reason, decision.outcome) == (True, "bob", "fine by me", "applied")
+    assert (decision.approved, decision.approver, decision.reason, decision.outcome) == (True, user_id, "fine by me", "applied")
 
 
 async def test_a_rejected_write_tool_call_is_not_run_and_the_model_sees_the_denial(
@@ -148,13 +148,13 @@ async def test_a_rejected_write_tool_call_is_not_run_and_the_model_sees_the_deni
     async with run_worker(NOTE_SCRIPT) as hermes:
         turn = turns(hermes.send_message(session_id, "note this down", user_id=user_id))
         pending = await hermes.wait_for_approval(session_id, timeout_seconds=20)
-        await hermes.reject(session_id, pending.tool_call_id, approver="carol", reason="not today")
+        await hermes.reject(session_id, pending.tool_call_id, approver=user_id, reason="not today")
         result = await asyncio.wait_for(turn, 30)
         transcript = await hermes.get_transcript(session_id)
 
     record = result.tool_calls[0]
     assert record.approval == "rejected"
-    assert record.approver == "carol"
+    assert record.approver == user_id
     assert record.result.code == ToolResultCode.DENIED_BY_HUMAN
     assert "rejected" in record.result.message and "not today" in record.result.message
     assert len(await saved_notes()) == 0, "a rejected tool call ran"
@@ -185,7 +185,7 @@ async def test_approving_an_unknown_tool_call_id_changes_nothing_and_is_audited(
         assert not turn.done()
         assert len(await saved_notes()) == 0
 
-        await hermes.reject(session_id, pending.tool_call_id)
+        await hermes.reject(session_id, pending.tool_call_id, approver=user_id)
         result = await asyncio.wait_for(turn, 30)
 
     assert result.tool_calls[0].approval == "rejected"
@@ -198,7 +198,7 @@ async def test_a_second_approval_of_the_same_call_has_no_effect(run_worker, sess
         pending = await hermes.wait_for_approval(session_id, timeout_seconds=20)
         tcid = pending.tool_call_id
 
-        await hermes.approve(session_id, tcid, approver="first")
+        await hermes.approve(session_id, tcid, approver=user_id)
         await hermes.approve(session_id, tcid, approver="second")  # while the first is being applied
         result = await asyncio.wait_for(turn, 30)
         await hermes.approve(session_id, tcid, approver="third")  # after the call has run
@@ -206,9 +206,9 @@ async def test_a_second_approval_of_the_same_call_has_no_effect(run_worker, sess
         decisions = await decisions_for(hermes, session_id, tcid, 4)
 
     assert result.tool_calls[0].approval == "approved"
-    assert result.tool_calls[0].approver == "first"
+    assert result.tool_calls[0].approver == user_id
     assert [(d.approver, d.outcome) for d in decisions] == [
-        ("first", "applied"),
+        (user_id, "applied"),
         ("second", "already_decided"),
         ("third", "already_decided"),
         ("fourth", "already_decided"),
@@ -238,7 +238,7 @@ async def test_pending_approvals_list_the_call_while_waiting_and_are_empty_after
         assert [p.tool_call_id for p in state.pending_approvals] == [pending.tool_call_id]
         assert state.busy
 
-        await hermes.approve(session_id, pending.tool_call_id)
+        await hermes.approve(session_id, pending.tool_call_id, approver=user_id)
         await asyncio.wait_for(turn, 30)
 
         assert await hermes.get_pending_approvals(session_id) == []
@@ -265,7 +265,7 @@ async def test_the_pending_approvals_search_attribute_is_1_while_waiting_and_0_a
         description = await handle.describe()
         assert description.typed_search_attributes.get(names.SA_USER_ID) == user_id
 
-        await hermes.approve(session_id, pending.tool_call_id)
+        await hermes.approve(session_id, pending.tool_call_id, approver=user_id)
         await asyncio.wait_for(turn, 30)
         await eventually(lambda: is_value(0))
 

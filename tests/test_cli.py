@@ -170,7 +170,8 @@ async def test_send_json_prints_the_turn_result(run_worker, cli_env, session_id,
 
         # A resend with the same message id is answered from the first turn, not run again.
         again = await hermes_cli(
-            "send", session_id, "What is (17 + 25) * 3?", "--json", "--message-id", "m-1", env=cli_env, cwd=tmp_path
+            "send", session_id, "What is (17 + 25) * 3?", "--user", user_id, "--json", "--message-id", "m-1",
+            env=cli_env, cwd=tmp_path,
         )
         assert TurnResult.model_validate_json(again.stdout).turn == result.turn
         assert (await hermes.get_state(session_id)).turn_count == 1
@@ -194,6 +195,23 @@ async def test_send_with_an_empty_message_exits_non_zero_with_one_line_error(
     assert run.stdout == ""
     with pytest.raises(Exception, match="not found"):
         await temporal_client.get_workflow_handle(session_id).describe()
+
+
+async def test_send_as_another_user_to_an_existing_session_exits_1_and_is_not_taken(
+    run_worker, cli_env, session_id, user_id, tmp_path
+):
+    async with run_worker(ScriptedModel.demo()) as hermes:
+        first = await hermes.send_message(session_id, "What is (17 + 25) * 3?", user_id=user_id, client_message_id="m-1")
+        for extra in ((), ("--message-id", "m-1")):  # a new message, and a resend of the owner's id
+            run = await hermes_cli("send", session_id, "你好", "--user", "someone-else", *extra, env=cli_env, cwd=tmp_path)
+            assert run.returncode == 1, run.stdout + run.stderr
+            assert_one_line_error(run, session_id, "only from its own user", "'someone-else'", "not taken")
+            assert run.stdout == ""
+        state = await hermes.get_state(session_id)
+        assert (state.user_id, state.turn_count) == (user_id, first.turn)
+        owner = await hermes_cli("send", session_id, "你好", "--user", user_id, env=cli_env, cwd=tmp_path)
+        assert owner.returncode == 0, owner.stderr
+        assert (await hermes.get_state(session_id)).turn_count == first.turn + 1
 
 
 async def test_send_to_unreachable_temporal_exits_2_with_one_line_error(cli_env, session_id, tmp_path):
@@ -239,18 +257,37 @@ async def test_approve_applies_to_a_pending_tool_call_and_a_second_decision_is_a
         assert pending.tool_call_id in shown.stdout and "save_note" in shown.stdout
 
         run = await hermes_cli(
-            "approve", session_id, pending.tool_call_id, "--approver", "bob", env=cli_env, cwd=tmp_path
+            "approve", session_id, pending.tool_call_id, "--approver", "carol", env=cli_env, cwd=tmp_path
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout.startswith("applied: approved tool call " + pending.tool_call_id)
         result = await asyncio.wait_for(turn, 30)
         assert [(c.name, c.approval, c.approver, c.result.code) for c in result.tool_calls] == [
-            ("save_note", "approved", "bob", ToolResultCode.OK)
+            ("save_note", "approved", "carol", ToolResultCode.OK)
         ]
 
         again = await hermes_cli("reject", session_id, pending.tool_call_id, env=cli_env, cwd=tmp_path)
         assert again.returncode == 1
         assert_one_line_error(again, "already_decided")
+
+
+async def test_approve_of_a_write_call_by_anyone_but_the_user_or_a_listed_approver_exits_1_and_it_stays_pending(
+    run_worker, cli_env, session_id, tmp_path
+):
+    async with run_worker(ScriptedModel.demo()) as hermes:
+        turn = asyncio.ensure_future(hermes.send_message(session_id, NOTE_MESSAGE, user_id="carol"))
+        pending = await hermes.wait_for_approval(session_id)
+        for verb in ("approve", "reject"):
+            run = await hermes_cli(verb, session_id, pending.tool_call_id, "--approver", "anyone", env=cli_env, cwd=tmp_path)
+            assert run.returncode == 1, run.stdout + run.stderr
+            assert_one_line_error(run, "not_allowed", "'anyone' may not confirm", "'carol'", "still pending")
+        assert [p.tool_call_id for p in await hermes.get_pending_approvals(session_id)] == [pending.tool_call_id]
+        assert not turn.done()
+
+        applied = await hermes_cli("approve", session_id, pending.tool_call_id, "--approver", "carol", env=cli_env, cwd=tmp_path)
+        assert applied.returncode == 0, applied.stderr
+        result = await asyncio.wait_for(turn, 30)
+    assert [(c.approval, c.approver) for c in result.tool_calls] == [("approved", "carol")]
 
 
 async def test_approvals_lists_pending_calls_across_sessions_and_the_requester_cannot_approve_an_admin_call(

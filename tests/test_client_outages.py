@@ -39,7 +39,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import names
-from hermes.client import HermesClient, backoff_seconds, classify_failure
+from hermes.client import HermesClient, backoff_seconds, classify_failure, message_update_id
 from hermes.errors import (
     HermesError,
     MessageFailedError,
@@ -224,7 +224,7 @@ async def test_a_message_rides_out_transient_failures_under_the_same_message_id(
     with unretrieved_futures() as unretrieved:
         result = await hermes.send_message("s-1", "hello", client_message_id="m-1")
     assert result.reply == "made it"
-    assert fake.attempts == [("m-1", "m-1")] * 6
+    assert fake.attempts == [(message_update_id("anonymous", "m-1"), "m-1")] * 6
     assert unretrieved == []
 
 
@@ -674,7 +674,7 @@ async def test_in_a_flood_every_refused_message_is_absent_and_every_accepted_one
         other = HermesClient(
             hermes.client, task_queue=hermes.task_queue, redis=hermes.redis, config=config, retry_timeout_seconds=20.0
         )
-        await hermes.send_message(session_id, "hello", user_id="flood")
+        await hermes.send_message(session_id, "hello")
         outcomes: dict[str, Any] = {}
 
         async def one(i: int) -> None:

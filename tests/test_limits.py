@@ -81,7 +81,7 @@ async def test_a_write_call_with_a_reused_id_can_be_approved_in_every_turn(run_w
         for n in (1, 2):
             turn = asyncio.create_task(hermes.send_message(session_id, f"note {n}", user_id="reuser"))
             pending = await hermes.wait_for_approval(session_id)
-            await hermes.approve(session_id, pending.tool_call_id, approver="me")
+            await hermes.approve(session_id, pending.tool_call_id, approver="reuser")
             result = await turn
             assert result.tool_calls[0].approval == "approved"
             assert result.tool_calls[0].result.code == ToolResultCode.OK

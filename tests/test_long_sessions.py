@@ -371,7 +371,7 @@ async def test_a_turn_of_100_sequential_tool_calls_over_a_100k_token_conversatio
             pending = await hermes.wait_for_approval(session_id, timeout_seconds=60)
             assert (pending.tool_name, pending.turn) == ("save_note", 6)
             assert not second.done(), "the queued message must wait for the running turn"
-            await hermes.approve(session_id, pending.tool_call_id, approver="lead")
+            await hermes.approve(session_id, pending.tool_call_id, approver=user_id)
             result = await asyncio.wait_for(job, 120)
             after = await asyncio.wait_for(second, 60)
         finally:
@@ -389,7 +389,7 @@ async def test_a_turn_of_100_sequential_tool_calls_over_a_100k_token_conversatio
     assert [r.name for r in result.tool_calls] == ["job_step"] * 50 + ["save_note"] + ["job_step"] * 49
     assert all(r.result.code == ToolResultCode.OK for r in result.tool_calls)
     note = result.tool_calls[BatchJob.note_step]
-    assert (note.approval, note.approver) == ("approved", "lead")
+    assert (note.approval, note.approver) == ("approved", user_id)
     assert [d.outcome for d in state.decisions] == ["applied"] and len(notes) == 1
     assert (after.turn, after.status, after.reply) == (7, "completed", "second: and one more thing")
 

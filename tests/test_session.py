@@ -20,7 +20,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowUpdateFai
 from temporalio.exceptions import ApplicationError
 
 from hermes import names
-from hermes.client import HermesClient
+from hermes.client import HermesClient, message_update_id
 from hermes.errors import MessageRejectedError, SessionClosedError
 from hermes.models import (
     CallModelInput,
@@ -319,7 +319,7 @@ async def test_concurrent_messages_run_one_at_a_time_in_arrival_order_without_in
         # Arrival order is the order in which the server handed the updates to the
         # workflow (their "accepted" events); turns must follow it.
         arrival = await accepted_update_ids(temporal_client, session_id)
-        turn_of = {f"c-{i}": r.turn for i, r in enumerate(results)}
+        turn_of = {message_update_id("anonymous", f"c-{i}"): r.turn for i, r in enumerate(results)}
         assert sorted(arrival) == sorted(turn_of)
         assert [turn_of[cid] for cid in arrival] == [1, 2, 3, 4, 5]
 
@@ -356,9 +356,9 @@ async def test_continue_as_new_carries_the_transcript_and_system_prompt_and_lose
         replies = [await hermes.send_message(session_id, "s0", user_id="carol")]
         first_run_id = (await temporal_client.get_workflow_handle(session_id).describe()).run_id
         await hermes.set_system_prompt(session_id, prompt)
-        replies += [await hermes.send_message(session_id, f"s{i}") for i in range(1, 4)]
-        replies += await asyncio.gather(*(hermes.send_message(session_id, f"c{i}") for i in range(4)))
-        replies += [await hermes.send_message(session_id, f"s{i}") for i in range(4, 6)]
+        replies += [await hermes.send_message(session_id, f"s{i}", user_id="carol") for i in range(1, 4)]
+        replies += await asyncio.gather(*(hermes.send_message(session_id, f"c{i}", user_id="carol") for i in range(4)))
+        replies += [await hermes.send_message(session_id, f"s{i}", user_id="carol") for i in range(4, 6)]
 
         assert len(replies) == 10
         sent = ["s0", "s1", "s2", "s3", "c0", "c1", "c2", "c3", "s4", "s5"]
@@ -468,7 +468,7 @@ async def test_a_closed_session_refuses_messages_completes_and_still_answers_que
         assert (await handle.describe()).status == WorkflowExecutionStatus.COMPLETED
 
         with pytest.raises(SessionClosedError):
-            await hermes.send_message(session_id, "are you there?")
+            await hermes.send_message(session_id, "are you there?", user_id="dave")
 
         state = await hermes.get_state(session_id)  # a query on a completed workflow
         assert (state.status, state.turn_count, state.user_id) == ("closed", 1, "dave")
@@ -479,11 +479,11 @@ async def test_messages_sent_while_a_session_is_closing_are_refused_as_closed(ru
     model = EchoModel()
     async with run_worker(model) as hermes:
         try:
-            slow = asyncio.create_task(hermes.send_message(session_id, "slow goodbye"))
+            slow = asyncio.create_task(hermes.send_message(session_id, "slow goodbye", user_id="dave"))
             await asyncio.wait_for(model.slow_started.wait(), 15)
             await hermes.close(session_id)
             with pytest.raises(SessionClosedError):
-                await hermes.send_message(session_id, "one more thing")
+                await hermes.send_message(session_id, "one more thing", user_id="dave")
         finally:
             model.release.set()
         # The turn that was running when the close arrived still finishes.

@@ -251,6 +251,39 @@ def test_the_approval_book_requests_decides_and_audits():
     assert len({e.entry_id for e in entries}) == len(entries)
 
 
+@pytest.mark.parametrize(
+    ("action", "approvers", "allowed", "allowed_before_the_patch"),
+    [
+        ("confirm", [], ["alice"], ["alice", "bob", "lead", "anyone"]),
+        ("confirm", ["lead"], ["alice", "lead"], ["lead"]),
+        ("approve", [], ["bob", "lead", "anyone"], ["bob", "lead", "anyone"]),
+        ("approve", ["lead", "alice"], ["lead"], ["lead"]),
+    ],
+)
+def test_who_may_decide_a_call_with_and_without_the_identity_patch(action, approvers, allowed, allowed_before_the_patch):
+    book = ApprovalBook(session_id="s", user_id="alice")
+    policy = ApprovalPolicy(action=action, approvers=approvers)
+    pending = book.request(1, ToolCall(tool_call_id="c", name="w"), spec("w"), policy, "", now=T0, default_timeout_seconds=5)
+    people = ["alice", "bob", "lead", "anyone"]
+    assert [p for p in people if pending.may_decide(p) is None] == allowed
+    assert [p for p in people if pending.may_decide(p, identities=False) is None] == allowed_before_the_patch
+    if action == "confirm":
+        assert "only the session's user 'alice'" in (pending.may_decide("bob") or "")
+
+
+@pytest.mark.parametrize("identities", [True, False])
+def test_a_confirmation_by_someone_else_is_refused_and_audited_only_under_the_identity_patch(identities):
+    book = ApprovalBook(session_id="s", user_id="alice", identities=lambda: identities)
+    book.request(1, ToolCall(tool_call_id="c", name="w"), spec("w"), ApprovalPolicy(action="confirm"), "", now=T0, default_timeout_seconds=5)
+    outcome = book.decide(ApprovalDecision(tool_call_id="c", approver="mallory"), T0)
+    assert outcome == ("not_allowed" if identities else "applied")
+    assert book.decided("c") is not identities and "c" in book.pending
+    [entry] = [e for e in book.take_audit() if e.event == "decision"]
+    assert (entry.approver, entry.outcome, bool(entry.detail)) == ("mallory", outcome, identities)
+    if identities:
+        assert book.decide(ApprovalDecision(tool_call_id="c", approver="alice"), T0) == "applied"
+
+
 def test_no_audit_entries_without_the_patch_and_settled_ids_are_bounded():
     book = ApprovalBook(session_id="s", user_id="u", settled=[f"x{i}" for i in range(MAX_SETTLED)], audit_enabled=lambda: False)
     book.request(1, ToolCall(tool_call_id="c", name="w"), spec("w"), ApprovalPolicy(action="confirm"), "", now=T0, default_timeout_seconds=5)

@@ -619,8 +619,8 @@ async def test_approval_flows_are_deterministic_when_every_workflow_task_replays
         cancelled = await first
         second = asyncio.create_task(hermes.send_message(session_id, "again", user_id="alice"))
         again = await eventually(lambda: _pending_count(hermes, session_id, 3))
-        for p in again:
-            await hermes.reject(session_id, p.tool_call_id, approver="bob")
+        for p in again:  # a confirm is the session's user's; an admin call someone else's
+            await hermes.reject(session_id, p.tool_call_id, approver="alice" if p.action == "confirm" else "bob")
         rejected = await second
         audit = await eventually(lambda: _audit_entries(hermes, session_id, 14))
     assert cancelled.status == "cancelled" and runs == ["acc-1"]

@@ -27,6 +27,7 @@ from hermes.errors import (
     SessionBusyError,
     SessionClosedError,
     SessionExistsError,
+    SessionForbiddenError,
     SessionHaltedError,
     SessionNotFoundError,
     SessionUnavailableError,
@@ -113,6 +114,8 @@ def problem_for(err: HermesError) -> Problem:
         return Problem("session-halted", str(err))
     if isinstance(err, SessionExistsError):
         return Problem("session-exists", str(err))
+    if isinstance(err, SessionForbiddenError):
+        return Problem("forbidden", str(err))
     if isinstance(err, MessageRejectedError):
         return Problem("message-rejected", str(err))
     if isinstance(err, SessionUnavailableError):

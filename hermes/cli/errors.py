@@ -36,6 +36,7 @@ from hermes.errors import (
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
+    SessionForbiddenError,
     SessionHaltedError,
     SessionNotFoundError,
     SessionUnavailableError,
@@ -126,7 +127,9 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         return err.message, err.code
     if isinstance(err, MessageRejectedError):
         return f"message rejected: {err}", EXIT_REFUSED
-    if isinstance(err, (SessionClosedError, SessionBusyError, SessionHaltedError, SessionNotFoundError)):
+    if isinstance(
+        err, (SessionClosedError, SessionBusyError, SessionHaltedError, SessionNotFoundError, SessionForbiddenError)
+    ):
         return str(err), EXIT_REFUSED
     if isinstance(err, SessionUnavailableError):
         return (

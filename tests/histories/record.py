@@ -22,6 +22,7 @@ import asyncio
 import sys
 import tempfile
 import uuid
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -106,7 +107,13 @@ async def record(hermes: HermesClient, session_id: str, user_id: str) -> tuple[W
     return history, results
 
 
-async def main(out: Path = HISTORY_PATH) -> None:
+async def main(
+    out: Path = HISTORY_PATH,
+    play: Callable[[HermesClient, str, str], Awaitable[tuple[WorkflowHistory, list[TurnResult]]]] | None = None,
+    script: dict[str, Any] | None = None,
+) -> None:
+    """Record ``play`` (default :func:`record`) against a worker running ``script``
+    (default :data:`SCRIPT`) on a fresh dev server and write the history to ``out``."""
     from temporalio.contrib.pydantic import pydantic_data_converter
     from temporalio.testing import WorkflowEnvironment
 
@@ -136,13 +143,13 @@ async def main(out: Path = HISTORY_PATH) -> None:
             worker = build_worker(
                 env.client,
                 settings,
-                provider=ScriptedModel.from_dict(SCRIPT, source="tests/histories/record.py"),
+                provider=ScriptedModel.from_dict(script or SCRIPT, source="tests/histories/record.py"),
                 registry=register_builtins(ToolRegistry()),
                 redis=redis,
             )
             async with worker:
                 hermes = HermesClient(env.client, task_queue=settings.task_queue, redis=redis)
-                history, results = await record(hermes, "session-recorded", "alice")
+                history, results = await (play or record)(hermes, "session-recorded", "alice")
         finally:
             await redis.aclose()
             await env.shutdown()

@@ -46,6 +46,9 @@ class ApprovalBook:
         decisions, settled, unknown: carried from the previous run.
         audit_enabled: whether audit entries are kept (the run's audit-log patch); asked
             at the first entry, not before.
+        identities: whether a ``confirm`` is decided only by the session's user or a
+            listed approver (the run's session-identity patch; see
+            :meth:`PendingApproval.may_decide`); asked at a decision on a pending call.
     """
 
     def __init__(
@@ -57,6 +60,7 @@ class ApprovalBook:
         settled: Iterable[str] = (),
         unknown: Mapping[str, str] | None = None,
         audit_enabled: Callable[[], bool] = lambda: True,
+        identities: Callable[[], bool] = lambda: True,
     ) -> None:
         self.session_id = session_id
         self.user_id = user_id
@@ -69,6 +73,7 @@ class ApprovalBook:
         self.audit_buffer: list[ApprovalAuditEntry] = []
         self._audit_seq = 0
         self._audit_enabled = audit_enabled
+        self._identities = identities
 
     # ----------------------------------------------------------------- policy
 
@@ -139,7 +144,10 @@ class ApprovalBook:
 
     def decide(self, decision: ApprovalDecision, now: datetime) -> str:
         """Take a human's decision: applied when the call is pending and the approver may
-        decide it, else recorded with why not. Every decision is recorded and audited.
+        decide it (:meth:`PendingApproval.may_decide`: a ``confirm`` by the session's user
+        or a listed approver, an ``approve`` by a listed approver other than the
+        requester), else recorded with why not and the call stays pending. Every decision
+        is recorded and audited.
 
         Returns:
             "applied", "already_decided", "not_allowed" or "unknown_tool_call".
@@ -147,7 +155,7 @@ class ApprovalBook:
         tcid = decision.tool_call_id
         detail = ""
         if tcid in self.pending:
-            refusal = self.pending[tcid].may_decide(decision.approver)
+            refusal = self.pending[tcid].may_decide(decision.approver, identities=self._identities())
             if tcid in self.verdicts:
                 outcome = "already_decided"
             elif refusal is not None:

@@ -35,5 +35,15 @@ MODEL_REISSUE = "model-step-reissue"
 longer heartbeat timeout, up to :data:`workflows.session.calls.MODEL_REISSUES` times
 (issue 12: a live worker too busy to heartbeat spent a step's attempts in seconds)."""
 
-ALL = (TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE)
+IDENTITY = "session-identity"
+"""A ``confirm`` call (a ``write`` by default) is confirmed only by the session's user or
+a listed approver; anyone else's decision is recorded and audited as ``not_allowed`` and
+the call stays pending (issue 16; before it, anyone could confirm a call with no listed
+approvers). The refusal of a message from another user needs no patch: an update
+validator issues no command and is not run on replay."""
+
+ALL = (
+    TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
+    IDENTITY,
+)
 """In the order the first workflow task asks for them (the order of their markers)."""

@@ -328,9 +328,14 @@ class SessionWorkflow:
         # A resend of a message this session knows is always taken, even while closing,
         # rolling over or halted: its handler only waits for or returns the first reply.
         # So a refusal (busy, closed, halted) always means "never taken", and a client
-        # that resends under a new id after it never gets the turn twice. Only which
+        # that resends under a new id after it never gets the turn twice. A message from
+        # another user than the session's is refused before anything else. Only which
         # updates are accepted changes, never the commands of an accepted one: replay-safe.
         s = self._s
+        if inp.user_id is not None and inp.user_id != s.inp.user_id:  # first: another's resend gets no reply
+            raise ApplicationError(
+                turns.foreign_sender(s.inp.session_id, inp.user_id), type="SessionForbiddenError", non_retryable=True
+            )
         if inp.client_message_id is not None and inp.client_message_id in s.replies.completed:
             return
         if (s.status == "closed" or s.draining or s.book.halted_on) and self._knows(inp.client_message_id):

@@ -51,6 +51,7 @@ class SessionCore:
             session_id=inp.session_id, user_id=inp.user_id, decisions=carry.decisions,
             settled=carry.settled_tool_call_ids, unknown=carry.unknown_outcomes,
             audit_enabled=lambda: patched(patches.AUDIT_LOG),
+            identities=lambda: patched(patches.IDENTITY),
         )
         self.turn_count, self.token_estimate, self.title = carry.turn_count, carry.token_estimate, carry.title
         self.created_at = carry.created_at or now

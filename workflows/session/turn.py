@@ -77,6 +77,12 @@ CLOSED_BEFORE_TURN = "The session was closed before this message could be answer
 EMPTY_ANSWER = "The model returned an empty answer. Ask again, or rephrase the question."
 
 
+def foreign_sender(session_id: str, sender: str) -> str:
+    """Why a message from ``sender``, not the session's user, is refused (the update
+    validator's ``SessionForbiddenError``; the session's own user is not named)."""
+    return f"session {session_id!r} takes messages only from its own user; the message from {sender!r} was not taken"
+
+
 def max_iterations_reply(cfg: SessionConfig) -> str:
     return (
         f"I stopped after {cfg.max_iterations} model/tool steps without reaching "
