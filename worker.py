@@ -14,6 +14,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -32,6 +33,7 @@ from activities.transcript import TranscriptActivities
 from hermes.blobs import BlobStore
 from hermes.durable import DurableStore
 from hermes.errors import ConfigError
+from hermes.events import EventLog
 from hermes.providers import ModelProvider, make_provider
 from hermes.run_cache import MovedRunEviction
 from hermes.settings import Settings, get_settings
@@ -147,7 +149,15 @@ def build_worker(
     audit = AuditActivities(redis, durable)
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
-    worker = Worker(
+    if settings.events_enabled:
+        # Turn events (hermes.events): published by the activities that do the work, to
+        # Redis Streams, never into the session's history.
+        events = EventLog(redis, max_events=settings.events_max_per_session)
+        model.events = tools.events = audit.events = index.events = events
+        if memory_activities is not None:
+            memory_activities.events = events
+    worker = _validated(
+        Worker,
         client,
         task_queue=task_queue or settings.task_queue,
         workflows=[SessionWorkflow, CompositeToolWorkflow, MemoryWriterWorkflow, MemoryConsolidationWorkflow],
@@ -190,6 +200,43 @@ def build_worker(
         # fail that validation (KeyError(<thread id>), python/cpython#91351).
         memory_activities.open_in_background()
     return worker
+
+
+VALIDATION_ATTEMPTS = 3
+"""How many times a worker is made when the SDK's validation of the workflows failed on
+Python's import locks (see :func:`_validated`)."""
+
+
+def _import_lock_race(err: BaseException) -> bool:
+    """Whether ``err`` is the SDK's "Failed validating workflow" caused by Python 3.11's
+    module-lock race (a ``KeyError`` of a thread id from ``importlib._bootstrap``,
+    python/cpython#91351), which another thread importing at the same time causes."""
+    if not (isinstance(err, RuntimeError) and str(err).startswith("Failed validating workflow")):
+        return False
+    cause = err.__cause__
+    while cause is not None:
+        if isinstance(cause, KeyError):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
+def _validated(make: Any, *args: Any, **kwargs: Any) -> Worker:
+    """``make(*args, **kwargs)``, made again (at most :data:`VALIDATION_ATTEMPTS` times)
+    when the SDK's sandbox validation of the workflows, which imports their modules,
+    failed on the import-lock race of :func:`_import_lock_race`. The validation only
+    imports and checks, so making the worker again is safe; any other failure is raised.
+    Seen in CI: one process made a worker while an earlier worker's memory store was
+    still importing in its loading thread."""
+    for attempt in range(1, VALIDATION_ATTEMPTS + 1):
+        try:
+            return make(*args, **kwargs)
+        except RuntimeError as err:
+            if attempt == VALIDATION_ATTEMPTS or not _import_lock_race(err):
+                raise
+            log.warning("workflow validation failed on the import-lock race (%r); making the worker again", err.__cause__)
+            time.sleep(0.05 * attempt)
+    raise AssertionError("unreachable")
 
 
 def set_deadlock_timeout(worker: Worker, seconds: float) -> bool:

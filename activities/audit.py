@@ -21,6 +21,7 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
+from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.durable import AUDIT, DurableStore, Record, composite_key
 from hermes.models import ApprovalAuditBatch, ApprovalAuditEntry
 
@@ -75,6 +76,21 @@ async def read_audit(
     return entries
 
 
+def approval_events(entries: list[ApprovalAuditEntry]) -> list[TurnEvent]:
+    """The turn events of audit ``entries``: ``approval_requested`` for each request and
+    ``approval_decided`` for each verdict (approved, rejected, expired, cancelled)."""
+    events: list[TurnEvent] = []
+    for e in entries:
+        data: dict[str, Any] = {"tool_call_id": e.tool_call_id, "name": e.tool_name}
+        if e.event == "requested":
+            data.update(requester=e.requester, permission=e.permission, arguments=preview_json(e.arguments, EVENT_ARGUMENTS_CHARS))
+            events.append(TurnEvent(type="approval_requested", session_id=e.session_id, data=data, at=e.at))
+        elif e.event == "verdict":
+            data.update(approved=e.approved, approver=e.approver, outcome=e.outcome, reason=e.reason)
+            events.append(TurnEvent(type="approval_decided", session_id=e.session_id, data=data, at=e.at))
+    return events
+
+
 class AuditActivities:
     """Holds Redis and the durable store; ``record_approval_audit`` runs as a local activity.
 
@@ -86,6 +102,8 @@ class AuditActivities:
     def __init__(self, redis: Any, durable: DurableStore | None = None):
         self.redis = redis
         self.durable = durable
+        self.events: EventLog | None = None
+        """Where requests and verdicts are published as turn events, if anywhere."""
 
     @activity.defn(name=names.RECORD_APPROVAL_AUDIT)
     async def record_approval_audit(self, batch: ApprovalAuditBatch) -> bool:
@@ -111,4 +129,6 @@ class AuditActivities:
                 if self.durable is None:
                     raise
                 log.warning("approval audit kept durably but not in Redis: %s", err)
+        if self.events is not None:
+            await self.events.publish_quietly(approval_events(batch.entries))
         return True

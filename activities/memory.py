@@ -24,6 +24,7 @@ from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
 from hermes import names
+from hermes.events import EventLog, TurnEvent
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
 from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
 from hermes.memory.judge import (
@@ -166,6 +167,8 @@ class MemoryActivities:
         self.redis = redis
         """Keeps each user's rows generation (``hermes:memory:gen:<user>``): searches of a
         user whose rows did not change are answered from memory, in any worker."""
+        self.events: EventLog | None = None
+        """Where recalls are published as turn events, if anywhere."""
         self._factory = store_factory
         self._store: MemoryStore | None = None
         self._store_lock = threading.Lock()
@@ -236,8 +239,23 @@ class MemoryActivities:
 
         A store that refuses the search (rows of another embedding model, a bad user id)
         gives an empty result with the reason, never an error: the turn goes on without
-        memories. Hit statistics are written afterwards, off the turn's path.
+        memories. Hit statistics are written afterwards, off the turn's path. For a
+        session's turn, ``turn_started`` and then ``memories_recalled`` (or a ``warning``)
+        are published as turn events.
         """
+        if self.events is not None and inp.session_id and inp.turn is not None:
+            await self.events.begin_turn(inp.session_id, inp.turn)
+        result = await self._search(inp)
+        if self.events is not None and inp.session_id and inp.turn is not None:
+            if result.error:
+                event = TurnEvent(type="warning", session_id=inp.session_id, turn=inp.turn, data={"text": result.error})
+            else:
+                memories = [{"id": m.memory_id, "kind": m.kind, "text": m.text} for m in result.memories]
+                event = TurnEvent(type="memories_recalled", session_id=inp.session_id, turn=inp.turn, data={"memories": memories})
+            await self.events.publish_quietly([event])
+        return result
+
+    async def _search(self, inp: SearchMemoriesInput) -> SearchMemoriesResult:
         if self._store is None:
             # Never hold a turn on a cold store: a search waits a moment for it, then the
             # turn goes on without memories (its writes wait: they are not on a turn's path).

@@ -29,6 +29,7 @@ from hermes.blobs import (
     stored_preview,
     value_ref,
 )
+from hermes.events import EventLog, model_call_events
 from hermes.errors import (
     ContextTooLongError,
     ModelRequestError,
@@ -193,6 +194,8 @@ class ModelActivities:
             provider.on_chunk = beat  # type: ignore[attr-defined]
         self.store = store or BlobStore(None)
         self.client = client
+        self.events: EventLog | None = None
+        """Where a session's model calls are published as turn events, if anywhere."""
 
     async def _store_get(self, refs: list[str]) -> dict[str, str]:
         try:
@@ -383,9 +386,11 @@ class ModelActivities:
         """
         # Heartbeats while waiting on the store and the provider: a dead worker's call
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
-        async with heartbeating():
+        async with heartbeating(), self._text_events(request) as text:
             resolved = await self.resolve_context(request)
             result = await self._complete(resolved)
+            if text is not None and not text.published and result.message.content:
+                text.add(result.message.content)  # a provider that did not stream it
             if _is_small(result):
                 # Most replies: a few kilobytes, checked and counted in well under a
                 # millisecond; a thread hop would cost more than the work (bench/model_call.py).
@@ -397,6 +402,15 @@ class ModelActivities:
             result = await self._bounded(request.session_id, result)
             result = await asyncio.to_thread(_counted, result, request.encoding)
             return await self._keep_large_arguments(result)
+
+    def _text_events(self, request: CallModelInput) -> model_call_events:
+        """Where the reply text of ``request`` is published as it arrives: a session's
+        reply steps, when this worker publishes turn events (:mod:`hermes.events`)."""
+        if self.events is None or request.purpose != "reply" or request.step is None:
+            return model_call_events(None, request.session_id, request.turn, 0, "")
+        info = activity.info() if activity.in_activity() else None
+        attempt = f"{request.step}.{info.activity_id if info else '-'}.{info.attempt if info else 1}"
+        return model_call_events(self.events, request.session_id, request.turn, request.step, attempt)
 
     @activity.defn(name=names.COUNT_TOKENS)
     async def count_tokens(self, request: CountTokensInput) -> int:

@@ -11,6 +11,7 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
+from hermes.events import EventLog, TurnEvent
 from hermes.models import SessionIndexEntry
 from hermes.session_index import write_entry
 
@@ -36,6 +37,8 @@ class SessionIndexActivities:
         self.timeout_seconds = timeout_seconds
         self.backoff_seconds = backoff_seconds
         self._skip_until = 0.0
+        self.events: EventLog | None = None
+        """Where a turn's end is published as ``turn_finished``, if anywhere."""
 
     @activity.defn(name=names.UPDATE_SESSION_INDEX)
     async def update_session_index(self, entry: SessionIndexEntry) -> bool:
@@ -44,6 +47,12 @@ class SessionIndexActivities:
         Returns:
             True if written, False if skipped or failed (Redis unreachable).
         """
+        if self.events is not None and entry.finished_turn is not None:
+            finished = TurnEvent(
+                type="turn_finished", session_id=entry.session_id, turn=entry.finished_turn,
+                data={"status": entry.finished_status, "turn_count": entry.turn_count},
+            )
+            await self.events.publish_quietly([finished])
         if self.redis is None or time.monotonic() < self._skip_until:
             return False
         try:

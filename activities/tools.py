@@ -24,6 +24,7 @@ import asyncio
 import functools
 import json
 import logging
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -36,6 +37,7 @@ from hermes import names
 from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
 from hermes.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
+from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.models import (
     ListToolsInput,
     ListToolsResult,
@@ -357,6 +359,8 @@ class ToolActivities:
         self.max_result_bytes = max_result_bytes
         self.tier_seconds = tier_seconds
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
+        self.events: EventLog | None = None
+        """Where tool calls are published as turn events (:mod:`hermes.events`), if anywhere."""
 
     async def bounded(self, result: ToolResult) -> ToolResult:
         """``result``, or, when its JSON exceeds ``max_result_bytes``, a preview of it
@@ -527,7 +531,38 @@ class ToolActivities:
         # checking megabytes of arguments on a busy machine takes longer than the
         # heartbeat timeout.
         async with heartbeating():
-            return await self.bounded(await self._run_tool(request))
+            started = time.monotonic()
+            await self._tool_event(request, "tool_call_started")
+            try:
+                result = await self.bounded(await self._run_tool(request))
+            except Exception as err:
+                # An attempt Temporal may retry: said, so a client does not wait on it.
+                failed = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"this attempt failed ({type(err).__name__}); it may be retried")
+                await self._tool_event(request, "tool_call_finished", failed, time.monotonic() - started, retrying=True)
+                raise
+            await self._tool_event(request, "tool_call_finished", result, time.monotonic() - started)
+            return result
+
+    async def _tool_event(
+        self, request: RunToolInput, kind: str, result: ToolResult | None = None, seconds: float = 0.0, *, retrying: bool = False
+    ) -> None:
+        """Publish a ``tool_call_started`` / ``tool_call_finished`` turn event (best effort;
+        arguments cut to :data:`EVENT_ARGUMENTS_CHARS` characters of JSON)."""
+        if self.events is None:
+            return
+        call = request.tool_call
+        data: dict[str, Any] = {"tool_call_id": call.tool_call_id, "name": call.name}
+        if result is None:
+            data["arguments"] = preview_json(call.arguments, EVENT_ARGUMENTS_CHARS)
+        else:
+            data.update(code=int(result.code), ok=result.ok, message=result.message[:EVENT_ARGUMENTS_CHARS], seconds=round(seconds, 3))
+            if result.data is not None:
+                data["data"] = preview_json(result.data, EVENT_ARGUMENTS_CHARS)
+        data["attempt"] = activity.info().attempt if activity.in_activity() else 1
+        if retrying:
+            data["retrying"] = True
+        event = TurnEvent(type=kind, session_id=request.session_id, turn=request.turn, data=data)  # type: ignore[arg-type]
+        await self.events.publish_quietly([event])
 
     async def _run_tool(self, request: RunToolInput) -> ToolResult:
         """:meth:`run_tool` before :meth:`bounded`."""

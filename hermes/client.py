@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import random
 import unicodedata
 import uuid
@@ -56,6 +57,7 @@ from temporalio.service import RPCError, RPCStatusCode
 from hermes import names
 from hermes.blobs import BlobStore, stored_preview, value_ref
 from hermes.durable import DurableStore
+from hermes.events import EventLog, TurnEvent, check_offset
 from hermes.errors import (
     HermesError,
     MessageFailedError,
@@ -342,6 +344,12 @@ def backoff_seconds(attempt: int, *, first: float = _FIRST_DELAY_SECONDS, cap: f
     delay = min(cap, first * (2 ** min(attempt, 30)))
     return delay / 2 + random.uniform(0, delay / 2)
 
+
+log = logging.getLogger("hermes.client")
+
+STREAM_DRAIN_SECONDS = 2.0
+"""After a streamed message's result, how long :meth:`HermesClient.stream_message` waits
+for the events still on their way (its turn's ``turn_finished`` ends the wait)."""
 
 DEFAULT_MAX_IN_FLIGHT_PER_SESSION = 8
 """Messages of one session a client keeps in flight at once. Temporal admits at most 10
@@ -683,6 +691,77 @@ class HermesClient:
                     "flight from this client); the message was not sent, retry later"
                 )
             return await self._send(session_id, text, stored, cid, user_id, channel, config, busy_deadline)
+
+    @property
+    def events(self) -> EventLog | None:
+        """The sessions' turn events (:mod:`hermes.events`), when this client has Redis."""
+        return EventLog(self.redis) if self.redis is not None else None
+
+    async def stream_message(
+        self, session_id: str, text: str, *, after: str | None = None, **send: Any
+    ) -> AsyncIterator[TurnEvent | TurnResult]:
+        """:meth:`send_message`, yielding the session's turn events while the turn runs
+        and, last, its :class:`TurnResult`.
+
+        The events are those published after ``after`` (default: the session's newest
+        event when this is called), in order, each with its ``offset``: the turn's
+        ``turn_started``, ``text_delta`` (drop a step's text on ``attempt_discarded``),
+        tool calls, approvals, recalled memories, ``turn_finished``; also those of any
+        turn queued before this message. Without Redis, or while it does not answer,
+        only the result comes.
+
+        Args:
+            after: an event offset to start after (``hermes.events.check_offset``).
+            send: the keyword arguments of :meth:`send_message`.
+
+        Raises:
+            ValueError: ``after`` is not an offset.
+            The errors of :meth:`send_message`, after the events published before them.
+        """
+        log_ = self.events
+        offset = check_offset(after) if after is not None else None
+        if log_ is not None and offset is None:
+            try:
+                offset = await asyncio.wait_for(log_.last_offset(session_id), 2.0)
+            except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without them
+                log.warning("turn events of %s not available (%s); the result alone follows", session_id, err)
+                log_ = None
+        sending = asyncio.ensure_future(self.send_message(session_id, text, **send))
+        try:
+            loop = asyncio.get_running_loop()
+            finished_turn: int | None = None
+            finished_turns: set[int | None] = set()
+            drain_until: float | None = None
+            while log_ is not None and offset is not None:
+                if sending.done() and drain_until is None:
+                    if sending.exception() is not None:
+                        break
+                    finished_turn = sending.result().turn
+                    drain_until = loop.time() + STREAM_DRAIN_SECONDS
+                    if finished_turn in finished_turns:
+                        break
+                if drain_until is not None and loop.time() >= drain_until:
+                    break
+                try:
+                    batch = await log_.read(session_id, offset, block_ms=200)
+                except Exception as err:  # noqa: BLE001 - wait for the result without events
+                    log.warning("reading the turn events of %s failed (%s)", session_id, err)
+                    await asyncio.wait({sending}, timeout=0.5)
+                    continue
+                for event in batch:
+                    if event.type != "truncated":
+                        offset = event.offset
+                    if event.type == "turn_finished":
+                        finished_turns.add(event.turn)
+                    yield event
+                if finished_turn is not None and finished_turn in finished_turns:
+                    break
+            yield await sending
+        finally:
+            if not sending.done():
+                sending.cancel()  # the caller stopped listening; the turn goes on in the session
+                with contextlib.suppress(BaseException):
+                    await sending
 
     async def _send(
         self,

@@ -36,6 +36,7 @@ from rich.text import Text
 from hermes import names
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
+from hermes.live_view import follow_turn
 from hermes.models import (
     DecisionRecord,
     Message,
@@ -254,6 +255,15 @@ class TurnView:
     def slow(self, elapsed_seconds: float) -> None:
         """The turn has shown no progress for ``elapsed_seconds`` and no worker polls its task queue."""
 
+    def turn_begins(self) -> None:
+        """A message is about to be sent: what follows belongs to its turn."""
+
+    def text(self, step: int, text: str) -> None:
+        """More of the model's text for model step ``step``, as it streams (turn events)."""
+
+    def text_discarded(self, step: int) -> None:
+        """The text shown for ``step`` so far is void: the step was started again."""
+
 
 def _tool_result_of(message: Message) -> ToolResult | None:
     try:
@@ -368,6 +378,8 @@ async def send_watched(
     shown_calls: set[str] = set()
     shown_results: set[str] = set()
     asked: set[str] = set()
+    view.turn_begins()
+    streaming = await follow_turn(hermes, session_id, view, shown_calls, shown_results)
     task = asyncio.ensure_future(
         hermes.send_message(session_id, text, user_id=user_id, client_message_id=client_message_id)
     )
@@ -430,7 +442,11 @@ async def send_watched(
                     continue
                 view.slow(loop.time() - started)
         result = await task
+        if streaming is not None:
+            await streaming.finish(result.turn)
     finally:
+        if streaming is not None:
+            await streaming.stop()
         if not task.done():
             task.cancel()
             with contextlib.suppress(BaseException):
@@ -463,11 +479,55 @@ class ConsoleTurnView(TurnView):
         session_id: used in the hint printed for a pending approval.
     """
 
-    def __init__(self, console: Console, session_id: str):
+    def __init__(self, console: Console, session_id: str, *, stream_text: bool = True):
         self.console = console
         self.session_id = session_id
+        self.stream_text = stream_text
+        """Print the model's text as it streams (``hermes send`` prints the reply alone, on stdout)."""
+        self.streamed: dict[int, str] = {}
+        """Text streamed per model step of the current turn."""
+        self._open_step: int | None = None
+
+    def turn_begins(self) -> None:
+        self._close_line()
+        self.streamed = {}
+
+    def text(self, step: int, text: str) -> None:
+        if not self.stream_text:
+            return
+        if self._open_step != step:
+            self._close_line()
+            self.console.print(Text("hermes › ", style="bold green"), end="", soft_wrap=True)
+            self._open_step = step
+        self.streamed[step] = self.streamed.get(step, "") + text
+        # soft_wrap: the terminal wraps; rich would wrap each piece as if it began a line.
+        self.console.print(Text(text), end="", soft_wrap=True)
+
+    def text_discarded(self, step: int) -> None:
+        if step in self.streamed:
+            self._close_line()
+            self.console.print(Text("  (the model's answer was cut off; it starts again)", style="dim"))
+            del self.streamed[step]
+
+    def _close_line(self) -> None:
+        if self._open_step is not None:
+            self.console.print()
+            self._open_step = None
+
+    def finish_reply(self, result: TurnResult) -> None:
+        """Print ``result`` (as :func:`print_reply`), leaving out its reply if it already
+        streamed whole; ready for the next turn."""
+        streamed = self.streamed.get(max(self.streamed), "") if self.streamed else ""
+        self._close_line()
+        self.streamed = {}
+        if streamed and streamed.strip() == result.reply.strip() and result.status == "completed":
+            for warning in result.warnings:
+                self.console.print(Text.assemble(("  ! ", "bold red"), warning))
+            return
+        print_reply(self.console, result)
 
     def tool_call(self, call: ToolCall) -> None:
+        self._close_line()
         self.console.print(
             Text.assemble(("  → tool call ", "dim"), (call.name, "bold yellow"), " ", _arguments(call.arguments))
         )
@@ -486,6 +546,7 @@ class ConsoleTurnView(TurnView):
         return None
 
     def print_pending(self, pending: PendingApproval) -> None:
+        self._close_line()
         self.console.print(
             Text.assemble(
                 ("  ⏸ approval needed ", "bold magenta"),
@@ -509,6 +570,7 @@ class ConsoleTurnView(TurnView):
         )
 
     def tool_result(self, tool_call_id: str, name: str, result: ToolResult) -> None:
+        self._close_line()
         code = int(result.code)
         style = "green" if code == ToolResultCode.OK else "red"
         detail = _short(result.data) if code == ToolResultCode.OK and result.data is not None else result.message
@@ -780,7 +842,7 @@ async def run_demo(
                         raise DemoFailed(
                             f"step {number} ({step.text!r}): no reply within {turn_timeout_seconds:.0f} s"
                         ) from None
-                    print_reply(console, result)
+                    view.finish_reply(result)
                     console.print()
                     turns.append(result)
                     problems = _problems(step, result, view.decisions[decided_before:])

@@ -364,6 +364,10 @@ class SessionIndexEntry(BaseModel):
     created_at: datetime
     last_active_at: datetime
     turn_count: int = 0
+    finished_turn: int | None = None
+    """Set when the write follows a turn's end: that turn (published as ``turn_finished``)."""
+    finished_status: str | None = None
+    """The finished turn's ``TurnResult.status``."""
 
     @classmethod
     def from_state(cls, state: SessionState) -> SessionIndexEntry:

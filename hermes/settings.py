@@ -174,11 +174,26 @@ class Settings(BaseSettings):
     memory_batch_seconds: float = Field(default=5.0, gt=0)
     """Memory writes are batched: 10 items or 5 s, whichever comes first (seed 004 §9)."""
 
+    events_enabled: bool = True
+    """Workers publish turn events (text as the model streams it, tool calls, approvals,
+    recalled memories, a turn's start and end) to a Redis Stream per session
+    (:mod:`hermes.events`; ``hermes chat``, ``hermes serve``'s event streams read them).
+    Off (``HERMES_EVENTS_ENABLED=0``): nothing is published; turns are unchanged."""
+    events_max_per_session: int = Field(default=10_000, ge=100)
+    """Events kept per session; older ones are truncated (about a hundred turns)."""
+
     api_keys_file: Path | None = None
     """``hermes serve``'s API keys (``HERMES_API_KEYS_FILE``): a YAML or JSON file
     ``{keys: [{key_sha256, user_id, roles}]}`` holding each key's SHA-256 (hex), never the
     key; written by ``hermes keys add``, read again when it changes. Unset:
     ``<data_dir>/api_keys.yaml``."""
+    temporal_ui_url: str | None = None
+    """The Temporal Web UI the web chat links sessions to (``HERMES_TEMPORAL_UI_URL``);
+    unset: ``http://127.0.0.1:<ui_port>`` (``hermes dev``'s) when Temporal is the embedded
+    one, else none; ``""``: none."""
+    api_rate_per_minute: int = Field(default=600, ge=0)
+    """Requests per API key in any minute ``hermes serve`` answers; more get 429 with
+    ``Retry-After`` (``HERMES_API_RATE_PER_MINUTE``; 0: no limit)."""
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """The largest request body ``hermes serve`` reads, in bytes (1 MiB); a larger one
     is answered 413 and nothing is sent to the session."""
@@ -249,6 +264,13 @@ class Settings(BaseSettings):
     @property
     def resolved_redis_url(self) -> str:
         return self.redis_url or self.embedded_redis_url
+
+    @property
+    def resolved_temporal_ui_url(self) -> str | None:
+        """``temporal_ui_url``; unset: ``hermes dev``'s Web UI when Temporal is the embedded one."""
+        if self.temporal_ui_url is not None:
+            return self.temporal_ui_url.rstrip("/") or None
+        return None if self.temporal_address else f"http://127.0.0.1:{self.ui_port}"
 
 
 @lru_cache(maxsize=1)

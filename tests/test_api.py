@@ -100,6 +100,19 @@ def test_key_file_holds_only_hashes_and_unknown_keys_are_refused(tmp_path: Path)
     assert ring.identify(other).user_id == "bob"
 
 
+async def test_a_key_over_its_rate_gets_429_with_retry_after(settings, keys):
+    limited = settings.model_copy(update={"api_rate_per_minute": 3})
+    async with api_server(limited, keys["path"]) as http:
+        for _ in range(3):
+            assert (await http.get("/v1/models", headers=auth(keys["alice"]))).status_code == 200
+        over = await http.get("/v1/models", headers=auth(keys["alice"]))
+        doc = assert_problem(over, 429, "rate-limited")
+        assert 1 <= int(over.headers["retry-after"]) <= 60 and "3 requests a minute" in doc["detail"]
+        # Another key is counted apart; a key that is not known is refused before it counts.
+        assert (await http.get("/v1/models", headers=auth(keys["bob"]))).status_code == 200
+        assert_problem(await http.get("/v1/models", headers=auth("hk_unknown")), 401)
+
+
 def test_openapi_document_describes_every_route():
     app = create_app(Settings(temporal_address="127.0.0.1:1"), keys=KeyRing(Path("/nonexistent/keys.yaml")))
     doc = app.state.openapi
@@ -240,7 +253,10 @@ async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker,
                 break
             await asyncio.sleep(0.1)
         assert (sid, call) in await approvals(alice)
-        assert (sid, call) in await approvals(carol)  # the approver role sees every session's
+        # A write call is confirmed by the session's user alone (or a listed approver): not
+        # listed for bob, nor for carol whose approver role covers calls that need someone
+        # other than the requester (admin tools).
+        assert (sid, call) not in await approvals(carol)
         assert (sid, call) not in await approvals(bob)
 
         base = f"/v1/sessions/{sid}/approvals/{call}"
@@ -259,7 +275,8 @@ async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker,
         assert [(c["name"], c["result"]["code"]) for c in reply.json()["tool_calls"]] == [("save_note", 0)]
         assert_problem(await http.post(f"{base}/reject", headers=alice), 409, "already-decided")
 
-        # The approver role decides another user's call, as itself.
+        # The approver role reaches the session, but the session refuses its confirmation of
+        # another user's write call (403, still pending); the user rejects it.
         turn = asyncio.create_task(http.post(f"/v1/sessions/{sid}/messages", json={"text": "Save a note: sell eggs"}, headers=alice))
         for _ in range(1200):
             pending_now = await hermes.get_pending_approvals(sid)
@@ -267,13 +284,15 @@ async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker,
                 break
             await asyncio.sleep(0.1)
         second = pending_now[0].tool_call_id
-        rejected = await http.post(f"/v1/sessions/{sid}/approvals/{second}/reject", headers=carol)
+        refused = assert_problem(await http.post(f"/v1/sessions/{sid}/approvals/{second}/reject", headers=carol), 403, "forbidden")
+        assert "may not confirm" in refused["detail"] and not turn.done()
+        rejected = await http.post(f"/v1/sessions/{sid}/approvals/{second}/reject", headers=alice)
         assert rejected.status_code == 200, rejected.text
-        assert rejected.json()["approver"] == "carol" and rejected.json()["approved"] is False
+        assert rejected.json()["approver"] == "alice" and rejected.json()["approved"] is False
         reply = await asyncio.wait_for(turn, 120)
         assert reply.json()["tool_calls"][0]["result"]["code"] == 5  # denied by a human
-        decisions = [(d.tool_call_id, d.approver) for d in (await hermes.get_state(sid)).decisions if d.outcome == "applied"]
-        assert decisions == [(call, "alice"), (second, "carol")]
+        decisions = [(d.tool_call_id, d.approver, d.outcome) for d in (await hermes.get_state(sid)).decisions]
+        assert [d for d in decisions if d[0] == second] == [(second, "carol", "not_allowed"), (second, "alice", "applied")]
 
 
 # --------------------------------------------------------------------------- memory

@@ -9,12 +9,16 @@ route. Bodies are JSON; errors are problem documents (:mod:`hermes.api.problems`
 from __future__ import annotations
 
 import asyncio
+import collections
+import hashlib
 import json
 import logging
+import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -22,10 +26,12 @@ from pydantic.json_schema import models_json_schema
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from hermes.api.keys import Identity, KeyRing
+from hermes.api import openai_compat
+from hermes.api.openai_compat import ChatCompletionRequest
 from hermes.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemDocument, problem_for, problem_response
 from hermes.api.schemas import (
     ApprovalList,
@@ -35,12 +41,14 @@ from hermes.api.schemas import (
     MemoryList,
     MemorySearchResult,
     SendMessageRequest,
+    ServerInfo,
     SessionCreated,
     SessionList,
     Transcript,
 )
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
+from hermes.events import TurnEvent, check_offset
 from hermes.memory.models import ForgetReport
 from hermes.models import DecisionRecord, SessionState, TurnResult
 from hermes.settings import Settings
@@ -155,7 +163,38 @@ def _identity(request: Request) -> Identity:
     identity = keys.identify(key.strip())
     if identity is None:
         raise Problem("unauthorized", "unknown API key", headers=challenge)
+    wait = request.app.state.rate.take(identity.user_id, key.strip())
+    if wait > 0:
+        raise Problem(
+            "rate-limited", f"more than {request.app.state.rate.per_minute} requests a minute with this key; retry in {wait:.0f} s",
+            headers={"Retry-After": str(max(1, round(wait)))},
+        )
     return identity
+
+
+class RateLimit:
+    """At most ``per_minute`` requests per API key in any minute (a sliding window of
+    request times, kept in this process; 0: no limit). Keyed by the key's SHA-256, so two
+    keys of one user count apart."""
+
+    def __init__(self, per_minute: int):
+        self.per_minute = per_minute
+        self._seen: dict[str, collections.deque[float]] = {}
+
+    def take(self, user_id: str, key: str) -> float:
+        """Count one request; returns 0, or the seconds until one more is allowed (not counted)."""
+        if self.per_minute <= 0:
+            return 0.0
+        now = time.monotonic()
+        times = self._seen.setdefault(hashlib.sha256(key.encode()).hexdigest(), collections.deque())
+        while times and now - times[0] >= 60.0:
+            times.popleft()
+        if len(times) >= self.per_minute:
+            return 60.0 - (now - times[0])
+        times.append(now)
+        if len(self._seen) > 10_000:  # keys that stopped calling
+            self._seen = {k: v for k, v in self._seen.items() if v and now - v[-1] < 60.0}
+        return 0.0
 
 
 async def _body(request: Request, model: type[BaseModel], *, optional: bool = False) -> Any:
@@ -210,6 +249,47 @@ async def health(request: Request) -> Response:
     return _json(report, 200 if report.status == "ok" else 503)
 
 
+async def chat_completions(request: Request) -> Response:
+    """OpenAI-compatible chat completion (:mod:`hermes.api.openai_compat`)."""
+    identity = _identity(request)
+    body: ChatCompletionRequest = await _body(request, ChatCompletionRequest)
+    hermes = await _backend(request).client()
+    return await openai_compat.chat_completions(request, identity, body, hermes)
+
+
+async def list_models(request: Request) -> Response:
+    _identity(request)
+    return JSONResponse(openai_compat.MODELS)
+
+
+STATIC = Path(__file__).with_name("static")
+_STATIC_TYPES = {".html": "text/html; charset=utf-8", ".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
+
+
+async def web_page(request: Request) -> Response:
+    """The web chat (``static/index.html``; it signs in with an API key in the browser)."""
+    return FileResponse(STATIC / "index.html", media_type=_STATIC_TYPES[".html"], headers={"Cache-Control": "no-cache"})
+
+
+async def static_file(request: Request) -> Response:
+    """One of the web chat's own files (no directory, nothing fetched from elsewhere)."""
+    name = request.path_params["name"]
+    path = STATIC / name
+    if "/" in name or name.startswith(".") or path.suffix not in _STATIC_TYPES or not path.is_file():
+        raise Problem("not-found", f"no file {name!r}")
+    return FileResponse(path, media_type=_STATIC_TYPES[path.suffix], headers={"Cache-Control": "no-cache"})
+
+
+async def info(request: Request) -> Response:
+    """Who the key is and where the Temporal Web UI is (what the web chat shows)."""
+    identity = _identity(request)
+    settings = _backend(request).settings
+    return _json(ServerInfo(
+        user_id=identity.user_id, roles=sorted(identity.roles), namespace=settings.temporal_namespace,
+        temporal_ui_url=settings.resolved_temporal_ui_url,
+    ))
+
+
 async def openapi(request: Request) -> Response:
     return JSONResponse(request.app.state.openapi)
 
@@ -251,11 +331,87 @@ async def send_message(request: Request) -> Response:
     backend = _backend(request)
     state = await backend.owned_session(identity, session_id)
     hermes = await backend.client()
-    result = await hermes.send_message(
-        session_id, body.text, user_id=state.user_id, channel=state.channel,
-        client_message_id=f"api-{key}" if key else None,
-    )
+    send = dict(user_id=state.user_id, channel=state.channel, client_message_id=f"api-{key}" if key else None)
+    if _wants_events(request):
+        return _event_stream(_turn_events(hermes, session_id, body.text, send))
+    result = await hermes.send_message(session_id, body.text, **send)  # type: ignore[arg-type]
     return _json(result)
+
+
+def _wants_events(request: Request) -> bool:
+    return "text/event-stream" in request.headers.get("accept", "")
+
+
+def sse(event: str, data: str, event_id: str | None = None) -> str:
+    """One server-sent event (WHATWG HTML, "Server-sent events"): ``id``, ``event`` and
+    ``data`` lines and a blank line; ``data`` is one line of JSON."""
+    head = f"id: {event_id}\n" if event_id else ""
+    return f"{head}event: {event}\ndata: {data}\n\n"
+
+
+async def _turn_events(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> AsyncIterator[str]:
+    """The SSE of one message: its turn events (``id`` = offset), then ``result`` (the
+    TurnResult), or ``error`` (a problem document) if the message failed."""
+    try:
+        async for item in hermes.stream_message(session_id, text, **send):
+            if isinstance(item, TurnEvent):
+                yield sse(item.type, item.model_dump_json(), item.offset or None)
+            else:
+                yield sse("result", item.model_dump_json())
+    except HermesError as err:
+        yield sse("error", json.dumps(problem_for(err).document(), ensure_ascii=False, default=str))
+
+
+KEEPALIVE_SECONDS = 15.0
+"""An SSE comment is sent after this long without events, so proxies keep the stream open."""
+
+
+async def session_events(request: Request) -> Response:
+    """The session's turn events as they come (SSE, each ``id`` its offset), after the
+    ``Last-Event-ID`` header's offset, else the ``after`` parameter's (``0-0``: every
+    retained event), else only new ones; until the client disconnects."""
+    identity = _identity(request)
+    session_id = request.path_params["session_id"]
+    after = request.headers.get("last-event-id") or request.query_params.get("after")
+    if after is not None:
+        try:
+            check_offset(after)
+        except ValueError as err:
+            raise Problem("malformed-request", str(err)) from None
+    backend = _backend(request)
+    await backend.owned_session(identity, session_id)
+    hermes = await backend.client()
+    events = hermes.events
+    if events is None:
+        raise Problem("events-unavailable", "turn events need Redis, which this server is not configured with")
+    if after is None:
+        try:
+            after = await asyncio.wait_for(events.last_offset(session_id), HEALTH_TIMEOUT_SECONDS)
+        except Exception as err:  # noqa: BLE001
+            raise Problem("events-unavailable", f"Redis did not answer: {err}") from None
+
+    async def stream() -> AsyncIterator[str]:
+        loop = asyncio.get_running_loop()
+        quiet_since = loop.time()
+        async for batch in events.follow(session_id, after, poll_ms=1_000):
+            if await request.is_disconnected():
+                return
+            for event in batch:
+                yield sse(event.type, event.model_dump_json(), event.offset)
+            if batch:
+                quiet_since = loop.time()
+            elif loop.time() - quiet_since >= KEEPALIVE_SECONDS:
+                quiet_since = loop.time()
+                yield ": keepalive\n\n"
+
+    return _event_stream(stream())
+
+
+def _event_stream(body: AsyncIterator[str]) -> Response:
+    return StreamingResponse(
+        body, media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
 
 
 async def get_transcript(request: Request) -> Response:
@@ -280,7 +436,9 @@ async def list_approvals(request: Request) -> Response:
     identity = _identity(request)
     hermes = await _backend(request).client()
     pending = await hermes.list_pending_approvals(user_id=None if identity.is_approver else identity.user_id)
-    return _json(ApprovalList(approvals=pending))
+    # Only what this key may decide: the session itself refuses a confirmation by anyone but
+    # its user or a listed approver, and an approval by the requester (PendingApproval.may_decide).
+    return _json(ApprovalList(approvals=[p for p in pending if p.may_decide(identity.user_id) is None]))
 
 
 async def _decide(request: Request, approved: bool) -> Response:
@@ -392,12 +550,17 @@ class Operation:
     query: tuple[tuple[str, str, bool], ...] = ()
     """(name, description, required) of query parameters."""
     headers: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    event_stream: bool = False
+    """Answers ``text/event-stream`` (each event's ``data`` a :class:`TurnEvent`)."""
 
 
 _SESSION_ERRORS = (401, 403, 404, 503)
 OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/health", health, "Whether Temporal and Redis answer (503 when either does not)", Health, auth=False, errors=(503,)),
     Operation("GET", "/openapi.json", openapi, "This document", None, auth=False),
+    Operation("GET", "/", web_page, "The web chat page (HTML; sign in with an API key)", None, auth=False),
+    Operation("GET", "/static/{name}", static_file, "A file of the web chat page", None, auth=False, errors=(404,)),
+    Operation("GET", "/v1/info", info, "The key's identity and the Temporal Web UI's address", ServerInfo, errors=(401,)),
     Operation("POST", "/v1/sessions", create_session, "Start a session owned by the key's user", SessionCreated, 201,
               CreateSessionRequest, (400, 401, 409, 413, 422, 503)),
     Operation("GET", "/v1/sessions", list_sessions, "The key's user's sessions, newest activity first", SessionList,
@@ -405,21 +568,37 @@ OPERATIONS: tuple[Operation, ...] = (
                                                    ("user_id", "admin only: another user's", False))),
     Operation("GET", "/v1/sessions/{session_id}", get_session, "The session's state", SessionState, errors=_SESSION_ERRORS),
     Operation("POST", "/v1/sessions/{session_id}/messages", send_message,
-              "Send a message and wait for the turn's result (a write tool call waits for its approval)", TurnResult, 200,
+              "Send a message and wait for the turn's result (a write tool call waits for its approval); with "
+              "Accept: text/event-stream, the turn's events as they happen, then `result` (or `error`)", TurnResult, 200,
               SendMessageRequest, (400, 401, 403, 404, 409, 413, 422, 500, 502, 503),
-              headers=(("Idempotency-Key", "the client message id: a resend with the same key returns the first reply and runs no second turn"),)),
+              headers=(("Idempotency-Key", "the client message id: a resend with the same key returns the first reply and runs no second turn"),),
+              event_stream=True),
+    Operation("GET", "/v1/sessions/{session_id}/events", session_events,
+              "The session's turn events as server-sent events (text/event-stream; each id is the event's offset), "
+              "after Last-Event-ID or `after`, else only new ones", None, errors=(400, 401, 403, 404, 503),
+              query=(("after", "an event offset ('<ms>-<seq>'); '0-0': every retained event", False),),
+              headers=(("Last-Event-ID", "resume after this offset (what an EventSource sends on reconnect)"),),
+              event_stream=True),
     Operation("GET", "/v1/sessions/{session_id}/transcript", get_transcript, "The session's messages in order", Transcript,
               errors=_SESSION_ERRORS),
     Operation("POST", "/v1/sessions/{session_id}/close", close_session,
               "Close the session: pending approvals denied, new messages refused (409)", None, 204, errors=_SESSION_ERRORS),
     Operation("GET", "/v1/approvals", list_approvals,
-              "Pending approvals the key may decide: its user's sessions', or every session's with the approver or admin role",
+              "Pending approvals the key may decide: its user's sessions' confirmations, and with the approver or admin "
+              "role every session's approvals that need someone other than the requester",
               ApprovalList, errors=(401, 503)),
     Operation("POST", "/v1/sessions/{session_id}/approvals/{tool_call_id}/approve", approve,
               "Approve a pending tool call as the key's user", DecisionRecord, 200, DecisionRequest, (400, 401, 403, 404, 409, 422, 503)),
     Operation("POST", "/v1/sessions/{session_id}/approvals/{tool_call_id}/reject", reject,
               "Reject a pending tool call as the key's user (the model is told)", DecisionRecord, 200, DecisionRequest,
               (400, 401, 403, 404, 409, 422, 503)),
+    Operation("POST", "/v1/chat/completions", chat_completions,
+              "OpenAI-compatible chat completion on a durable session (X-Hermes-Session-Id header or `user`): only the "
+              "newest user message is taken, the session holds the history; `stream: true` answers chat.completion.chunk "
+              "server-sent events", None, 200, ChatCompletionRequest, (400, 401, 403, 409, 413, 422, 503),
+              headers=(("X-Hermes-Session-Id", "the session (else the body's `user`)"),
+                       ("Idempotency-Key", "the client message id")), event_stream=True),
+    Operation("GET", "/v1/models", list_models, "OpenAI-compatible model list: `hermes`", None, errors=(401,)),
     Operation("GET", "/v1/memory", search_memory, "Search the key's user's long-term memories", MemorySearchResult,
               errors=(401, 403, 422, 503), query=(("q", "what to look for, any language", True),
                                                   ("limit", "at most this many (1-5, default 5)", False),
@@ -433,9 +612,12 @@ OPERATIONS: tuple[Operation, ...] = (
 )
 
 
+OPENAI_PATHS = frozenset({"/v1/chat/completions", "/v1/models"})
+
+
 def openapi_document() -> dict[str, Any]:
     """The OpenAPI 3.1 document of :data:`OPERATIONS`, schemas from the pydantic models."""
-    models = {m for op in OPERATIONS for m in (op.body, op.response) if m is not None} | {ProblemDocument}
+    models = {m for op in OPERATIONS for m in (op.body, op.response) if m is not None} | {ProblemDocument, TurnEvent}
     _, defs = models_json_schema(
         [(m, "serialization") for m in sorted(models, key=lambda m: m.__name__)],
         ref_template="#/components/schemas/{model}",
@@ -464,8 +646,13 @@ def openapi_document() -> dict[str, Any]:
             ok["content"] = {"application/json": {"schema": {"$ref": f"#/components/schemas/{op.response.__name__}"}}}
         elif op.handler is openapi:
             ok["content"] = {"application/json": {"schema": {"type": "object"}}}
+        if op.event_stream:
+            ok.setdefault("content", {})["text/event-stream"] = {
+                "schema": {"type": "string", "description": "server-sent events; each `data` is a TurnEvent "
+                           "(`#/components/schemas/TurnEvent`), `result` a TurnResult, `error` a problem document"},
+            }
         item["responses"][str(op.status)] = ok
-        for status in op.errors:
+        for status in sorted({*op.errors, *((401, 429) if op.auth else ())}):
             item["responses"][str(status)] = {
                 "description": _STATUS_TEXT[status],
                 "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/ProblemDocument"}}},
@@ -485,7 +672,7 @@ def openapi_document() -> dict[str, Any]:
 _STATUS_TEXT = {
     400: "Malformed JSON, body or header", 401: "No or unknown API key", 403: "Not the key's session, or no role for it",
     404: "No such session or tool call", 409: "Session busy, closed, halted, existing; or decision already made",
-    413: "Body too large", 422: "Validation failed", 500: "The session failed the message", 502: "Temporal refused the request",
+    413: "Body too large", 422: "Validation failed", 429: "Too many requests with this key (Retry-After)", 500: "The session failed the message", 502: "Temporal refused the request",
     503: "Temporal, Redis or the session's worker unavailable",
 }
 
@@ -497,14 +684,21 @@ def _path_params(path: str) -> list[str]:
 # ------------------------------------------------------------------ the app
 
 
+def _answer(request: Request, problem: Problem) -> Response:
+    if request.url.path in OPENAI_PATHS:
+        # The OpenAI SDK reads an error's message from an `error` member.
+        problem.extensions.setdefault("error", {"message": problem.detail, "type": problem.slug, "code": problem.status})
+    return problem_response(problem)
+
+
 async def _on_problem(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Problem)
-    return problem_response(exc)
+    return _answer(request, exc)
 
 
 async def _on_hermes_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HermesError)
-    return problem_response(problem_for(exc))
+    return _answer(request, problem_for(exc))
 
 
 async def _on_http_error(request: Request, exc: Exception) -> Response:
@@ -544,5 +738,6 @@ def create_app(
     app.state.keys = keys if keys is not None else KeyRing(settings.resolved_api_keys_file)
     app.state.backend = Backend(settings, hermes)
     app.state.max_body_bytes = settings.api_max_body_bytes
+    app.state.rate = RateLimit(settings.api_rate_per_minute)
     app.state.openapi = openapi_document()
     return app

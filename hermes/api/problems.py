@@ -52,12 +52,14 @@ _TITLES: dict[str, tuple[int, str]] = {
     "already-decided": (409, "Tool call already decided"),
     "payload-too-large": (413, "Request body too large"),
     "validation-failed": (422, "Validation failed"),
+    "rate-limited": (429, "Too many requests"),
     "message-rejected": (422, "Message rejected"),
     "message-failed": (500, "The session failed the message"),
     "temporal-refused": (502, "Temporal refused the request"),
     "internal": (500, "Internal error"),
     "unavailable": (503, "Temporal unavailable"),
     "memory-unavailable": (503, "Memory store unavailable"),
+    "events-unavailable": (503, "Turn events unavailable (Redis)"),
 }
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "MemoryList",
     "MemorySearchResult",
     "SendMessageRequest",
+    "ServerInfo",
     "SessionConfigPatch",
     "SessionCreated",
     "SessionList",
@@ -93,3 +94,10 @@ class Health(BaseModel):
     status: Literal["ok", "unavailable"]
     temporal: bool = Field(description="Temporal's frontend answered a health check")
     redis: bool = Field(description="Redis answered PING")
+
+
+class ServerInfo(BaseModel):
+    user_id: str = Field(description="The key's user")
+    roles: list[str]
+    namespace: str = Field(description="The Temporal namespace of the sessions")
+    temporal_ui_url: str | None = Field(description="The Temporal Web UI (a session is at {url}/namespaces/{ns}/workflows/{id})")

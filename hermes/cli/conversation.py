@@ -142,7 +142,7 @@ def _chat_loop(
 ) -> None:
     from hermes.cli.chat_view import ChatView
     from hermes.client import check_message_text
-    from hermes.demo import ConsoleTurnView, print_message, print_reply, send_watched
+    from hermes.demo import ConsoleTurnView, print_message, send_watched
 
     session_id = session or f"chat-{uuid.uuid4().hex[:12]}"
     existing = False
@@ -216,7 +216,7 @@ def _chat_loop(
             print_error(explained)
             continue
         unconfirmed = None
-        print_reply(out, result)
+        view.finish_reply(result)
 
 
 @app.command()
@@ -247,7 +247,7 @@ def send(
         check_message_text(text)
         hermes = await connect(settings)
         try:
-            view = ConsoleTurnView(err_console, session_id)
+            view = ConsoleTurnView(err_console, session_id, stream_text=False)
             try:
                 return await send_watched(
                     hermes, session_id, text, view, user_id=user, client_message_id=client_message_id

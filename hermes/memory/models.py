@@ -127,6 +127,9 @@ class SearchMemoriesInput(BaseModel):
     user_id: str
     query: str
     session_id: str = ""
+    turn: int | None = None
+    """The session's turn the search is for: what it recalled is published as that turn's
+    ``memories_recalled`` event (:mod:`hermes.events`)."""
     limit: int = Field(default=3, ge=1, le=5)
     kinds: list[MemoryKind] = Field(default_factory=lambda: ["fact", "preference", "episode", "working"])
     max_chars: int = Field(default=200, ge=20, le=MAX_MEMORY_CHARS)

@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 import openai
 from openai.types.chat import ChatCompletion
 
+from hermes.events import model_text
 from hermes.errors import ConfigError, ContextTooLongError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, Usage
 from hermes.providers.base import parse_tool_call, to_openai_messages
@@ -210,7 +211,7 @@ class OpenAIProvider:
         async for chunk in stream:
             if on_chunk is not None:
                 on_chunk()
-            reply.add_chunk(chunk, profile)
+            model_text(reply.add_chunk(chunk, profile))
         return reply if reply.choices else None
 
 
@@ -228,7 +229,9 @@ class _Reply:
         self.usage: Any = None
         self.model = ""
 
-    def add_chunk(self, chunk: Any, profile: ProviderProfile) -> None:
+    def add_chunk(self, chunk: Any, profile: ProviderProfile) -> str:
+        """Add one streamed chunk; returns the reply text it carried ("" if none)."""
+        text = ""
         if chunk.model:
             self.model = chunk.model
         if chunk.usage is not None:
@@ -245,11 +248,13 @@ class _Reply:
                 continue
             if delta.content:
                 self.content.append(delta.content)
-            text = _reasoning_of(delta, profile)
-            if text:
-                self.reasoning.append(text)
+                text += delta.content
+            reasoning = _reasoning_of(delta, profile)
+            if reasoning:
+                self.reasoning.append(reasoning)
             for tc in delta.tool_calls or ():
                 self._add_call_delta(tc)
+        return text
 
     def _add_call_delta(self, tc: Any) -> None:
         function = tc.function

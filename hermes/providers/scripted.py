@@ -48,6 +48,7 @@ turn or no step left and no ``fallback``, it raises :class:`ScriptExhaustedError
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from importlib import resources
@@ -58,6 +59,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from hermes.errors import ConfigError, ContextTooLongError, ScriptExhaustedError
+from hermes.events import model_text
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
 from hermes.tokens import count_message_tokens, count_text_tokens
 
@@ -147,6 +149,9 @@ class Script(BaseModel):
     max_context_tokens: int | None = None
     """When set, a request whose messages exceed this many tokens is refused with
     :class:`ContextTooLongError`, as a provider with that context window would."""
+    stream_chunk_seconds: float = Field(default=0.0, ge=0, le=10)
+    """When above 0, a reply's text is handed out as it would stream from a provider: word
+    by word (:func:`hermes.events.model_text`), this many seconds apart; 0: at once."""
     tables: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Lookup tables used as template filters: ``{{ match.city | timezone }}`` with a table
     ``timezone: {paris: Europe/Paris, ...}``."""
@@ -426,6 +431,10 @@ class ScriptedModel:
             message = self.judge_message(request)
         else:
             message = self.next_message(request)
+            if self.script.stream_chunk_seconds > 0 and message.content:
+                for piece in re.findall(r"\S+\s*|\s+", message.content):
+                    await asyncio.sleep(self.script.stream_chunk_seconds)
+                    model_text(piece)
         completion = count_text_tokens(message.content or "") + sum(
             count_text_tokens(json.dumps(c.arguments, ensure_ascii=False)) for c in message.tool_calls
         )

@@ -66,7 +66,7 @@ class MemoryPath:
         try:
             result = await calls.search_memories(
                 SearchMemoriesInput(
-                    user_id=core.inp.user_id, query=text[:2000], session_id=core.inp.session_id,
+                    user_id=core.inp.user_id, query=text[:2000], session_id=core.inp.session_id, turn=turn,
                     limit=core.cfg.memory_max_injected, max_chars=core.cfg.memory_max_chars,
                 )
             )

@@ -532,7 +532,7 @@ class SessionWorkflow:
 
         await self._tools.flush_audit()
         s.last_active_at = workflow.now()
-        self._schedule_index_update()
+        self._schedule_index_update(finished=(turn, status))
         self._model.start_summary_if_due(turn)
         if self._memory.active():
             try:
@@ -552,10 +552,13 @@ class SessionWorkflow:
     def _notice(self, turn: int, text: str) -> None:
         self._s.transcript.notice(turn, text, workflow.now(), self._s.count_fn())
 
-    def _schedule_index_update(self) -> None:
+    def _schedule_index_update(self, finished: tuple[int, str] | None = None) -> None:
         # The index is a cache: Temporal stays the source of truth, `hermes sessions`
-        # rebuilds it. A Redis outage must not fail a turn.
+        # rebuilds it. A Redis outage must not fail a turn. At a turn's end it also
+        # publishes the turn_finished event (hermes.events).
         entry = SessionIndexEntry.from_state(self._state())
+        if finished is not None:
+            entry = entry.model_copy(update={"finished_turn": finished[0], "finished_status": finished[1]})
         self._background = [t for t in self._background if not t.done()]
         self._background.append(
             asyncio.create_task(calls.cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))

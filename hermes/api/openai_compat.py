@@ -1,0 +1,210 @@
+"""An OpenAI-compatible endpoint over durable sessions: ``POST /v1/chat/completions``
+(streamed and not) and ``GET /v1/models``, so an OpenAI SDK or a chat UI that speaks that
+wire talks to a Hermes session.
+
+What differs from OpenAI's API (the wire is OpenAI's "Create chat completion", the
+``chat.completion`` object and, streamed, ``chat.completion.chunk`` objects as
+server-sent events ending with ``data: [DONE]``):
+
+* **The session holds the history.** The session id comes from the ``X-Hermes-Session-Id``
+  header, else the request's ``user`` field; only the newest message is taken, and it must
+  be the user's. Earlier messages of the request are ignored: the session already has them
+  (or has its own). A session that does not exist is started, owned by the key's user.
+* **Tools are Hermes'.** They run inside the session (with its approvals); a request's own
+  ``tools`` are refused (422). Streamed, each tool call shows as a text line
+  (``> tool calculate {...}`` then ``> calculate: code 0``); a call waiting for a human's
+  approval shows as ``> waiting for approval of save_note (...)``, and the stream goes on
+  once someone decides (``POST /v1/sessions/{id}/approvals/{tool_call_id}/approve``).
+* ``model`` is echoed; the session's configured model answers. Sampling parameters
+  (``temperature``...) are accepted and ignored. ``usage`` is zero.
+* Errors are problem documents (RFC 9457) that also carry OpenAI's ``error`` member, so
+  an OpenAI SDK raises them with their message. Inside a stream, an error is a
+  ``data: {"error": {...}}`` event (what the OpenAI SDK raises from).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from hermes.api.keys import Identity
+from hermes.api.problems import Problem, problem_for
+from hermes.api.schemas import SESSION_ID_PATTERN
+from hermes.client import HermesClient
+from hermes.errors import HermesError, SessionNotFoundError
+from hermes.events import TurnEvent
+from hermes.models import TurnResult
+
+__all__ = ["MODELS", "MODEL_ID", "ChatCompletionRequest", "chat_completions"]
+
+MODEL_ID = "hermes"
+"""The model id ``GET /v1/models`` lists (any ``model`` is accepted and echoed)."""
+SESSION_HEADER = "x-hermes-session-id"
+_SESSION_ID = re.compile(SESSION_ID_PATTERN)
+
+
+class ChatMessageIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's "Create chat completion" body; the fields Hermes reads are typed, the
+    others (sampling parameters, ``n``...) accepted and ignored."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str = Field(default=MODEL_ID, max_length=200)
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    user: str | None = Field(default=None, max_length=200)
+    tools: list[dict[str, Any]] | None = None
+
+
+def _text_of(message: ChatMessageIn) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    parts = [p.get("text", "") for p in content or [] if isinstance(p, dict) and p.get("type") == "text"]
+    if content and len(parts) != len(content):
+        raise Problem("validation-failed", "only text content parts are taken (no images or audio)")
+    return "".join(parts)
+
+
+def check_request(body: ChatCompletionRequest) -> None:
+    """Refuse what this endpoint does not take (422): a request's own tools, a last
+    message that is not the user's."""
+    if body.tools:
+        raise Problem("validation-failed", "`tools` are not taken: the session's own tools run inside Hermes")
+    if body.messages[-1].role != "user":
+        raise Problem("validation-failed", f"the last message must be the user's (got {body.messages[-1].role!r})")
+
+
+def _session_id(request: Request, body: ChatCompletionRequest) -> str:
+    session_id = request.headers.get(SESSION_HEADER) or body.user
+    if not session_id:
+        raise Problem(
+            "malformed-request",
+            "which session? send the X-Hermes-Session-Id header (or the `user` field): the session holds the history",
+        )
+    if not _SESSION_ID.match(session_id):
+        raise Problem("malformed-request", f"session id {session_id[:80]!r} must be 1-200 letters, digits or ._:@-")
+    return session_id
+
+
+async def chat_completions(request: Request, identity: Identity, body: ChatCompletionRequest, hermes: HermesClient) -> Response:
+    """``POST /v1/chat/completions`` (the app's handler reads the key and the body): the
+    newest user message to the session; the reply as a ``chat.completion``, or streamed
+    as ``chat.completion.chunk`` events."""
+    check_request(body)
+    text = _text_of(body.messages[-1])
+    session_id = _session_id(request, body)
+    user_id = identity.user_id
+    try:
+        state = await hermes.get_state(session_id)
+    except SessionNotFoundError:
+        state = None
+    if state is not None:
+        if not identity.may_use(state.user_id):
+            raise Problem("forbidden", f"session {session_id!r} belongs to another user")
+        user_id = state.user_id
+    key = request.headers.get("idempotency-key")
+    send = dict(user_id=user_id, channel="openai", client_message_id=f"api-{key}" if key else None)
+    completion_id = f"chatcmpl-{session_id}-{int(time.time() * 1000)}"
+    if body.stream:
+        usage = bool((body.stream_options or {}).get("include_usage"))
+        chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage)
+        return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+    result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
+    return JSONResponse(_completion(result, completion_id, body.model))
+
+
+def _completion(result: TurnResult, completion_id: str, model: str) -> dict[str, Any]:
+    return {
+        "id": completion_id,
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": result.reply}, "finish_reason": _finish(result)}
+        ],
+        "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+        "hermes": {"session_id": result.session_id, "turn": result.turn, "status": result.status},
+    }
+
+
+def _finish(result: TurnResult) -> str:
+    return "length" if result.status == "max_iterations" else "stop"
+
+
+def _data(value: Any) -> str:
+    return f"data: {json.dumps(value, ensure_ascii=False)}\n\n"
+
+
+async def _chunks(
+    hermes: HermesClient, session_id: str, text: str, send: dict[str, Any], completion_id: str, model: str, usage: bool
+) -> AsyncIterator[str]:
+    created = int(time.time())
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return _data({
+            "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        })
+
+    yield chunk({"role": "assistant", "content": ""})
+    try:
+        async for item in hermes.stream_message(session_id, text, **send):
+            if isinstance(item, TurnEvent):
+                shown = event_text(item)
+                if shown:
+                    yield chunk({"content": shown})
+                continue
+            yield chunk({}, _finish(item))
+            if usage:
+                yield _data({
+                    "id": completion_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                    "choices": [], "usage": {"prompt_tokens": 0, "completion_tokens": 0, "total_tokens": 0},
+                })
+    except HermesError as err:
+        problem = problem_for(err)
+        yield _data({"error": {"message": problem.detail, "type": problem.slug, "code": problem.status}})
+    yield "data: [DONE]\n\n"
+
+
+def event_text(event: TurnEvent) -> str:
+    """What a turn event shows as in an OpenAI text stream ("" for nothing)."""
+    d = event.data
+    if event.type == "text_delta":
+        return str(d.get("text", ""))
+    if event.type == "attempt_discarded":
+        return "\n\n> (the answer was cut off; it starts again)\n\n"
+    if event.type == "tool_call_started":
+        return f"\n\n> tool {d.get('name')} {d.get('arguments', '')}\n"
+    if event.type == "tool_call_finished" and not d.get("retrying"):
+        return f"> {d.get('name')}: code {d.get('code')}\n\n"
+    if event.type == "approval_requested":
+        return (
+            f"\n\n> waiting for approval of {d.get('name')} (tool_call_id {d.get('tool_call_id')}): "
+            f"POST /v1/sessions/{event.session_id}/approvals/{d.get('tool_call_id')}/approve (or /reject)\n\n"
+        )
+    if event.type == "approval_decided":
+        word = "approved" if d.get("approved") else (d.get("outcome") or "rejected")
+        return f"> {d.get('name')}: {word}" + (f" by {d.get('approver')}" if d.get("approver") else "") + "\n\n"
+    if event.type == "warning":
+        return f"\n\n> warning: {d.get('text')}\n\n"
+    return ""
+
+
+MODELS = {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "hermes"}]}
+"""``GET /v1/models``: the one model id, ``hermes``."""

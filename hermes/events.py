@@ -1,0 +1,402 @@
+"""Turn events: what a session does while a turn runs, streamed to whoever watches it.
+
+A turn's events (started, the model's text as it arrives, tool calls started and
+finished, approvals requested and decided, memories recalled, warnings, finished) are
+published by the activities that do the work (the model call, the tool call, the audit
+log, the memory search, the session index at the turn's end) to a Redis Stream per
+session, ``hermes:events:<session_id>``. Nothing is added to the session's Temporal
+history: the events are a view of the turn, the transcript and the ``TurnResult`` stay
+the record (issue 16 asked for ``temporalio.contrib.workflow_streams`` first, "if
+Workflow Streams cannot meet the history budget ... use Redis Streams with the same
+contract"; ``bench/stream.py`` measures both).
+
+The contract:
+
+* **Offsets.** Every event has an ``offset``: its Redis Stream entry id (``"<ms>-<seq>"``),
+  increasing within a session. Reading after an offset returns the events that follow
+  it, in order, with no gap and no repeat; an SSE client sends the last one it saw as
+  ``Last-Event-ID`` to resume.
+* **Retried model attempts.** A model call's text deltas carry the attempt
+  (``"<step>.<reissue>.<attempt>"``). When a step's call starts again (its worker died,
+  the provider failed), an ``attempt_discarded`` event names the step: a client drops
+  the text it showed for that step and shows the new attempt's.
+* **Bounded.** A session keeps its newest :data:`DEFAULT_MAX_EVENTS` events (Redis
+  ``XADD MAXLEN ~``) and its stream expires :data:`DEFAULT_TTL_SECONDS` after its last
+  event, so a months-long session holds a bounded stream. A reader whose offset is no
+  longer kept gets a ``truncated`` event first (then the oldest retained ones): it may
+  have missed events (Redis 6.2 keeps no record of what trimming removed, so a reader
+  exactly at the boundary is told so too).
+* **Best effort.** Publishing never fails or delays the work it describes: a Redis
+  error is logged and the events are dropped (the turn's result is unaffected).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import json
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Iterable
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+log = logging.getLogger("hermes.events")
+
+EventType = Literal[
+    "turn_started",
+    "text_delta",
+    "attempt_discarded",
+    "tool_call_started",
+    "tool_call_finished",
+    "approval_requested",
+    "approval_decided",
+    "memories_recalled",
+    "warning",
+    "turn_finished",
+    "truncated",
+]
+
+DEFAULT_MAX_EVENTS = 10_000
+"""Events a session's stream keeps (approximately: ``XADD MAXLEN ~``): about a hundred
+turns with streamed text. Older ones are truncated."""
+DEFAULT_TTL_SECONDS = 7 * 24 * 3600
+"""A session's stream expires this long (7 days) after its last event."""
+TEXT_FLUSH_SECONDS = 0.1
+"""Text deltas are published in batches: at most every 0.1 s per model call (and when the
+call ends), so a fast stream costs a few Redis writes a second, not one per token."""
+TEXT_FLUSH_CHARS = 2_000
+"""...or as soon as this many characters are waiting."""
+MAX_STREAMED_CHARS = 200_000
+"""Text published per model call at most; the rest of a longer reply is left out (one
+``warning`` event says so) and is read from the turn's result."""
+EVENT_ARGUMENTS_CHARS = 2_000
+"""Tool-call arguments and result messages in events are cut to this many characters
+(their whole values are in the transcript)."""
+PUBLISH_TIMEOUT_SECONDS = 1.0
+"""The longest a publish may hold up the work it describes; then it is dropped."""
+START = "0-0"
+"""The offset before the first event of any session."""
+
+_OFFSET = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+def stream_key(session_id: str) -> str:
+    """The Redis key of ``session_id``'s event stream."""
+    return f"hermes:events:{session_id}"
+
+
+def check_offset(offset: str) -> str:
+    """``offset`` if it is a stream offset (``"<ms>-<seq>"``, e.g. ``"1733184000000-0"``).
+
+    Raises:
+        ValueError: anything else, naming it.
+    """
+    if not _OFFSET.match(offset or ""):
+        raise ValueError(f"offset {offset!r} is not an event offset like '1733184000000-0'")
+    return offset
+
+
+def preview_json(value: Any, limit: int) -> str:
+    """``value`` as JSON, cut to ``limit`` characters (with an ellipsis) when longer."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def _after(a: str, b: str) -> bool:
+    """Whether offset ``a`` comes after offset ``b``."""
+    ams, aseq = (int(x) for x in a.split("-"))
+    bms, bseq = (int(x) for x in b.split("-"))
+    return (ams, aseq) > (bms, bseq)
+
+
+class TurnEvent(BaseModel):
+    """One event of a session.
+
+    ``data`` by ``type``:
+
+    * ``turn_started``: ``{}``
+    * ``text_delta``: ``{"text": str}`` (the model's text, in order, for ``attempt``)
+    * ``attempt_discarded``: ``{"reason": str}``: drop the text shown for ``step`` so far
+    * ``tool_call_started``: ``{"tool_call_id", "name", "arguments", "attempt"}`` (arguments:
+      JSON, cut to :data:`EVENT_ARGUMENTS_CHARS`)
+    * ``tool_call_finished``: ``{"tool_call_id", "name", "code", "ok", "message", "seconds",
+      "attempt"}`` and ``"data"`` (JSON, cut) when the result has data (``code`` as in
+      ``ToolResult.code``: 0 ok, 1 bad arguments, ...); ``"retrying": true`` when this
+      attempt raised and Temporal may run it again (a later event gives the outcome)
+    * ``approval_requested``: ``{"tool_call_id", "name", "requester", "permission", "arguments"}``
+    * ``approval_decided``: ``{"tool_call_id", "name", "approved", "approver", "outcome", "reason"}``
+    * ``memories_recalled``: ``{"memories": [{"id", "kind", "text"}]}``
+    * ``warning``: ``{"text": str}``
+    * ``turn_finished``: ``{"status": str, "turn_count": int}``
+    * ``truncated``: ``{"oldest": str}``: the reader's offset is no longer kept; events
+      between it and ``oldest`` (the oldest kept) may have been dropped
+    """
+
+    type: EventType
+    session_id: str
+    turn: int | None = None
+    step: int | None = None
+    attempt: str | None = None
+    """Model attempt, ``"<step>.<reissue>.<attempt>"`` (text deltas only)."""
+    data: dict[str, Any] = Field(default_factory=dict)
+    at: datetime = Field(default_factory=lambda: datetime.now(timezone.utc))
+    offset: str = ""
+    """The event's stream offset; set when it is read."""
+
+
+class EventLog:
+    """The event streams of all sessions, in Redis.
+
+    Args:
+        redis: a ``redis.asyncio.Redis``.
+        max_events: events kept per session (:data:`DEFAULT_MAX_EVENTS`).
+        ttl_seconds: a stream's lifetime after its last event (:data:`DEFAULT_TTL_SECONDS`).
+    """
+
+    def __init__(self, redis: Any, *, max_events: int = DEFAULT_MAX_EVENTS, ttl_seconds: int = DEFAULT_TTL_SECONDS):
+        self.redis = redis
+        self.max_events = max_events
+        self.ttl_seconds = ttl_seconds
+
+    async def publish(self, events: Iterable[TurnEvent]) -> list[str]:
+        """Append ``events`` (any sessions) in order; returns their offsets.
+
+        Raises:
+            redis.RedisError: Redis failed (see :meth:`publish_quietly`).
+        """
+        events = list(events)
+        if not events:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for event in events:
+            key = stream_key(event.session_id)
+            body = event.model_dump_json(exclude={"offset", "session_id"})
+            pipe.xadd(key, {"e": body}, maxlen=self.max_events, approximate=True)
+            pipe.expire(key, self.ttl_seconds)
+        answers = await pipe.execute()
+        return [_text(a) for a in answers[::2]]
+
+    async def publish_quietly(self, events: Iterable[TurnEvent]) -> None:
+        """:meth:`publish`, a Redis failure logged and the events dropped: events are a
+        view of the work, never a reason for it to fail."""
+        await self._quietly(self.publish(events), "publishing")
+
+    async def _quietly(self, work: Any, what: str) -> Any:
+        try:
+            return await asyncio.wait_for(work, PUBLISH_TIMEOUT_SECONDS)
+        except Exception as err:  # noqa: BLE001 - best effort by contract
+            log.warning("turn events: %s failed (%s: %s)", what, type(err).__name__, err)
+            return None
+
+    async def begin_turn(self, session_id: str, turn: int) -> None:
+        """Publish ``turn_started`` for ``turn``, once however many activities call this
+        (the memory recall and the first model call both do; retries too): a marker key
+        set with ``SET NX``. Best effort, like :meth:`publish_quietly`."""
+
+        async def work() -> None:
+            marker = f"{stream_key(session_id)}:turn:{turn}"
+            if await self.redis.set(marker, "1", nx=True, ex=self.ttl_seconds):
+                await self.publish([TurnEvent(type="turn_started", session_id=session_id, turn=turn)])
+
+        await self._quietly(work(), "turn_started")
+
+    async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> None:
+        """Note that model ``attempt`` of ``step`` starts; if another attempt of the same
+        step ran before it (a retry, a step started again), publish ``attempt_discarded``
+        naming that attempt, so clients drop the text it streamed. Best effort."""
+
+        async def work() -> None:
+            marker = f"{stream_key(session_id)}:step:{turn}.{step}"
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.getset(marker, attempt)
+            pipe.expire(marker, self.ttl_seconds)
+            previous, _ = await pipe.execute()
+            if previous is not None and _text(previous) != attempt:
+                discarded = TurnEvent(
+                    type="attempt_discarded", session_id=session_id, turn=turn, step=step,
+                    attempt=_text(previous), data={"reason": f"model step {step} started again (attempt {attempt})"},
+                )
+                await self.publish([discarded])
+
+        await self._quietly(work(), "attempt start")
+
+    async def last_offset(self, session_id: str) -> str:
+        """The offset of ``session_id``'s newest event (:data:`START` if none): reading
+        after it returns only events published later."""
+        newest = await self.redis.xrevrange(stream_key(session_id), count=1)
+        return _text(newest[0][0]) if newest else START
+
+    async def read(self, session_id: str, after: str = START, *, count: int = 500, block_ms: int | None = None) -> list[TurnEvent]:
+        """Events of ``session_id`` after offset ``after``, oldest first, at most ``count``.
+
+        Args:
+            after: an offset (:func:`check_offset`), :data:`START` for all retained events.
+            block_ms: wait up to this many milliseconds for a first event (None: don't).
+
+        Returns:
+            The events; a ``truncated`` event first when events after ``after`` were
+            already dropped (so the reader knows it missed some).
+
+        Raises:
+            ValueError: ``after`` is not an offset.
+            redis.RedisError: Redis failed.
+        """
+        check_offset(after)
+        key = stream_key(session_id)
+        gap: list[TurnEvent] = []
+        if after != START:
+            oldest = await self.redis.xrange(key, count=1)
+            if oldest and _after(_text(oldest[0][0]), _next(after)):
+                first = _text(oldest[0][0])
+                gap = [TurnEvent(type="truncated", session_id=session_id, data={"oldest": first}, offset=after)]
+        answer = await self.redis.xread({key: after}, count=count, block=block_ms)
+        events = gap
+        for _stream, entries in answer or ():
+            for entry_id, fields in entries:
+                events.append(_event(session_id, _text(entry_id), fields))
+        return events
+
+    async def follow(self, session_id: str, after: str = START, *, poll_ms: int = 1_000) -> AsyncIterator[list[TurnEvent]]:
+        """The events of ``session_id`` after ``after`` as they come, a batch per read
+        (empty when none came within ``poll_ms``, so a caller can do other work between
+        them), until the caller stops iterating. A Redis error is retried 1 s later from
+        the last offset read, so a Redis restart costs the reader a pause, not events.
+
+        Raises:
+            ValueError: ``after`` is not an offset.
+        """
+        offset = check_offset(after)
+        while True:
+            try:
+                batch = await self.read(session_id, offset, block_ms=poll_ms)
+            except Exception as err:  # noqa: BLE001 - a reader outlives a Redis blip
+                log.warning("reading the events of %s failed (%s); again in 1 s", session_id, err)
+                await asyncio.sleep(1.0)
+                batch = []
+            for event in batch:
+                if event.type != "truncated":
+                    offset = event.offset
+            yield batch
+
+
+def _next(offset: str) -> str:
+    ms, seq = (int(x) for x in offset.split("-"))
+    return f"{ms}-{seq + 1}"
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _event(session_id: str, offset: str, fields: dict[Any, Any]) -> TurnEvent:
+    body = fields.get(b"e", fields.get("e")) or b"{}"
+    values = json.loads(body)
+    values.update(session_id=session_id, offset=offset)
+    return TurnEvent.model_validate(values)
+
+
+# --- publishing from inside an activity -------------------------------------------------
+
+
+class TextEvents:
+    """Text deltas of one model call, batched (:data:`TEXT_FLUSH_SECONDS`,
+    :data:`TEXT_FLUSH_CHARS`) and published in the background; :meth:`close` publishes
+    the rest. Made by :func:`model_call_events` for the duration of a call."""
+
+    def __init__(self, log_: EventLog, session_id: str, turn: int, step: int, attempt: str):
+        self.log, self.session_id, self.turn, self.step, self.attempt = log_, session_id, turn, step, attempt
+        self.published = False
+        """Whether any text was handed over (so a whole reply is not published twice)."""
+        self._buffer: list[str] = []
+        self._size = 0
+        self._total = 0
+        self._cut = False
+        self._last = time.monotonic()
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def add(self, text: str) -> None:
+        if not text or self._total >= MAX_STREAMED_CHARS:
+            return
+        self.published = True
+        room = MAX_STREAMED_CHARS - self._total
+        if len(text) >= room:
+            text = text[:room]
+            self._cut = True
+        self._total += len(text)
+        self._buffer.append(text)
+        self._size += len(text)
+        if self._size >= TEXT_FLUSH_CHARS or time.monotonic() - self._last >= TEXT_FLUSH_SECONDS:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        event = TurnEvent(
+            type="text_delta", session_id=self.session_id, turn=self.turn, step=self.step,
+            attempt=self.attempt, data={"text": "".join(self._buffer)},
+        )
+        self._buffer, self._size, self._last = [], 0, time.monotonic()
+        # In order: each batch waits for the one before it.
+        previous = list(self._tasks)
+        task = asyncio.get_running_loop().create_task(self._publish_after(previous, event))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _publish_after(self, previous: list[asyncio.Task[None]], event: TurnEvent) -> None:
+        if previous:
+            await asyncio.gather(*previous, return_exceptions=True)
+        await self.log.publish_quietly([event])
+
+    async def close(self) -> None:
+        self._flush()
+        if self._cut:
+            self._cut = False
+            note = TurnEvent(
+                type="warning", session_id=self.session_id, turn=self.turn, step=self.step, attempt=self.attempt,
+                data={"text": f"the reply is longer than the {MAX_STREAMED_CHARS} characters streamed; the rest is in the turn's result"},
+            )
+            previous = list(self._tasks)
+            task = asyncio.get_running_loop().create_task(self._publish_after(previous, note))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        if self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+
+_current_text: contextvars.ContextVar[TextEvents | None] = contextvars.ContextVar("hermes_text_events", default=None)
+
+
+def model_text(text: str) -> None:
+    """Called by a provider with each piece of reply text it receives; published as
+    ``text_delta`` events when a model call of a session's turn runs (a no-op otherwise)."""
+    current = _current_text.get()
+    if current is not None:
+        current.add(text)
+
+
+class model_call_events:  # noqa: N801 - used as a context manager, like contextlib's
+    """``async with model_call_events(log, ...)`` around a session's model call: text the
+    provider hands :func:`model_text` inside it is published as ``text_delta`` events.
+    ``log`` None: nothing is published."""
+
+    def __init__(self, log_: EventLog | None, session_id: str, turn: int, step: int, attempt: str):
+        self._text = TextEvents(log_, session_id, turn, step, attempt) if log_ is not None else None
+        self._token: contextvars.Token[TextEvents | None] | None = None
+
+    async def __aenter__(self) -> TextEvents | None:
+        text = self._text
+        if text is not None:
+            if text.step == 0:
+                await text.log.begin_turn(text.session_id, text.turn)
+            await text.log.begin_attempt(text.session_id, text.turn, text.step, text.attempt)
+            self._token = _current_text.set(text)
+        return text
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._text is not None and self._token is not None:
+            _current_text.reset(self._token)
+            await self._text.close()

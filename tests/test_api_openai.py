@@ -1,0 +1,92 @@
+"""The OpenAI-compatible endpoint (hermes/api/openai_compat.py) driven by the `openai`
+Python client over real HTTP: models, a completion, a streamed completion with a tool call
+shown as text, an approval wait reported and then decided, and the errors an OpenAI
+client raises from (no session id, another user's session, a request's own tools)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import openai
+import pytest
+
+from hermes.providers.scripted import ScriptedModel
+from tests.test_api import api_server, auth, keys  # noqa: F401 - the fixture
+from tests.test_cli import NOTE_MESSAGE
+from tests.test_events import STREAMING_SCRIPT
+
+
+def _client(http, key: str, session_id: str | None) -> openai.AsyncOpenAI:
+    headers = {"X-Hermes-Session-Id": session_id} if session_id else {}
+    return openai.AsyncOpenAI(base_url=f"{http.base_url}/v1", api_key=key, default_headers=headers, max_retries=0)
+
+
+@pytest.mark.timeout(900)
+async def test_an_openai_client_talks_to_a_durable_session(run_worker, settings, keys):  # noqa: F811
+    async with run_worker(STREAMING_SCRIPT, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        sid = f"oai-{uuid.uuid4().hex[:8]}"
+        client = _client(http, keys["alice"], sid)
+        assert [m.id for m in (await client.models.list()).data] == ["hermes"]
+
+        done = await client.chat.completions.create(model="hermes", messages=[{"role": "user", "content": "now talk"}])
+        assert done.object == "chat.completion" and done.model == "hermes"
+        assert done.choices[0].message.content == "Plain words streamed one by one to the caller."
+        assert done.choices[0].finish_reason == "stop"
+
+        # Streamed; earlier messages of the request are ignored (the session holds the history).
+        stream = await client.chat.completions.create(
+            model="hermes", stream=True, stream_options={"include_usage": True},
+            messages=[{"role": "user", "content": "ignored"}, {"role": "assistant", "content": "ignored"},
+                      {"role": "user", "content": "please add these"}],
+        )
+        pieces, finishes = [], []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                finishes.append(choice.finish_reason)
+        text = "".join(pieces)
+        assert '> tool calculate {"expression": "19+23"}' in text and "> calculate: code 0" in text
+        assert text.endswith("The sum of nineteen and twenty-three is 42, as the calculator says.")
+        assert len([p for p in pieces if p]) > 3 and finishes[-1] == "stop"
+        users = [m.content for m in await hermes.get_transcript(sid) if m.role == "user"]
+        assert users == ["now talk", "please add these"]
+        assert (await hermes.get_state(sid)).user_id == "alice"
+
+        # Errors an OpenAI client raises, with the reason.
+        with pytest.raises(openai.BadRequestError, match="X-Hermes-Session-Id"):
+            await _client(http, keys["alice"], None).chat.completions.create(model="hermes", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.PermissionDeniedError, match="another user"):
+            await _client(http, keys["bob"], sid).chat.completions.create(model="hermes", messages=[{"role": "user", "content": "hi"}])
+        with pytest.raises(openai.UnprocessableEntityError, match="tools"):
+            await client.chat.completions.create(
+                model="hermes", messages=[{"role": "user", "content": "hi"}],
+                tools=[{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+            )
+        with pytest.raises(openai.UnprocessableEntityError, match="the user's"):
+            await client.chat.completions.create(model="hermes", messages=[{"role": "assistant", "content": "hi"}])
+        with pytest.raises(openai.AuthenticationError):
+            await _client(http, "hk_wrong", sid).models.list()
+        assert (await hermes.get_state(sid)).turn_count == 2
+
+
+@pytest.mark.timeout(900)
+async def test_a_streamed_completion_reports_an_approval_wait_and_goes_on_once_decided(run_worker, settings, keys):  # noqa: F811
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        sid = f"oai-{uuid.uuid4().hex[:8]}"
+        client = _client(http, keys["alice"], sid)
+        stream = await client.chat.completions.create(
+            model="hermes", stream=True, messages=[{"role": "user", "content": NOTE_MESSAGE}]
+        )
+        text = ""
+        async for chunk in stream:
+            text += "".join(c.delta.content or "" for c in chunk.choices)
+            if "> waiting for approval of save_note" in text and "approved" not in text:
+                [pending] = await hermes.get_pending_approvals(sid)
+                assert f"approvals/{pending.tool_call_id}/approve" in text
+                r = await http.post(f"/v1/sessions/{sid}/approvals/{pending.tool_call_id}/approve", headers=auth(keys["alice"]))
+                assert r.status_code == 200, r.text
+                text += "[approved]"
+        assert "> save_note: approved by alice" in text and "> save_note: code 0" in text
+        assert text.rstrip().endswith("已保存。")
+        await asyncio.sleep(0)

@@ -1,0 +1,102 @@
+"""Turn events over the HTTP API: a message answered as server-sent events, and a
+session's event stream interrupted and resumed from its last id (no gap, no repeat).
+
+Real HTTP on a socket (uvicorn in the test's loop, as tests/test_api.py), the fixtures'
+Temporal and Redis, a worker whose scripted model streams its replies word by word.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+
+from hermes.events import START
+from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
+from tests.test_events import STREAMING_SCRIPT
+
+
+async def read_sse(response: Any, *, stop_after: int | None = None) -> list[dict[str, Any]]:
+    """The events of an SSE response ({"id", "event", "data"}), ``stop_after`` of them at most."""
+    events: list[dict[str, Any]] = []
+    current: dict[str, Any] = {}
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            continue
+        if not line:
+            if current:
+                current["data"] = json.loads(current["data"])
+                events.append(current)
+                current = {}
+                if stop_after is not None and len(events) >= stop_after:
+                    break
+            continue
+        name, _, value = line.partition(": ")
+        current[name] = value
+    return events
+
+
+@pytest.mark.timeout(900)
+async def test_a_message_streams_its_turn_as_server_sent_events_then_its_result(run_worker, settings, keys):  # noqa: F811
+    async with run_worker(STREAMING_SCRIPT, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice, bob = auth(keys["alice"]), auth(keys["bob"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        url = f"/v1/sessions/{sid}/messages"
+        sse = {"Accept": "text/event-stream"}
+        # Refusals come before the stream, with their status.
+        assert_problem(await http.post(url, json={"text": "hi"}, headers={**bob, **sse}), 403, "forbidden")
+        assert_problem(await http.post(url, json={}, headers={**alice, **sse}), 422)
+
+        async with http.stream("POST", url, json={"text": "please add these"}, headers={**alice, **sse}) as r:
+            assert r.status_code == 200 and r.headers["content-type"].startswith("text/event-stream")
+            events = await read_sse(r)
+        kinds = [e["event"] for e in events]
+        assert kinds[0] == "turn_started" and kinds[-2:] == ["turn_finished", "result"], kinds
+        assert {"tool_call_started", "tool_call_finished", "text_delta"} <= set(kinds)
+        result = events[-1]["data"]
+        text = "".join(e["data"]["data"]["text"] for e in events if e["event"] == "text_delta")
+        assert text == result["reply"] and result["status"] == "completed"
+        ids = [e["id"] for e in events[:-1]]
+        assert all(ids) and len(set(ids)) == len(ids) and "id" not in events[-1]
+
+        # A failure after the stream began (here: a closed session) is an `error` event.
+        assert (await http.post(f"/v1/sessions/{sid}/close", headers=alice)).status_code == 204
+        async with http.stream("POST", url, json={"text": "more"}, headers={**alice, **sse}) as r:
+            closed = await read_sse(r)
+        assert closed[-1]["event"] == "error" and closed[-1]["data"]["status"] == 409, closed
+
+
+@pytest.mark.timeout(900)
+async def test_an_event_stream_resumed_from_its_last_id_has_no_gap_and_no_repeat(run_worker, settings, keys):  # noqa: F811
+    async with run_worker(STREAMING_SCRIPT, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice, bob = auth(keys["alice"]), auth(keys["bob"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        for text in ("please add these", "now talk", "please add again"):
+            r = await http.post(f"/v1/sessions/{sid}/messages", json={"text": text}, headers=alice)
+            assert r.status_code == 200, r.text
+        stored = await hermes.events.read(sid, START, count=10_000)
+        assert len(stored) > 12
+
+        url = f"/v1/sessions/{sid}/events"
+        assert_problem(await http.get(url, headers=bob), 403)
+        assert_problem(await http.get(url, params={"after": "yesterday"}, headers=alice), 400)
+        # The client drops the connection after 5 events, then reconnects twice.
+        async with http.stream("GET", url, params={"after": START}, headers=alice) as r:
+            assert r.status_code == 200
+            seen = await read_sse(r, stop_after=5)
+        while len(seen) < len(stored):
+            headers = {**alice, "Last-Event-ID": seen[-1]["id"]}
+            async with http.stream("GET", url, headers=headers) as r:
+                seen += await read_sse(r, stop_after=min(7, len(stored) - len(seen)))
+        assert [e["id"] for e in seen] == [e.offset for e in stored]
+        assert [e["event"] for e in seen] == [e.type for e in stored]
+
+        # Live: a stream opened with no offset gets only what comes next.
+        async with http.stream("GET", url, headers=alice) as r:
+            sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=alice)
+            live = await read_sse(r, stop_after=1)
+        assert live[0]["event"] == "turn_started" and live[0]["data"]["turn"] == sent.json()["turn"]

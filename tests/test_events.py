@@ -1,0 +1,166 @@
+"""Turn events (hermes.events): the Redis Stream contract and a real turn's events.
+
+The log against the fixtures' real Redis: offsets in order, reading after an offset gives
+no gap and no repeat, a truncated offset is said, ``turn_started`` once per turn, a step's
+earlier attempt discarded. Then a real worker (scripted model streaming word by word, the
+built-in tools): ``stream_message`` yields the turn's events in order, the text deltas add
+up to the reply, and the session's history is the same length with events on and off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from hermes.client import HermesClient
+from hermes.events import START, EventLog, TurnEvent, check_offset, model_call_events
+from hermes.models import TurnResult
+from hermes.providers.scripted import ScriptedModel
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry
+from worker import build_worker
+
+STREAMING_SCRIPT: dict[str, Any] = {
+    "stream_chunk_seconds": 0.02,
+    "turns": [
+        {
+            "match": "add",
+            "steps": [
+                {"tool_calls": [{"name": "calculate", "arguments": {"expression": "19+23"}}]},
+                {"reply": "The sum of nineteen and twenty-three is 42, as the calculator says."},
+            ],
+        },
+        {"steps": [{"reply": "Plain words streamed one by one to the caller."}]},
+    ],
+}
+
+
+def _event(session_id: str, kind: str = "warning", **data: Any) -> TurnEvent:
+    return TurnEvent(type=kind, session_id=session_id, turn=1, data=data)  # type: ignore[arg-type]
+
+
+async def test_reading_after_any_offset_gives_the_rest_in_order_without_gap_or_repeat(redis, session_id):
+    log = EventLog(redis)
+    offsets = await log.publish([_event(session_id, text=str(i)) for i in range(30)])
+    assert offsets == sorted(offsets, key=lambda o: tuple(int(x) for x in o.split("-")))
+    everything = await log.read(session_id, START)
+    assert [e.data["text"] for e in everything] == [str(i) for i in range(30)]
+    assert [e.offset for e in everything] == offsets
+    for cut in (0, 7, 29):
+        rest = await log.read(session_id, offsets[cut])
+        assert [e.data["text"] for e in rest] == [str(i) for i in range(cut + 1, 30)]
+    assert await log.last_offset(session_id) == offsets[-1]
+    assert await log.last_offset(f"{session_id}-none") == START
+
+
+async def test_a_reader_behind_the_truncated_events_is_told_first(redis, session_id):
+    log = EventLog(redis, max_events=100)
+    first = await log.publish([_event(session_id, text="first")])
+    for start in range(0, 1000, 100):  # MAXLEN ~ trims whole nodes: publish well past it
+        await log.publish([_event(session_id, text=str(i)) for i in range(start, start + 100)])
+    events = await log.read(session_id, first[0], count=5)
+    assert events[0].type == "truncated" and events[0].data["oldest"] == events[1].offset
+    assert int(events[1].data["text"]) > 0
+    assert await redis.xlen(f"hermes:events:{session_id}") < 1001
+
+
+async def test_an_offset_that_is_not_one_is_refused_by_name(redis, session_id):
+    with pytest.raises(ValueError, match="'abc' is not an event offset"):
+        check_offset("abc")
+    with pytest.raises(ValueError, match="is not an event offset"):
+        await EventLog(redis).read(session_id, "12")
+
+
+async def test_turn_started_is_published_once_and_a_step_started_again_discards_the_old_attempt(redis, session_id):
+    log = EventLog(redis)
+    for _ in range(3):  # the recall and the first model call both say it; retries too
+        await log.begin_turn(session_id, 4)
+    async with model_call_events(log, session_id, 4, 0, "0.a.1") as text:
+        assert text is not None
+        text.add("Hello ")
+        text.add("wor")
+    async with model_call_events(log, session_id, 4, 0, "0.a.2") as text:
+        text.add("Hello world")
+    events = await log.read(session_id, START)
+    kinds = [(e.type, e.attempt) for e in events]
+    assert kinds == [
+        ("turn_started", None), ("text_delta", "0.a.1"), ("attempt_discarded", "0.a.1"), ("text_delta", "0.a.2"),
+    ]
+    assert events[1].data["text"] == "Hello wor" and events[3].data["text"] == "Hello world"
+
+
+async def test_an_unreachable_redis_costs_the_work_nothing(session_id):
+    import redis.asyncio as aioredis
+
+    dead = aioredis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    log = EventLog(dead)
+    await log.publish_quietly([_event(session_id)])
+    await log.begin_turn(session_id, 1)
+    async with model_call_events(log, session_id, 1, 0, "0.x.1") as text:
+        text.add("still fine")
+    await dead.aclose()
+
+
+async def _stream(hermes: Any, session_id: str, text: str, **kwargs: Any) -> tuple[list[TurnEvent], TurnResult]:
+    items = [item async for item in hermes.stream_message(session_id, text, user_id="u1", **kwargs)]
+    *events, result = items
+    assert isinstance(result, TurnResult) and all(isinstance(e, TurnEvent) for e in events)
+    return events, result
+
+
+async def test_a_streamed_turn_yields_its_events_in_order_and_then_its_result(run_worker, session_id):
+    async with run_worker(STREAMING_SCRIPT) as hermes:
+        events, result = await _stream(hermes, session_id, "please add these")
+    kinds = [e.type for e in events]
+    assert kinds[0] == "turn_started" and kinds[-1] == "turn_finished"
+    assert kinds.index("tool_call_started") < kinds.index("tool_call_finished") < kinds.index("text_delta")
+    assert all(e.turn == result.turn for e in events)
+    started = next(e for e in events if e.type == "tool_call_started")
+    finished = next(e for e in events if e.type == "tool_call_finished")
+    assert (started.data["name"], '"19+23"' in started.data["arguments"]) == ("calculate", True)
+    assert (finished.data["code"], finished.data["ok"]) == (0, True)
+    deltas = [e for e in events if e.type == "text_delta"]
+    assert len(deltas) > 1, "the reply came in one piece: nothing streamed"
+    assert "".join(d.data["text"] for d in deltas) == result.reply
+    assert events[-1].data["status"] == result.status == "completed"
+    offsets = [e.offset for e in events]
+    assert len(set(offsets)) == len(offsets)
+
+
+async def test_events_add_nothing_to_the_sessions_history(temporal_client, settings, redis, session_id):
+    lengths = {}
+    for enabled in (True, False):
+        sid = f"{session_id}-{enabled}"
+        worker = build_worker(
+            temporal_client, settings.model_copy(update={"events_enabled": enabled}),
+            provider=ScriptedModel.from_dict(STREAMING_SCRIPT), registry=register_builtins(ToolRegistry()),
+            redis=redis, memory=False,
+        )
+        async with worker:
+            hermes = HermesClient(temporal_client, task_queue=settings.task_queue, redis=redis)
+            await hermes.send_message(sid, "please add these", user_id="u1")
+            await hermes.send_message(sid, "and now talk", user_id="u1")
+            published = await hermes.events.read(sid, START)
+        history = await temporal_client.get_workflow_handle(sid).fetch_history()
+        lengths[enabled] = (len(history.events), history.to_json().count('"'), len(published))
+    assert lengths[True][:2] == lengths[False][:2]
+    assert lengths[True][2] > 0 and lengths[False][2] == 0
+
+
+async def test_a_second_message_streams_only_its_own_turn_after_the_first(run_worker, session_id):
+    async with run_worker(STREAMING_SCRIPT) as hermes:
+        first_events, first = await _stream(hermes, session_id, "please add these")
+        second_events, second = await _stream(hermes, session_id, "now just talk")
+    assert {e.turn for e in second_events} == {second.turn} != {first.turn}
+    assert "".join(e.data["text"] for e in second_events if e.type == "text_delta") == second.reply
+    assert not {e.offset for e in first_events} & {e.offset for e in second_events}
+
+
+async def test_a_refused_message_streams_nothing_and_raises(run_worker, session_id):
+    from hermes.errors import MessageRejectedError
+
+    async with run_worker(STREAMING_SCRIPT) as hermes:
+        with pytest.raises(MessageRejectedError):
+            await asyncio.wait_for(_stream(hermes, session_id, "   "), 30)
