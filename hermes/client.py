@@ -849,7 +849,12 @@ class HermesClient:
                 assert outage_since is not None
                 # Busy refusals after such an attempt are retried to the same deadline:
                 # only the session's answer to this id can settle what happened to it.
-                if now + delay > outage_since + self.retry_timeout_seconds:
+                # The whole window is used: the last pause ends at the deadline, where one
+                # more attempt is made (giving up when a pause would pass it gave up early,
+                # after half the window when the jitter drew a long pause).
+                retry_deadline = outage_since + self.retry_timeout_seconds
+                delay = min(delay, max(retry_deadline - now, 0.0))
+                if now >= retry_deadline:
                     raise SessionUnavailableError(
                         f"session {session_id!r} did not answer within {self.retry_timeout_seconds:g} s "
                         f"(last error: {reason}); the message may have been taken: resend it with the same "
@@ -859,7 +864,7 @@ class HermesClient:
                         may_have_been_taken=True,
                         last_error=reason,
                     ) from failure
-            elif now + delay > busy_deadline:
+            elif now >= busy_deadline:
                 # The session's own refusal came after every earlier attempt reached it (in
                 # the order Temporal admitted them): it settles the message as not taken.
                 # A refusal from Temporal alone does not; then the session is asked.
@@ -871,6 +876,8 @@ class HermesClient:
                 # taken after all: resend under the same id, which only waits for its reply.
                 may_have_been_taken = True
                 outage_since = loop.time()
+            else:
+                delay = min(delay, busy_deadline - now)  # a last attempt at the deadline
             await asyncio.sleep(delay)
             attempt += 1
 

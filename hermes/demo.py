@@ -36,7 +36,7 @@ from rich.text import Text
 from hermes import names
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
-from hermes.live_view import follow_turn
+from hermes.live_view import TurnView, Verdict, follow_turn
 from hermes.models import (
     DecisionRecord,
     Message,
@@ -224,45 +224,6 @@ async def wait_until_interrupted() -> None:
 
 
 # --------------------------------------------------------------------------- watching a turn
-
-
-@dataclass(frozen=True)
-class Verdict:
-    """What a :class:`TurnView` decided about a pending approval."""
-
-    approved: bool
-    approver: str
-    reason: str | None = None
-
-
-class TurnView:
-    """Receives the events of one turn from :func:`send_watched`. Override what you show."""
-
-    def tool_call(self, call: ToolCall) -> None:
-        """The model asked for a tool call (not run yet)."""
-
-    async def approval_needed(self, pending: PendingApproval) -> Verdict | None:
-        """A tool call waits for a human. Return a verdict to send it, or None to leave
-        it pending (someone else decides, e.g. with ``hermes approve``)."""
-        return None
-
-    def decided(self, pending: PendingApproval, verdict: Verdict, record: DecisionRecord) -> None:
-        """The verdict was sent; ``record.outcome`` says what the session did with it."""
-
-    def tool_result(self, tool_call_id: str, name: str, result: ToolResult) -> None:
-        """A tool call finished (or was denied) with ``result``."""
-
-    def slow(self, elapsed_seconds: float) -> None:
-        """The turn has shown no progress for ``elapsed_seconds`` and no worker polls its task queue."""
-
-    def turn_begins(self) -> None:
-        """A message is about to be sent: what follows belongs to its turn."""
-
-    def text(self, step: int, text: str) -> None:
-        """More of the model's text for model step ``step``, as it streams (turn events)."""
-
-    def text_discarded(self, step: int) -> None:
-        """The text shown for ``step`` so far is void: the step was started again."""
 
 
 def _tool_result_of(message: Message) -> ToolResult | None:

@@ -1,17 +1,58 @@
-"""Live turn events for a console view: what ``hermes chat`` and ``hermes demo`` show while
-a turn runs, read from the session's event stream (:mod:`hermes.events`)."""
+"""What ``hermes chat``, ``hermes send`` and ``hermes demo`` show while a turn runs: the
+:class:`TurnView` they implement, and :class:`TurnFollower`, which feeds it the session's
+turn events (:mod:`hermes.events`) as they come."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+from dataclasses import dataclass
 from typing import Any
 
 from hermes.client import HermesClient
-from hermes.models import ToolCall, ToolResult
+from hermes.models import DecisionRecord, PendingApproval, ToolCall, ToolResult
 
-__all__ = ["TurnFollower", "follow_turn"]
+__all__ = ["TurnFollower", "TurnView", "Verdict", "follow_turn"]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a :class:`TurnView` decided about a pending approval."""
+
+    approved: bool
+    approver: str
+    reason: str | None = None
+
+
+class TurnView:
+    """Receives the events of one turn from :func:`send_watched`. Override what you show."""
+
+    def tool_call(self, call: ToolCall) -> None:
+        """The model asked for a tool call (not run yet)."""
+
+    async def approval_needed(self, pending: PendingApproval) -> Verdict | None:
+        """A tool call waits for a human. Return a verdict to send it, or None to leave
+        it pending (someone else decides, e.g. with ``hermes approve``)."""
+        return None
+
+    def decided(self, pending: PendingApproval, verdict: Verdict, record: DecisionRecord) -> None:
+        """The verdict was sent; ``record.outcome`` says what the session did with it."""
+
+    def tool_result(self, tool_call_id: str, name: str, result: ToolResult) -> None:
+        """A tool call finished (or was denied) with ``result``."""
+
+    def slow(self, elapsed_seconds: float) -> None:
+        """The turn has shown no progress for ``elapsed_seconds`` and no worker polls its task queue."""
+
+    def turn_begins(self) -> None:
+        """A message is about to be sent: what follows belongs to its turn."""
+
+    def text(self, step: int, text: str) -> None:
+        """More of the model's text for model step ``step``, as it streams (turn events)."""
+
+    def text_discarded(self, step: int) -> None:
+        """The text shown for ``step`` so far is void: the step was started again."""
 
 
 class TurnFollower:

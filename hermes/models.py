@@ -370,8 +370,11 @@ class SessionIndexEntry(BaseModel):
     """The finished turn's ``TurnResult.status``."""
 
     @classmethod
-    def from_state(cls, state: SessionState) -> SessionIndexEntry:
+    def from_state(cls, state: SessionState, finished: tuple[int, str] | None = None) -> SessionIndexEntry:
+        """The row of ``state``; ``finished``: (turn, status) of the turn that just ended."""
         return cls(
+            finished_turn=finished[0] if finished else None,
+            finished_status=finished[1] if finished else None,
             session_id=state.session_id,
             user_id=state.user_id,
             channel=state.channel,

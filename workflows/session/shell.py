@@ -556,9 +556,7 @@ class SessionWorkflow:
         # The index is a cache: Temporal stays the source of truth, `hermes sessions`
         # rebuilds it. A Redis outage must not fail a turn. At a turn's end it also
         # publishes the turn_finished event (hermes.events).
-        entry = SessionIndexEntry.from_state(self._state())
-        if finished is not None:
-            entry = entry.model_copy(update={"finished_turn": finished[0], "finished_status": finished[1]})
+        entry = SessionIndexEntry.from_state(self._state(), finished)
         self._background = [t for t in self._background if not t.done()]
         self._background.append(
             asyncio.create_task(calls.cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))
