@@ -54,7 +54,7 @@ CHUNK_SECONDS = 0.03
 REPLY = " ".join(f"word{i}" for i in range(WORDS)) + "."
 SCRIPT: dict[str, Any] = {
     "stream_chunk_seconds": CHUNK_SECONDS,
-    "turns": [{"steps": [{"reply": REPLY}]}],
+    "turns": [{"match": ".", "steps": [{"reply": REPLY}]}],
 }
 
 

@@ -748,14 +748,20 @@ class HermesClient:
                     log.warning("reading the turn events of %s failed (%s)", session_id, err)
                     await asyncio.wait({sending}, timeout=0.5)
                     continue
+                ended = False
                 for event in batch:
                     if event.type != "truncated":
                         offset = event.offset
                     if event.type == "turn_finished":
                         finished_turns.add(event.turn)
+                        ended = True
                     yield event
                 if finished_turn is not None and finished_turn in finished_turns:
                     break
+                if ended and not sending.done():
+                    # A turn ended: if it is this message's, its result is on its way; wait
+                    # for it rather than in a blocking read (which cost up to 0.2 s).
+                    await asyncio.wait({sending}, timeout=0.2)
             yield await sending
         finally:
             if not sending.done():
