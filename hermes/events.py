@@ -340,7 +340,10 @@ class TextEvents:
             attempt=self.attempt, data={"text": "".join(self._buffer)},
         )
         self._buffer, self._size, self._last = [], 0, time.monotonic()
-        # In order: each batch waits for the one before it.
+        self._publish_in_order(event)
+
+    def _publish_in_order(self, event: TurnEvent) -> None:
+        """Publish ``event`` in the background after the ones handed over before it."""
         previous = list(self._tasks)
         task = asyncio.get_running_loop().create_task(self._publish_after(previous, event))
         self._tasks.add(task)
@@ -359,10 +362,7 @@ class TextEvents:
                 type="warning", session_id=self.session_id, turn=self.turn, step=self.step, attempt=self.attempt,
                 data={"text": f"the reply is longer than the {MAX_STREAMED_CHARS} characters streamed; the rest is in the turn's result"},
             )
-            previous = list(self._tasks)
-            task = asyncio.get_running_loop().create_task(self._publish_after(previous, note))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._publish_in_order(note)
         if self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
