@@ -21,7 +21,10 @@ of :mod:`hermes.errors` (never a raw ``RPCError``):
   says whether the message may have been taken.
 
 Queries and signals ride the same retries. Signals are safe to resend: a decision on a
-settled tool call changes nothing, close and set_system_prompt are idempotent.
+settled tool call changes nothing, close and set_system_prompt are idempotent. A signal
+to a session whose workflow has ended is not retried: it raises
+:class:`SessionClosedError` at once (a session that never existed:
+:class:`SessionNotFoundError`).
 
 Why this module is long: :class:`HermesClient` is the package's one public surface for
 callers (STYLE.md: one public surface per module), and its every method rides on the
@@ -212,16 +215,20 @@ _TRANSIENT_STATUSES = frozenset(
 )
 """gRPC statuses worth retrying: the server was down, overloaded or mid-restart."""
 
-FailureKind = Literal["busy", "transient", "exists", "fatal"]
+FailureKind = Literal["busy", "transient", "exists", "closed", "fatal"]
 
 
-def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKind:
+def classify_failure(err: BaseException, *, admitted: bool = False, starts: bool = False) -> FailureKind:
     """What one failed Temporal call means for retrying it.
 
     Args:
         err: what the call raised.
         admitted: for a message, whether the server answered the update-with-start at
             least once in this attempt (the update was then admitted: it may be taken).
+        starts: the call starts the workflow if needed (update-with-start, a start):
+            a run that ended under it is found again (or its successor started) by the
+            resend. False: the call addresses the workflow's current run (a signal, a
+            query, a plain update), and "already completed" means it has ended for good.
 
     Returns:
         ``busy``: refused before it could be taken (the session's validator said busy,
@@ -229,7 +236,10 @@ def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKi
         and the message was not taken by this attempt. ``transient``: the server was
         unreachable, restarting or failed mid-call; retry with the same id, the message
         may have been taken. ``exists``: update-with-start found a closed session.
-        ``fatal``: not worth retrying (see :func:`documented_error`).
+        ``closed``: a signal or update reached a session whose workflow has ended
+        (closed, archived, terminated): resending cannot change that
+        (:class:`SessionClosedError`). ``fatal``: not worth retrying (see
+        :func:`documented_error`).
     """
     if isinstance(err, WorkflowAlreadyStartedError):
         return "exists"
@@ -259,10 +269,16 @@ def classify_failure(err: BaseException, *, admitted: bool = False) -> FailureKi
         # The session's workflow task is failing (e.g. during a server restart). An
         # update admitted earlier may still be taken once it recovers: not "busy".
         return "transient"
+    if err.status == RPCStatusCode.NOT_FOUND and "already completed" in message and not starts:
+        # "workflow execution already completed": a signal or update without a run id goes
+        # to the workflow's current run, which a continue-as-new replaces atomically, so
+        # this run is the last one. Retrying it for the whole window only delayed the
+        # same answer (issue 16's review: a second close hung 120 s, then said 503).
+        return "closed"
     if err.status == RPCStatusCode.NOT_FOUND and ("update" in message or "already completed" in message):
         # "workflow update was aborted by closing workflow", an update the restarted
-        # server forgot, a run that ended under it: the resend finds the session (or
-        # its closed state) again.
+        # server forgot, a run that ended under an update-with-start: the resend finds
+        # the session (or its closed state) again.
         return "transient"
     return "fatal"
 
@@ -526,16 +542,21 @@ class HermesClient:
             memory_store=kwargs.pop("memory_store", None) or _store_opener(settings),
         )
 
-    async def _call(self, session_id: str, what: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _call(
+        self, session_id: str, what: str, call: Callable[[], Awaitable[T]], *, starts: bool = False
+    ) -> T:
         """Run one query, signal or describe, retrying transient failures.
 
         Args:
             session_id: the session it is about (for the errors).
             what: what is done, for the errors (e.g. ``"get_state"``).
             call: makes and awaits one attempt.
+            starts: ``call`` starts the workflow if needed (see :func:`classify_failure`).
 
         Raises:
             SessionNotFoundError: no such session.
+            SessionClosedError: a signal or update reached a session whose workflow has
+                ended (closed, archived or terminated); nothing was delivered.
             SessionUnavailableError: still failing ``retry_timeout_seconds`` after the
                 first failure.
             TemporalRequestError: Temporal refused the request itself.
@@ -551,7 +572,11 @@ class HermesClient:
             except Exception as err:  # noqa: BLE001 - sorted below; unknown ones re-raised
                 if _being_cancelled():
                     raise asyncio.CancelledError from err
-                kind = classify_failure(err)
+                kind = classify_failure(err, starts=starts)
+                if kind == "closed":
+                    raise SessionClosedError(
+                        f"session {session_id!r} is closed (its workflow has ended): {what} was not delivered"
+                    ) from err
                 if kind == "fatal" or kind == "exists":
                     documented = documented_error(err, session_id)
                     if documented is None:
@@ -613,7 +638,7 @@ class HermesClient:
             )
 
         try:
-            await self._call(session_id, "create_session", start)
+            await self._call(session_id, "create_session", start, starts=True)
         except WorkflowAlreadyStartedError as err:
             raise SessionExistsError(f"a session {session_id!r} exists already; use another id") from err
         except TemporalRequestError as err:
@@ -823,7 +848,7 @@ class HermesClient:
                 admitted = _start_answered(start)
                 if _being_cancelled():
                     raise asyncio.CancelledError from err
-                kind = classify_failure(err, admitted=admitted)
+                kind = classify_failure(err, admitted=admitted, starts=True)
                 reason = _describe(err)
                 failure: BaseException = err
                 refused_by_session = isinstance(err, WorkflowUpdateFailedError)
@@ -909,6 +934,11 @@ class HermesClient:
 
         try:
             return await self._call(session_id, "settle_message", attempt)
+        except SessionClosedError:
+            raise SessionClosedError(
+                f"session {session_id!r} is closed; the message may have been taken before it closed "
+                f"(look for client message id {cid!r} in its transcript)"
+            ) from None
         except HermesError as err:
             raise SessionUnavailableError(
                 f"session {session_id!r} stayed busy ({reason}) and did not say whether it took the message "
@@ -1018,8 +1048,11 @@ class HermesClient:
         ``"user"``, which is nobody's user id).
 
         Raises:
-            SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
-                :meth:`get_state`.
+            SessionNotFoundError: no such session (it never existed, or its history has
+                passed the namespace's retention).
+            SessionClosedError: the session is closed (or archived): nothing was
+                delivered; raised at once, not retried.
+            SessionUnavailableError, TemporalRequestError: as :meth:`get_state`.
         """
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
         await self._signal(session_id, names.APPROVE_TOOL_CALL, decision)
@@ -1038,7 +1071,8 @@ class HermesClient:
         await self._signal(session_id, names.CANCEL_TURN)
 
     async def close(self, session_id: str) -> None:
-        """Close the session: pending approvals are denied, new messages refused. Raises as :meth:`approve`."""
+        """Close the session: pending approvals are denied, new messages refused. Raises as
+        :meth:`approve` (:class:`SessionClosedError` when it is closed already)."""
         await self._signal(session_id, names.CLOSE_SESSION)
 
     async def count_workers(self, *, seen_within_seconds: float = 90.0) -> int | None:
@@ -1249,7 +1283,7 @@ class HermesClient:
             finally:
                 _start_answered(start)
 
-        return await self._call(writer_id, update, attempt)
+        return await self._call(writer_id, update, attempt, starts=True)
 
     async def _store(self) -> Any:
         """The long-term memory store (opened on first use when given as a function).
@@ -1325,7 +1359,7 @@ class HermesClient:
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             )
 
-        return await self._call(workflow_id, "consolidate_memories", attempt)
+        return await self._call(workflow_id, "consolidate_memories", attempt, starts=True)
 
     async def list_sessions(self, user_id: str, *, limit: int = 50, rebuild: bool = False) -> list[SessionIndexEntry]:
         """The user's sessions, newest activity first, from the Redis index.

@@ -229,6 +229,40 @@ async def test_sessions_messages_transcript_and_error_statuses(run_worker, setti
         assert_problem(await http.get("/v1/nothing-here", headers=alice), 404)
 
 
+async def session_ended(hermes: HermesClient, session_id: str) -> bool:
+    """Whether the session's workflow has completed (not only its status said closed)."""
+    from temporalio.client import WorkflowExecutionStatus
+
+    return (await hermes.handle(session_id).describe()).status != WorkflowExecutionStatus.RUNNING
+
+
+@pytest.mark.timeout(300)
+async def test_closing_or_deciding_on_a_closed_session_is_409_at_once_and_on_an_unknown_one_404(run_worker, settings, keys):
+    from tests.support import eventually
+
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice = auth(keys["alice"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        turn = asyncio.create_task(http.post(f"/v1/sessions/{sid}/messages", json={"text": "Save a note: buy milk"}, headers=alice))
+        pending = await hermes.wait_for_approval(sid, timeout_seconds=120)
+        assert (await http.post(f"/v1/sessions/{sid}/close", headers=alice)).status_code == 204
+        assert (await turn).status_code == 200  # the pending call was denied, the turn ended
+        await eventually(lambda: session_ended(hermes, sid), what="the session's workflow to complete")
+
+        # The client used to retry "workflow execution already completed" for its whole
+        # retry window (120 s), then answer 503.
+        doc = assert_problem(await http.post(f"/v1/sessions/{sid}/close", headers=alice), 409, "session-closed")
+        assert sid in doc["detail"] and "closed" in doc["detail"]
+        for verb in ("approve", "reject"):
+            url = f"/v1/sessions/{sid}/approvals/{pending.tool_call_id}/{verb}"
+            assert_problem(await http.post(url, headers=alice), 409, "session-closed")
+        # A session that never existed is 404, whatever is asked of it.
+        nobody = f"api-{uuid.uuid4()}"
+        assert_problem(await http.post(f"/v1/sessions/{nobody}/close", headers=alice), 404, "not-found")
+        assert_problem(await http.post(f"/v1/sessions/{nobody}/approvals/call_1/approve", headers=alice), 404, "not-found")
+
+
 # --------------------------------------------------------------------------- approvals
 
 

@@ -245,6 +245,39 @@ async def test_approve_of_a_session_that_does_not_exist_says_so(run_worker, cli_
             assert "unknown_tool_call" not in run.stderr
 
 
+@pytest.mark.timeout(600)
+async def test_close_then_close_or_decide_again_exits_1_at_once_saying_the_session_is_closed(
+    run_worker, cli_env, session_id, tmp_path
+):
+    from temporalio.client import WorkflowExecutionStatus
+
+    from tests.support import eventually
+
+    async with run_worker(ScriptedModel.demo()) as hermes:
+        turn = asyncio.ensure_future(hermes.send_message(session_id, NOTE_MESSAGE, user_id="carol"))
+        pending = await hermes.wait_for_approval(session_id)
+        closed = await hermes_cli("close", session_id, env=cli_env, cwd=tmp_path)
+        assert closed.returncode == 0, closed.stderr
+        assert f"closed: session {session_id}" in closed.stdout
+        await turn
+
+        async def ended() -> bool:
+            return (await hermes.handle(session_id).describe()).status != WorkflowExecutionStatus.RUNNING
+
+        await eventually(ended, what="the session's workflow to complete")
+        # Each used to retry for HERMES_CLIENT_RETRY_SECONDS (120 s), then exit 2 "did not answer".
+        again = await hermes_cli("close", session_id, env=cli_env, cwd=tmp_path)
+        assert again.returncode == 1
+        assert_one_line_error(again, f"session '{session_id}' is closed already")
+        for verb in ("approve", "reject"):
+            run = await hermes_cli(verb, session_id, pending.tool_call_id, "--approver", "carol", env=cli_env, cwd=tmp_path)
+            assert run.returncode == 1, run.stdout + run.stderr
+            assert_one_line_error(run, f"session '{session_id}' is closed")
+        unknown = await hermes_cli("close", f"{session_id}-nope", env=cli_env, cwd=tmp_path)
+        assert unknown.returncode == 1
+        assert_one_line_error(unknown, f"no session '{session_id}-nope'")
+
+
 async def test_approve_applies_to_a_pending_tool_call_and_a_second_decision_is_already_decided(
     run_worker, cli_env, session_id, tmp_path
 ):

@@ -103,6 +103,13 @@ def test_failures_are_classified_as_transient_busy_or_fatal(err, admitted, kind)
     assert classify_failure(err, admitted=admitted) == kind
 
 
+def test_a_completed_workflow_is_closed_for_a_signal_but_transient_for_an_update_with_start():
+    completed = rpc(RPCStatusCode.NOT_FOUND, "workflow execution already completed")
+    assert classify_failure(completed) == "closed"
+    # An update-with-start's resend finds the run that replaced it, or the closed session.
+    assert classify_failure(completed, admitted=True, starts=True) == "transient"
+
+
 def test_backoff_doubles_up_to_its_cap_with_jitter():
     for attempt in range(12):
         nominal = min(2.0, 0.05 * 2**attempt)
@@ -421,6 +428,39 @@ async def test_queries_and_signals_retry_transient_failures_and_name_a_missing_s
     assert fake.signals == [names.APPROVE_TOOL_CALL] * 2
     with pytest.raises(SessionNotFoundError, match="s-2"):
         await hermes.get_transcript("s-2")
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda h: h.close("s-1"),
+        lambda h: h.approve("s-1", "call-1", approver="alice"),
+        lambda h: h.reject("s-1", "call-1", approver="alice"),
+        lambda h: h.cancel_turn("s-1"),
+        lambda h: h.set_system_prompt("s-1", "be brief"),
+    ],
+    ids=["close", "approve", "reject", "cancel_turn", "set_system_prompt"],
+)
+async def test_a_signal_to_a_closed_session_raises_closed_at_once_instead_of_retrying(call):
+    completed = rpc(RPCStatusCode.NOT_FOUND, "workflow execution already completed")
+    fake = FakeTemporal(queries=[completed] * 50)
+    hermes = HermesClient(fake, retry_timeout_seconds=120)  # type: ignore[arg-type]
+    with pytest.raises(SessionClosedError, match="'s-1' is closed"):
+        await call(hermes)
+    assert len(fake.signals) == 1  # not resent: it used to be retried for the whole 120 s
+
+
+async def test_a_session_that_closes_while_asked_whether_it_took_a_message_says_so():
+    completed = rpc(RPCStatusCode.NOT_FOUND, "workflow execution already completed")
+    fake = FakeTemporal(
+        *[rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "limit on number of concurrent in-flight updates has been reached (10)")] * 50,
+        settlements=[completed] * 5,
+    )
+    hermes = HermesClient(fake, retry_timeout_seconds=120)  # type: ignore[arg-type]
+    with pytest.raises(SessionClosedError, match="may have been taken before it closed"):
+        await hermes.send_message("s-1", "hello", client_message_id="m-9", busy_timeout_seconds=0.1)
+    assert fake.settled == ["m-9"]
 
 
 # --------------------------------------------------------------------------- a model to hold turns

@@ -582,7 +582,8 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/sessions/{session_id}/transcript", get_transcript, "The session's messages in order", Transcript,
               errors=_SESSION_ERRORS),
     Operation("POST", "/v1/sessions/{session_id}/close", close_session,
-              "Close the session: pending approvals denied, new messages refused (409)", None, 204, errors=_SESSION_ERRORS),
+              "Close the session: pending approvals denied, new messages refused (409); 409 when it is closed already",
+              None, 204, errors=(*_SESSION_ERRORS, 409)),
     Operation("GET", "/v1/approvals", list_approvals,
               "Pending approvals the key may decide: its user's sessions' confirmations, and with the approver or admin "
               "role every session's approvals that need someone other than the requester",

@@ -9,6 +9,7 @@
     hermes send ID TEXT          # one message, prints the reply (--json: the TurnResult)
     hermes sessions [--user U]   # the user's sessions (Redis index)
     hermes show ID               # state, pending approvals, transcript, trace
+    hermes close ID              # close a session (its pending approvals are denied)
     hermes approve ID TOOL_CALL_ID / hermes reject ID TOOL_CALL_ID
     hermes approvals             # every pending approval across sessions
     hermes tools                 # the tools a worker would serve (checks tool files)
@@ -35,7 +36,7 @@ One module per command group; what they share has one home each:
     running.py       one event loop per command, Ctrl-C, a quiet client connection
     stack.py         dev, worker, codec-server, demo
     conversation.py  chat, send
-    sessions.py      sessions, show
+    sessions.py      sessions, show, close
     approvals.py     approve, reject, approvals
     tools.py         tools
     mcp.py           mcp list, mcp call

@@ -13,7 +13,7 @@ from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, CliError, fail
 from hermes.cli.output import Column, out, print_table
 from hermes.cli.root import JsonOption, app, default_user
 from hermes.cli.running import QUERY_TIMEOUT_SECONDS, answer, connect, load_settings, run_command, worker_hint
-from hermes.errors import SessionNotFoundError
+from hermes.errors import SessionClosedError, SessionNotFoundError
 
 __all__ = ["approvals", "approve", "reject"]
 
@@ -41,6 +41,11 @@ def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, appro
             return record, pending
         except SessionNotFoundError:
             raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
+        except SessionClosedError:
+            raise CliError(
+                f"session {session_id!r} is closed: it takes no decision (its pending tool calls were denied "
+                "when it closed); nothing changed"
+            ) from None
         finally:
             await hermes.redis.aclose()
 

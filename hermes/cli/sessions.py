@@ -1,4 +1,4 @@
-"""Commands that read sessions: ``hermes sessions`` (the Redis index) and ``hermes show``."""
+"""Session commands: ``hermes sessions`` (the Redis index), ``hermes show`` and ``hermes close``."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from hermes.cli.errors import CliError
 from hermes.cli.output import Column, out, print_fields, print_table
 from hermes.cli.root import JsonOption, UserOption, app, default_user
 from hermes.cli.running import answer, connect, load_settings, run_command
-from hermes.errors import SessionNotFoundError
+from hermes.errors import SessionClosedError, SessionNotFoundError
 
-__all__ = ["sessions", "show"]
+__all__ = ["close", "sessions", "show"]
 
 
 @app.command()
@@ -176,3 +176,24 @@ def show(
             for t in trace
         ),
     )
+
+
+@app.command()
+def close(session_id: Annotated[str, typer.Argument(help="The session.")]) -> None:
+    """Close a session: its pending approvals are denied, new messages refused (exit 1
+    when it is closed already or does not exist)."""
+    settings = load_settings()
+
+    async def main() -> None:
+        hermes = await connect(settings)
+        try:
+            await hermes.close(session_id)
+        except SessionNotFoundError:
+            raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
+        except SessionClosedError:
+            raise CliError(f"session {session_id!r} is closed already; nothing changed") from None
+        finally:
+            await hermes.redis.aclose()
+
+    run_command(main, settings)
+    typer.echo(f"closed: session {session_id} (its pending approvals are denied, new messages refused)")
