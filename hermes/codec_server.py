@@ -196,8 +196,9 @@ async def _read_body(request: Request) -> bytes:
     return bytes(body)
 
 
-def _nested_deeper_than(value: Any, limit: int) -> bool:
-    """Whether ``value`` has objects or lists more than ``limit`` levels deep (no recursion)."""
+def nested_deeper_than(value: Any, limit: int) -> bool:
+    """Whether ``value`` (parsed JSON) has objects or lists more than ``limit`` levels deep,
+    found without recursion (the HTTP API's bodies are checked with it too)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()
@@ -229,7 +230,7 @@ def _parse_body(raw: bytes) -> list[dict[str, Any]]:
     for index, payload in enumerate(payloads):
         if not isinstance(payload, dict):
             raise _BadRequest(f"payloads[{index}] must be an object, not {type(payload).__name__}")
-        if _nested_deeper_than(payload, _MAX_PAYLOAD_DEPTH):
+        if nested_deeper_than(payload, _MAX_PAYLOAD_DEPTH):
             raise _BadRequest(f"payloads[{index}] is nested more than {_MAX_PAYLOAD_DEPTH} levels deep")
         try:
             json_format.ParseDict(payload, Payload(), ignore_unknown_fields=True)

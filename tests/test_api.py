@@ -363,6 +363,42 @@ async def test_memory_search_list_and_forget_reach_only_the_keys_user(run_worker
             assert (await http.get("/v1/memory/list", headers=alice)).json()["memories"] == []
 
 
+# --------------------------------------------------------------------------- request bodies
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    "path",
+    ["/v1/sessions", "/v1/sessions/s-1/messages", "/v1/sessions/s-1/approvals/call_1/approve", "/v1/chat/completions"],
+)
+async def test_every_body_that_cannot_be_parsed_is_a_400_naming_why_and_a_large_one_413(keys, path):
+    # Bodies are read before Temporal is needed: no server behind this app.
+    nowhere = Settings(temporal_address=f"127.0.0.1:{free_port()}", redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    alice = {**auth(keys["alice"]), "Content-Type": "application/json"}
+    openai_route = path == "/v1/chat/completions"
+    async with api_server(nowhere, keys["path"]) as http:
+        # Nested past Python's recursion limit: a RecursionError, answered 500 before.
+        for depth in (100_000, 33):
+            body = b'{"text": ' + b"[" * depth + b"]" * depth + b"}"
+            doc = assert_problem(await http.post(path, content=body, headers=alice), 400, "malformed-request")
+            assert "nested more than 32 levels" in doc["detail"], doc
+            if openai_route:
+                assert "nested" in doc["error"]["message"]
+        # An integer past Python's 4,300 digits is a ValueError that is not a JSONDecodeError.
+        doc = assert_problem(await http.post(path, content=b'{"text": ' + b"9" * 5000 + b"}", headers=alice), 400)
+        assert "not JSON" in doc["detail"], doc
+        for body in (b"[1, 2]", b'"text"', b"null", b"\xff\xfe", b'{"text": '):
+            assert_problem(await http.post(path, content=body, headers=alice), 400, "malformed-request")
+        big = b'{"text": "' + b"a" * (2 * 1024 * 1024) + b'"}'
+        assert_problem(await http.post(path, content=big, headers=alice), 413, "payload-too-large")
+
+        async def chunked() -> AsyncIterator[bytes]:  # no Content-Length: counted as it comes
+            for _ in range(40):
+                yield b" " * 65536
+
+        assert_problem(await http.post(path, content=chunked(), headers=alice), 413, "payload-too-large")
+
+
 # --------------------------------------------------------------------------- unavailable
 
 

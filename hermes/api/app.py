@@ -47,6 +47,7 @@ from hermes.api.schemas import (
     Transcript,
 )
 from hermes.client import HermesClient
+from hermes.codec_server import nested_deeper_than
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.events import TurnEvent, check_offset
 from hermes.memory.models import ForgetReport
@@ -197,12 +198,20 @@ class RateLimit:
         return 0.0
 
 
+MAX_BODY_DEPTH = 32
+"""JSON objects and arrays nested deeper than this in a request body are refused (400):
+no body of this API needs more than a few levels, and Python's parser (and pydantic's
+validation after it) fails with a RecursionError, a 500, near a thousand."""
+
+
 async def _body(request: Request, model: type[BaseModel], *, optional: bool = False) -> Any:
-    """The request body as ``model``.
+    """The request body as ``model`` (every route's body, the OpenAI-compatible one too).
 
     Raises:
-        Problem: 413 over ``api_max_body_bytes``; 400 not JSON (or not an object); 422
-            fields that fail validation (pydantic's errors listed in ``errors``).
+        Problem: 413 over ``api_max_body_bytes``; 400 not JSON (not UTF-8, malformed, a
+            number past Python's 4,300 digits, nested more than :data:`MAX_BODY_DEPTH`
+            levels) or not an object; 422 fields that fail validation (pydantic's errors
+            listed in ``errors``).
     """
     limit: int = request.app.state.max_body_bytes
     declared = request.headers.get("content-length")
@@ -220,12 +229,17 @@ async def _body(request: Request, model: type[BaseModel], *, optional: bool = Fa
         if optional:
             return model()
         raise Problem("malformed-request", "the request needs a JSON body")
+    too_deep = f"the body is nested more than {MAX_BODY_DEPTH} levels deep (JSON objects and arrays); send a flatter body"
     try:
         data = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+    except RecursionError:
+        raise Problem("malformed-request", too_deep) from None
+    except ValueError as err:  # JSONDecodeError, UnicodeDecodeError, an integer over 4,300 digits
         raise Problem("malformed-request", f"the body is not JSON: {err}") from None
     if not isinstance(data, dict):
         raise Problem("malformed-request", f"the body must be a JSON object, not {type(data).__name__}")
+    if nested_deeper_than(data, MAX_BODY_DEPTH):
+        raise Problem("malformed-request", too_deep)
     try:
         return model.model_validate(data)
     except ValidationError as err:
