@@ -308,9 +308,9 @@ class PreloadedEmbedder:
             return self._embedder
 
     def preload(self) -> None:
-        """Make the embedder and load its model, once (later calls return at once); a
-        failure is logged, not raised (the memory activities meet it again, as without a
-        preload)."""
+        """Make the embedder and load its model and the cross-language dictionary, once
+        (later calls return at once); a failure is logged, not raised (the memory
+        activities meet it again, as without a preload)."""
         try:
             embedder = self.get()
             with self._lock:
@@ -319,6 +319,9 @@ class PreloadedEmbedder:
                 warm = getattr(embedder, "warm", None)
                 if warm is not None:
                     warm()
+                from hermes.memory import crosslingual
+
+                crosslingual.warm()  # the dictionary of the lexical channel (about 0.5 s)
                 self._warmed = True
         except Exception:  # noqa: BLE001 - the activities report it where it matters
             log.warning("memory embedder not preloaded", exc_info=True)

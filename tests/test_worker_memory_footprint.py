@@ -66,6 +66,9 @@ def test_the_preloaded_embedder_is_made_and_warmed_once_and_the_store_uses_it(co
     assert counting.made == 1, "one embedder for the preload and every store"
     assert store.embedder is preloaded.get()
     assert store.embedder.warmed == 1, "the model is loaded once, whoever asks first (the store included)"
+    from hermes.memory import crosslingual
+
+    assert crosslingual._GLOSSES, "the cross-language dictionary is read at start, not in a turn"
 
 
 def test_a_failed_preload_is_logged_and_the_store_makes_the_embedder_again(

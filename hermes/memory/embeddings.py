@@ -71,13 +71,17 @@ class Thresholds:
     (above 1: never)."""
     cross_language_same: float = 1.01
     """Without a model: a pair in two languages (CJK and not) at or above it is one memory."""
+    cross_language_lexical_same: float = 1.01
+    """Without a model: a pair in two languages at or above it whose English repeats the
+    Chinese's dictionary glosses (:func:`hermes.memory.crosslingual.overlap`) is one memory."""
 
     def judge_bands(self) -> JudgeBands:
         from hermes.memory.judge import JudgeBands
 
         return JudgeBands(floor=self.judge_floor, marker_floor=self.judge_marker_floor, rules_same=self.rules_same,
                           change=self.rules_change, lexical_same=self.lexical_same,
-                          cross_language_same=self.cross_language_same)
+                          cross_language_same=self.cross_language_same,
+                          cross_language_lexical_same=self.cross_language_lexical_same)
 
 
 class Embedder(Protocol):
@@ -144,7 +148,7 @@ class UseEmbedder:
     dim = 512
     thresholds = Thresholds(dedupe=0.88, related=0.20, retrieval=0.15, retrieval_lift=0.0, retrieval_sure=0.35,
                             judge_floor=0.30, judge_marker_floor=0.25, rules_same=0.75, rules_change=0.5,
-                            lexical_same=0.55, cross_language_same=0.70)
+                            lexical_same=0.55, cross_language_same=0.70, cross_language_lexical_same=0.30)
     """Dedupe 0.88: restatements in other words reach 0.5-0.86 and facts differing in one
     word (wife's vs son's birthday, window vs aisle seat) 0.77-0.82, so similarity alone
     merges only near-identical texts; paraphrases are merged by subject and value

@@ -335,6 +335,10 @@ class JudgeBands:
     :data:`LEXICAL_SAME_OVERLAP_CJK` in Chinese) is merged."""
     cross_language_same: float = 1.01
     """Without a model, a pair in two languages (one with CJK, one without) at or above it is merged."""
+    cross_language_lexical_same: float = 1.01
+    """Without a model, a pair in two languages at or above it is merged when the English
+    repeats the Chinese word for word (:func:`hermes.memory.crosslingual.overlap` at
+    least :data:`LEXICAL_SAME_OVERLAP`)."""
 
 
 LEXICAL_SAME_OVERLAP = 0.66
@@ -382,6 +386,10 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
     others = persons(older) != persons(newer)
     never_same = numbers_differ or substituted or (flipped and bool(marker)) or others
     shared = _share_topic(topic_words(older), topic_words(newer))
+    if not shared and marker and has_cjk(older) != has_cjk(newer):
+        from hermes.memory import crosslingual
+
+        shared = crosslingual.share_word(older, newer)
     if marker and (similarity >= bands.change or (shared and similarity >= bands.marker_floor)):
         return Assessment("update", False, True, f"change word {marker!r} about the same topic")
     reason = ("numbers differ" if numbers_differ else "one word replaced" if substituted
@@ -402,6 +410,12 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
     if has_cjk(older) != has_cjk(newer):
         if similarity >= bands.cross_language_same:
             return Assessment("same", False, False, "close restatement in another language")
+        if similarity >= bands.cross_language_lexical_same:
+            from hermes.memory import crosslingual  # the dictionary: activities only
+
+            english, chinese = (newer, older) if has_cjk(older) else (older, newer)
+            if crosslingual.overlap(english, chinese) >= LEXICAL_SAME_OVERLAP:
+                return Assessment("same", False, False, "restatement in another language, word for word")
     elif similarity >= bands.lexical_same and lexical_overlap(older, newer) >= (
             LEXICAL_SAME_OVERLAP_CJK if has_cjk(older) else LEXICAL_SAME_OVERLAP):
         return Assessment("same", False, False, "restatement of the same words")

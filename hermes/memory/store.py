@@ -48,7 +48,7 @@ import pyarrow as pa
 from hermes import lance
 from hermes.errors import HermesError
 from hermes.memory.embeddings import Embedder
-from hermes.memory import relevance
+from hermes.memory import crosslingual, relevance
 from hermes.memory.judge import JudgePair, Verdict, assess, change_marker, persons
 from hermes.memory.models import (
     ConsolidationReport,
@@ -825,7 +825,7 @@ class MemoryStore:
         scored = []
         for mid, r in rows.items():
             sim = sims[mid]
-            if mid not in keyword and not self._relevant(query_words, query_persons, r["text"], sim, hubs.get(mid, -1.0)):
+            if mid not in keyword and not self._relevant(query, query_words, query_persons, r["text"], sim, hubs.get(mid, -1.0)):
                 continue
             scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
@@ -841,8 +841,8 @@ class MemoryStore:
             for score, sim, r in scored[: max(1, min(limit, 5))]
         ]
 
-    def _relevant(self, query_words: frozenset[str], query_persons: frozenset[str], text: str, sim: float,
-                  hub: float) -> bool:
+    def _relevant(self, query: str, query_words: frozenset[str], query_persons: frozenset[str], text: str,
+                  sim: float, hub: float) -> bool:
         """Whether a memory (``text``, at similarity ``sim``, hub level ``hub``) answers
         something of the question (words ``query_words``, other people ``query_persons``);
         rules only, no model (the read path stays fast). See :func:`relevance.admit`:
@@ -850,12 +850,14 @@ class MemoryStore:
         - a shared content word admits the memory (a compound question, "where do I live,
           what is my name and where do I work?", meets each of its memories through one
           word at similarity 0.08-0.12), unless the question is about someone the memory
-          does not name (``my sister's birthday`` / the user's own);
+          does not name (``my sister's birthday`` / the user's own); across languages a
+          Chinese word counts as the English of its dictionary senses
+          (:func:`crosslingual.share_word`: ``get to work`` / ``上班``);
         - otherwise the similarity must reach the model's retrieval floor and stand out
           from the memory's usual level (``retrieval_lift``), or reach ``retrieval_sure``.
         """
         persons_ok = not query_persons or bool(query_persons & persons(text))  # most questions name no one
-        shared = bool(query_words & content_words(text))
+        shared = bool(query_words) and (bool(query_words & content_words(text)) or crosslingual.share_word(query, text))
         return relevance.admit(sim, hub, shared=shared, persons_ok=persons_ok, thresholds=self.thresholds)
 
     def _bank(self) -> relevance.ReferenceBank | None:
