@@ -736,18 +736,25 @@ class HermesClient:
         only the result comes.
 
         Args:
-            after: an event offset to start after (``hermes.events.check_offset``).
+            after: an event offset to start after (``hermes.events.check_offset``), no
+                later than the session's newest event.
             send: the keyword arguments of :meth:`send_message`.
 
         Raises:
-            ValueError: ``after`` is not an offset.
+            ValueError: ``after`` is not an offset, or is after the session's newest
+                event (``EventLog.check_resume``); nothing was sent.
             The errors of :meth:`send_message`, after the events published before them.
         """
         log_ = self.events
         offset = check_offset(after) if after is not None else None
-        if log_ is not None and offset is None:
+        if log_ is not None:
             try:
-                offset = await asyncio.wait_for(log_.last_offset(session_id), 2.0)
+                if offset is None:
+                    offset = await asyncio.wait_for(log_.last_offset(session_id), 2.0)
+                else:
+                    await asyncio.wait_for(log_.check_resume(session_id, offset), 2.0)
+            except ValueError:
+                raise
             except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without them
                 log.warning("turn events of %s not available (%s); the result alone follows", session_id, err)
                 log_ = None

@@ -230,6 +230,35 @@ class EventLog:
         newest = await self.redis.xrevrange(stream_key(session_id), count=1)
         return _text(newest[0][0]) if newest else START
 
+    async def check_resume(self, session_id: str, after: str) -> str:
+        """``after`` if a reader of ``session_id`` may resume after it: a well-formed
+        offset (:func:`check_offset`) no later than the session's newest event
+        (:data:`START` always). An offset after the newest event names no event of the
+        session: reading after it would skip every event to come until Redis's clock
+        passed it (a year-3000 offset: all of them), so it is refused rather than
+        followed in silence.
+
+        Returns:
+            ``after``.
+
+        Raises:
+            ValueError: malformed, or after the newest event (the message names both;
+                a session whose stream expired, 7 days after its last event, has none).
+            redis.RedisError: Redis failed.
+        """
+        check_offset(after)
+        if after == START:
+            return after
+        newest = await self.last_offset(session_id)
+        if _after(after, newest):
+            kept = f"its newest is {newest!r}" if newest != START else "it has none (its stream is empty or expired)"
+            raise ValueError(
+                f"offset {after!r} is after the newest event of session {session_id!r} ({kept}): no event has "
+                "that offset; resume after the last id you received, '0-0' for every retained event, or none "
+                "for new events only"
+            )
+        return after
+
     async def read(self, session_id: str, after: str = START, *, count: int = 500, block_ms: int | None = None) -> list[TurnEvent]:
         """Events of ``session_id`` after offset ``after``, oldest first, at most ``count``.
 

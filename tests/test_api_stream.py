@@ -100,3 +100,36 @@ async def test_an_event_stream_resumed_from_its_last_id_has_no_gap_and_no_repeat
             sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=alice)
             live = await read_sse(r, stop_after=1)
         assert live[0]["event"] == "turn_started" and live[0]["data"]["turn"] == sent.json()["turn"]
+
+
+@pytest.mark.timeout(600)
+async def test_an_event_offset_after_the_newest_event_is_refused_with_400_not_followed_in_silence(run_worker, settings, keys):  # noqa: F811
+    async with run_worker(STREAMING_SCRIPT, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice = auth(keys["alice"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        assert (await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=alice)).status_code == 200
+        newest = await hermes.events.last_offset(sid)
+        ms, seq = (int(x) for x in newest.split("-"))
+        url = f"/v1/sessions/{sid}/events"
+        # A future offset used to open a stream that showed nothing (until the clock passed it).
+        # (A short timeout: an accepted offset is a stream that never ends.)
+        for future in (f"{ms}-{seq + 1}", f"{ms + 60_000}-0", "32503680000000-0", "99999999999999999999-0"):
+            refused = await http.get(url, params={"after": future}, headers=alice, timeout=20)
+            doc = assert_problem(refused, 400, "malformed-request")
+            assert future in doc["detail"] and newest in doc["detail"], doc
+            refused = await http.get(url, headers={**alice, "Last-Event-ID": future}, timeout=20)
+            assert_problem(refused, 400, "malformed-request")
+        for malformed in ("1700000000000", "-1-0", "abc-0", "1700000000000-0-0"):
+            doc = assert_problem(await http.get(url, headers={**alice, "Last-Event-ID": malformed}), 400)
+            assert "is not an event offset" in doc["detail"], doc
+        with pytest.raises(ValueError, match="after the newest event"):
+            async for _ in hermes.stream_message(sid, "now talk", after=f"{ms + 60_000}-0", user_id="alice"):
+                pass
+        # The newest offset itself (and the start) resume: the next turn's events come.
+        async with http.stream("GET", url, headers={**alice, "Last-Event-ID": newest}) as r:
+            assert r.status_code == 200
+            sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=alice)
+            live = await read_sse(r, stop_after=1)
+        assert live[0]["event"] == "turn_started" and live[0]["data"]["turn"] == sent.json()["turn"]
+        assert (await hermes.get_state(sid)).turn_count == 2  # the refused stream_message sent nothing

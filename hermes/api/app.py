@@ -383,7 +383,8 @@ KEEPALIVE_SECONDS = 15.0
 async def session_events(request: Request) -> Response:
     """The session's turn events as they come (SSE, each ``id`` its offset), after the
     ``Last-Event-ID`` header's offset, else the ``after`` parameter's (``0-0``: every
-    retained event), else only new ones; until the client disconnects."""
+    retained event), else only new ones; until the client disconnects. An offset that is
+    malformed or after the session's newest event is a 400 (``EventLog.check_resume``)."""
     identity = _identity(request)
     session_id = request.path_params["session_id"]
     after = request.headers.get("last-event-id") or request.query_params.get("after")
@@ -398,11 +399,15 @@ async def session_events(request: Request) -> Response:
     events = hermes.events
     if events is None:
         raise Problem("events-unavailable", "turn events need Redis, which this server is not configured with")
-    if after is None:
-        try:
+    try:
+        if after is None:
             after = await asyncio.wait_for(events.last_offset(session_id), HEALTH_TIMEOUT_SECONDS)
-        except Exception as err:  # noqa: BLE001
-            raise Problem("events-unavailable", f"Redis did not answer: {err}") from None
+        else:
+            await asyncio.wait_for(events.check_resume(session_id, after), HEALTH_TIMEOUT_SECONDS)
+    except ValueError as err:
+        raise Problem("malformed-request", str(err)) from None
+    except Exception as err:  # noqa: BLE001
+        raise Problem("events-unavailable", f"Redis did not answer: {err}") from None
 
     async def stream() -> AsyncIterator[str]:
         loop = asyncio.get_running_loop()
@@ -589,7 +594,8 @@ OPERATIONS: tuple[Operation, ...] = (
               event_stream=True),
     Operation("GET", "/v1/sessions/{session_id}/events", session_events,
               "The session's turn events as server-sent events (text/event-stream; each id is the event's offset), "
-              "after Last-Event-ID or `after`, else only new ones", None, errors=(400, 401, 403, 404, 503),
+              "after Last-Event-ID or `after`, else only new ones (400: an offset that is malformed or after the "
+              "session's newest event)", None, errors=(400, 401, 403, 404, 503),
               query=(("after", "an event offset ('<ms>-<seq>'); '0-0': every retained event", False),),
               headers=(("Last-Event-ID", "resume after this offset (what an EventSource sends on reconnect)"),),
               event_stream=True),
