@@ -12,7 +12,9 @@ import openai
 import pytest
 
 from hermes.providers.scripted import ScriptedModel
-from tests.test_api import api_server, auth, keys  # noqa: F401 - the fixture
+from hermes.settings import Settings
+from hermes.stack import free_port
+from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
 from tests.test_cli import NOTE_MESSAGE
 from tests.test_events import STREAMING_SCRIPT
 
@@ -90,3 +92,52 @@ async def test_a_streamed_completion_reports_an_approval_wait_and_goes_on_once_d
         assert "> save_note: approved by alice" in text and "> save_note: code 0" in text
         assert text.rstrip().endswith("已保存。")
         await asyncio.sleep(0)
+
+
+@pytest.mark.timeout(120)
+async def test_a_completion_request_is_strict_and_a_field_that_would_change_the_contract_is_a_422_naming_it(keys):  # noqa: F811
+    # Validation comes before Temporal: no server behind this app, so a request that
+    # passes it is answered 503.
+    nowhere = Settings(temporal_address=f"127.0.0.1:{free_port()}", redis_url=f"redis://127.0.0.1:{free_port()}/0")
+    base = {"model": "hermes", "messages": [{"role": "user", "content": "hi"}]}
+    headers = {**auth(keys["alice"]), "X-Hermes-Session-Id": "oai-strict"}
+    function = {"name": "f", "parameters": {"type": "object"}}
+    refused = [
+        ({"functions": [function]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"function_call": {"name": "f"}}, "function_call"),
+        ({"tools": [{"type": "function", "function": function}]}, "tools"),
+        ({"tool_choice": "none"}, "tool_choice"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}}}, "response_format"),
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        # Strict types: these used to be coerced ("yes" and 1 to true).
+        ({"stream": "yes"}, "stream"),
+        ({"stream": 1}, "stream"),
+        ({"stream": True, "stream_options": {"include_usage": "true"}}, "stream_options.include_usage"),
+        ({"temperature": "0.5"}, "temperature"),
+        ({"not_an_openai_field": 1}, "not_an_openai_field"),
+        ({"messages": [{"role": "user", "content": 7}]}, "messages.0.content"),
+    ]
+    accepted = [
+        {"temperature": 0.2, "top_p": 1, "max_tokens": 50, "stop": ["\n\n"], "seed": 1, "metadata": {"a": "b"}},
+        {"n": 1, "response_format": {"type": "text"}, "logprobs": False, "modalities": ["text"], "user": "oai-strict"},
+        {"tools": [], "functions": [], "stream": False, "stream_options": {"include_usage": True}, "store": False},
+    ]
+    async with api_server(nowhere, keys["path"]) as http:
+        for extra, field in refused:
+            r = await http.post("/v1/chat/completions", json={**base, **extra}, headers=headers)
+            doc = assert_problem(r, 422, "validation-failed")
+            assert doc["error"]["param"].startswith(field), (extra, doc)  # (a union adds its member)
+            assert field.split(".")[0] in doc["error"]["message"], (extra, doc)
+        for extra in accepted:
+            r = await http.post("/v1/chat/completions", json={**base, **extra}, headers=headers)
+            assert r.status_code == 503, (extra, r.text)  # past validation: Temporal is needed
+        # Through the OpenAI SDK: it raises the 422 with the field's name.
+        client = _client(http, keys["alice"], "oai-strict")
+        with pytest.raises(openai.UnprocessableEntityError, match="response_format"):
+            await client.chat.completions.create(
+                model="hermes", messages=[{"role": "user", "content": "hi"}], response_format={"type": "json_object"}
+            )

@@ -707,8 +707,13 @@ def _path_params(path: str) -> list[str]:
 
 def _answer(request: Request, problem: Problem) -> Response:
     if request.url.path in OPENAI_PATHS:
-        # The OpenAI SDK reads an error's message from an `error` member.
-        problem.extensions.setdefault("error", {"message": problem.detail, "type": problem.slug, "code": problem.status})
+        # The OpenAI SDK reads an error's message from an `error` member; `param` names the
+        # (first) field at fault, as OpenAI's own errors do.
+        errors = problem.extensions.get("errors") or [{}]
+        param = ".".join(str(part) for part in errors[0].get("loc", ())) or None
+        problem.extensions.setdefault(
+            "error", {"message": problem.detail, "type": problem.slug, "param": param, "code": problem.status}
+        )
     return problem_response(problem)
 
 

@@ -11,12 +11,16 @@ server-sent events ending with ``data: [DONE]``):
   be the user's. Earlier messages of the request are ignored: the session already has them
   (or has its own). A session that does not exist is started, owned by the key's user.
 * **Tools are Hermes'.** They run inside the session (with its approvals); a request's own
-  ``tools`` are refused (422). Streamed, each tool call shows as a text line
+  ``tools`` (and ``functions``) are refused (422). Streamed, each tool call shows as a text line
   (``> tool calculate {...}`` then ``> calculate: code 0``); a call waiting for a human's
   approval shows as ``> waiting for approval of save_note (...)``, and the stream goes on
   once someone decides (``POST /v1/sessions/{id}/approvals/{tool_call_id}/approve``).
-* ``model`` is echoed; the session's configured model answers. Sampling parameters
-  (``temperature``...) are accepted and ignored. ``usage`` is zero.
+* ``model`` is echoed; the session's configured model answers. The request is checked
+  strictly (:class:`ChatCompletionRequest`): sampling and length parameters
+  (``temperature``, ``max_tokens``... :data:`IGNORED_FIELDS`) are accepted and ignored;
+  what would change the contract (``tools``, ``functions``, ``tool_choice``,
+  ``function_call``, ``response_format`` other than text, ``n`` > 1, ``logprobs``, audio)
+  and unknown fields are refused (422, naming the field). ``usage`` is zero.
 * Errors are problem documents (RFC 9457) that also carry OpenAI's ``error`` member, so
   an OpenAI SDK raises them with their message. Inside a stream, an error is a
   ``data: {"error": {...}}`` event (what the OpenAI SDK raises from).
@@ -30,7 +34,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -42,7 +46,7 @@ from hermes.errors import HermesError, SessionNotFoundError
 from hermes.events import TurnEvent
 from hermes.models import TurnResult
 
-__all__ = ["MODELS", "MODEL_ID", "ChatCompletionRequest", "chat_completions"]
+__all__ = ["IGNORED_FIELDS", "MODELS", "MODEL_ID", "REFUSED_FIELDS", "ChatCompletionRequest", "chat_completions"]
 
 MODEL_ID = "hermes"
 """The model id ``GET /v1/models`` lists (any ``model`` is accepted and echoed)."""
@@ -51,24 +55,131 @@ _SESSION_ID = re.compile(SESSION_ID_PATTERN)
 
 
 class ChatMessageIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """One message of the request. Only the last one is read (its ``content``); the others
+    are the caller's copy of the history, which the session already holds, so their other
+    members (``name``, ``tool_calls``...) are accepted as they are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
 
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[dict[str, Any]] | None = None
 
 
-class ChatCompletionRequest(BaseModel):
-    """OpenAI's "Create chat completion" body; the fields Hermes reads are typed, the
-    others (sampling parameters, ``n``...) accepted and ignored."""
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    model_config = ConfigDict(extra="allow")
+    include_usage: bool | None = None
+    """Honoured: a last chunk with ``usage`` (zero)."""
+    include_obfuscation: bool | None = None
+    """Ignored (no obfuscation padding is sent)."""
+
+
+REFUSED_FIELDS: dict[str, str] = {
+    "tools": "the session's own tools run inside Hermes (with its approvals); a request cannot bring tools",
+    "tool_choice": "the session's model chooses among the session's own tools",
+    "functions": "the session's own tools run inside Hermes; a request cannot bring functions",
+    "function_call": "the session's model chooses among the session's own tools",
+    "audio": "replies are text only",
+    "web_search_options": "the session has no web search of OpenAI's",
+    "top_logprobs": "log probabilities are not available",
+}
+"""Fields that would change what the caller gets back: refused (422) when set, naming the
+field and why. An empty ``tools`` or ``functions`` list asks for nothing and is taken."""
+
+IGNORED_FIELDS = (
+    "temperature", "top_p", "frequency_penalty", "presence_penalty", "max_tokens", "max_completion_tokens",
+    "stop", "seed", "logit_bias", "metadata", "store", "service_tier", "parallel_tool_calls", "reasoning_effort",
+    "verbosity", "prompt_cache_key", "safety_identifier", "prediction",
+)
+"""Fields accepted (type-checked) and ignored: the session's configured model and its
+settings decide sampling, length and storage (README, "OpenAI-compatible endpoint")."""
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI's "Create chat completion" body, strictly: an unknown field, a value of the
+    wrong type (``"stream": "yes"``), or a field that would change the contract
+    (:data:`REFUSED_FIELDS`; ``n`` other than 1; ``response_format`` other than text;
+    ``logprobs``; ``modalities`` other than text) is a 422 naming the field. Honoured:
+    ``model`` (echoed), ``messages`` (the last, the user's), ``stream``,
+    ``stream_options.include_usage``, ``user`` (the session id when there is no
+    ``X-Hermes-Session-Id``). Accepted and ignored: :data:`IGNORED_FIELDS`."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     model: str = Field(default=MODEL_ID, max_length=200)
     messages: list[ChatMessageIn] = Field(min_length=1)
     stream: bool = False
-    stream_options: dict[str, Any] | None = None
+    stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=200)
+    n: int | None = None
+    response_format: dict[str, Any] | None = None
+    logprobs: bool | None = None
+    modalities: list[str] | None = None
+    # Refused when set (REFUSED_FIELDS).
     tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    functions: list[dict[str, Any]] | None = None
+    function_call: str | dict[str, Any] | None = None
+    audio: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    top_logprobs: int | None = None
+    # Accepted and ignored (IGNORED_FIELDS).
+    temperature: float | None = None
+    top_p: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    logit_bias: dict[str, float] | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    service_tier: str | None = None
+    parallel_tool_calls: bool | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    prompt_cache_key: str | None = None
+    safety_identifier: str | None = None
+    prediction: dict[str, Any] | None = None
+
+    @field_validator(*REFUSED_FIELDS)
+    @classmethod
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None or (info.field_name in ("tools", "functions") and value == []):
+            return value
+        raise ValueError(f"`{info.field_name}` is not taken: {REFUSED_FIELDS[str(info.field_name)]}")
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int | None) -> int | None:
+        if value not in (None, 1):
+            raise ValueError(f"`n` is {value}: a session gives one reply per message, so `n` must be 1")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_only(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None and value.get("type") != "text":
+            raise ValueError(
+                f"`response_format` type {value.get('type')!r} is not taken: the session's model answers in "
+                "plain text (only {'type': 'text'})"
+            )
+        return value
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | None) -> bool | None:
+        if value:
+            raise ValueError("`logprobs` is not taken: log probabilities are not available")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_modality(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and value != ["text"]:
+            raise ValueError(f"`modalities` {value} is not taken: replies are text only (['text'])")
+        return value
 
 
 def _text_of(message: ChatMessageIn) -> str:
@@ -82,12 +193,13 @@ def _text_of(message: ChatMessageIn) -> str:
 
 
 def check_request(body: ChatCompletionRequest) -> None:
-    """Refuse what this endpoint does not take (422): a request's own tools, a last
-    message that is not the user's."""
-    if body.tools:
-        raise Problem("validation-failed", "`tools` are not taken: the session's own tools run inside Hermes")
+    """Refuse a last message that is not the user's (422); the model refused the rest."""
     if body.messages[-1].role != "user":
-        raise Problem("validation-failed", f"the last message must be the user's (got {body.messages[-1].role!r})")
+        last = len(body.messages) - 1
+        raise Problem(
+            "validation-failed", f"the last message must be the user's (got {body.messages[-1].role!r})",
+            errors=[{"loc": ["messages", last, "role"], "msg": "the last message must be the user's", "type": "value_error"}],
+        )
 
 
 def _session_id(request: Request, body: ChatCompletionRequest) -> str:
@@ -122,7 +234,7 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     send = dict(user_id=user_id, channel="openai", client_message_id=f"api-{key}" if key else None)
     completion_id = f"chatcmpl-{session_id}-{int(time.time() * 1000)}"
     if body.stream:
-        usage = bool((body.stream_options or {}).get("include_usage"))
+        usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage)
         return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
     result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
