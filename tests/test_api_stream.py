@@ -18,11 +18,12 @@ from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 
 from tests.test_events import STREAMING_SCRIPT
 
 
-async def read_sse(response: Any, *, stop_after: int | None = None) -> list[dict[str, Any]]:
-    """The events of an SSE response ({"id", "event", "data"}), ``stop_after`` of them at most."""
+async def read_sse(response: Any, *, stop_after: int | None = None, lines: Any = None) -> list[dict[str, Any]]:
+    """The events of an SSE response ({"id", "event", "data"}), ``stop_after`` of them at
+    most (``lines``: the rest of a line iterator of it already begun)."""
     events: list[dict[str, Any]] = []
     current: dict[str, Any] = {}
-    async for line in response.aiter_lines():
+    async for line in lines if lines is not None else response.aiter_lines():
         if line.startswith(":"):
             continue
         if not line:
@@ -133,3 +134,43 @@ async def test_an_event_offset_after_the_newest_event_is_refused_with_400_not_fo
             live = await read_sse(r, stop_after=1)
         assert live[0]["event"] == "turn_started" and live[0]["data"]["turn"] == sent.json()["turn"]
         assert (await hermes.get_state(sid)).turn_count == 2  # the refused stream_message sent nothing
+
+
+@pytest.mark.timeout(600)
+async def test_a_message_held_while_a_turn_awaits_approval_streams_keepalives_until_its_turn_runs(
+    run_worker, settings, keys, monkeypatch  # noqa: F811
+):
+    import asyncio
+
+    from hermes.api import sse as sse_module
+    from hermes.providers.scripted import ScriptedModel
+
+    monkeypatch.setattr(sse_module, "KEEPALIVE_SECONDS", 0.2)
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice = auth(keys["alice"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        url = f"/v1/sessions/{sid}/messages"
+        first = asyncio.create_task(http.post(url, json={"text": "Save a note: buy milk"}, headers=alice))
+        pending = await hermes.wait_for_approval(sid, timeout_seconds=120)
+        sse_headers = {**alice, "Accept": "text/event-stream"}
+        async with http.stream("POST", url, json={"text": "What is 2 ** 10?"}, headers=sse_headers) as r:
+            assert r.status_code == 200
+            lines = r.aiter_lines()
+            held: list[str] = []
+
+            async def until_keepalive() -> None:
+                async for line in lines:
+                    held.append(line)
+                    if line.startswith(":"):
+                        return
+
+            # The session holds the message while the first turn awaits its approval: the
+            # stream stayed silent (a proxy's idle timeout would cut it) until this fix.
+            await asyncio.wait_for(until_keepalive(), 60)
+            assert held[-1] == ": keepalive" and not any(line.startswith("event: result") for line in held), held
+            decided = await http.post(f"/v1/sessions/{sid}/approvals/{pending.tool_call_id}/approve", headers=alice)
+            assert decided.status_code == 200, decided.text
+            events = await read_sse(r, lines=lines)
+        assert events[-1]["event"] == "result" and events[-1]["data"]["reply"].endswith("1024."), events
+        assert (await first).status_code == 200

@@ -26,13 +26,14 @@ from pydantic.json_schema import models_json_schema
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from hermes.api.keys import Identity, KeyRing
 from hermes.api import openai_compat
 from hermes.api.openai_compat import ChatCompletionRequest
 from hermes.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemDocument, problem_for, problem_response
+from hermes.api.sse import event_stream, sse
 from hermes.api.schemas import (
     ApprovalList,
     CreateSessionRequest,
@@ -347,20 +348,15 @@ async def send_message(request: Request) -> Response:
     hermes = await backend.client()
     send = dict(user_id=state.user_id, channel=state.channel, client_message_id=f"api-{key}" if key else None)
     if _wants_events(request):
-        return _event_stream(_turn_events(hermes, session_id, body.text, send))
+        # Keepalives too: a message that comes while a turn awaits a human's approval is
+        # held by the session (up to the approval timeout) before its own turn starts.
+        return event_stream(_turn_events(hermes, session_id, body.text, send))
     result = await hermes.send_message(session_id, body.text, **send)  # type: ignore[arg-type]
     return _json(result)
 
 
 def _wants_events(request: Request) -> bool:
     return "text/event-stream" in request.headers.get("accept", "")
-
-
-def sse(event: str, data: str, event_id: str | None = None) -> str:
-    """One server-sent event (WHATWG HTML, "Server-sent events"): ``id``, ``event`` and
-    ``data`` lines and a blank line; ``data`` is one line of JSON."""
-    head = f"id: {event_id}\n" if event_id else ""
-    return f"{head}event: {event}\ndata: {data}\n\n"
 
 
 async def _turn_events(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> AsyncIterator[str]:
@@ -374,10 +370,6 @@ async def _turn_events(hermes: HermesClient, session_id: str, text: str, send: d
                 yield sse("result", item.model_dump_json())
     except HermesError as err:
         yield sse("error", json.dumps(problem_for(err).document(), ensure_ascii=False, default=str))
-
-
-KEEPALIVE_SECONDS = 15.0
-"""An SSE comment is sent after this long without events, so proxies keep the stream open."""
 
 
 async def session_events(request: Request) -> Response:
@@ -410,27 +402,13 @@ async def session_events(request: Request) -> Response:
         raise Problem("events-unavailable", f"Redis did not answer: {err}") from None
 
     async def stream() -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
-        quiet_since = loop.time()
         async for batch in events.follow(session_id, after, poll_ms=1_000):
             if await request.is_disconnected():
                 return
             for event in batch:
                 yield sse(event.type, event.model_dump_json(), event.offset)
-            if batch:
-                quiet_since = loop.time()
-            elif loop.time() - quiet_since >= KEEPALIVE_SECONDS:
-                quiet_since = loop.time()
-                yield ": keepalive\n\n"
 
-    return _event_stream(stream())
-
-
-def _event_stream(body: AsyncIterator[str]) -> Response:
-    return StreamingResponse(
-        body, media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    return event_stream(stream())
 
 
 async def get_transcript(request: Request) -> Response:

@@ -36,11 +36,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from hermes.api.keys import Identity
 from hermes.api.problems import Problem, problem_for
 from hermes.api.schemas import SESSION_ID_PATTERN
+from hermes.api.sse import event_stream
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.events import TurnEvent
@@ -236,7 +237,7 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage)
-        return StreamingResponse(chunks, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
+        return event_stream(chunks)  # with keepalive comments, which the OpenAI SDK skips
     result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
     return JSONResponse(_completion(result, completion_id, body.model))
 
