@@ -78,16 +78,18 @@ async def read_audit(
 
 def approval_events(entries: list[ApprovalAuditEntry]) -> list[TurnEvent]:
     """The turn events of audit ``entries``: ``approval_requested`` for each request and
-    ``approval_decided`` for each verdict (approved, rejected, expired, cancelled)."""
+    ``approval_decided`` for each verdict (approved, rejected, expired, cancelled), each
+    with the turn of its tool call (``ApprovalAuditEntry.turn``; None from a worker
+    before it was recorded)."""
     events: list[TurnEvent] = []
     for e in entries:
         data: dict[str, Any] = {"tool_call_id": e.tool_call_id, "name": e.tool_name}
         if e.event == "requested":
             data.update(requester=e.requester, permission=e.permission, arguments=preview_json(e.arguments, EVENT_ARGUMENTS_CHARS))
-            events.append(TurnEvent(type="approval_requested", session_id=e.session_id, data=data, at=e.at))
+            events.append(TurnEvent(type="approval_requested", session_id=e.session_id, turn=e.turn, data=data, at=e.at))
         elif e.event == "verdict":
             data.update(approved=e.approved, approver=e.approver, outcome=e.outcome, reason=e.reason)
-            events.append(TurnEvent(type="approval_decided", session_id=e.session_id, data=data, at=e.at))
+            events.append(TurnEvent(type="approval_decided", session_id=e.session_id, turn=e.turn, data=data, at=e.at))
     return events
 
 

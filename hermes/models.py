@@ -657,6 +657,9 @@ class ApprovalAuditEntry(BaseModel):
     ``verdict``: approved / rejected / expired / cancelled."""
     detail: str = ""
     reason: str | None = None
+    turn: int | None = None
+    """The turn whose tool call this is (None: entries written before it was recorded, and
+    a decision on a tool call the session does not know)."""
 
 
 class ApprovalAuditBatch(BaseModel):

@@ -174,3 +174,43 @@ async def test_a_message_held_while_a_turn_awaits_approval_streams_keepalives_un
             events = await read_sse(r, lines=lines)
         assert events[-1]["event"] == "result" and events[-1]["data"]["reply"].endswith("1024."), events
         assert (await first).status_code == 200
+
+
+@pytest.mark.timeout(600)
+async def test_approval_events_carry_the_turn_of_their_tool_call(run_worker, settings, keys):  # noqa: F811
+    from hermes.providers.scripted import ScriptedModel
+
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice = auth(keys["alice"])
+        sid = f"api-{uuid.uuid4()}"
+        url = f"/v1/sessions/{sid}/messages"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        assert (await http.post(url, json={"text": "What is 2 ** 10?"}, headers=alice)).status_code == 200
+        sse_headers = {**alice, "Accept": "text/event-stream"}
+        async with http.stream("POST", url, json={"text": "Save a note: buy milk"}, headers=sse_headers) as r:
+            lines = r.aiter_lines()
+            requested = await read_sse(r, stop_after=1, lines=_after_event(lines, "approval_requested"))
+            call = requested[0]["data"]["data"]["tool_call_id"]
+            decided = await http.post(f"/v1/sessions/{sid}/approvals/{call}/approve", headers=alice)
+            assert decided.status_code == 200, decided.text
+            rest = await read_sse(r, lines=lines)
+        result = rest[-1]["data"]
+        assert rest[-1]["event"] == "result" and result["turn"] == 2
+        approvals = requested + [e for e in rest if e["event"].startswith("approval_")]
+        assert [e["event"] for e in approvals] == ["approval_requested", "approval_decided"]
+        # Both were `turn: null` (the audit log that publishes them did not know the turn).
+        assert [e["data"]["turn"] for e in approvals] == [2, 2], approvals
+        stored = [e for e in await hermes.events.read(sid, START) if e.type.startswith("approval_")]
+        assert [e.turn for e in stored] == [2, 2]
+
+
+async def _after_event(lines: Any, kind: str) -> Any:
+    """The lines of an SSE response from the event of type ``kind`` (the ones before it
+    skipped) to the end of that event."""
+    started = False
+    async for line in lines:
+        started = started or line == f"event: {kind}"
+        if started:
+            yield line
+            if not line:
+                return

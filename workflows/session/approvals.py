@@ -244,6 +244,8 @@ class ApprovalBook:
                 requester=pending.requester or self.user_id,
                 permission=pending.permission,
                 arguments=pending.arguments if event == "requested" else {},
+                # The stand-in for an unknown tool call's decision has turn 0: no turn.
+                turn=pending.turn or None,
                 **fields,
             )
         )
