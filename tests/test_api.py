@@ -269,7 +269,7 @@ async def test_closing_or_deciding_on_a_closed_session_is_409_at_once_and_on_an_
 @pytest.mark.timeout(900)
 async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker, settings, keys):
     async with run_worker(ScriptedModel.demo(), memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
-        alice, bob, carol = auth(keys["alice"]), auth(keys["bob"]), auth(keys["carol"])
+        alice, bob, carol, root = auth(keys["alice"]), auth(keys["bob"]), auth(keys["carol"]), auth(keys["root"])
         sid = f"api-{uuid.uuid4()}"
         assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
         turn = asyncio.create_task(http.post(f"/v1/sessions/{sid}/messages", json={"text": "Save a note: buy milk"}, headers=alice))
@@ -292,6 +292,7 @@ async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker,
         # other than the requester (admin tools).
         assert (sid, call) not in await approvals(carol)
         assert (sid, call) not in await approvals(bob)
+        assert (sid, call) not in await approvals(root)  # the admin role neither (README said it did)
 
         base = f"/v1/sessions/{sid}/approvals/{call}"
         # A user key of someone else may not decide; a name in the body is refused.
@@ -320,13 +321,28 @@ async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker,
         second = pending_now[0].tool_call_id
         refused = assert_problem(await http.post(f"/v1/sessions/{sid}/approvals/{second}/reject", headers=carol), 403, "forbidden")
         assert "may not confirm" in refused["detail"] and not turn.done()
+        refused = assert_problem(await http.post(f"/v1/sessions/{sid}/approvals/{second}/approve", headers=root), 403, "forbidden")
+        assert "may not confirm" in refused["detail"] and not turn.done()
         rejected = await http.post(f"/v1/sessions/{sid}/approvals/{second}/reject", headers=alice)
         assert rejected.status_code == 200, rejected.text
         assert rejected.json()["approver"] == "alice" and rejected.json()["approved"] is False
         reply = await asyncio.wait_for(turn, 120)
         assert reply.json()["tool_calls"][0]["result"]["code"] == 5  # denied by a human
         decisions = [(d.tool_call_id, d.approver, d.outcome) for d in (await hermes.get_state(sid)).decisions]
-        assert [d for d in decisions if d[0] == second] == [(second, "carol", "not_allowed"), (second, "alice", "applied")]
+        assert [d for d in decisions if d[0] == second] == [
+            (second, "carol", "not_allowed"), (second, "root", "not_allowed"), (second, "alice", "applied"),
+        ]
+
+
+def test_the_readme_states_who_may_confirm_a_write_call_as_the_session_checks_it():
+    """The README said approver and admin keys decide any session's approvals; the session
+    takes a write call's confirmation only from its user or a listed approver."""
+    text = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert "`approver` may also decide approvals of any session" not in text
+    assert "or every session's with the `approver` or `admin` role |" not in text
+    assert ("a `write` call (policy `confirm`) only by **the session's user or a user listed in the policy's "
+            "`approvers`**") in text
+    assert "the `approver` and `admin` roles do not let a key confirm another user's `write` call" in text
 
 
 # --------------------------------------------------------------------------- memory

@@ -114,7 +114,7 @@ class Backend:
         except SessionNotFoundError:
             raise Problem("not-found", f"no session {session_id!r}") from None
         if deciding and not identity.may_decide(state.user_id):
-            raise Problem("forbidden", f"deciding approvals of session {session_id!r} needs its own user or the approver role")
+            raise Problem("forbidden", f"deciding approvals of session {session_id!r} needs its own user's key or the approver or admin role")
         if not deciding and not identity.may_use(state.user_id):
             raise Problem("forbidden", f"session {session_id!r} belongs to another user")
         return state
@@ -583,8 +583,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "Close the session: pending approvals denied, new messages refused (409); 409 when it is closed already",
               None, 204, errors=(*_SESSION_ERRORS, 409)),
     Operation("GET", "/v1/approvals", list_approvals,
-              "Pending approvals the key may decide: its user's sessions' confirmations, and with the approver or admin "
-              "role every session's approvals that need someone other than the requester",
+              "Pending approvals the key may decide: of its user's sessions, and with the approver or admin role of any "
+              "session, each only if the session would take the key's user's decision (a write call: its user or a "
+              "listed approver; an admin call: a listed approver, anyone but the requester when none is listed)",
               ApprovalList, errors=(401, 503)),
     Operation("POST", "/v1/sessions/{session_id}/approvals/{tool_call_id}/approve", approve,
               "Approve a pending tool call as the key's user", DecisionRecord, 200, DecisionRequest, (400, 401, 403, 404, 409, 422, 503)),
