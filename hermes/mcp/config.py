@@ -88,6 +88,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hermes.errors import ConfigError
+from hermes.redaction import secret_forms
 from hermes.models import Idempotency, Permission
 
 # Shared with tool files (hermes.tools.files); private there, imported on purpose so both
@@ -761,8 +762,8 @@ def redact(text: Any, resolved: ResolvedServer | Iterable[ResolvedServer]) -> An
         The same shape, secrets masked (see :attr:`ResolvedServer.secrets`).
     """
     servers = [resolved] if isinstance(resolved, ResolvedServer) else list(resolved)
-    secrets = sorted({s for server in servers for s in server.secrets}, key=lambda s: (-len(s), s))
-    return _mask(text, secrets)
+    return _mask(text, secret_forms(s for server in servers for s in server.secrets))
+
 
 
 def _mask(value: Any, secrets: list[str]) -> Any:

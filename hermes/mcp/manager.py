@@ -96,6 +96,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from hermes.errors import HermesError
+from hermes import redaction
 from hermes.mcp.config import McpConfig, ResolvedServer, ServerConfig, Transport, redact, resolve_all
 from hermes.mcp.http import HTTP_ERROR_BODY_CHARS, HttpState, ReportingTransport
 from hermes.mcp.http import first_line as _first_line
@@ -364,6 +365,8 @@ class McpManager:
         self.config = config
         self.resolved: dict[str, ResolvedServer] = resolve_all(config, environ)
         """Resolved servers by name (worker-only; ``repr`` masks secrets)."""
+        # Libraries log what they send (httpx: every URL; the mcp client: whole messages).
+        redaction.register(s for server in self.resolved.values() for s in server.secrets)
         self._servers = {name: _Server(resolved) for name, resolved in self.resolved.items()}
         self._live: set[_Connection] = set()
         self._closed = False

@@ -184,7 +184,7 @@ class McpToolset:
         policy = server.policy(listed.name)
         if listed.name in (_READ_RESOURCE, _GET_PROMPT):  # reading never changes anything
             policy = policy.model_copy(update={"permission": "read", "idempotency": "idempotent"})
-        schema = dict(getattr(listed, "input_schema", None) or {"type": "object"})
+        schema = self._masked(dict(getattr(listed, "input_schema", None) or {"type": "object"}))
         checked = True
         try:
             args_layer.check_schema(schema)
@@ -193,7 +193,8 @@ class McpToolset:
             checked = False
         return McpTool(
             name=model_name,
-            description=server.describe(listed.name, getattr(listed, "description", None)) or f"{listed.name} ({server_name})",
+            description=self._masked(server.describe(listed.name, getattr(listed, "description", None)))
+            or f"{listed.name} ({server_name})",
             parameters_schema=schema,
             tier="external",
             idempotency=policy.idempotency,
@@ -220,12 +221,14 @@ class McpToolset:
         :class:`McpUnavailable` (code 2; retried only if the tool is retry-safe)."""
         try:
             if origin.tool == _READ_RESOURCE:
-                return resource_result(await self.manager.read_resource(origin.server, str(arguments.get("uri", ""))))
+                return self._masked(
+                    resource_result(await self.manager.read_resource(origin.server, str(arguments.get("uri", ""))))
+                )
             if origin.tool == _GET_PROMPT:
                 prompt_arguments = {str(k): str(v) for k, v in (arguments.get("arguments") or {}).items()}
-                return prompt_result(
+                return self._masked(prompt_result(
                     await self.manager.get_prompt(origin.server, str(arguments.get("name", "")), prompt_arguments)
-                )
+                ))
             result = await self.manager.call_tool(origin.server, origin.tool, arguments, timeout_seconds=timeout_seconds)
         except Exception as err:  # noqa: BLE001 - every transport/process failure is "unavailable"
             raise McpUnavailable(
@@ -233,7 +236,20 @@ class McpToolset:
                 maybe_ran=bool(getattr(err, "maybe_ran", isinstance(err, TimeoutError))),
                 http_status=getattr(err, "http_status", None),
             ) from None
-        return call_result(result)
+        return self._masked(call_result(result))
+
+    def _masked(self, value: Any) -> Any:
+        """``value`` (a tool result, a description, a schema) with every MCP server's
+        resolved secret masked (``***``; :func:`hermes.mcp.config.redact`): a server that
+        echoes its token (from its env, its URL or an ``Authorization`` header) must not put
+        it in workflow history, Redis, the transcript or the model's context. Every
+        server's, not only the caller's: a server may know another's."""
+        resolved = list(getattr(self.manager, "resolved", {}).values())
+        if not resolved:
+            return value
+        if isinstance(value, ToolResult):
+            return value.model_copy(update={"message": redact(value.message, resolved), "data": redact(value.data, resolved)})
+        return redact(value, resolved)
 
 
 _READ_RESOURCE = "resources.read"

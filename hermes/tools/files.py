@@ -70,6 +70,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hermes import redaction
 from hermes.config_files import read_document
 from hermes.errors import ConfigError, ToolRegistrationError
 from hermes.models import CompositeStep, Idempotency, Permission, Tier, ToolGroup
@@ -372,6 +373,7 @@ def _build_tool(decl: ToolDecl, key: str, source: str, environ: Mapping[str, str
         )
     if idempotency is None:
         idempotency = "idempotent" if endpoint.method in ("GET", "HEAD") else "none"
+    redaction.register(endpoint.secrets)  # httpx logs every URL it requests
     return HttpTool(
         **common,
         tier=decl.tier or "external",
