@@ -64,6 +64,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import hmac
 import json
 import logging
 import socket
@@ -80,7 +81,10 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.api.common.v1 import Payload
 
+from hermes import encryption
 from hermes.blobs import BLOB_KEY, BlobStore
+from hermes.encryption import EncryptionCodec, KeyRing
+from hermes.errors import ConfigError
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -616,25 +620,56 @@ async def decode_payloads(store: BlobStore, payloads: list[dict[str, Any]]) -> l
 # --------------------------------------------------------------------------- the app
 
 
-def create_app(store: BlobStore, *, ui_origins: list[str]) -> Starlette:
+def create_app(
+    store: BlobStore, *, ui_origins: list[str], keyring: KeyRing | None = None, token: str | None = None
+) -> Starlette:
     """The codec server's ASGI app.
 
     Args:
         store: where the bodies are (a :class:`hermes.blobs.BlobStore` on the workers' Redis).
         ui_origins: origins of the Temporal Web UI(s) allowed to call it from a browser,
             e.g. ``["http://localhost:8233"]``; others get no CORS headers (a preflight
-            from them is answered 400).
+            from them is answered 400), and a request naming another ``Origin`` is 403.
+        keyring: with payload encryption on (:mod:`hermes.encryption`), the keys: ``/decode``
+            decrypts, ``/encode`` encrypts.
+        token: when set, every request needs ``Authorization: Bearer <token>`` (401 without).
 
     Returns:
         A Starlette app serving ``POST /decode``, ``POST /encode`` and both under
         ``/{namespace}/``.
+
+    Raises:
+        ValueError: a ``keyring`` without a ``token`` (decrypted conversations for anyone).
     """
+    if keyring is not None and not token:
+        raise ValueError("a codec server that decrypts needs a bearer token (HERMES_CODEC_TOKEN)")
+    codec = EncryptionCodec(keyring) if keyring is not None else None
+
+    def refused(request: Request) -> JSONResponse | None:
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in ui_origins:
+            return JSONResponse({"error": f"origin {origin!r} is not a Web UI this codec server serves"}, status_code=403)
+        if token and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+            return JSONResponse(
+                {"error": "missing or wrong bearer token (Authorization: Bearer <HERMES_CODEC_TOKEN>)"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
+        return None
 
     async def decode(request: Request) -> JSONResponse:
+        if (answer := refused(request)) is not None:
+            return answer
         try:
             payloads = await _payloads_of(request)
         except _BadRequest as err:
             return JSONResponse({"error": str(err)}, status_code=err.status_code)
+        if codec is not None:
+            try:
+                payloads = await _coded(codec.decode, payloads)
+            except Exception as err:  # noqa: BLE001 - an unknown key or altered data: say so, show nothing
+                log.warning("payloads not decrypted: %s", err)
+                return JSONResponse({"error": f"cannot decrypt: {err}"}, status_code=400)
         try:
             decoded = await decode_payloads(store, payloads)
         except Exception:  # noqa: BLE001 - a 500 would blank the Web UI
@@ -643,11 +678,15 @@ def create_app(store: BlobStore, *, ui_origins: list[str]) -> Starlette:
         return JSONResponse({"payloads": decoded})
 
     async def encode(request: Request) -> JSONResponse:
-        # Hermes writes plain JSON payloads: what the UI or CLI sends is what the server stores.
+        if (answer := refused(request)) is not None:
+            return answer
         try:
             payloads = await _payloads_of(request)
         except _BadRequest as err:
             return JSONResponse({"error": str(err)}, status_code=err.status_code)
+        if codec is not None:
+            payloads = await _coded(codec.encode, payloads)
+        # Without encryption Hermes writes plain JSON payloads: what is sent is what is stored.
         return JSONResponse({"payloads": payloads})
 
     routes = [
@@ -666,6 +705,12 @@ def create_app(store: BlobStore, *, ui_origins: list[str]) -> Starlette:
         allow_private_network=True,
     )
     return Starlette(routes=routes, middleware=[cors])
+
+
+async def _coded(step: Callable[[list[Payload]], Any], payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``payloads`` (proto3 JSON) through a codec's ``encode`` or ``decode``."""
+    protos = [json_format.ParseDict(p, Payload()) for p in payloads]
+    return [json_format.MessageToDict(p) for p in await step(protos)]
 
 
 class _Server(uvicorn.Server):
@@ -692,7 +737,13 @@ def _listening_socket(host: str, port: int) -> socket.socket:
 
 @contextlib.asynccontextmanager
 async def running_codec_server(
-    store: BlobStore, *, host: str = "127.0.0.1", port: int = 8081, ui_origins: list[str] | None = None
+    store: BlobStore,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8081,
+    ui_origins: list[str] | None = None,
+    keyring: KeyRing | None = None,
+    token: str | None = None,
 ) -> AsyncIterator[str]:
     """Serve the codec server in this event loop while the block runs.
 
@@ -701,6 +752,8 @@ async def running_codec_server(
         host: address to listen on.
         port: TCP port (0: any free one).
         ui_origins: Web UI origins allowed by CORS; default :func:`default_ui_origins`.
+        keyring: payload encryption keys (see :func:`create_app`).
+        token: the bearer token every request needs (required with ``keyring``).
 
     Yields:
         The endpoint URL, e.g. ``http://127.0.0.1:8081`` (it accepts connections already).
@@ -712,7 +765,9 @@ async def running_codec_server(
     sock = _listening_socket(host, port)
     url = endpoint_url(host, sock.getsockname()[1])
     config = uvicorn.Config(
-        create_app(store, ui_origins=ui_origins if ui_origins is not None else default_ui_origins()),
+        create_app(
+            store, ui_origins=ui_origins if ui_origins is not None else default_ui_origins(), keyring=keyring, token=token
+        ),
         lifespan="off",
         ws="none",
         log_config=None,  # leave the process's logging as the host configured it
@@ -765,16 +820,27 @@ async def serve(
 
     Raises:
         OSError: the address cannot be bound.
+        ConfigError: payloads are encrypted and no ``HERMES_CODEC_TOKEN`` is set, or a key setting is bad.
         redis.exceptions.ConnectionError: Redis does not answer at start.
     """
     from hermes.demo import wait_until_interrupted
     from worker import connect_redis
 
+    keyring = encryption.keyring_from_settings(settings)
+    token = settings.codec_token.get_secret_value() if settings.codec_token is not None else None
+    if keyring is not None and not token:
+        raise ConfigError(
+            "payloads are encrypted, so the codec server decrypts conversations: set a bearer token for it",
+            source="HERMES_CODEC_TOKEN",
+        )
+    encryption.activate(keyring)  # the content store's Redis copies are sealed with the same keys
     redis = connect_redis(settings.resolved_redis_url)
     try:
         await redis.ping()
         origins = ui_origins if ui_origins else default_ui_origins(settings.ui_port)
-        async with running_codec_server(BlobStore(redis), host=host, port=port, ui_origins=origins) as url:
+        async with running_codec_server(
+            BlobStore(redis), host=host, port=port, ui_origins=origins, keyring=keyring, token=token
+        ) as url:
             if on_ready is not None:
                 on_ready(url)
             await wait_until_interrupted()

@@ -732,8 +732,8 @@ async def run_demo(
         StackError: the embedded stack could not start and no running one answers.
     """
     from temporalio.client import Client
-    from temporalio.contrib.pydantic import pydantic_data_converter
 
+    from hermes import encryption
     from hermes.providers.scripted import ScriptedModel
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
@@ -758,7 +758,7 @@ async def run_demo(
             + (f" · Web UI {servers.ui_url}" if servers.ui_url else "")
         )
         client = await Client.connect(
-            servers.temporal_address, namespace=servers.namespace, data_converter=pydantic_data_converter
+            servers.temporal_address, namespace=servers.namespace, data_converter=encryption.converter_for(settings)
         )
         await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, servers.namespace)
         redis = connect_redis(servers.redis_url)

@@ -42,6 +42,17 @@ class Settings(BaseSettings):
     codec_port: int = 8081
     """Port of the codec server `hermes dev` runs for its Web UI (``hermes.codec_server``:
     the UI shows the messages behind the content references of model calls)."""
+    codec_token: SecretStr | None = None
+    """Bearer token ``hermes codec-server`` requires of every request (the Web UI's codec
+    setting "pass access token", or ``Authorization: Bearer ...``); required when payloads
+    are encrypted, since the codec server then decrypts conversations."""
+    encryption_keys: SecretStr | None = None
+    """Keys encrypting Temporal payloads and Redis copies of message bodies,
+    ``"<id>:<base64 key>,..."``: the first encrypts, every one decrypts (rotation: put the
+    new key first). Unset, and no ``encryption_key_file``: payloads are stored in clear
+    (:mod:`hermes.encryption`)."""
+    encryption_key_file: Path | None = None
+    """The same keys in a file, one ``<id> <base64 key>`` per line, the first encrypting."""
     client_retry_seconds: float = Field(default=120.0, gt=0)
     """How long a client call (``HermesClient``, ``hermes send``/``chat``/...) keeps
     retrying transient Temporal failures, from the first failure since the session last

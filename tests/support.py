@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import base64
+import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -55,3 +57,24 @@ def raw_insert(store: Any, c: Any, *, updated_at: Any, mentions: int = 1, valid_
     row.update(created_at=c.created_at, mentions=mentions, valid_until=valid_until)
     store.insert_rows([row])
     return c.candidate_id
+
+
+def decoded_history(history_json: str) -> str:
+    """The history's JSON plus every payload decoded (payload data is base64 in it)."""
+    texts = [history_json]
+
+    def walk(node: Any) -> None:
+        if isinstance(node, dict):
+            if isinstance(node.get("data"), str) and isinstance(node.get("metadata"), dict):
+                try:
+                    texts.append(base64.b64decode(node["data"]).decode("utf-8", "replace"))
+                except ValueError:
+                    pass
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value)
+
+    walk(json.loads(history_json))
+    return "\n".join(texts)

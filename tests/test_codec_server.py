@@ -397,6 +397,7 @@ async def test_cors_preflight_is_answered_for_the_web_ui_origin_and_not_for_anot
     assert answer.headers["access-control-allow-origin"] == UI_ORIGIN
     other = await codec.post("/decode", json={"payloads": payloads}, headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in other.headers
+    assert other.status_code == 403 and "cors" not in other.text  # not decoded for another origin
 
 
 # --------------------------------------------------------------------------- Redis down

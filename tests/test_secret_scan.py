@@ -32,7 +32,8 @@ from hermes.tools.builtin import register_builtins
 from hermes.tools.files import register_tool_file
 from hermes.tools.registry import ToolRegistry
 from tests.test_mcp_session import results_json
-from tests.test_tool_files import EXAMPLE, SECRET, Endpoint, _decoded_history
+from tests.support import decoded_history
+from tests.test_tool_files import EXAMPLE, SECRET, Endpoint
 from tests.test_tool_layer import Steps
 
 ECHO = Path(__file__).resolve().parent / "mcp_servers" / "echo_secrets.py"
@@ -176,7 +177,7 @@ async def test_no_env_secret_of_a_tool_file_or_an_mcp_server_reaches_history_red
         assert token not in offered, token
 
     places = {
-        "history": _decoded_history(history.to_json()),
+        "history": decoded_history(history.to_json()),
         "redis": await redis_text(redis),
         "logs": caplog.text,
         "lancedb": files_text(Path(settings.resolved_memory_uri)).decode("utf-8", "replace"),

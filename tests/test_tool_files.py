@@ -7,7 +7,6 @@ fixtures with a scripted model.
 
 from __future__ import annotations
 
-import base64
 import json
 import threading
 import urllib.parse
@@ -26,6 +25,7 @@ from hermes.tools.builtin import register_builtins
 from hermes.tools.files import load_tool_file, register_tool_file
 from hermes.tools.http import EndpointUnavailableError, HttpTool
 from hermes.tools.registry import CompositeTool, ToolContext, ToolRegistry
+from tests.support import decoded_history
 
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "tools" / "weather.yaml"
 SECRET = "tok-7Hq2-very-secret-9Zx"
@@ -497,27 +497,6 @@ def test_a_file_tool_with_the_name_of_a_decorated_tool_is_refused_either_way(tmp
 # ---------------------------------------------------------------- end to end
 
 
-def _decoded_history(history_json: str) -> str:
-    """The history's JSON plus every payload decoded (payload data is base64 in it)."""
-    texts = [history_json]
-
-    def walk(node: Any) -> None:
-        if isinstance(node, dict):
-            if isinstance(node.get("data"), str) and isinstance(node.get("metadata"), dict):
-                try:
-                    texts.append(base64.b64decode(node["data"]).decode("utf-8", "replace"))
-                except ValueError:
-                    pass
-            for value in node.values():
-                walk(value)
-        elif isinstance(node, list):
-            for value in node:
-                walk(value)
-
-    walk(json.loads(history_json))
-    return "\n".join(texts)
-
-
 async def test_a_session_calls_the_http_tool_and_its_secret_never_enters_workflow_history(
     endpoint, run_worker, session_id, temporal_client, tmp_path
 ):
@@ -559,7 +538,7 @@ async def test_a_session_calls_the_http_tool_and_its_secret_never_enters_workflo
     assert request["headers"]["authorization"] == f"Bearer {SECRET}"  # the endpoint did get it
 
     history = await temporal_client.get_workflow_handle(session_id).fetch_history()
-    text = _decoded_history(history.to_json())
+    text = decoded_history(history.to_json())
     assert "Sunny in Paris" in text and "get_weather" in text  # the search sees payloads
     assert SECRET not in text
 

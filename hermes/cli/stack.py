@@ -225,11 +225,18 @@ async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str
     Yields its URL, or None when the port is taken: the worker and the stack are more
     use than the codec server, so that is a warning in the banner, not a failure.
     """
+    from hermes import encryption
     from hermes.blobs import BlobStore
     from hermes.codec_server import default_ui_origins, running_codec_server
 
+    keyring = encryption.keyring_from_settings(settings)
+    token = settings.codec_token.get_secret_value() if settings.codec_token is not None else None
+    if keyring is not None and not token:
+        yield None  # it would decrypt conversations for anyone: the banner says to set a token
+        return
     server = running_codec_server(
-        BlobStore(redis), host="127.0.0.1", port=settings.codec_port, ui_origins=default_ui_origins(settings.ui_port)
+        BlobStore(redis), host="127.0.0.1", port=settings.codec_port, ui_origins=default_ui_origins(settings.ui_port),
+        keyring=keyring, token=token,
     )
     async with contextlib.AsyncExitStack() as stack:
         try:
@@ -244,7 +251,19 @@ def _print_dev_banner(settings: Settings, servers: Any, model: str, codec_url: s
     mine = "embedded" if servers.stack is not None else "yours"
     temporal_is_mine = servers.stack is not None and settings.temporal_address is None
     fields = [*_server_fields(settings, servers), ("Worker", f"task queue {settings.task_queue}, model {model}")]
-    if codec_url is None:
+    encrypted = settings.encryption_keys is not None or settings.encryption_key_file is not None
+    if codec_url is None and encrypted and settings.codec_token is None:
+        fields.append(
+            (
+                "Codec server",
+                Text(
+                    "not started: payloads are encrypted and it would decrypt them for anyone; set "
+                    "HERMES_CODEC_TOKEN (the Web UI then needs that bearer token to show messages)",
+                    style="yellow",
+                ),
+            )
+        )
+    elif codec_url is None:
         fields.append(
             (
                 "Codec server",

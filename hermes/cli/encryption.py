@@ -1,0 +1,33 @@
+"""``hermes encryption-key``: a new key for encrypting payloads at rest (issue 17)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from hermes.cli.errors import EXIT_REFUSED, fail
+from hermes.cli.root import app
+from hermes.cli.output import err_console
+
+__all__ = ["encryption_key"]
+
+
+@app.command("encryption-key")
+def encryption_key(
+    key_id: Annotated[
+        str, typer.Option("--id", help="The key's id, stored beside every payload it encrypts (letters, digits, . _ -).")
+    ] = "k1",
+) -> None:
+    """Print a new random 256-bit key as `<id>:<base64>`, for HERMES_ENCRYPTION_KEYS (or, with
+    a space for the colon, a line of HERMES_ENCRYPTION_KEY_FILE). The first key listed
+    encrypts; keep older keys after it while sessions written with them live."""
+    from hermes.encryption import KEY_ID_RE, new_key
+
+    if not KEY_ID_RE.match(key_id):
+        raise fail(f"--id {key_id!r}: expected 1-64 letters, digits, '.', '_' or '-'", EXIT_REFUSED)
+    typer.echo(f"{key_id}:{new_key()}")
+    err_console.print(
+        "Put it first in HERMES_ENCRYPTION_KEYS on every client, worker and codec server; it is shown only this once.",
+        style="dim",
+    )

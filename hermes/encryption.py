@@ -1,0 +1,253 @@
+"""Encryption at rest: Temporal payloads and Redis copies of message bodies (issue 17).
+
+Conversations are personal data; without this, Temporal's history holds every message in
+clear. With keys configured, clients and workers encode every payload with AES-256-GCM
+(``cryptography``'s ``AESGCM``, a 96-bit random nonce per payload, the key id as associated
+data) through a Temporal payload codec (:class:`EncryptionCodec`,
+https://docs.temporal.io/payload-codec), so history, the Web UI and ``temporal workflow
+show`` see only ciphertext; the codec server (``hermes codec-server``) decrypts for the Web
+UI, with a bearer token, for the UI's origin only. The content store's Redis copies of
+message bodies (``hermes:blob:<ref>``) are encrypted with the same keys
+(:meth:`KeyRing.seal` / :meth:`KeyRing.open`).
+
+Keys (:func:`keyring_from_settings`): ``HERMES_ENCRYPTION_KEYS`` ("id:base64key,..."), or
+``HERMES_ENCRYPTION_KEY_FILE`` (one ``id base64key`` per line, ``#`` comments); each key 16,
+24 or 32 bytes (32: AES-256, what ``hermes encryption new-key`` makes). The first key
+encrypts; every listed key decrypts, so a rotation is: put the new key first, keep the old
+ones after it while sessions written with them live. A payload's ``encryption-key-id``
+metadata names its key. Payloads written before encryption was switched on (no such
+metadata) are read as they are.
+
+What stays clear: search attributes (Temporal indexes them; Hermes puts no message text in
+them: session id, user id, status, turn counts), workflow and activity type names, ids,
+timers; content references (``m:<hash>``) are hashes of the text, not the text.
+
+Errors: :class:`hermes.errors.ConfigError` for a bad key setting (naming the setting and
+what was expected); decoding a payload whose key is not configured raises
+:class:`UnknownKeyError` naming the key id.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import os
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from temporalio.converter import PayloadCodec
+
+from hermes.errors import ConfigError, HermesError
+
+if TYPE_CHECKING:
+    from hermes.settings import Settings
+
+ENCODING = b"binary/encrypted"
+"""The ``encoding`` metadata of an encrypted payload (the value Temporal's samples use)."""
+KEY_ID_METADATA = "encryption-key-id"
+NONCE_BYTES = 12
+KEY_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+SEALED_PREFIX = "enc:v1:"
+"""A Redis value encrypted by :meth:`KeyRing.seal`: ``enc:v1:<key id>:<base64 nonce+ciphertext>``."""
+
+
+class UnknownKeyError(HermesError):
+    """A payload or value was encrypted with a key that is not configured."""
+
+    def __init__(self, key_id: str, known: Iterable[str]):
+        self.key_id = key_id
+        super().__init__(
+            f"encrypted with key {key_id!r}, which is not configured (configured: {', '.join(known) or 'none'}); "
+            "keep old keys after the new one in HERMES_ENCRYPTION_KEYS / HERMES_ENCRYPTION_KEY_FILE"
+        )
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    """Encryption keys: ``current`` encrypts, every key in ``keys`` decrypts."""
+
+    keys: Mapping[str, bytes]
+    current: str
+
+    def __post_init__(self) -> None:
+        if self.current not in self.keys:
+            raise ValueError(f"the current key {self.current!r} is not among the keys")
+
+    def _aead(self, key_id: str) -> Any:
+        from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+        try:
+            return AESGCM(self.keys[key_id])
+        except KeyError:
+            raise UnknownKeyError(key_id, self.keys) from None
+
+    def encrypt(self, data: bytes) -> tuple[str, bytes]:
+        """``(key id, nonce + ciphertext)`` of ``data`` under the current key."""
+        nonce = os.urandom(NONCE_BYTES)
+        return self.current, nonce + self._aead(self.current).encrypt(nonce, data, self.current.encode())
+
+    def decrypt(self, key_id: str, sealed: bytes) -> bytes:
+        """The plaintext of ``sealed`` (nonce + ciphertext) under ``key_id``.
+
+        Raises:
+            UnknownKeyError: ``key_id`` is not configured.
+            cryptography.exceptions.InvalidTag: the data or its key id was altered.
+        """
+        return self._aead(key_id).decrypt(sealed[:NONCE_BYTES], sealed[NONCE_BYTES:], key_id.encode())
+
+    def seal(self, text: str) -> str:
+        """``text`` encrypted, as text (for Redis): ``enc:v1:<key id>:<base64>``."""
+        key_id, sealed = self.encrypt(text.encode("utf-8", "surrogatepass"))
+        return f"{SEALED_PREFIX}{key_id}:{base64.b64encode(sealed).decode()}"
+
+    def open(self, value: str) -> str:
+        """The text :meth:`seal` sealed; a value that is not sealed (written before
+        encryption was on) is returned as it is."""
+        if not value.startswith(SEALED_PREFIX):
+            return value
+        key_id, _, data = value[len(SEALED_PREFIX):].partition(":")
+        return self.decrypt(key_id, base64.b64decode(data)).decode("utf-8", "surrogatepass")
+
+
+class EncryptionCodec(PayloadCodec):
+    """A Temporal payload codec encrypting every payload with a :class:`KeyRing`.
+
+    Encoded payloads carry ``encoding: binary/encrypted`` and ``encryption-key-id``; decoding
+    passes payloads without that encoding through unchanged (written before encryption).
+    """
+
+    def __init__(self, keyring: KeyRing):
+        self.keyring = keyring
+
+    async def encode(self, payloads: Sequence[Any]) -> list[Any]:
+        from temporalio.api.common.v1 import Payload
+
+        out = []
+        for payload in payloads:
+            key_id, sealed = self.keyring.encrypt(payload.SerializeToString())
+            out.append(Payload(metadata={"encoding": ENCODING, KEY_ID_METADATA: key_id.encode()}, data=sealed))
+        return out
+
+    async def decode(self, payloads: Sequence[Any]) -> list[Any]:
+        from temporalio.api.common.v1 import Payload
+
+        out = []
+        for payload in payloads:
+            if payload.metadata.get("encoding") != ENCODING:
+                out.append(payload)
+                continue
+            key_id = payload.metadata.get(KEY_ID_METADATA, b"").decode()
+            out.append(Payload.FromString(self.keyring.decrypt(key_id, payload.data)))
+        return out
+
+
+def data_converter(keyring: KeyRing | None) -> Any:
+    """Hermes' data converter (pydantic), with the encryption codec when ``keyring`` is set."""
+    import dataclasses
+
+    from temporalio.contrib.pydantic import pydantic_data_converter
+
+    if keyring is None:
+        return pydantic_data_converter
+    return dataclasses.replace(pydantic_data_converter, payload_codec=EncryptionCodec(keyring))
+
+
+def converter_for(settings: Settings) -> Any:
+    """The data converter of a client or worker made with ``settings``: the key ring they
+    name (if any) is read, made this process' content-store key ring (:func:`activate`)
+    and put in the converter's payload codec.
+
+    Raises:
+        ConfigError: a bad key setting (see :func:`keyring_from_settings`).
+    """
+    keyring = keyring_from_settings(settings)
+    activate(keyring)
+    return data_converter(keyring)
+
+
+def parse_keys(text: str, *, source: str, separator: str) -> KeyRing:
+    """A key ring from ``id:base64`` (or ``id base64``) entries separated by ``separator``.
+
+    Raises:
+        ConfigError: an entry is malformed, a key id repeats, a key is not base64 of 16,
+            24 or 32 bytes, or there is no key; naming ``source`` and the entry.
+    """
+    keys: dict[str, bytes] = {}
+    order: list[str] = []
+    for number, raw in enumerate(text.split(separator), start=1):
+        entry = raw.split("#", 1)[0].strip() if separator == "\n" else raw.strip()
+        if not entry:
+            continue
+        if separator == ",":
+            key_id, _, encoded = (part.strip() for part in entry.partition(":"))
+        else:
+            key_id, encoded = (entry.split() + ["", ""])[:2] if len(entry.split()) == 2 else ("", "")
+        where = f"entry {number}"
+        if not encoded or not KEY_ID_RE.match(key_id):
+            raise ConfigError(
+                f"expected '<key id>{':' if separator == ',' else ' '}<base64 key>' with a key id of letters, digits, "
+                f"'.', '_' or '-' (at most 64); found something else at {where}",
+                source=source,
+            )
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"the key {key_id!r} is not valid base64", source=source) from None
+        if len(key) not in (16, 24, 32):
+            raise ConfigError(
+                f"the key {key_id!r} is {len(key)} bytes; expected 16, 24 or 32 (AES-128/192/256; "
+                "`hermes encryption new-key` makes a 32-byte one)",
+                source=source,
+            )
+        if key_id in keys:
+            raise ConfigError(f"the key id {key_id!r} is listed twice", source=source)
+        keys[key_id] = key
+        order.append(key_id)
+    if not order:
+        raise ConfigError("no key is listed", source=source)
+    return KeyRing(keys=keys, current=order[0])
+
+
+def keyring_from_settings(settings: Settings) -> KeyRing | None:
+    """The key ring the settings name (None: encryption off).
+
+    Raises:
+        ConfigError: both ``HERMES_ENCRYPTION_KEYS`` and ``HERMES_ENCRYPTION_KEY_FILE`` are
+            set, the file cannot be read, or a key is malformed.
+    """
+    keys = settings.encryption_keys.get_secret_value() if settings.encryption_keys is not None else ""
+    path = settings.encryption_key_file
+    if keys and path:
+        raise ConfigError("set HERMES_ENCRYPTION_KEYS or HERMES_ENCRYPTION_KEY_FILE, not both", source="HERMES_ENCRYPTION_KEYS")
+    if keys:
+        return parse_keys(keys, source="HERMES_ENCRYPTION_KEYS", separator=",")
+    if path:
+        try:
+            text = Path(path).expanduser().read_text(encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"cannot read the key file: {err.strerror or err}", source=str(path)) from None
+        return parse_keys(text, source=str(path), separator="\n")
+    return None
+
+
+def new_key() -> str:
+    """A new random 32-byte key, base64 (for a key file or ``HERMES_ENCRYPTION_KEYS``)."""
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+_ACTIVE: KeyRing | None = None
+
+
+def activate(keyring: KeyRing | None) -> None:
+    """Make ``keyring`` the one this process seals Redis copies of bodies with (the content
+    store reads :func:`active`); called where clients and workers connect."""
+    global _ACTIVE
+    _ACTIVE = keyring
+
+
+def active() -> KeyRing | None:
+    """The key ring of this process (None: values are stored in clear)."""
+    return _ACTIVE
