@@ -209,6 +209,17 @@ class Settings(BaseSettings):
     """The largest request body ``hermes serve`` reads, in bytes (1 MiB); a larger one
     is answered 413 and nothing is sent to the session."""
 
+    telemetry_enabled: bool = False
+    """OpenTelemetry traces and metrics (``HERMES_TELEMETRY_ENABLED=1``; ``hermes.telemetry``):
+    a trace per turn, spans for model, tool, MCP and memory calls, approval waits and
+    summaries, Hermes' and Temporal's metrics. Where they go is set by the standard
+    ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``,
+    ``OTEL_EXPORTER_OTLP_ENDPOINT``, ``OTEL_SERVICE_NAME``, ...). Off: no plugin, no
+    provider, the OpenTelemetry SDK is not imported."""
+    telemetry_message_text: bool = False
+    """Put message text (the user's message, the reply, the model's answer) in spans
+    (``HERMES_TELEMETRY_MESSAGE_TEXT=1``). Off: spans carry ids, names, sizes and codes only."""
+
     @property
     def resolved_worker_shutdown_seconds(self) -> float:
         """``worker_shutdown_seconds``, or the longest an activity attempt runs by default
