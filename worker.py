@@ -75,12 +75,27 @@ def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> T
 
 
 async def connect_client(settings: Settings) -> Client:
-    """A Temporal client with the pydantic data converter."""
-    return await Client.connect(
+    """A Temporal client with the pydantic data converter; with telemetry on
+    (``HERMES_TELEMETRY_ENABLED``, :mod:`hermes.telemetry`) also the OpenTelemetry plugin
+    (workers made with it trace too) and the runtime whose SDK metrics go to OpenTelemetry.
+
+    Raises:
+        ConfigError: an ``OTEL_*`` value Hermes cannot honour.
+    """
+    from hermes import telemetry
+
+    plugins = telemetry.plugins(settings)
+    extra: dict[str, Any] = {}
+    if plugins:
+        extra = {"plugins": plugins, "runtime": telemetry.runtime()}
+    client = await Client.connect(
         settings.resolved_temporal_address,
         namespace=settings.temporal_namespace,
         data_converter=pydantic_data_converter,
+        **extra,
     )
+    await telemetry.start_metrics_export()
+    return client
 
 
 def connect_redis(url: str) -> Any:
@@ -374,7 +389,10 @@ async def run_worker(
     from hermes.names import SEARCH_ATTRIBUTES
     from hermes.stack import ensure_search_attributes
 
+    from hermes import telemetry
+
     settings = settings or get_settings()
+    telemetry.configure(settings, service_name="hermes-worker", prometheus=True)
     client = await connect_client(settings)
     await ensure_search_attributes(client, SEARCH_ATTRIBUTES, settings.temporal_namespace)
     provider = make_provider(settings)

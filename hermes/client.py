@@ -513,6 +513,7 @@ class HermesClient:
             **kwargs: ``redis``, ``config``, ``durable`` and ``memory_store`` override what
                 the settings give.
         """
+        from hermes import telemetry
         from worker import connect_client, connect_redis
 
         settings = settings or get_settings()
@@ -526,6 +527,7 @@ class HermesClient:
                 namespace=settings.temporal_namespace,
                 data_converter=pydantic_data_converter,
                 runtime=runtime,
+                plugins=telemetry.plugins(settings),
             )
         return cls(
             client,
