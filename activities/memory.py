@@ -23,7 +23,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
-from hermes import names
+from hermes import names, telemetry
 from hermes.events import EventLog, TurnEvent
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
 from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
@@ -52,6 +52,9 @@ from hermes.memory.store import EmbeddingModelMismatch, MemoryStore, MemoryStore
 from hermes.models import CallModelInput, Message
 
 log = logging.getLogger("hermes.memory")
+
+_WRITE_OUTCOMES = tuple(f"hermes.memory.{o}" for o in ("inserted", "updated", "superseded", "unchanged", "dropped"))
+"""Span attributes of a written batch's counts, in ``count_memory_writes``' order."""
 
 STORE_WAIT_SECONDS = 5.0
 """How long a search waits for a store that is still opening before its turn goes on
@@ -245,7 +248,14 @@ class MemoryActivities:
         """
         if self.events is not None and inp.session_id and inp.turn is not None:
             await self.events.begin_turn(inp.session_id, inp.turn)
-        result = await self._search(inp)
+        attributes = None
+        if telemetry.enabled():
+            attributes = {"hermes.session_id": inp.session_id, "hermes.turn": inp.turn, "hermes.memory.limit": inp.limit}
+            if telemetry.message_text():
+                attributes["hermes.memory.query"] = inp.query
+        with telemetry.span("hermes.memory.search", attributes) as span:
+            result = await self._search(inp)
+            telemetry.set_attributes(span, {"hermes.memory.found": len(result.memories), "hermes.memory.error": result.error and result.error[:200]})
         if self.events is not None and inp.session_id and inp.turn is not None:
             if result.error:
                 event = TurnEvent(type="warning", session_id=inp.session_id, turn=inp.turn, data={"text": result.error})
@@ -422,8 +432,13 @@ class MemoryActivities:
                 batch and tries again later), or a store failure (retried).
         """
         try:
-            async with self._changing(inp.user_id):
-                return await self._run(lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None))
+            with telemetry.span("hermes.memory.write", {"hermes.memory.candidates": len(inp.candidates)} if telemetry.enabled() else None) as span:
+                async with self._changing(inp.user_id):
+                    report: WriteReport = await self._run(lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None))
+                counts = (len(report.inserted), len(report.updated), len(report.superseded), report.unchanged, report.dropped)
+                telemetry.set_attributes(span, dict(zip(_WRITE_OUTCOMES, counts)))
+                telemetry.count_memory_writes(*counts)
+                return report
         except EmbeddingModelMismatch as err:
             raise ApplicationError(str(err), type="EmbeddingModelMismatch", non_retryable=True) from None
         except MemoryStoreError as err:

@@ -20,7 +20,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import beat, heartbeating
-from hermes import names
+from hermes import names, telemetry
 from hermes.blobs import (
     MAX_INLINE_ARGUMENTS_BYTES,
     BlobStore,
@@ -384,6 +384,19 @@ class ModelActivities:
                 retried: the session compacts once and retries), ``"ModelRequestError"``
                 or ``"ScriptExhaustedError"`` (not retried).
         """
+        name = f"chat {request.model}" if request.model else "chat"
+        with telemetry.span(name, telemetry.chat_attributes(request) if telemetry.enabled() else None) as span:
+            result = await self._call_model(request)
+            if span is not None:
+                telemetry.set_attributes(span, telemetry.chat_result_attributes(result))
+                if not request.model and result.model:
+                    # The session left the model to the worker: the one it asked for.
+                    span.update_name(f"chat {result.model}")
+                    span.set_attribute("gen_ai.request.model", result.model)
+            return result
+
+    async def _call_model(self, request: CallModelInput) -> CallModelResult:
+        """:meth:`call_model` without its span."""
         # Heartbeats while waiting on the store and the provider: a dead worker's call
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
         async with heartbeating(), self._text_events(request) as text:
@@ -466,8 +479,17 @@ class ModelActivities:
         Raises:
             ApplicationError: as :meth:`call_model` (the session retries later).
         """
-        async with heartbeating():
-            return await self._summarize(request)
+        attributes = None
+        if telemetry.enabled():
+            attributes = {
+                "gen_ai.operation.name": "chat", "gen_ai.request.model": request.model, "hermes.model.purpose": "summary",
+                "hermes.session_id": request.session_id, "hermes.summary.upto_turn": request.upto_turn,
+            }
+        with telemetry.span("hermes.summary", attributes) as span:
+            async with heartbeating():
+                summary = await self._summarize(request)
+            telemetry.set_attributes(span, {"hermes.summary.tokens": summary.tokens})
+            return summary
 
     async def _summarize(self, request: SummarizeInput) -> Summary:
         """:meth:`summarize_context` without its heartbeats."""

@@ -33,7 +33,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating, with_heartbeat
-from hermes import names
+from hermes import names, telemetry
 from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
 from hermes.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
@@ -530,6 +530,15 @@ class ToolActivities:
         # Heartbeats from the first moment, not only while the tool runs: reading and
         # checking megabytes of arguments on a busy machine takes longer than the
         # heartbeat timeout.
+        name = request.tool_call.name
+        with telemetry.span(f"execute_tool {name}", telemetry.tool_attributes(request) if telemetry.enabled() else None) as span:
+            result = await self._run_tool_with_events(request)
+            telemetry.set_attributes(span, {"hermes.tool.result_code": int(result.code)})
+            telemetry.count_tool_result(name, result.code, request.mcp.server if request.mcp else None)
+            return result
+
+    async def _run_tool_with_events(self, request: RunToolInput) -> ToolResult:
+        """:meth:`run_tool` without its span: heartbeats, the turn events, the bounds."""
         async with heartbeating():
             started = time.monotonic()
             await self._tool_event(request, "tool_call_started")

@@ -15,6 +15,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from hermes import telemetry
     from hermes.context import ContextPolicy
     from hermes.models import CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, SummarizeInput, ToolSpec
     from hermes.tokens import BOUNDED_COUNT_CHARS, usage_correction
@@ -109,6 +110,7 @@ class ModelSteps:
         if core.patched(patches.BOUNDED_CONTEXT) and request.context_tokens and result.usage.prompt_tokens:
             core.token_correction = usage_correction(core.token_correction, request.context_tokens, result.usage.prompt_tokens)
         self._trace(turn, "model", started, provider=result.provider, tokens=core.token_estimate)
+        telemetry.count_tokens(result.model or request.model, core.inp.user_id, result.usage.prompt_tokens, result.usage.completion_tokens)
         return result
 
     async def _call(self, request: CallModelInput, turn: int, step: int) -> CallModelResult:

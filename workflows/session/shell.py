@@ -24,7 +24,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import names
+    from hermes import names, telemetry
     from hermes.models import (
         ApprovalDecision,
         ArchiveMessagesInput,
@@ -464,10 +464,17 @@ class SessionWorkflow:
 
     async def _run_turn(self, inp: SendMessageInput) -> TurnResult:
         first_new = len(self._s.transcript.messages)
-        try:
-            return await self._run_turn_inner(inp)
-        finally:
-            self._s.transcript.account(first_new)
+        # The turn's span (hermes.telemetry: replay-safe, issues no command). Its
+        # activities are its children through Temporal headers.
+        attributes = telemetry.turn_attributes(self._s.inp, self._s.turn_count + 1, inp.text) if telemetry.enabled() else None
+        with telemetry.span("hermes.turn", attributes) as span:
+            try:
+                result = await self._run_turn_inner(inp)
+            finally:
+                self._s.transcript.account(first_new)
+            telemetry.set_attributes(span, telemetry.turn_result_attributes(result) if span is not None else {})
+            telemetry.count_turn(result.status)
+            return result
 
     async def _run_turn_inner(self, inp: SendMessageInput) -> TurnResult:
         s = self._s

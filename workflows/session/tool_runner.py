@@ -18,7 +18,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import names
+    from hermes import names, telemetry
     from hermes.models import (
         ApprovalAuditBatch,
         ApprovalDecision,
@@ -153,11 +153,35 @@ class ToolRunner:
 
     async def wait_verdict(self, turn: int, pending: PendingApproval) -> tuple[str, ApprovalDecision | None]:
         """Wait for a decision on ``pending`` until it expires; then deny, or halt the
-        session (policy ``on_expiry="halt"``) and keep waiting for a human.
+        session (policy ``on_expiry="halt"``) and keep waiting for a human. Traced as
+        ``hermes.approval_wait`` and counted in ``hermes.approvals.pending`` and
+        ``hermes.approval.wait`` (:mod:`hermes.telemetry`; no command).
 
         Raises:
             TurnCancelled: the turn was cancelled while it waited.
         """
+        attributes = None
+        if telemetry.enabled():
+            attributes = {
+                "hermes.session_id": self.core.inp.session_id, "hermes.turn": turn, "gen_ai.tool.name": pending.tool_name,
+                "gen_ai.tool.call.id": pending.tool_call_id, "hermes.approval.on_expiry": pending.on_expiry,
+            }
+        started = workflow.now()
+        telemetry.approval_pending(1)
+        # Counted down on a verdict or an error, not on a cancelled task (a run evicted
+        # from a stopping worker): the worker that replays it counts it down.
+        try:
+            with telemetry.span("hermes.approval_wait", attributes) as span:
+                verdict, decision = await self._wait_verdict(turn, pending)
+                telemetry.set_attributes(span, {"hermes.approval.verdict": verdict})
+        except Exception:
+            telemetry.approval_settled((workflow.now() - started).total_seconds(), "cancelled")
+            raise
+        telemetry.approval_settled((workflow.now() - started).total_seconds(), verdict)
+        return verdict, decision
+
+    async def _wait_verdict(self, turn: int, pending: PendingApproval) -> tuple[str, ApprovalDecision | None]:
+        """:meth:`wait_verdict` without its telemetry."""
         core, book = self.core, self.core.book
         started = workflow.now()
         tcid = pending.tool_call_id
