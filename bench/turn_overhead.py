@@ -327,6 +327,10 @@ async def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("-n", "--turns", type=int, help="measured turns per series (default 200, --quick 40)")
     p.add_argument("--breakdown", action="store_true", help="add bench-only variants that locate the overhead")
+    p.add_argument(
+        "--tracing", action="store_true",
+        help="add session_traced: the session with OpenTelemetry traces and metrics on (in-memory exporter)",
+    )
     args = p.parse_args()
     n = args.turns or (40 if args.quick else 200)
     # Per workflow run, the first ~10 updates on this dev server are dispatched about 3x
@@ -414,6 +418,8 @@ async def main() -> None:
                 Series("baseline", baseline_id, baseline_turn),
                 Series("session_update", plain_id, plain_turn),
             ]
+            if args.tracing:
+                series.append(await _traced_series(client, config, task_queue, text, tag, session_config, stack.redis))
             by_name = {s.name: s for s in series}
             if args.breakdown:
                 for name, cls in VARIANTS.items():
@@ -445,8 +451,71 @@ async def main() -> None:
             anatomy = await _anatomy(client, baseline_id, by_name["baseline"].history[0][1])
             await baseline.signal(BASELINE_STOP)
             await baseline.result()
+            if args.tracing:
+                await by_name["session_traced"].close()  # type: ignore[attr-defined]
 
         _report(args, n, warmup, block, config, series, elapsed, anatomy)
+
+
+class TracedSeries(Series):
+    """The session with telemetry on: its own worker, on a client with the OpenTelemetry
+    plugin, on its own task queue; spans to an in-memory exporter through the batch
+    processor production uses, metrics to an in-memory reader. Telemetry is process-wide
+    (:mod:`hermes.telemetry`), so it is switched on for this series' turns only: the
+    other series run with it off, as without ``--tracing``. (Background work a turn
+    leaves, the session-index write, may run in the next series' turn either way.)"""
+
+    def __init__(self, name: str, workflow_id: str, worker: Any, on: Any, spans: Any):
+        super().__init__(name, workflow_id)
+        self.worker, self.on, self.spans = worker, on, spans
+
+    async def turns(self, count: int, *, record: bool, server_pids: Sequence[int] = ()) -> None:
+        from hermes import telemetry
+
+        telemetry._current = self.on  # noqa: SLF001 - the bench switches it per series
+        try:
+            await super().turns(count, record=record, server_pids=server_pids)
+        finally:
+            telemetry._current = None  # noqa: SLF001
+
+    async def close(self) -> None:
+        from hermes import telemetry
+
+        self.on.span_processor.force_flush()
+        self.exported = len(self.spans.get_finished_spans())
+        telemetry.shutdown()
+        await self.worker.__aexit__(None, None, None)
+
+
+async def _traced_series(
+    client: Any, config: dict[str, Any], task_queue: str, text: str, tag: str, session_config: SessionConfig, redis: Any
+) -> TracedSeries:
+    """``session_traced`` (see :class:`TracedSeries`), its worker started."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from temporalio.client import Client
+    from temporalio.worker import Worker
+
+    from hermes import telemetry
+    from hermes.client import HermesClient
+
+    spans = InMemorySpanExporter()
+    on = telemetry.start(span_exporters=[spans], metric_readers=[InMemoryMetricReader()])
+    plugins = telemetry.plugins()
+    telemetry._current = None  # noqa: SLF001 - on only during this series' turns
+    traced = Client(client.service_client, namespace=client.namespace, data_converter=client.data_converter, plugins=plugins)
+    queue = f"{task_queue}-traced"
+    worker = Worker(**{**config, "client": traced, "task_queue": queue})
+    await worker.__aenter__()
+    hermes = HermesClient(traced, task_queue=queue, redis=redis, config=session_config)
+    session_id = f"bench-session-traced-{tag}"
+    series = TracedSeries("session_traced", session_id, worker, on, spans)
+
+    async def traced_turn(_: int) -> str:
+        return (await hermes.send_message(session_id, text, user_id="bench")).reply
+
+    series.run_turn = traced_turn
+    return series
 
 
 def _variant_turn(
@@ -590,7 +659,20 @@ def _report(
         f"CPU per turn, worker+client process: session / baseline = {cpu['session'] / cpu['baseline']:.2f} "
         f"({cpu['session']:.1f} vs {cpu['baseline']:.1f} ms)"
     )
+    traced = by_name.get("session_traced")
+    if traced is not None:
+        traced_median = statistics.median(traced.samples)
+        measured = max(len(traced.samples) + 15, 1)
+        print(
+            f"tracing on / off (session, side by side): median {traced_median * 1000:.1f} vs "
+            f"{session_median * 1000:.1f} ms = {traced_median / session_median:.2f}; CPU per turn "
+            f"{cpu['session_traced']:.1f} vs {cpu['session']:.1f} ms = {cpu['session_traced'] / cpu['session']:.2f}; "
+            f"{getattr(traced, 'exported', 0) / measured:.1f} spans per turn exported"
+        )
+        print(f"tracing_overhead_ratio={traced_median / session_median:.2f}")
     for s in series[3:]:
+        if s is traced:
+            continue
         m = statistics.median(s.samples)
         print(
             f"breakdown: {s.name:<11} median {m * 1000:.1f} ms ({m / base_median:.2f} x baseline); "
