@@ -20,7 +20,6 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
@@ -75,14 +74,15 @@ def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> T
 
 
 async def connect_client(settings: Settings) -> Client:
-    """A Temporal client with the pydantic data converter; with telemetry on
+    """A Temporal client with the pydantic data converter (encrypting payloads when
+    ``HERMES_ENCRYPTION_KEYS`` / ``_KEY_FILE`` are set, :mod:`hermes.encryption`); with telemetry on
     (``HERMES_TELEMETRY_ENABLED``, :mod:`hermes.telemetry`) also the OpenTelemetry plugin
     (workers made with it trace too) and the runtime whose SDK metrics go to OpenTelemetry.
 
     Raises:
-        ConfigError: an ``OTEL_*`` value Hermes cannot honour.
+        ConfigError: an ``OTEL_*`` value Hermes cannot honour, or a bad encryption key setting.
     """
-    from hermes import telemetry
+    from hermes import encryption, telemetry
 
     plugins = telemetry.plugins(settings)
     extra: dict[str, Any] = {}
@@ -91,7 +91,7 @@ async def connect_client(settings: Settings) -> Client:
     client = await Client.connect(
         settings.resolved_temporal_address,
         namespace=settings.temporal_namespace,
-        data_converter=pydantic_data_converter,
+        data_converter=encryption.converter_for(settings),  # payloads encrypted when keys are set
         **extra,
     )
     await telemetry.start_metrics_export()

@@ -331,6 +331,11 @@ async def main() -> None:
         "--tracing", action="store_true",
         help="add session_traced: the session with OpenTelemetry traces and metrics on (in-memory exporter)",
     )
+    p.add_argument(
+        "--encryption", action="store_true",
+        help="add session_encrypted: the session with payloads (and Redis bodies) encrypted; with --tracing "
+        "also session_traced_encrypted, both on",
+    )
     args = p.parse_args()
     n = args.turns or (40 if args.quick else 200)
     # Per workflow run, the first ~10 updates on this dev server are dispatched about 3x
@@ -365,6 +370,13 @@ async def main() -> None:
         )
         config = template.config()
         config["task_queue"] = task_queue
+
+        def make_worker(variant_client: Any, queue: str) -> Any:
+            # A variant's activities use its client (an encrypted session's model activity
+            # queries the session with the encrypting converter), as in production.
+            return build_worker(variant_client, settings, task_queue=queue,
+                                provider=ScriptedModel.from_dict(SCRIPT, source="bench"), registry=registry, redis=stack.redis)
+
         async with template:  # started and shut down, so its native half is released cleanly
             pass
         extra = [BaselineWorkflow, *(VARIANTS.values() if args.breakdown else [])]
@@ -418,8 +430,12 @@ async def main() -> None:
                 Series("baseline", baseline_id, baseline_turn),
                 Series("session_update", plain_id, plain_turn),
             ]
-            if args.tracing:
-                series.append(await _traced_series(client, config, task_queue, text, tag, session_config, stack.redis))
+            # With --tracing or --encryption, session_control is the same session on its own
+            # worker with both off: each variant is compared with it (same setup, same run).
+            for tracing, encrypting in ((False, False), (True, False), (False, True), (True, True)):
+                if (args.tracing or args.encryption) and (args.tracing or not tracing) and (args.encryption or not encrypting):
+                    series.append(await _variant_series(client, make_worker, task_queue, text, tag, session_config,
+                                                        stack.redis, tracing=tracing, encrypting=encrypting))
             by_name = {s.name: s for s in series}
             if args.breakdown:
                 for name, cls in VARIANTS.items():
@@ -451,70 +467,102 @@ async def main() -> None:
             anatomy = await _anatomy(client, baseline_id, by_name["baseline"].history[0][1])
             await baseline.signal(BASELINE_STOP)
             await baseline.result()
-            if args.tracing:
-                await by_name["session_traced"].close()  # type: ignore[attr-defined]
+            for s in series:
+                if isinstance(s, VariantSeries):
+                    await s.close()
 
         _report(args, n, warmup, block, config, series, elapsed, anatomy)
 
 
-class TracedSeries(Series):
-    """The session with telemetry on: its own worker, on a client with the OpenTelemetry
-    plugin, on its own task queue; spans to an in-memory exporter through the batch
-    processor production uses, metrics to an in-memory reader. Telemetry is process-wide
-    (:mod:`hermes.telemetry`), so it is switched on for this series' turns only: the
-    other series run with it off, as without ``--tracing``. (Background work a turn
-    leaves, the session-index write, may run in the next series' turn either way.)"""
+class VariantSeries(Series):
+    """The session with telemetry and/or payload encryption on: its own worker, on a
+    client with the OpenTelemetry plugin and/or the encryption codec, on its own task
+    queue; spans to an in-memory exporter through the batch processor production uses,
+    metrics to an in-memory reader. Telemetry and the content store's key ring are
+    process-wide (:mod:`hermes.telemetry`, :func:`hermes.encryption.activate`), so they
+    are switched on for this series' turns only: the other series run with them off.
+    (Background work a turn leaves, the session-index write, may run in the next series'
+    turn either way.)"""
 
-    def __init__(self, name: str, workflow_id: str, worker: Any, on: Any, spans: Any):
+    def __init__(self, name: str, workflow_id: str, worker: Any, on: Any, spans: Any, keyring: Any):
         super().__init__(name, workflow_id)
-        self.worker, self.on, self.spans = worker, on, spans
+        self.worker, self.on, self.spans, self.keyring = worker, on, spans, keyring
 
     async def turns(self, count: int, *, record: bool, server_pids: Sequence[int] = ()) -> None:
-        from hermes import telemetry
+        from hermes import encryption, telemetry
 
         telemetry._current = self.on  # noqa: SLF001 - the bench switches it per series
+        encryption.activate(self.keyring)
         try:
             await super().turns(count, record=record, server_pids=server_pids)
         finally:
             telemetry._current = None  # noqa: SLF001
+            encryption.activate(None)
 
     async def close(self) -> None:
         from hermes import telemetry
 
-        self.on.span_processor.force_flush()
-        self.exported = len(self.spans.get_finished_spans())
-        telemetry.shutdown()
+        if self.on is not None:
+            self.on.span_processor.force_flush()
+            self.exported = len(self.spans.get_finished_spans())
         await self.worker.__aexit__(None, None, None)
+        if self.on is not None and not telemetry_users_left(self):
+            telemetry.shutdown()
 
 
-async def _traced_series(
-    client: Any, config: dict[str, Any], task_queue: str, text: str, tag: str, session_config: SessionConfig, redis: Any
-) -> TracedSeries:
-    """``session_traced`` (see :class:`TracedSeries`), its worker started."""
-    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+_VARIANTS_OPEN: list[VariantSeries] = []
+
+
+def telemetry_users_left(closing: VariantSeries) -> bool:
+    """Whether another open series still uses the (process-wide) telemetry."""
+    _VARIANTS_OPEN.remove(closing)
+    return any(v.on is not None for v in _VARIANTS_OPEN)
+
+
+async def _variant_series(
+    client: Any, make_worker: Callable[[Any, str], Any], task_queue: str, text: str, tag: str,
+    session_config: SessionConfig, redis: Any, *, tracing: bool, encrypting: bool,
+) -> VariantSeries:
+    """``session_traced``, ``session_encrypted`` or ``session_traced_encrypted`` (see
+    :class:`VariantSeries`), its worker started."""
+    import base64
+
     from temporalio.client import Client
-    from temporalio.worker import Worker
 
-    from hermes import telemetry
+    from hermes import encryption, telemetry
     from hermes.client import HermesClient
 
-    spans = InMemorySpanExporter()
-    on = telemetry.start(span_exporters=[spans], metric_readers=[InMemoryMetricReader()])
-    plugins = telemetry.plugins()
-    telemetry._current = None  # noqa: SLF001 - on only during this series' turns
-    traced = Client(client.service_client, namespace=client.namespace, data_converter=client.data_converter, plugins=plugins)
-    queue = f"{task_queue}-traced"
-    worker = Worker(**{**config, "client": traced, "task_queue": queue})
-    await worker.__aenter__()
-    hermes = HermesClient(traced, task_queue=queue, redis=redis, config=session_config)
-    session_id = f"bench-session-traced-{tag}"
-    series = TracedSeries("session_traced", session_id, worker, on, spans)
+    on = spans = plugins = keyring = None
+    if tracing:
+        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    async def traced_turn(_: int) -> str:
+        spans = InMemorySpanExporter()
+        on = next((v.on for v in _VARIANTS_OPEN if v.on is not None), None)
+        if on is None:
+            on = telemetry.start(span_exporters=[spans], metric_readers=[InMemoryMetricReader()])
+        else:
+            spans = next(v.spans for v in _VARIANTS_OPEN if v.on is not None)
+        plugins = telemetry.plugins()
+        telemetry._current = None  # noqa: SLF001 - on only during this series' turns
+    if encrypting:
+        keyring = encryption.KeyRing({"bench": base64.b64decode(encryption.new_key())}, "bench")
+    converter = encryption.data_converter(keyring) if keyring is not None else client.data_converter
+    variant = Client(client.service_client, namespace=client.namespace, data_converter=converter, plugins=plugins or [])
+    name = ("session" + ("_traced" if tracing else "") + ("_encrypted" if encrypting else "")) if tracing or encrypting \
+        else "session_control"
+    queue = f"{task_queue}-{name}"
+    worker = make_worker(variant, queue)
+    await worker.__aenter__()
+    hermes = HermesClient(variant, task_queue=queue, redis=redis, config=session_config)
+    session_id = f"bench-{name.replace('_', '-')}-{tag}"
+    series = VariantSeries(name, session_id, worker, on, spans, keyring)
+    _VARIANTS_OPEN.append(series)
+
+    async def variant_turn(_: int) -> str:
         return (await hermes.send_message(session_id, text, user_id="bench")).reply
 
-    series.run_turn = traced_turn
+    series.run_turn = variant_turn
     return series
 
 
@@ -659,19 +707,30 @@ def _report(
         f"CPU per turn, worker+client process: session / baseline = {cpu['session'] / cpu['baseline']:.2f} "
         f"({cpu['session']:.1f} vs {cpu['baseline']:.1f} ms)"
     )
-    traced = by_name.get("session_traced")
-    if traced is not None:
-        traced_median = statistics.median(traced.samples)
-        measured = max(len(traced.samples) + 15, 1)
+    control = by_name.get("session_control")
+    control_median = statistics.median(control.samples) if control is not None else session_median
+    for name, what, figure in (
+        ("session_traced", "tracing", "tracing_overhead_ratio"),
+        ("session_encrypted", "encryption", "encryption_overhead_ratio"),
+        ("session_traced_encrypted", "tracing and encryption", "traced_encrypted_overhead_ratio"),
+    ):
+        variant = by_name.get(name)
+        if variant is None:
+            continue
+        median = statistics.median(variant.samples)
+        measured = max(len(variant.samples) + 15, 1)
+        # The traced series share one in-memory exporter (telemetry is process-wide).
+        traced_series = max(sum("traced" in s.name for s in series), 1)
+        exported = (f"; {getattr(variant, 'exported', 0) / measured / traced_series:.1f} spans per turn exported"
+                    if "traced" in name else "")
         print(
-            f"tracing on / off (session, side by side): median {traced_median * 1000:.1f} vs "
-            f"{session_median * 1000:.1f} ms = {traced_median / session_median:.2f}; CPU per turn "
-            f"{cpu['session_traced']:.1f} vs {cpu['session']:.1f} ms = {cpu['session_traced'] / cpu['session']:.2f}; "
-            f"{getattr(traced, 'exported', 0) / measured:.1f} spans per turn exported"
+            f"{what} on / off (session on its own worker vs session_control, side by side): median "
+            f"{median * 1000:.1f} vs {control_median * 1000:.1f} ms = {median / control_median:.2f}; CPU per turn "
+            f"{cpu[name]:.1f} vs {cpu['session_control']:.1f} ms = {cpu[name] / cpu['session_control']:.2f}{exported}"
         )
-        print(f"tracing_overhead_ratio={traced_median / session_median:.2f}")
+        print(f"{figure}={median / control_median:.2f}")
     for s in series[3:]:
-        if s is traced:
+        if isinstance(s, VariantSeries):
             continue
         m = statistics.median(s.samples)
         print(

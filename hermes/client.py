@@ -520,12 +520,12 @@ class HermesClient:
         if runtime is None:
             client = await connect_client(settings)
         else:
-            from temporalio.contrib.pydantic import pydantic_data_converter
+            from hermes import encryption
 
             client = await Client.connect(
                 settings.resolved_temporal_address,
                 namespace=settings.temporal_namespace,
-                data_converter=pydantic_data_converter,
+                data_converter=encryption.converter_for(settings),
                 runtime=runtime,
                 plugins=telemetry.plugins(settings),
             )
