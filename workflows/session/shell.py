@@ -17,6 +17,7 @@ holds: change it only behind ``workflow.patched()``.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
@@ -463,18 +464,7 @@ class SessionWorkflow:
     # ---------------------------------------------------------- the turn
 
     async def _run_turn(self, inp: SendMessageInput) -> TurnResult:
-        first_new = len(self._s.transcript.messages)
-        # The turn's span (hermes.telemetry: replay-safe, issues no command). Its
-        # activities are its children through Temporal headers.
-        attributes = telemetry.turn_attributes(self._s.inp, self._s.turn_count + 1, inp.text) if telemetry.enabled() else None
-        with telemetry.span("hermes.turn", attributes) as span:
-            try:
-                result = await self._run_turn_inner(inp)
-            finally:
-                self._s.transcript.account(first_new)
-            telemetry.set_attributes(span, telemetry.turn_result_attributes(result) if span is not None else {})
-            telemetry.count_turn(result.status)
-            return result
+        return await traced_turn(self._s, inp, self._run_turn_inner)
 
     async def _run_turn_inner(self, inp: SendMessageInput) -> TurnResult:
         s = self._s
@@ -568,3 +558,21 @@ class SessionWorkflow:
         self._background.append(
             asyncio.create_task(calls.cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))
         )
+
+
+async def traced_turn(
+    s: SessionCore, inp: SendMessageInput, run: Callable[[SendMessageInput], Awaitable[TurnResult]]
+) -> TurnResult:
+    """``run(inp)`` in the turn's span (:mod:`hermes.telemetry`: replay-safe, issues no
+    command; the turn's activities are its children through Temporal headers), the
+    transcript's new messages accounted for afterwards whatever happens."""
+    first_new = len(s.transcript.messages)
+    attributes = telemetry.turn_attributes(s.inp, s.turn_count + 1, inp.text) if telemetry.enabled() else None
+    with telemetry.span("hermes.turn", attributes) as span:
+        try:
+            result = await run(inp)
+        finally:
+            s.transcript.account(first_new)
+        telemetry.set_attributes(span, telemetry.turn_result_attributes(result) if span is not None else {})
+        telemetry.count_turn(result.status)
+        return result
