@@ -82,3 +82,28 @@ def test_a_library_warning_with_a_traceback_is_one_line_on_the_terminal_and_whol
             handler.close()
         root.handlers[:] = saved[0]
         root.setLevel(saved[1])
+
+
+def test_a_cancelled_activity_attempt_is_not_shown_on_the_terminal_but_other_warnings_are() -> None:
+    import asyncio
+    import logging
+    import sys
+
+    from temporalio.exceptions import CancelledError
+
+    from hermes.cli.running import not_a_cancelled_attempt
+
+    def record(name: str, message: str, err: BaseException | None) -> logging.LogRecord:
+        exc_info = None
+        if err is not None:
+            try:
+                raise err
+            except BaseException:  # noqa: BLE001
+                exc_info = sys.exc_info()
+        return logging.LogRecord(name, logging.WARNING, __file__, 1, message, None, exc_info)
+
+    failed = "Completing activity as failed ({'activity_type': 'call_model', 'attempt': 1})"
+    assert not not_a_cancelled_attempt(record("temporalio.activity", failed, CancelledError("Activity cancelled")))
+    assert not not_a_cancelled_attempt(record("temporalio.activity", failed, asyncio.CancelledError()))
+    assert not_a_cancelled_attempt(record("temporalio.activity", failed, ValueError("provider said no")))
+    assert not_a_cancelled_attempt(record("hermes.memory", "memory store still opening", None))

@@ -92,6 +92,19 @@ class _LazyFileHandler(logging.FileHandler):
         return super()._open()
 
 
+def not_a_cancelled_attempt(record: logging.LogRecord) -> bool:
+    """False for the SDK's "Completing activity as failed" of an attempt that was
+    cancelled (a heartbeat timeout on a loaded machine, a turn cancelled): Temporal starts
+    it again or the session reports the outcome, so on the terminal it only reads as a
+    failure of the demo (the log file still has it)."""
+    if record.name.startswith("temporalio.activity") and record.getMessage().startswith("Completing activity as failed"):
+        from temporalio.exceptions import CancelledError
+
+        err = record.exc_info[1] if record.exc_info else None
+        return not isinstance(err, (asyncio.CancelledError, CancelledError))
+    return True
+
+
 def console_logging(log_file: Path | None = None) -> None:
     """Logging for a command's own process, unless the user configured logging already.
 
@@ -106,6 +119,7 @@ def console_logging(log_file: Path | None = None) -> None:
     console = logging.StreamHandler(sys.stderr)
     console.setLevel(logging.WARNING)
     console.setFormatter(_OneLine())
+    console.addFilter(not_a_cancelled_attempt)
     root.addHandler(console)
     if log_file is not None:
         detailed = _LazyFileHandler(log_file, encoding="utf-8", delay=True)
