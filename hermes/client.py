@@ -539,6 +539,8 @@ class HermesClient:
                 model_timeout_seconds=settings.model_timeout_seconds,
                 model_max_attempts=settings.model_max_attempts,
                 model_heartbeat_seconds=settings.model_heartbeat_seconds,
+                token_budget=settings.session_token_budget,
+                user_daily_token_budget=settings.user_daily_token_budget,
             ),
             retry_timeout_seconds=settings.client_retry_seconds,
             memory_store=kwargs.pop("memory_store", None) or _store_opener(settings),

@@ -32,7 +32,8 @@ SessionStatus = Literal["active", "idle", "halted", "closed", "archived"]
 """``idle``: no message for ``idle_after_seconds``; ``archived``: a snapshot was written
 and the workflow completed (its next message resumes it)."""
 TurnStatus = Literal[
-    "completed", "cancelled", "max_iterations", "model_error", "closed", "context_too_large", "invalid_arguments"
+    "completed", "cancelled", "max_iterations", "model_error", "closed", "context_too_large", "invalid_arguments",
+    "budget_exceeded",
 ]
 
 
@@ -106,6 +107,11 @@ class Message(BaseModel):
     tool calls)."""
 
 
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
 class Summary(BaseModel):
     """The running summary of the turns folded out of the context (seed 002 §2.2)."""
 
@@ -114,6 +120,10 @@ class Summary(BaseModel):
     """Turns ``1..upto_turn`` are covered: the context leaves them out."""
     tokens: int = 0
     created_at: datetime | None = None
+    usage: Usage | None = None
+    """What the model call that wrote it used (counted against the token budgets)."""
+    user_day_tokens: int | None = None
+    """The user's tokens that UTC day after this call (set when a daily budget applies)."""
 
 
 class CompositeStep(BaseModel):
@@ -195,11 +205,6 @@ class ToolGroup(BaseModel):
     """Words (any language) that route a user message to this group."""
 
 
-class Usage(BaseModel):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-
-
 class CallModelInput(BaseModel):
     """One model call. In workflow history it carries references, not bodies: the
     activity resolves ``message_refs`` and ``tools_ref`` from the content store (Redis)
@@ -230,6 +235,13 @@ class CallModelInput(BaseModel):
     max_output_tokens: int | None = None
     context_tokens: int = 0
     """The workflow's estimate of the context's tokens (corrected by reported usage)."""
+    usage_user_id: str | None = None
+    """With ``usage_day``, set when a daily token budget applies: the activity adds this
+    call's tokens to the user's count for that UTC day (Redis ``hermes:usage:<user>:<day>``,
+    once per activity, whatever its retries) and returns the day's total
+    (``CallModelResult.user_day_tokens``)."""
+    usage_day: str | None = None
+    """The UTC day (``YYYY-MM-DD``, from workflow time) the call's tokens count for."""
     encoding: str = ""
     """The session's tiktoken encoding: the activity counts the reply's tokens with it
     (``Message.tokens`` of the result), so workflow code never encodes a reply."""
@@ -240,6 +252,9 @@ class CallModelResult(BaseModel):
     usage: Usage = Field(default_factory=Usage)
     provider: str = ""
     model: str = ""
+    user_day_tokens: int | None = None
+    """The user's tokens that UTC day after this call (``CallModelInput.usage_day`` set and
+    Redis reachable; None otherwise)."""
 
 
 class ArchiveMessagesInput(BaseModel):
@@ -299,6 +314,9 @@ class SummarizeInput(BaseModel):
     profile: ProviderProfileName | None = None
     """Provider profile of the session (see ``CallModelInput.profile``)."""
     encoding: str = ""
+    usage_user_id: str | None = None
+    """See ``CallModelInput.usage_user_id``."""
+    usage_day: str | None = None
 
 
 class StoredContent(BaseModel):
@@ -426,6 +444,14 @@ class SessionConfig(BaseModel):
     worker's ``HERMES_MODEL_PROFILE``, or the one its base URL names."""
     max_iterations: int = 10
     """Model/tool iterations per turn (seed 000 §2.2: 10)."""
+    token_budget: int | None = Field(default=None, ge=1)
+    """Tokens (prompt + completion, as providers report them) the session's model calls may
+    use over its life, summaries included; None: no limit. A model call is not started
+    once the session has used it: the turn ends ``budget_exceeded`` and the user is told."""
+    user_daily_token_budget: int | None = Field(default=None, ge=1)
+    """Tokens one user's model calls may use per UTC day across all their sessions
+    (counted in Redis by the model activities, summaries included); None: no limit. The
+    turn that finds it used ends ``budget_exceeded``; the next UTC day it works again."""
     context_window_tokens: int = 128_000
     """The model's context window, in tokens."""
     context_reserve_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
@@ -727,6 +753,11 @@ class SessionCarry(BaseModel):
     """Turns up to this one were given to a model memory extraction."""
     pending_extractions: list[ExtractMemoriesInput] = Field(default_factory=list)
     """Memory extractions not finished when the run ended: the next run sends them."""
+    tokens_used: int = 0
+    """Tokens the session's model calls used (prompt + completion, summaries included)."""
+    user_day: str = ""
+    user_day_tokens: int = 0
+    """The user's tokens on ``user_day`` (UTC), as the newest model call reported them."""
 
 
 class SnapshotInput(BaseModel):
@@ -777,3 +808,11 @@ class SessionState(BaseModel):
     history_size_bytes: int = 0
     snapshot: SessionCarry | None = None
     """Set in the final state of an archived session: what its next run resumes from."""
+    tokens_used: int = 0
+    """Tokens the session's model calls used (prompt + completion, summaries included)."""
+    token_budget: int | None = None
+    user_day: str = ""
+    """The UTC day (``YYYY-MM-DD``) of ``user_day_tokens``."""
+    user_day_tokens: int = 0
+    """The user's tokens on ``user_day`` (all sessions) as the newest model call reported them."""
+    user_daily_token_budget: int | None = None

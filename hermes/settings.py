@@ -53,6 +53,12 @@ class Settings(BaseSettings):
     (:mod:`hermes.encryption`)."""
     encryption_key_file: Path | None = None
     """The same keys in a file, one ``<id> <base64 key>`` per line, the first encrypting."""
+    session_token_budget: int | None = Field(default=None, ge=1)
+    """Tokens a new session's model calls may use over its life (``SessionConfig.token_budget``,
+    set by the clients this configures); unset: no limit."""
+    user_daily_token_budget: int | None = Field(default=None, ge=1)
+    """Tokens one user's model calls may use per UTC day across sessions
+    (``SessionConfig.user_daily_token_budget``); unset: no limit."""
     client_retry_seconds: float = Field(default=120.0, gt=0)
     """How long a client call (``HermesClient``, ``hermes send``/``chat``/...) keeps
     retrying transient Temporal failures, from the first failure since the session last

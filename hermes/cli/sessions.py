@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime, timezone
 from typing import Annotated, Any
 
 import typer
@@ -110,6 +111,7 @@ def show(
             ("last active", f"{state.last_active_at:%Y-%m-%d %H:%M:%S} UTC"),
             ("turns", str(state.turn_count)),
             ("context tokens", f"~{state.token_estimate}"),
+            ("tokens used", token_usage(state)),
             ("history", f"{state.history_length} events (run {state.run_index})"),
         ]
     )
@@ -197,3 +199,14 @@ def close(session_id: Annotated[str, typer.Argument(help="The session.")]) -> No
 
     run_command(main, settings)
     typer.echo(f"closed: session {session_id} (its pending approvals are denied, new messages refused)")
+
+
+def token_usage(state: Any) -> str:
+    """The session's token use against its budgets, for ``hermes show``: ``1,234`` or
+    ``1,234 of 50,000 (session); user today 8,000 of 100,000``."""
+    text = f"{state.tokens_used:,}" + (f" of {state.token_budget:,} (session budget)" if state.token_budget else "")
+    if state.user_daily_token_budget:
+        today = datetime.now(timezone.utc).date().isoformat()
+        used = state.user_day_tokens if state.user_day == today else 0
+        text += f"; user today {used:,} of {state.user_daily_token_budget:,} (daily budget, UTC)"
+    return text

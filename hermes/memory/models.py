@@ -165,6 +165,9 @@ class ExtractMemoriesInput(BaseModel):
     min_confidence: float = 0.75
     reasons: list[str] = Field(default_factory=list)
     """Which triggers fired (``explicit``, ``correction``, ``every_8_turns``, ``close``...)."""
+    usage_day: str | None = None
+    """Set when a daily token budget applies: the model call's tokens count for the user's
+    UTC day (``CallModelInput.usage_day``)."""
 
 
 class ExtractMemoriesResult(BaseModel):
@@ -172,6 +175,11 @@ class ExtractMemoriesResult(BaseModel):
     dropped_low_confidence: int = 0
     model_candidates: int = 0
     error: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    """What the extraction's model call used (0 without one): counted against the token budgets."""
+    user_day_tokens: int | None = None
+    """The user's tokens that UTC day after this call (``usage_day`` set and Redis reachable)."""
 
 
 class MemoryBatch(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
@@ -20,6 +21,7 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.session import calls, memory_hooks, patches
     from workflows.session.state import SessionCore
+    from workflows.session.turn import budget_stop
     from workflows.tool_calls import failure_text
 
 EXTRACTION_GRACE = timedelta(0)
@@ -120,12 +122,24 @@ class MemoryPath:
             self.start(extraction)
 
     def start(self, inp: ExtractMemoriesInput) -> None:
+        core = self.core
+        if core.cfg.token_budget is not None or core.cfg.user_daily_token_budget is not None:
+            # Its model call counts against the token budgets; past one, the rules' candidates alone.
+            today = workflow.now().date().isoformat()
+            over = budget_stop(core.cfg, tokens_used=core.tokens_used, user_day=core.user_day,
+                               user_day_tokens=core.user_day_tokens, today=today) is not None
+            update: dict[str, Any] = {"use_model": inp.use_model and not over}
+            if core.cfg.user_daily_token_budget is not None:
+                update["usage_day"] = today
+            inp = inp.model_copy(update=update)
+
         async def run() -> None:
             try:
                 result = await calls.extract_memories(self.core.cfg, inp)
             except ActivityError:
                 workflow.logger.warning("memory extraction of turn %d failed", inp.turn, exc_info=True)
                 return
+            core.count_usage(result.prompt_tokens + result.completion_tokens, inp.usage_day, result.user_day_tokens)
             if result.error:
                 workflow.logger.warning("memory extraction of turn %d: %s", inp.turn, result.error)
 

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.session import calls, lifecycle, patches
     from workflows.session.state import SessionCore
-    from workflows.session.turn import ContextTooLarge, ModelFailed, TurnCancelled
+    from workflows.session.turn import BudgetExceeded, ContextTooLarge, ModelFailed, TurnCancelled, budget_stop
     from workflows.tool_calls import failure_text
 
 SUMMARY_GRACE = timedelta(seconds=5)
@@ -85,6 +85,7 @@ class ModelSteps:
         core = self.core
         compacted = False
         while True:
+            self.check_budget()
             started = workflow.now()
             request = self.model_request(turn, tools, step)
             try:
@@ -107,6 +108,7 @@ class ModelSteps:
                 raise ModelFailed(failure_text(err)) from None
             break
         core.token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
+        core.count_usage(result.usage.prompt_tokens + result.usage.completion_tokens, request.usage_day, result.user_day_tokens)
         if core.patched(patches.BOUNDED_CONTEXT) and request.context_tokens and result.usage.prompt_tokens:
             core.token_correction = usage_correction(core.token_correction, request.context_tokens, result.usage.prompt_tokens)
         self._trace(turn, "model", started, provider=result.provider, tokens=core.token_estimate)
@@ -138,6 +140,28 @@ class ModelSteps:
                     turn, step + 1, reissue, calls.MODEL_REISSUES,
                 )
 
+    # ------------------------------------------------------------ token budgets
+
+    def usage_fields(self) -> dict[str, Any]:
+        """A model call's ``usage_user_id`` / ``usage_day`` when a daily budget applies
+        (the activity then counts the call for the user's UTC day), else nothing: calls
+        of sessions without one are what they always were."""
+        core = self.core
+        if core.cfg.user_daily_token_budget is None:
+            return {}
+        return {"usage_user_id": core.inp.user_id, "usage_day": workflow.now().date().isoformat()}
+
+    def check_budget(self) -> None:
+        """Raise :class:`BudgetExceeded` when the session or the user's day has used its
+        token budget (no model call is started then)."""
+        core = self.core
+        stop = budget_stop(
+            core.cfg, tokens_used=core.tokens_used, user_day=core.user_day, user_day_tokens=core.user_day_tokens,
+            today=workflow.now().date().isoformat(),
+        )
+        if stop is not None:
+            raise stop
+
     def model_request(self, turn: int, tools: list[ToolSpec], step: int) -> CallModelInput:
         """The model call's input: references to the context's messages and tool list.
 
@@ -145,7 +169,9 @@ class ModelSteps:
             ContextTooLarge: the context does not fit (:meth:`ContextPlanner.build`).
         """
         core = self.core
-        base: dict[str, Any] = dict(session_id=core.inp.session_id, turn=turn, model=core.cfg.model, profile=core.cfg.model_profile)
+        base: dict[str, Any] = dict(
+            session_id=core.inp.session_id, turn=turn, model=core.cfg.model, profile=core.cfg.model_profile, **self.usage_fields()
+        )
         if not core.patched(patches.BOUNDED_CONTEXT):
             # Runs recorded before: the same commands (activity inputs are not replayed).
             try:
@@ -197,6 +223,11 @@ class ModelSteps:
         refs, turns_of = core.transcript.fold_refs(covered, upto)
         if not refs:
             return False
+        try:
+            self.check_budget()
+        except BudgetExceeded:
+            return False  # a summary is a model call too: not past the budget
+        counted = self.usage_fields()
         self.summarizing = True
         started = workflow.now()
         budget = ContextPolicy.from_config(core.cfg).budget
@@ -208,7 +239,7 @@ class ModelSteps:
                     previous_summary=core.summary.text if core.summary else "", upto_turn=upto,
                     max_tokens=core.cfg.summary_max_tokens,
                     max_input_tokens=max_input_tokens or max(budget - 2 * core.cfg.summary_max_tokens, 1000),
-                    model=core.cfg.model, profile=core.cfg.model_profile, encoding=core.encoding,
+                    model=core.cfg.model, profile=core.cfg.model_profile, encoding=core.encoding, **counted,
                 ),
                 summary=f"summary of turns {covered + 1}-{upto}" + (" (forced)" if forced else ""),
             )
@@ -219,6 +250,10 @@ class ModelSteps:
             return False
         finally:
             self.summarizing = False
+        if summary.usage is not None:
+            used = summary.usage.prompt_tokens + summary.usage.completion_tokens
+            core.count_usage(used, counted.get("usage_day"), summary.user_day_tokens)
+            summary = summary.model_copy(update={"usage": None, "user_day_tokens": None})  # counted; not carried
         if not summary.text.strip():
             core.summary_retry_turn = core.turn_count + core.cfg.summary_retry_turns
             self._trace(turn, "summary", started, status="empty")

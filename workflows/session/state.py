@@ -54,6 +54,7 @@ class SessionCore:
             identities=lambda: patched(patches.IDENTITY),
         )
         self.turn_count, self.token_estimate, self.title = carry.turn_count, carry.token_estimate, carry.title
+        self.tokens_used, self.user_day, self.user_day_tokens = carry.tokens_used, carry.user_day, carry.user_day_tokens
         self.created_at = carry.created_at or now
         self.last_active_at = carry.last_active_at or self.created_at
         self.trace: list[TraceStep] = list(carry.trace)
@@ -137,6 +138,14 @@ class SessionCore:
         """No turn runs (``locked``: the turn lock is held) and none waits."""
         return not locked and self.queued == 0
 
+    def count_usage(self, tokens: int, day: str | None, day_tokens: int | None) -> None:
+        """Add a model call's tokens to the session's (``tokens_used``), and keep the
+        user's day total it reported when it is the newest (other sessions of the user
+        count too: the highest total of the latest day wins)."""
+        self.tokens_used += max(0, tokens)
+        if day and day_tokens is not None and (day > self.user_day or (day == self.user_day and day_tokens > self.user_day_tokens)):
+            self.user_day, self.user_day_tokens = day, day_tokens
+
     def carry(self) -> SessionCarry:
         """What the next run starts from (continue-as-new input, or the archive's snapshot)."""
         return SessionCarry(
@@ -151,6 +160,7 @@ class SessionCore:
             encoding=self.encoding, token_correction=self.token_correction, context_tokens=self.context_tokens,
             status="idle" if self.idle_marked else "active", working_memory=self.working,
             last_extracted_turn=self.last_extracted_turn, pending_extractions=self.carried_extractions,
+            tokens_used=self.tokens_used, user_day=self.user_day, user_day_tokens=self.user_day_tokens,
         )
 
     def carry_bytes(self) -> int:
@@ -169,4 +179,6 @@ class SessionCore:
             run_index=self.run_index, updates_this_run=self.updates_this_run, history_length=history_length,
             archived_messages=self.transcript.archived, chain_id=self.chain_id, notices=self.notices,
             summary=self.summary, context_tokens=self.context_tokens, history_size_bytes=history_bytes,
+            tokens_used=self.tokens_used, token_budget=self.cfg.token_budget, user_daily_token_budget=self.cfg.user_daily_token_budget,
+            user_day=self.user_day, user_day_tokens=self.user_day_tokens,
         )

@@ -73,6 +73,39 @@ class ArgumentsExhausted(TurnStop):
         return ask_for_arguments(cfg, self.call, self.result, self.spec)
 
 
+class BudgetExceeded(TurnStop):
+    """The session or the user's day has used its token budget: no model call is started."""
+
+    status = "budget_exceeded"
+
+    def __init__(self, *, used: int, budget: int, daily: bool):
+        self.used, self.budget, self.daily = used, budget, daily
+        super().__init__(f"{used} of {budget} tokens")
+
+    def reply(self, cfg: SessionConfig) -> str:
+        if self.daily:
+            return (
+                f"You have used today's token budget ({self.used:,} of {self.budget:,} tokens, all your sessions). "
+                "It starts again at 00:00 UTC; your message is kept."
+            )
+        return (
+            f"This session has used its token budget ({self.used:,} of {self.budget:,} tokens), so it stops here. "
+            "Start a new session, or ask the operator to raise the budget."
+        )
+
+
+def budget_stop(cfg: SessionConfig, *, tokens_used: int, user_day: str, user_day_tokens: int, today: str) -> BudgetExceeded | None:
+    """Why no model call may start now, or None (see ``SessionConfig.token_budget`` and
+    ``user_daily_token_budget``). The day's count is the newest a model call reported for
+    ``user_day``; on another day nothing is counted yet."""
+    if cfg.token_budget is not None and tokens_used >= cfg.token_budget:
+        return BudgetExceeded(used=tokens_used, budget=cfg.token_budget, daily=False)
+    daily = cfg.user_daily_token_budget
+    if daily is not None and user_day == today and user_day_tokens >= daily:
+        return BudgetExceeded(used=user_day_tokens, budget=daily, daily=True)
+    return None
+
+
 CLOSED_BEFORE_TURN = "The session was closed before this message could be answered."
 EMPTY_ANSWER = "The model returned an empty answer. Ask again, or rephrase the question."
 
