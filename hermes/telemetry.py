@@ -278,6 +278,12 @@ def count_memory_writes(inserted: int, updated: int, superseded: int, unchanged:
             _current.memory_writes.add(n, {"hermes.memory.outcome": outcome})
 
 
+def count_mcp_restart(server: str) -> None:
+    """An MCP server started again after it failed (crashed, hung, refused to start), by server name."""
+    if _current is not None:
+        _current.mcp_restarts.add(1, {"hermes.mcp.server": server})
+
+
 # --------------------------------------------------------------- attributes
 # GenAI semantic conventions (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/)
 # plus hermes.*; built only when telemetry is on (callers pass them to span()).

@@ -118,6 +118,9 @@ class Telemetry:
         self.memory_writes = meter.create_counter(
             "hermes.memory.writes", unit="{memory}", description="Memory candidates written, by outcome (updated: merged)"
         )
+        self.mcp_restarts = meter.create_counter(
+            "hermes.mcp.restarts", unit="{start}", description="MCP server connections started again after a failure, by server"
+        )
         self._exporter: MetricsExporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
 

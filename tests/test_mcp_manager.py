@@ -215,6 +215,23 @@ async def test_resources_and_prompts_are_exposed(make_manager):
 
 
 async def test_crash_mid_call_fails_within_timeout_then_restarts_with_doubling_backoff(make_manager):
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+
+    from hermes import telemetry
+
+    metrics = InMemoryMetricReader()
+    telemetry.start(metric_readers=[metrics], batch=False)
+    try:
+        await _crash_then_restart(make_manager)
+    finally:
+        points = metrics.get_metrics_data()
+        telemetry.shutdown()
+    restarts = [p for rm in points.resource_metrics for sm in rm.scope_metrics for m in sm.metrics
+                if m.name == "hermes.mcp.restarts" for p in m.data.data_points]
+    assert [(p.attributes["hermes.mcp.server"], p.value) for p in restarts] == [("crashy", 1)]
+
+
+async def _crash_then_restart(make_manager):
     manager = make_manager({"crashy": stdio("crashy.py", timeout_seconds=10)})
     assert text_of(await manager.call_tool("crashy", "ok", {})) == "ok"
     first_group = status_of(manager, "crashy").process_group

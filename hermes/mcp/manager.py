@@ -96,7 +96,7 @@ from mcp.shared.message import SessionMessage
 from pydantic import ValidationError
 
 from hermes.errors import HermesError
-from hermes import redaction
+from hermes import redaction, telemetry
 from hermes.mcp.config import McpConfig, ResolvedServer, ServerConfig, Transport, redact, resolve_all
 from hermes.mcp.http import HTTP_ERROR_BODY_CHARS, HttpState, ReportingTransport
 from hermes.mcp.http import first_line as _first_line
@@ -777,6 +777,7 @@ class McpManager:
             raise McpUnavailableError(srv.name, f"MCP server {srv.name!r}: the MCP manager is closed", reason="closed")
         if srv.failures:
             srv.restarts += 1
+            telemetry.count_mcp_restart(srv.name)
         conn = _Connection(srv)
         self._live.add(conn)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
