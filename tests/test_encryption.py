@@ -224,3 +224,22 @@ def test_hermes_encryption_key_prints_a_key_the_settings_take() -> None:
     assert ring.current == "2026-05" and len(ring.keys["2026-05"]) == 32
     refused = CliRunner().invoke(app, ["encryption-key", "--id", "bad id"])
     assert refused.exit_code == 1 and "expected 1-64 letters" in refused.output
+
+
+async def test_the_session_index_row_holding_the_title_is_sealed_too(redis: Any, no_active_keyring: None) -> None:
+    from datetime import datetime, timezone
+
+    from hermes.models import SessionIndexEntry
+    from hermes.session_index import list_entries, write_entry
+
+    user = f"u-{uuid.uuid4().hex[:8]}"
+    now = datetime.now(timezone.utc)
+    entry = SessionIndexEntry(session_id=f"s-{user}", user_id=user, title="我的银行卡密码是 1234", created_at=now,
+                              last_active_at=now)
+    encryption.activate(parse_keys(f"old:{OLD}", source="test", separator=","))
+    await write_entry(redis, entry)
+    raw = (await redis.get(f"hermes:session:s-{user}")).decode()
+    assert raw.startswith("enc:v1:old:") and "银行卡" not in raw
+    assert await list_entries(redis, user) == [entry]
+    encryption.activate(parse_keys(f"new:{NEW}", source="test", separator=","))
+    assert await list_entries(redis, user) == []  # the old key is gone: not listed, not an error
