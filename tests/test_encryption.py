@@ -243,3 +243,20 @@ async def test_the_session_index_row_holding_the_title_is_sealed_too(redis: Any,
     assert await list_entries(redis, user) == [entry]
     encryption.activate(parse_keys(f"new:{NEW}", source="test", separator=","))
     assert await list_entries(redis, user) == []  # the old key is gone: not listed, not an error
+
+
+async def test_turn_events_in_redis_are_sealed_and_read_back_by_a_reader_with_the_keys(
+        redis: Any, no_active_keyring: None) -> None:
+    from hermes.events import EventLog, TurnEvent, stream_key
+
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    log = EventLog(redis)
+    encryption.activate(parse_keys(f"old:{OLD}", source="test", separator=","))
+    await log.publish([TurnEvent(type="text_delta", session_id=session, turn=1, data={"text": "你的体检报告正常"})])
+    [(_, fields)] = await redis.xrange(stream_key(session))
+    assert "体检".encode() not in b"".join(fields.values())
+    [event] = await log.read(session)
+    assert (event.type, event.data) == ("text_delta", {"text": "你的体检报告正常"})
+    encryption.activate(None)
+    [unreadable] = await log.read(session)
+    assert unreadable.type == "warning" and "cannot decrypt" in unreadable.data["text"]
