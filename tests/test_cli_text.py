@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from hermes.cli.tools import description_summary
 from hermes.tools.builtin import current_time
@@ -107,3 +108,21 @@ def test_a_cancelled_activity_attempt_is_not_shown_on_the_terminal_but_other_war
     assert not not_a_cancelled_attempt(record("temporalio.activity", failed, asyncio.CancelledError()))
     assert not_a_cancelled_attempt(record("temporalio.activity", failed, ValueError("provider said no")))
     assert not_a_cancelled_attempt(record("hermes.memory", "memory store still opening", None))
+
+
+def test_every_commands_one_line_help_is_its_docstrings_first_paragraph_on_one_line() -> None:
+    import typer
+
+    from hermes.cli import app
+
+    def walk(command: Any, path: str) -> list[tuple[str, str | None]]:
+        found = [(path, command.short_help)]
+        for name, sub in getattr(command, "commands", {}).items():  # a group (Typer's own click)
+            found += walk(sub, f"{path} {name}")
+        return found
+
+    helps = walk(typer.main.get_command(app), "hermes")[1:]
+    assert len(helps) > 20
+    groups = {"hermes mcp", "hermes memory", "hermes keys"}
+    ragged = [(path, text) for path, text in helps if path not in groups and (not text or "\n" in text or "  " in text)]
+    assert ragged == []

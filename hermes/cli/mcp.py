@@ -13,7 +13,7 @@ from rich.markup import escape
 
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, fail, failing_on
 from hermes.cli.output import print_table
-from hermes.cli.root import JsonOption, app
+from hermes.cli.root import HermesTyper, JsonOption, app
 from hermes.cli.running import load_settings
 from hermes.errors import HermesError
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 __all__ = ["mcp_app", "mcp_call", "mcp_list"]
 
-mcp_app = typer.Typer(help="MCP servers of HERMES_MCP_CONFIG: list them, call a tool.", no_args_is_help=True)
+mcp_app = HermesTyper(help="MCP servers of HERMES_MCP_CONFIG: list them, call a tool.", no_args_is_help=True)
 app.add_typer(mcp_app, name="mcp")
 
 

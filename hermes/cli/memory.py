@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, fail, failing_on
 from hermes.cli.output import err_console, out, print_table
-from hermes.cli.root import JsonOption, app
+from hermes.cli.root import HermesTyper, JsonOption, app
 from hermes.cli.running import answer, connect, load_settings, run_command
 from hermes.errors import HermesError
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = ["memory_app"]
 
-memory_app = typer.Typer(
+memory_app = HermesTyper(
     help="Long-term memory (LanceDB at HERMES_MEMORY_URI, default .hermes/memory): search, add, list, forget, consolidate, reembed.",
     no_args_is_help=True,
 )

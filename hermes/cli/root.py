@@ -31,6 +31,20 @@ class HermesTyper(typer.Typer):
     runner calls the command directly.
     """
 
+    def command(self, name: str | None = None, **kwargs: Any) -> Any:
+        """Typer's ``command``, with the list's one-line help made from the docstring's
+        first paragraph, its line breaks joined (rich kept them: a description wrapped in
+        the source came out ragged in ``hermes --help``)."""
+        if "short_help" in kwargs:
+            return super().command(name, **kwargs)
+
+        def register(function: Any) -> Any:
+            first = (function.__doc__ or "").strip().split("\n\n", 1)[0]
+            short = " ".join(first.split()) or None
+            return typer.Typer.command(self, name, short_help=short, **kwargs)(function)
+
+        return register
+
     def __call__(self, *args: Any, **kwargs: Any) -> NoReturn:
         try:
             super().__call__(*args, **kwargs)

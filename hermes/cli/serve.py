@@ -17,13 +17,13 @@ import typer
 
 from hermes.cli.errors import EXIT_REFUSED, EXIT_UNAVAILABLE, fail, failing_on
 from hermes.cli.output import err_console, out
-from hermes.cli.root import app
+from hermes.cli.root import HermesTyper, app
 from hermes.cli.running import load_settings, run_command
 from hermes.errors import ConfigError
 
 __all__ = ["keys_add", "serve"]
 
-keys_app = typer.Typer(help="API keys of `hermes serve` (HERMES_API_KEYS_FILE, default .hermes/api_keys.yaml).", no_args_is_help=True)
+keys_app = HermesTyper(help="API keys of `hermes serve` (HERMES_API_KEYS_FILE, default .hermes/api_keys.yaml).", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
 KeysFileOption = Annotated[
