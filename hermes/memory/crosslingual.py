@@ -31,6 +31,7 @@ from collections.abc import Iterable
 
 _CJK_RUN = re.compile(r"[\u3400-\u9fff]+")
 _WORD = re.compile(r"[a-z]{3,}")
+_LATIN = re.compile(r"[A-Za-z]{3,}")
 MAX_WORD_CHARS = 4
 """Longest dictionary word tried when cutting a run of characters (longer entries are
 idioms and names, rare in what people tell an assistant)."""
@@ -174,7 +175,11 @@ def _all(parts: Iterable[frozenset[str]]) -> frozenset[str]:
 
 def share_word(a: str, b: str) -> bool:
     """Whether ``a``'s English meets a gloss of ``b``'s Chinese, or the other way round
-    (``How do I get to work these days?`` / ``现在改坐地铁上班了``: ``work``)."""
+    (``How do I get to work these days?`` / ``现在改坐地铁上班了``: ``work``). Texts that
+    are not one Chinese and one English are answered at once (False): the read path asks
+    this of every candidate row, and within one language the content words already meet."""
+    if not ((_CJK_RUN.search(a) and _LATIN.search(b)) or (_CJK_RUN.search(b) and _LATIN.search(a))):
+        return False
     return bool(english_words(a) & _all(segments(b))) or bool(english_words(b) & _all(segments(a)))
 
 
