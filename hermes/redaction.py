@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import threading
 import urllib.parse
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 REDACTED = "***"
@@ -32,20 +32,22 @@ _FORMS: tuple[str, ...] = ()
 _INSTALLED = False
 
 
-def secret_forms(secrets: Iterable[str]) -> list[str]:
+def secret_forms(secrets: Iterable[str], *, min_chars: int = MIN_SECRET_CHARS) -> list[str]:
     """Every form in which ``secrets`` come back in a text, longest first: as they are and
     percent-encoded (a server that echoes the URL it was called with, ``/mcp/tok%2B1``),
     each form once (a secret containing another is masked whole).
 
     Args:
         secrets: resolved values.
+        min_chars: shorter values are left out (default :data:`MIN_SECRET_CHARS`; a
+            caller that filtered its values already passes 1).
 
     Returns:
         The forms, sorted by length (longest first), then text.
     """
     forms: set[str] = set()
     for secret in secrets:
-        if len(secret) < MIN_SECRET_CHARS:
+        if len(secret) < max(1, min_chars):
             continue
         forms.add(secret)
         forms.add(urllib.parse.quote(secret, safe=""))
@@ -60,6 +62,20 @@ def mask_text(text: str, forms: Iterable[str]) -> str:
         if form in text:
             text = text.replace(form, REDACTED)
     return text
+
+
+def mask_value(value: Any, forms: Sequence[str]) -> Any:
+    """``value`` with every one of ``forms`` masked in its strings, nested in dicts (keys
+    too), lists and tuples; other values as they are."""
+    if not forms:
+        return value
+    if isinstance(value, str):
+        return mask_text(value, forms)
+    if isinstance(value, dict):
+        return {mask_value(k, forms): mask_value(v, forms) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(mask_value(v, forms) for v in value)
+    return value
 
 
 def register(secrets: Iterable[str]) -> None:

@@ -88,14 +88,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hermes.errors import ConfigError
-from hermes.redaction import secret_forms
+from hermes.redaction import REDACTED, mask_value, secret_forms
 from hermes.models import Idempotency, Permission
 
 # Shared with tool files (hermes.tools.files); private there, imported on purpose so both
 # formats read files, word errors and check headers the same way.
 from hermes.config_files import read_document
 from hermes.tools.files import _HEADER_NAME_RE, _describe, _kind, _model_in, _short
-from hermes.tools.http import REDACTED
 from hermes.tools.registry import TOOL_NAME_RE
 
 __all__ = [
@@ -762,20 +761,7 @@ def redact(text: Any, resolved: ResolvedServer | Iterable[ResolvedServer]) -> An
         The same shape, secrets masked (see :attr:`ResolvedServer.secrets`).
     """
     servers = [resolved] if isinstance(resolved, ResolvedServer) else list(resolved)
-    return _mask(text, secret_forms(s for server in servers for s in server.secrets))
-
-
-
-def _mask(value: Any, secrets: list[str]) -> Any:
-    if isinstance(value, str):
-        for secret in secrets:
-            value = value.replace(secret, REDACTED)
-        return value
-    if isinstance(value, dict):
-        return {_mask(k, secrets): _mask(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(_mask(v, secrets) for v in value)
-    return value
+    return mask_value(text, secret_forms(s for server in servers for s in server.secrets))
 
 
 # ---------------------------------------------------------------- tool names

@@ -45,6 +45,7 @@ from temporalio import activity
 
 from hermes.errors import ToolFailure
 from hermes.models import ToolResult, ToolResultCode
+from hermes.redaction import mask_value, secret_forms
 from hermes.tools.registry import Tool, ToolContext
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
@@ -59,7 +60,6 @@ PERMISSION_STATUSES = frozenset({401, 403})
 RETRYABLE_STATUSES = frozenset({408, 429})
 """Besides every 5xx: worth another attempt (STYLE.md: 4xx is not retried except these)."""
 
-REDACTED = "***"
 _SNIPPET_CHARS = 500
 _DEFAULT_TIER_SECONDS = {"query": 15.0, "external": 30.0, "batch": 60.0}
 """Settings' tier defaults, used only when a tool is invoked outside an activity."""
@@ -384,19 +384,9 @@ class HttpTool(Tool):
     __str__ = __repr__
 
     def redact(self, value: Any) -> Any:
-        """``value`` with every secret replaced by ``***`` (strings, nested in dicts and lists)."""
-        secrets = self.endpoint.secrets
-        if not secrets:
-            return value
-        if isinstance(value, str):
-            for secret in secrets:
-                value = value.replace(secret, REDACTED)
-            return value
-        if isinstance(value, dict):
-            return {self.redact(k): self.redact(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [self.redact(v) for v in value]
-        return value
+        """``value`` with every secret replaced by ``***``, as it is and percent-encoded
+        (strings, nested in dicts, lists and tuples; :func:`hermes.redaction.mask_value`)."""
+        return mask_value(value, secret_forms(self.endpoint.secrets, min_chars=1))
 
     def _attempt_timeout_seconds(self) -> float:
         """A little under this attempt's start-to-close timeout, so that the tool reports
