@@ -175,11 +175,10 @@ class BlobStore:
         """Store ``ref -> text``; writing the same reference twice is harmless."""
         if self.redis is None or not items:
             return
-        keyring = encryption.active()
         pipe = self.redis.pipeline(transaction=False)
         for ref, text in items.items():
             # With encryption on, Redis holds the bodies sealed like history does (issue 17).
-            pipe.set(BLOB_KEY.format(ref=ref), keyring.seal(text) if keyring is not None else text, ex=self.ttl_seconds)
+            pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=self.ttl_seconds)
         await pipe.execute()
 
     async def get_many(self, refs: list[str]) -> dict[str, str]:
@@ -202,13 +201,10 @@ def _opened(values: dict[str, str]) -> dict[str, str]:
     """``values`` with the sealed ones opened; one this process cannot open (no key ring,
     a key no longer configured, altered data) is a miss: the caller reads the body from
     where it is kept for good (the session's history, the durable store)."""
-    keyring = encryption.active()
     out: dict[str, str] = {}
     for ref, value in values.items():
         try:
-            if value.startswith(encryption.SEALED_PREFIX) and keyring is None:
-                raise encryption.UnknownKeyError(value[len(encryption.SEALED_PREFIX):].split(":", 1)[0], ())
-            out[ref] = keyring.open(value) if keyring is not None else value
+            out[ref] = encryption.open_sealed(value)
         except Exception as err:  # noqa: BLE001 - UnknownKeyError, InvalidTag, bad base64: a miss
             log.warning("content store entry %s cannot be decrypted here (%s); read as a miss", ref, err)
     return out

@@ -251,3 +251,24 @@ def activate(keyring: KeyRing | None) -> None:
 def active() -> KeyRing | None:
     """The key ring of this process (None: values are stored in clear)."""
     return _ACTIVE
+
+
+def seal(text: str) -> str:
+    """``text`` sealed with this process' key ring (:meth:`KeyRing.seal`), or as it is
+    when encryption is off: what Redis copies of message text go through."""
+    return _ACTIVE.seal(text) if _ACTIVE is not None else text
+
+
+def open_sealed(value: str) -> str:
+    """``value`` opened with this process' key ring; a value that is not sealed is
+    returned as it is.
+
+    Raises:
+        UnknownKeyError: it is sealed and this process has no key ring, or not its key.
+        cryptography.exceptions.InvalidTag, ValueError: the value was altered.
+    """
+    if not value.startswith(SEALED_PREFIX):
+        return value
+    if _ACTIVE is None:
+        raise UnknownKeyError(value[len(SEALED_PREFIX):].split(":", 1)[0], ())
+    return _ACTIVE.open(value)

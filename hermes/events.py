@@ -173,13 +173,11 @@ class EventLog:
         events = list(events)
         if not events:
             return []
-        keyring = encryption.active()
         pipe = self.redis.pipeline(transaction=False)
         for event in events:
             key = stream_key(event.session_id)
-            body = event.model_dump_json(exclude={"offset", "session_id"})
-            if keyring is not None:
-                body = keyring.seal(body)  # encryption at rest: text deltas are the reply's text
+            # Sealed when encryption is on: text deltas are the reply's text.
+            body = encryption.seal(event.model_dump_json(exclude={"offset", "session_id"}))
             pipe.xadd(key, {"e": body}, maxlen=self.max_events, approximate=True)
             pipe.expire(key, self.ttl_seconds)
         answers = await pipe.execute()
@@ -327,16 +325,11 @@ def _text(value: Any) -> str:
 
 
 def _event(session_id: str, offset: str, fields: dict[Any, Any]) -> TurnEvent:
-    body = _text(fields.get(b"e", fields.get("e")) or b"{}")
-    if body.startswith(encryption.SEALED_PREFIX):
-        keyring = encryption.active()
-        try:
-            if keyring is None:
-                raise encryption.UnknownKeyError(body[len(encryption.SEALED_PREFIX):].split(":", 1)[0], ())
-            body = keyring.open(body)
-        except Exception as err:  # noqa: BLE001 - an unknown key or altered data: say so in its place
-            return TurnEvent(type="warning", session_id=session_id, offset=offset,
-                             data={"text": f"an event this reader cannot decrypt ({err})"})
+    try:
+        body = encryption.open_sealed(_text(fields.get(b"e", fields.get("e")) or b"{}"))
+    except Exception as err:  # noqa: BLE001 - an unknown key or altered data: say so in its place
+        return TurnEvent(type="warning", session_id=session_id, offset=offset,
+                         data={"text": f"an event this reader cannot decrypt ({err})"})
     values = json.loads(body)
     values.update(session_id=session_id, offset=offset)
     return TurnEvent.model_validate(values)

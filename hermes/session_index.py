@@ -22,10 +22,8 @@ async def write_entry(redis: Any, entry: SessionIndexEntry) -> None:
     """Upsert one row and its place in the user's list. With encryption on
     (:func:`hermes.encryption.active`) the row is sealed: its title is the session's first
     message."""
-    row = entry.model_dump_json()
-    keyring = encryption.active()
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(_ROW.format(session_id=entry.session_id), keyring.seal(row) if keyring is not None else row)
+        pipe.set(_ROW.format(session_id=entry.session_id), encryption.seal(entry.model_dump_json()))
         pipe.zadd(_USER.format(user_id=entry.user_id), {entry.session_id: entry.last_active_at.timestamp()})
         await pipe.execute()
 
@@ -42,19 +40,14 @@ async def list_entries(redis: Any, user_id: str, *, limit: int = 50) -> list[Ses
 def _opened_rows(rows: list[Any]) -> list[str]:
     """The rows as JSON, sealed ones opened; one this process cannot open (no key ring or
     a key no longer configured) is left out (the session's next turn writes it again)."""
-    keyring = encryption.active()
     out = []
     for raw in rows:
         if not raw:
             continue
-        text = raw.decode() if isinstance(raw, bytes) else raw
-        if text.startswith(encryption.SEALED_PREFIX):
-            try:
-                text = keyring.open(text) if keyring is not None else ""
-            except Exception:  # noqa: BLE001 - an unknown key or altered data: not listed
-                text = ""
-        if text:
-            out.append(text)
+        try:
+            out.append(encryption.open_sealed(raw.decode() if isinstance(raw, bytes) else raw))
+        except Exception:  # noqa: BLE001 - an unknown key or altered data: not listed
+            continue
     return out
 
 
