@@ -395,7 +395,9 @@ class MemoryActivities:
                 result.model_candidates = len(found)
                 result.dropped_low_confidence = dropped
                 result.prompt_tokens, result.completion_tokens = answer.usage.prompt_tokens, answer.usage.completion_tokens
-                result.user_day_tokens = await self._day_tokens(inp, result.prompt_tokens + result.completion_tokens)
+                result.user_day_tokens = await usage.record_for_activity(
+                    self.redis, inp.user_id, inp.usage_day, result.prompt_tokens + result.completion_tokens
+                )
                 if problems:
                     result.error = "; ".join(problems)[:500]
                 known = {" ".join(c.text.split()).casefold() for c in candidates}
@@ -406,19 +408,6 @@ class MemoryActivities:
             await self._deliver(inp.user_id, MemoryBatch(candidates=kept))
         result.delivered = len(kept)
         return result
-
-    async def _day_tokens(self, inp: ExtractMemoriesInput, tokens: int) -> int | None:
-        """Count the extraction call's tokens for the user's day (when a daily budget
-        applies, once per activity; :func:`hermes.usage.record`); None otherwise or when
-        Redis does not answer."""
-        if not inp.usage_day or self.redis is None:
-            return None
-        info = activity.info()
-        try:
-            return await usage.record(self.redis, inp.user_id, inp.usage_day, f"{info.workflow_run_id}:{info.activity_id}", tokens)
-        except Exception as err:  # noqa: BLE001 - the memories matter more than the count
-            log.warning("token usage of %s's memory extraction not counted (%s)", inp.user_id, err)
-            return None
 
     async def _deliver(self, user_id: str, batch: MemoryBatch) -> None:
         if self.client is None:

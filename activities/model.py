@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import uuid
 from datetime import timedelta
 from typing import Any
 
@@ -39,16 +38,7 @@ from hermes.errors import (
     failed_to_replay,
 )
 from hermes import usage
-from hermes.models import (
-    CallModelInput,
-    CallModelResult,
-    CountTokensInput,
-    Message,
-    SummarizeInput,
-    Summary,
-    ToolSpec,
-    Usage,
-)
+from hermes.models import CallModelInput, CallModelResult, CountTokensInput, Message, SummarizeInput, Summary, ToolSpec
 from hermes.providers.base import ModelProvider
 from hermes.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
@@ -398,7 +388,10 @@ class ModelActivities:
         name = f"chat {request.model}" if request.model else "chat"
         with telemetry.span(name, telemetry.chat_attributes(request) if telemetry.enabled() else None) as span:
             result = await self._call_model(request)
-            day_tokens = await self._day_tokens(request.usage_user_id, request.usage_day, result.usage)
+            day_tokens = await usage.record_for_activity(
+                self.store.redis, request.usage_user_id, request.usage_day,
+                result.usage.prompt_tokens + result.usage.completion_tokens,
+            )
             if day_tokens is not None:
                 result = result.model_copy(update={"user_day_tokens": day_tokens})
             if span is not None:
@@ -503,7 +496,10 @@ class ModelActivities:
             async with heartbeating():
                 summary = await self._summarize(request)
             if summary.usage is not None:
-                day_tokens = await self._day_tokens(request.usage_user_id, request.usage_day, summary.usage)
+                day_tokens = await usage.record_for_activity(
+                    self.store.redis, request.usage_user_id, request.usage_day,
+                    summary.usage.prompt_tokens + summary.usage.completion_tokens,
+                )
                 if day_tokens is not None:
                     summary = summary.model_copy(update={"user_day_tokens": day_tokens})
             telemetry.set_attributes(span, {"hermes.summary.tokens": summary.tokens})
@@ -519,25 +515,6 @@ class ModelActivities:
         result = await self._complete(call)
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0, usage=result.usage)
-
-    async def _day_tokens(self, user_id: str | None, day: str | None, used: Usage) -> int | None:
-        """Count this call's tokens for ``user_id`` on ``day`` (once per activity, whatever
-        its retries: :func:`hermes.usage.record`) and return the user's total that day;
-        None when no daily budget applies (no user or day) or Redis did not answer (the
-        session then goes by the last total it had)."""
-        if not user_id or not day or self.store.redis is None:
-            return None
-        try:
-            info = activity.info()
-            call_id = f"{info.workflow_run_id}:{info.activity_id}"
-        except RuntimeError:  # called outside an activity (tests, tools): no retry to fold
-            call_id = f"local:{uuid.uuid4().hex}"
-        try:
-            return await usage.record(self.store.redis, user_id, day, call_id, used.prompt_tokens + used.completion_tokens)
-        except Exception as err:  # noqa: BLE001 - the reply matters more than the count
-            log.warning("token usage of %s on %s not counted (%s); the daily budget goes by the last total", user_id, day, err)
-            return None
-
 
 def _summary_request(request: SummarizeInput, texts: dict[str, str], counter: TokenCounter) -> tuple[CallModelInput, int]:
     """The summary's model request from the referenced messages, and the turn it covers up to."""

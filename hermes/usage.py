@@ -11,7 +11,11 @@ count (the budget then starts again from the calls after it), never a turn.
 
 from __future__ import annotations
 
+import logging
+import uuid
 from typing import Any
+
+log = logging.getLogger("hermes.usage")
 
 USAGE_KEY = "hermes:usage:{user}:{day}"
 USAGE_TTL_SECONDS = 3 * 24 * 3600
@@ -46,6 +50,31 @@ async def record(redis: Any, user_id: str, day: str, call_id: str, tokens: int) 
     """
     key = USAGE_KEY.format(user=user_id, day=day)
     return int(await redis.eval(_RECORD, 1, key, call_id, max(0, int(tokens)), USAGE_TTL_SECONDS))
+
+
+async def record_for_activity(redis: Any, user_id: str | None, day: str | None, tokens: int) -> int | None:
+    """:func:`record` for the model call of the running activity (its workflow run and
+    activity id: its retries count once; outside an activity, a one-off id), and the user's
+    total that day.
+
+    Returns:
+        The total; None when no daily budget applies (no user, no day or no Redis) or
+        Redis did not answer (logged: the session then goes by the last total it had).
+    """
+    if not user_id or not day or redis is None:
+        return None
+    from temporalio import activity
+
+    try:
+        info = activity.info()
+        call_id = f"{info.workflow_run_id}:{info.activity_id}"
+    except RuntimeError:  # called outside an activity (tests, tools): no retry to fold
+        call_id = f"local:{uuid.uuid4().hex}"
+    try:
+        return await record(redis, user_id, day, call_id, tokens)
+    except Exception as err:  # noqa: BLE001 - the reply matters more than the count
+        log.warning("token usage of %s on %s not counted (%s); the daily budget goes by the last total", user_id, day, err)
+        return None
 
 
 async def day_total(redis: Any, user_id: str, day: str) -> int:

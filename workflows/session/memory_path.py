@@ -21,7 +21,6 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.session import calls, memory_hooks, patches
     from workflows.session.state import SessionCore
-    from workflows.session.turn import budget_stop
     from workflows.tool_calls import failure_text
 
 EXTRACTION_GRACE = timedelta(0)
@@ -126,9 +125,7 @@ class MemoryPath:
         if core.cfg.token_budget is not None or core.cfg.user_daily_token_budget is not None:
             # Its model call counts against the token budgets; past one, the rules' candidates alone.
             today = workflow.now().date().isoformat()
-            over = budget_stop(core.cfg, tokens_used=core.tokens_used, user_day=core.user_day,
-                               user_day_tokens=core.user_day_tokens, today=today) is not None
-            update: dict[str, Any] = {"use_model": inp.use_model and not over}
+            update: dict[str, Any] = {"use_model": inp.use_model and core.budget_stop(today) is None}
             if core.cfg.user_daily_token_budget is not None:
                 update["usage_day"] = today
             inp = inp.model_copy(update=update)

@@ -22,7 +22,7 @@ with workflow.unsafe.imports_passed_through():
 
     from workflows.session import calls, lifecycle, patches
     from workflows.session.state import SessionCore
-    from workflows.session.turn import BudgetExceeded, ContextTooLarge, ModelFailed, TurnCancelled, budget_stop
+    from workflows.session.turn import BudgetExceeded, ContextTooLarge, ModelFailed, TurnCancelled
     from workflows.tool_calls import failure_text
 
 SUMMARY_GRACE = timedelta(seconds=5)
@@ -154,11 +154,7 @@ class ModelSteps:
     def check_budget(self) -> None:
         """Raise :class:`BudgetExceeded` when the session or the user's day has used its
         token budget (no model call is started then)."""
-        core = self.core
-        stop = budget_stop(
-            core.cfg, tokens_used=core.tokens_used, user_day=core.user_day, user_day_tokens=core.user_day_tokens,
-            today=workflow.now().date().isoformat(),
-        )
+        stop = self.core.budget_stop(workflow.now().date().isoformat())
         if stop is not None:
             raise stop
 

@@ -23,6 +23,7 @@ from workflows.session.context_plan import ContextPlanner
 from workflows.session.payloads import MAX_DECISIONS, MAX_SETTLED, MAX_TRACE
 from workflows.session.replies import ReplyBook
 from workflows.session.transcript import Transcript
+from workflows.session.turn import BudgetExceeded, budget_stop
 
 
 class SessionCore:
@@ -137,6 +138,12 @@ class SessionCore:
     def idle(self, locked: bool) -> bool:
         """No turn runs (``locked``: the turn lock is held) and none waits."""
         return not locked and self.queued == 0
+
+    def budget_stop(self, today: str) -> BudgetExceeded | None:
+        """Why no model call may start now (:func:`turn.budget_stop` of this session's
+        use on ``today``, the UTC day ``YYYY-MM-DD``), or None."""
+        return budget_stop(self.cfg, tokens_used=self.tokens_used, user_day=self.user_day,
+                           user_day_tokens=self.user_day_tokens, today=today)
 
     def count_usage(self, tokens: int, day: str | None, day_tokens: int | None) -> None:
         """Add a model call's tokens to the session's (``tokens_used``), and keep the
