@@ -95,6 +95,7 @@ __all__ = [
     "CONTENT_CAP_BYTES",
     "MISSING",
     "OMITTED",
+    "codec_keys",
     "create_app",
     "decode_payloads",
     "default_ui_origins",
@@ -798,6 +799,24 @@ async def running_codec_server(
         sock.close()
 
 
+def codec_keys(settings: Settings) -> tuple[KeyRing | None, str | None]:
+    """The key ring (None: payloads in clear) and the bearer token a codec server of
+    ``settings`` runs with.
+
+    Raises:
+        ConfigError: a bad key setting, or keys without ``HERMES_CODEC_TOKEN`` (the server
+            would decrypt conversations for anyone).
+    """
+    keyring = encryption.keyring_from_settings(settings)
+    token = settings.codec_token.get_secret_value() if settings.codec_token is not None else None
+    if keyring is not None and not token:
+        raise ConfigError(
+            "payloads are encrypted, so the codec server decrypts conversations: set a bearer token for it",
+            source="HERMES_CODEC_TOKEN",
+        )
+    return keyring, token
+
+
 async def serve(
     settings: Settings,
     host: str = "127.0.0.1",
@@ -826,13 +845,7 @@ async def serve(
     from hermes.demo import wait_until_interrupted
     from worker import connect_redis
 
-    keyring = encryption.keyring_from_settings(settings)
-    token = settings.codec_token.get_secret_value() if settings.codec_token is not None else None
-    if keyring is not None and not token:
-        raise ConfigError(
-            "payloads are encrypted, so the codec server decrypts conversations: set a bearer token for it",
-            source="HERMES_CODEC_TOKEN",
-        )
+    keyring, token = codec_keys(settings)
     encryption.activate(keyring)  # the content store's Redis copies are sealed with the same keys
     redis = connect_redis(settings.resolved_redis_url)
     try:

@@ -225,14 +225,14 @@ async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str
     Yields its URL, or None when the port is taken: the worker and the stack are more
     use than the codec server, so that is a warning in the banner, not a failure.
     """
-    from hermes import encryption
     from hermes.blobs import BlobStore
-    from hermes.codec_server import default_ui_origins, running_codec_server
+    from hermes.codec_server import codec_keys, default_ui_origins, running_codec_server
+    from hermes.errors import ConfigError
 
-    keyring = encryption.keyring_from_settings(settings)
-    token = settings.codec_token.get_secret_value() if settings.codec_token is not None else None
-    if keyring is not None and not token:
-        yield None  # it would decrypt conversations for anyone: the banner says to set a token
+    try:
+        keyring, token = codec_keys(settings)
+    except ConfigError:
+        yield None  # keys without a token: it would decrypt for anyone; the banner says so
         return
     server = running_codec_server(
         BlobStore(redis), host="127.0.0.1", port=settings.codec_port, ui_origins=default_ui_origins(settings.ui_port),
