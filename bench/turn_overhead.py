@@ -432,10 +432,12 @@ async def main() -> None:
             ]
             # With --tracing or --encryption, session_control is the same session on its own
             # worker with both off: each variant is compared with it (same setup, same run).
+            traced = _start_tracing() if args.tracing else None
             for tracing, encrypting in ((False, False), (True, False), (False, True), (True, True)):
                 if (args.tracing or args.encryption) and (args.tracing or not tracing) and (args.encryption or not encrypting):
                     series.append(await _variant_series(client, make_worker, task_queue, text, tag, session_config,
-                                                        stack.redis, tracing=tracing, encrypting=encrypting))
+                                                        stack.redis, tracing=traced if tracing else None,
+                                                        encrypting=encrypting))
             by_name = {s.name: s for s in series}
             if args.breakdown:
                 for name, cls in VARIANTS.items():
@@ -470,6 +472,10 @@ async def main() -> None:
             for s in series:
                 if isinstance(s, VariantSeries):
                     await s.close()
+            if traced is not None:
+                from hermes import telemetry
+
+                telemetry.shutdown()
 
         _report(args, n, warmup, block, config, series, elapsed, anatomy)
 
@@ -500,55 +506,48 @@ class VariantSeries(Series):
             encryption.activate(None)
 
     async def close(self) -> None:
-        from hermes import telemetry
-
         if self.on is not None:
             self.on.span_processor.force_flush()
             self.exported = len(self.spans.get_finished_spans())
         await self.worker.__aexit__(None, None, None)
-        if self.on is not None and not telemetry_users_left(self):
-            telemetry.shutdown()
 
 
-_VARIANTS_OPEN: list[VariantSeries] = []
+def _start_tracing() -> tuple[Any, Any, list[Any]]:
+    """Telemetry for the traced series: spans to one in-memory exporter, metrics to an
+    in-memory reader, and their clients' plugins; left off between their turns
+    (:class:`VariantSeries` switches it)."""
+    from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+    from hermes import telemetry
 
-def telemetry_users_left(closing: VariantSeries) -> bool:
-    """Whether another open series still uses the (process-wide) telemetry."""
-    _VARIANTS_OPEN.remove(closing)
-    return any(v.on is not None for v in _VARIANTS_OPEN)
+    spans = InMemorySpanExporter()
+    on = telemetry.start(span_exporters=[spans], metric_readers=[InMemoryMetricReader()])
+    plugins = telemetry.plugins()
+    telemetry._current = None  # noqa: SLF001 - on only during the traced series' turns
+    return on, spans, plugins
 
 
 async def _variant_series(
     client: Any, make_worker: Callable[[Any, str], Any], task_queue: str, text: str, tag: str,
-    session_config: SessionConfig, redis: Any, *, tracing: bool, encrypting: bool,
+    session_config: SessionConfig, redis: Any, *, tracing: tuple[Any, Any, list[Any]] | None, encrypting: bool,
 ) -> VariantSeries:
-    """``session_traced``, ``session_encrypted`` or ``session_traced_encrypted`` (see
-    :class:`VariantSeries`), its worker started."""
+    """``session_control``, ``session_traced``, ``session_encrypted`` or
+    ``session_traced_encrypted`` (see :class:`VariantSeries`), its worker started.
+    ``tracing``: the telemetry and span exporter of :func:`_start_tracing`, or None."""
     import base64
 
     from temporalio.client import Client
 
-    from hermes import encryption, telemetry
+    from hermes import encryption
     from hermes.client import HermesClient
 
-    on = spans = plugins = keyring = None
-    if tracing:
-        from opentelemetry.sdk.metrics.export import InMemoryMetricReader
-        from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-
-        spans = InMemorySpanExporter()
-        on = next((v.on for v in _VARIANTS_OPEN if v.on is not None), None)
-        if on is None:
-            on = telemetry.start(span_exporters=[spans], metric_readers=[InMemoryMetricReader()])
-        else:
-            spans = next(v.spans for v in _VARIANTS_OPEN if v.on is not None)
-        plugins = telemetry.plugins()
-        telemetry._current = None  # noqa: SLF001 - on only during this series' turns
+    on, spans, plugins = tracing or (None, None, [])
+    keyring = None
     if encrypting:
         keyring = encryption.KeyRing({"bench": base64.b64decode(encryption.new_key())}, "bench")
     converter = encryption.data_converter(keyring) if keyring is not None else client.data_converter
-    variant = Client(client.service_client, namespace=client.namespace, data_converter=converter, plugins=plugins or [])
+    variant = Client(client.service_client, namespace=client.namespace, data_converter=converter, plugins=plugins)
     name = ("session" + ("_traced" if tracing else "") + ("_encrypted" if encrypting else "")) if tracing or encrypting \
         else "session_control"
     queue = f"{task_queue}-{name}"
@@ -557,7 +556,6 @@ async def _variant_series(
     hermes = HermesClient(variant, task_queue=queue, redis=redis, config=session_config)
     session_id = f"bench-{name.replace('_', '-')}-{tag}"
     series = VariantSeries(name, session_id, worker, on, spans, keyring)
-    _VARIANTS_OPEN.append(series)
 
     async def variant_turn(_: int) -> str:
         return (await hermes.send_message(session_id, text, user_id="bench")).reply
