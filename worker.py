@@ -29,6 +29,7 @@ from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
+from hermes import command_auth
 from hermes.blobs import BlobStore
 from hermes.durable import DurableStore
 from hermes.errors import ConfigError
@@ -82,8 +83,9 @@ async def connect_client(settings: Settings) -> Client:
     Raises:
         ConfigError: an ``OTEL_*`` value Hermes cannot honour, or a bad encryption key setting.
     """
-    from hermes import encryption, telemetry
+    from hermes import command_auth, encryption, telemetry
 
+    command_auth.ensure(settings)  # the key ring commands are signed and checked with
     plugins = telemetry.plugins(settings)
     extra: dict[str, Any] = {}
     if plugins:
@@ -139,6 +141,7 @@ def build_worker(
             default one at ``settings.resolved_memory_uri``, opened on first use.
     """
     settings = settings or get_settings()
+    command_auth.ensure(settings)  # sessions check their commands' proofs with it
     provider = provider or make_provider(settings)
     if registry is None:
         registry = load_registry(settings)

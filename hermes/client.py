@@ -40,10 +40,11 @@ import logging
 import random
 import unicodedata
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import timedelta
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from pydantic import BaseModel
 from temporalio.client import (
     Client,
     RPCTimeoutOrCancelledError,
@@ -57,11 +58,12 @@ from temporalio.common import SearchAttributePair, TypedSearchAttributes, Workfl
 from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
-from hermes import names
+from hermes import command_auth, names
 from hermes.blobs import BlobStore, stored_preview, value_ref
 from hermes.durable import DurableStore
 from hermes.events import EventLog, TurnEvent, check_offset
 from hermes.errors import (
+    CommandRefusedError,
     HermesError,
     MessageFailedError,
     MessageRejectedError,
@@ -193,6 +195,7 @@ def _too_many_tokens(text: str, size: int, config: SessionConfig) -> bool:
 
 
 T = TypeVar("T")
+M = TypeVar("M", bound=BaseModel)
 
 DEFAULT_RETRY_TIMEOUT_SECONDS = 120.0
 """How long a call keeps retrying transient failures by default: long enough to ride
@@ -299,6 +302,8 @@ def documented_error(err: BaseException, session_id: str, *, user_id: str = "") 
             return SessionHaltedError(message)
         if kind == "SessionForbiddenError":
             return SessionForbiddenError(message, session_id=session_id, user_id=user_id)
+        if kind == "CommandRefusedError":
+            return CommandRefusedError(message, session_id=session_id, user_id=user_id)
         return MessageFailedError(
             f"session {session_id!r} failed the message ({kind}: {message})", reason=f"{kind}: {message}"
         )
@@ -490,6 +495,9 @@ class HermesClient:
         self.config = config or SessionConfig()
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
+        self.command_keys: command_auth.CommandKeyRing | None = None
+        """The key ring this client signs commands with (:mod:`hermes.command_auth`);
+        None: this process' (``HERMES_COMMAND_KEYS`` / ``_KEY_FILE`` / ``<data_dir>/command-keys``)."""
         self._slots = _SessionSlots(max_in_flight_per_session)
         self._memory_store = memory_store
         self._memory_store_lock = asyncio.Lock()
@@ -517,6 +525,7 @@ class HermesClient:
         from worker import connect_client, connect_redis
 
         settings = settings or get_settings()
+        command_auth.ensure(settings)
         if runtime is None:
             client = await connect_client(settings)
         else:
@@ -611,6 +620,8 @@ class HermesClient:
         user_id: str = "anonymous",
         channel: str = "cli",
         config: SessionConfig | None = None,
+        sender: str | None = None,
+        roles: Iterable[str] = (),
     ) -> None:
         """Start a session before its first message (:meth:`send_message` also creates one).
 
@@ -622,6 +633,8 @@ class HermesClient:
             user_id: its owner.
             channel: where the conversation happens, e.g. ``cli``, ``api``.
             config: its settings (default: the client's).
+            sender, roles: who starts it, as this client vouches (default: ``user_id``);
+                another than ``user_id`` needs the ``admin`` role (:mod:`hermes.command_auth`).
 
         Raises:
             SessionExistsError: a session with this id exists (running, closed or archived).
@@ -633,7 +646,7 @@ class HermesClient:
         async def start() -> None:
             await self.client.start_workflow(
                 names.SESSION_WORKFLOW,
-                SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config),
+                self._signed_start(SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config), sender, roles),
                 id=session_id,
                 task_queue=self.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.FAIL,
@@ -660,6 +673,8 @@ class HermesClient:
         client_message_id: str | None = None,
         config: SessionConfig | None = None,
         busy_timeout_seconds: float = 60.0,
+        sender: str | None = None,
+        roles: Iterable[str] = (),
     ) -> TurnResult:
         """Send one user message and wait for the reply; creates the session if needed.
 
@@ -687,6 +702,10 @@ class HermesClient:
             config: settings of a new session (default: the client's).
             busy_timeout_seconds: how long to keep retrying while the session refuses
                 the message as busy, in seconds from the first attempt.
+            sender, roles: who sends it, as this client vouches with its command key
+                (:mod:`hermes.command_auth`; default: ``user_id``). A sender other than
+                the session's user needs the ``admin`` role; the message is recorded as
+                theirs, and they never decide an approval their message caused.
 
         Returns:
             The reply and the tool calls made for it.
@@ -696,8 +715,11 @@ class HermesClient:
                 inline and it could not be stored); not taken.
             SessionClosedError: the session is closed; not taken.
             SessionHaltedError: the session waits for a human's decision; not taken.
-            SessionForbiddenError: the session belongs to another user than ``user_id``;
-                not taken (nor is the reply to a message id it knows returned).
+            SessionForbiddenError: the session belongs to another user than ``user_id``,
+                or ``sender`` is neither its user nor an admin; not taken (nor is the
+                reply to a message id it knows returned).
+            CommandRefusedError: the session could not verify this client's proof (its
+                command key is not the workers'); not taken.
             SessionBusyError: the session stayed too busy to take the message; not taken,
                 and it will never be processed (no attempt could have been taken).
             SessionUnavailableError: Temporal or the session did not answer in time; its
@@ -719,7 +741,8 @@ class HermesClient:
                     f"session {session_id!r} is busy ({self.max_in_flight_per_session} messages of it already in "
                     "flight from this client); the message was not sent, retry later"
                 )
-            return await self._send(session_id, text, stored, cid, user_id, channel, config, busy_deadline)
+            who = (sender or user_id, tuple(roles))
+            return await self._send(session_id, text, stored, cid, user_id, channel, config, busy_deadline, who)
 
     @property
     def events(self) -> EventLog | None:
@@ -815,8 +838,10 @@ class HermesClient:
         channel: str,
         config: SessionConfig,
         busy_deadline: float,
+        who: tuple[str, tuple[str, ...]],
     ) -> TurnResult:
-        """The attempts of :meth:`send_message` (its docstring says what they raise)."""
+        """The attempts of :meth:`send_message` (its docstring says what they raise);
+        ``who``: the sender and roles each attempt's proofs vouch for."""
         loop = asyncio.get_running_loop()
         # When the current run of transient failures began (None: none since the
         # session last answered).
@@ -832,7 +857,9 @@ class HermesClient:
         while True:
             start = WithStartWorkflowOperation(
                 names.SESSION_WORKFLOW,
-                SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config, carry=resume),
+                self._signed_start(
+                    SessionInput(session_id=session_id, user_id=user_id, channel=channel, config=config, carry=resume), *who
+                ),
                 id=session_id,
                 task_queue=self.task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -847,7 +874,10 @@ class HermesClient:
             try:
                 return await self.client.execute_update_with_start_workflow(
                     names.SEND_MESSAGE,
-                    SendMessageInput(text=text, stored=stored, client_message_id=cid, user_id=user_id),
+                    self._signed(
+                        names.SEND_MESSAGE, session_id,
+                        SendMessageInput(text=text, stored=stored, client_message_id=cid, user_id=user_id), *who,
+                    ),
                     start_workflow_operation=start,
                     id=message_update_id(user_id, cid),
                     result_type=TurnResult,
@@ -1045,7 +1075,30 @@ class HermesClient:
 
     async def _signal(self, session_id: str, name: str, *args: Any) -> None:
         handle = self.handle(session_id)
-        await self._call(session_id, name, lambda: handle.signal(name, *args))
+        await self._call(session_id, name, lambda: handle.signal(name, args=list(args)))
+
+    def _signed(self, command: str, session_id: str, payload: M, sender: str, roles: Iterable[str] = ()) -> M:
+        """``payload`` with its ``proof`` (:mod:`hermes.command_auth`) that ``sender`` sends it."""
+        proof = command_auth.sign(
+            self.command_keys or command_auth.active(), command, session_id, payload, sender=sender, roles=roles,
+            now=datetime.now(timezone.utc),
+        )
+        return payload.model_copy(update={"proof": proof})
+
+    def _signed_start(self, inp: SessionInput, sender: str | None, roles: Iterable[str] = ()) -> SessionInput:
+        return self._signed(names.START_SESSION, inp.session_id, inp, sender or inp.user_id, roles)
+
+    async def _signal_as(self, session_id: str, name: str, payload: Any, sender: str | None, roles: Iterable[str]) -> None:
+        """Signal ``name`` with ``payload`` (or none) and its proof, as ``sender`` (default:
+        the session's user, from its ``HermesUserId`` search attribute)."""
+        if sender is None:
+            description = await self._call(session_id, "describe", self.handle(session_id).describe)
+            sender = description.typed_search_attributes.get(names.SA_USER_ID) or "anonymous"
+        proof = command_auth.sign(
+            self.command_keys or command_auth.active(), name, session_id, payload, sender=sender, roles=roles,
+            now=datetime.now(timezone.utc),
+        )
+        await self._signal(session_id, name, *([] if payload is None else [payload]), proof)
 
     async def approve(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
         """Approve a pending tool call as ``approver`` (a user id). A signal: what the
@@ -1066,25 +1119,31 @@ class HermesClient:
             SessionUnavailableError, TemporalRequestError: as :meth:`get_state`.
         """
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
-        await self._signal(session_id, names.APPROVE_TOOL_CALL, decision)
+        await self._signal(session_id, names.APPROVE_TOOL_CALL, self._signed(names.APPROVE_TOOL_CALL, session_id, decision, approver))
 
     async def reject(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
         """Reject a pending tool call; the model is told it was denied. Raises as :meth:`approve`."""
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=False, approver=approver, reason=reason)
-        await self._signal(session_id, names.REJECT_TOOL_CALL, decision)
+        await self._signal(session_id, names.REJECT_TOOL_CALL, self._signed(names.REJECT_TOOL_CALL, session_id, decision, approver))
 
-    async def set_system_prompt(self, session_id: str, system_prompt: str) -> None:
-        """Replace the session's system prompt from its next model call on. Raises as :meth:`approve`."""
-        await self._signal(session_id, names.SET_SYSTEM_PROMPT, system_prompt)
+    async def set_system_prompt(
+        self, session_id: str, system_prompt: str, *, sender: str | None = None, roles: Iterable[str] = ()
+    ) -> None:
+        """Replace the session's system prompt from its next model call on, as ``sender``
+        (default: the session's user; another needs the ``admin`` role). Raises as
+        :meth:`approve`."""
+        await self._signal_as(session_id, names.SET_SYSTEM_PROMPT, system_prompt, sender, roles)
 
-    async def cancel_turn(self, session_id: str) -> None:
-        """Stop the session's current turn (queued messages still run). Raises as :meth:`approve`."""
-        await self._signal(session_id, names.CANCEL_TURN)
+    async def cancel_turn(self, session_id: str, *, sender: str | None = None, roles: Iterable[str] = ()) -> None:
+        """Stop the session's current turn (queued messages still run), as ``sender`` (see
+        :meth:`set_system_prompt`). Raises as :meth:`approve`."""
+        await self._signal_as(session_id, names.CANCEL_TURN, None, sender, roles)
 
-    async def close(self, session_id: str) -> None:
-        """Close the session: pending approvals are denied, new messages refused. Raises as
-        :meth:`approve` (:class:`SessionClosedError` when it is closed already)."""
-        await self._signal(session_id, names.CLOSE_SESSION)
+    async def close(self, session_id: str, *, sender: str | None = None, roles: Iterable[str] = ()) -> None:
+        """Close the session, as ``sender`` (see :meth:`set_system_prompt`): pending
+        approvals are denied, new messages refused. Raises as :meth:`approve`
+        (:class:`SessionClosedError` when it is closed already)."""
+        await self._signal_as(session_id, names.CLOSE_SESSION, None, sender, roles)
 
     async def count_workers(self, *, seen_within_seconds: float = 90.0) -> int | None:
         """How many workers poll this client's task queue for workflow tasks.

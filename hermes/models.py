@@ -90,6 +90,9 @@ class Message(BaseModel):
     created_at: datetime | None = None
     client_message_id: str | None = None
     """For ``role="user"``: the id the client sent it with (resends are answered from it)."""
+    sender: str | None = None
+    """For ``role="user"``: who sent it when not the session's user (an admin posting into
+    it, as its proof says); ``None``: the session's user."""
     internal: bool = False
     """Written by Hermes, not the model (e.g. "the model could not answer"): shown to the
     user and kept in the transcript, never sent to the model as if it had said it."""
@@ -543,6 +546,24 @@ class SessionConfig(BaseModel):
     """A working-memory item referenced this many times becomes long-term (seed 004 §7.2)."""
 
 
+class CommandProof(BaseModel, frozen=True):
+    """Who sent a command, as the holder of a command key vouches (:mod:`hermes.command_auth`):
+    an HMAC-SHA256 over the command's name, session, sender, roles, issue time and payload
+    digest. Sessions refuse commands without a valid one (issue 26)."""
+
+    key_id: str
+    """The command key that made ``mac`` (the first of the signer's ring)."""
+    sender: str
+    """The user id the key holder authenticated (e.g. by an API key)."""
+    roles: list[str] = Field(default_factory=list)
+    """The sender's roles as the key holder knows them; ``admin`` may post into another
+    user's session (the message is recorded as the admin's)."""
+    issued_at: datetime
+    """UTC; a proof older than :data:`hermes.command_auth.MAX_AGE` is stale."""
+    mac: str
+    """Hex HMAC-SHA256 (:func:`hermes.command_auth.sign`)."""
+
+
 class SendMessageInput(BaseModel):
     text: str
     stored: StoredContent | None = None
@@ -551,9 +572,13 @@ class SendMessageInput(BaseModel):
     client_message_id: str | None = None
     """A resend with the same id returns the first reply and runs no second turn."""
     user_id: str | None = None
-    """Who sends it: a session takes messages only from its own user (its
-    ``SessionInput.user_id``) and refuses others' as ``SessionForbiddenError``, not
+    """Whose session it is addressed to: a session takes messages only for its own user
+    (its ``SessionInput.user_id``) and refuses others' as ``SessionForbiddenError``, not
     taken. ``None`` (clients before issue 16): not checked."""
+    proof: CommandProof | None = None
+    """Who sent it (:mod:`hermes.command_auth`): the session's user, or a sender with the
+    ``admin`` role, recorded as the message's ``sender``. Without a valid proof the
+    message is refused (``CommandRefusedError``), not taken."""
 
 
 class ToolCallRecord(BaseModel):
@@ -601,6 +626,9 @@ class PendingApproval(BaseModel):
     session_id: str = ""
     requester: str = ""
     """The session's user, on whose behalf the model asked."""
+    requested_by: str = ""
+    """Who sent the message whose turn asked for the call, when not the session's user
+    (an admin posting into it); they never decide it. ``""``: the session's user."""
     action: Literal["confirm", "approve"] = "confirm"
     approvers: list[str] = Field(default_factory=list)
     """See :meth:`may_decide`: for ``confirm``, who may decide besides the requester;
@@ -617,7 +645,8 @@ class PendingApproval(BaseModel):
 
         A ``confirm`` is decided by the session's user (``requester``) or a listed
         approver; an ``approve`` by a listed approver (any one when none is listed), never
-        the requester.
+        the requester; neither ever by whoever sent the message that caused the call when
+        that was not the session's user (``requested_by``: an admin posting into it).
 
         Args:
             approver: who decides (a user id).
@@ -627,6 +656,8 @@ class PendingApproval(BaseModel):
         """
         if self.action == "approve" and approver == self.requester:
             return f"{approver!r} requested this call; an approval must come from someone else"
+        if self.requested_by and approver == self.requested_by:
+            return f"{approver!r} sent the message that caused this call; a decision must come from someone else"
         if identities and self.action == "confirm":
             if approver == self.requester or approver in self.approvers:
                 return None
@@ -645,6 +676,9 @@ class ApprovalDecision(BaseModel, frozen=True):
     approved: bool = True
     approver: str = "user"
     reason: str | None = None
+    proof: CommandProof | None = None
+    """Proof that ``approver`` sent it (:mod:`hermes.command_auth`); a decision without a
+    valid one, or whose proof names another sender, is recorded ``not_allowed``."""
 
 
 class DecisionRecord(BaseModel):
@@ -737,6 +771,9 @@ class SessionCarry(BaseModel):
     """Groups routed in the last turn (a follow-up without keywords keeps them)."""
     chain_id: str = ""
     """The session's first run id (kept when it resumes from a snapshot)."""
+    seen_proofs: dict[str, datetime] = Field(default_factory=dict)
+    """Signal proofs already taken (MAC -> issue time, :mod:`hermes.command_auth`): the
+    same proof sent again changes nothing."""
     summary: Summary | None = None
     summary_retry_turn: int = 0
     """No summary is attempted before this turn (after a failure or an empty summary)."""
@@ -773,6 +810,10 @@ class SessionInput(BaseModel):
     channel: str = "cli"
     config: SessionConfig = Field(default_factory=SessionConfig)
     carry: SessionCarry | None = None
+    proof: CommandProof | None = None
+    """Proof of who started the session (:mod:`hermes.command_auth`, command
+    ``start_session``); a run started without a valid one (not continued as new) ends
+    failed at once and takes no message, so its id can be started again properly."""
 
 
 class SessionState(BaseModel):

@@ -67,6 +67,8 @@ REJECT_TOOL_CALL = "reject_tool_call"
 SET_SYSTEM_PROMPT = "set_system_prompt"
 CANCEL_TURN = "cancel_turn"
 CLOSE_SESSION = "close_session"
+START_SESSION = "start_session"
+"""Not a signal: the command name a session's start input is signed under (:mod:`hermes.command_auth`)."""
 
 # Queries
 GET_STATE = "get_state"

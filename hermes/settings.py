@@ -53,6 +53,13 @@ class Settings(BaseSettings):
     (:mod:`hermes.encryption`)."""
     encryption_key_file: Path | None = None
     """The same keys in a file, one ``<id> <base64 key>`` per line, the first encrypting."""
+    command_keys: SecretStr | None = None
+    """Keys proving who sent each command to a session (:mod:`hermes.command_auth`),
+    ``"<id>:<base64 key>,..."``: the first signs, every one verifies. The API, the CLI, the
+    Python client and every worker need the same ring. Unset, and no ``command_key_file``:
+    ``<data_dir>/command-keys``, made on first use (one machine)."""
+    command_key_file: Path | None = None
+    """The same keys in a file, one ``<id> <base64 key>`` per line, the first signing."""
     session_token_budget: int | None = Field(default=None, ge=1)
     """Tokens a new session's model calls may use over its life (``SessionConfig.token_budget``,
     set by the clients this configures); unset: no limit."""

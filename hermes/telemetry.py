@@ -284,6 +284,13 @@ def count_mcp_restart(server: str) -> None:
         _current.mcp_restarts.add(1, {"hermes.mcp.server": server})
 
 
+def count_refused_command(command: str) -> None:
+    """A command (signal, update or start) a session refused: no valid proof of its sender
+    (:mod:`hermes.command_auth`), by command name."""
+    if _current is not None:
+        _current.commands_refused.add(1, {"hermes.command": command})
+
+
 # --------------------------------------------------------------- attributes
 # GenAI semantic conventions (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/)
 # plus hermes.*; built only when telemetry is on (callers pass them to span()).

@@ -121,6 +121,10 @@ class Telemetry:
         self.mcp_restarts = meter.create_counter(
             "hermes.mcp.restarts", unit="{start}", description="MCP server connections started again after a failure, by server"
         )
+        self.commands_refused = meter.create_counter(
+            "hermes.commands.refused", unit="{command}",
+            description="Commands a session refused for want of a valid proof of their sender, by command",
+        )
         self._exporter: MetricsExporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
+from hermes import command_auth
 from hermes.models import ToolResultCode, TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.session_index import list_entries
@@ -42,7 +43,8 @@ class Run:
 
 def clean_env(**extra: str) -> dict[str, str]:
     """The environment of a CLI subprocess: none of the caller's Hermes/Temporal/Redis
-    settings, the repo importable, a wide console so rich does not wrap ids."""
+    settings but its command key ring, the repo importable, a wide console so rich does
+    not wrap ids."""
     env = {
         k: v
         for k, v in os.environ.items()
@@ -51,6 +53,9 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
     env["COLUMNS"] = "200"
     env["PYTHONUNBUFFERED"] = "1"
+    # The command key ring of this process (its workers'), as an operator gives every
+    # process of a deployment the same one (hermes.command_auth).
+    env["HERMES_COMMAND_KEYS"] = command_auth.format_keys(command_auth.active())
     env.update(extra)
     return env
 

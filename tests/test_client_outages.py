@@ -55,7 +55,7 @@ from hermes.settings import Settings
 from hermes.stack import EmbeddedStack, free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
-from tests.support import eventually
+from tests.support import eventually, signed
 from worker import build_worker
 
 
@@ -187,7 +187,15 @@ class FakeTemporal:
                     raise outcome
                 return outcome
 
-            async def signal(self, name: str, *args: Any) -> None:
+            async def describe(self) -> Any:
+                # The session's user, whom a close / cancel / prompt change is signed as.
+                from types import SimpleNamespace
+
+                from temporalio.common import TypedSearchAttributes
+
+                return SimpleNamespace(typed_search_attributes=TypedSearchAttributes.empty)
+
+            async def signal(self, name: str, *args: Any, **kwargs: Any) -> None:
                 fake.signals.append(name)
                 outcome = fake.queries.pop(0)
                 if isinstance(outcome, BaseException):
@@ -492,7 +500,7 @@ async def refused_as_busy(temporal_client: Client, session_id: str, text: str) -
     validator refused it as busy (else it was taken, and waits for its turn)."""
     handle = await temporal_client.get_workflow_handle(session_id).start_update(
         names.SEND_MESSAGE,
-        SendMessageInput(text=text, client_message_id=f"probe-{uuid.uuid4()}"),
+        signed(names.SEND_MESSAGE, session_id, SendMessageInput(text=text, client_message_id=f"probe-{uuid.uuid4()}")),
         wait_for_stage=WorkflowUpdateStage.ACCEPTED,
     )
     try:

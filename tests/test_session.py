@@ -39,7 +39,7 @@ from hermes.tokens import count_message_tokens, count_text_tokens
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
-from tests.support import eventually
+from tests.support import eventually, signed
 
 
 
@@ -234,7 +234,7 @@ async def test_a_resend_with_the_same_client_message_id_returns_the_first_reply_
         # own de-duplication (not only the server's per-update-id one).
         via_update = await hermes.handle(session_id).execute_update(
             names.SEND_MESSAGE,
-            SendMessageInput(text="book a table", client_message_id="m-1"),
+            signed(names.SEND_MESSAGE, session_id, SendMessageInput(text="book a table", client_message_id="m-1")),
             id=f"other-{uuid.uuid4()}",
             result_type=TurnResult,
         )
@@ -254,7 +254,7 @@ async def test_a_resend_while_the_first_is_still_running_waits_for_it_and_runs_n
                 asyncio.create_task(
                     hermes.handle(session_id).execute_update(
                         names.SEND_MESSAGE,
-                        SendMessageInput(text="a slow one", client_message_id="m-1"),
+                        signed(names.SEND_MESSAGE, session_id, SendMessageInput(text="a slow one", client_message_id="m-1")),
                         id=f"other-{uuid.uuid4()}",
                         result_type=TurnResult,
                     )
@@ -507,7 +507,7 @@ async def test_an_empty_message_is_rejected_by_the_client_and_by_the_workflow_an
         # Past the client's check, the workflow's update validator refuses it too.
         with pytest.raises(WorkflowUpdateFailedError) as failure:
             await temporal_client.get_workflow_handle(session_id).execute_update(
-                names.SEND_MESSAGE, SendMessageInput(text="  ")
+                names.SEND_MESSAGE, signed(names.SEND_MESSAGE, session_id, SendMessageInput(text="  "))
             )
         assert isinstance(failure.value.cause, ApplicationError)
         assert failure.value.cause.type == "MessageRejectedError"
@@ -530,7 +530,7 @@ async def test_an_oversized_message_is_rejected_and_nothing_is_recorded(run_work
         too_big = "y" * (SessionConfig().max_message_bytes + 1)
         with pytest.raises(WorkflowUpdateFailedError) as failure:
             await temporal_client.get_workflow_handle(session_id).execute_update(
-                names.SEND_MESSAGE, SendMessageInput(text=too_big)
+                names.SEND_MESSAGE, signed(names.SEND_MESSAGE, session_id, SendMessageInput(text=too_big))
             )
         assert isinstance(failure.value.cause, ApplicationError)
         assert failure.value.cause.type == "MessageRejectedError"

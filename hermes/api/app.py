@@ -346,7 +346,12 @@ async def send_message(request: Request) -> Response:
     backend = _backend(request)
     state = await backend.owned_session(identity, session_id)
     hermes = await backend.client()
-    send = dict(user_id=state.user_id, channel=state.channel, client_message_id=f"api-{key}" if key else None)
+    # The session's user is its owner; the sender is the key's user (an admin posting into
+    # another's session is recorded as the admin and never decides what it caused).
+    send = dict(
+        user_id=state.user_id, channel=state.channel, client_message_id=f"api-{key}" if key else None,
+        sender=identity.user_id, roles=sorted(identity.roles),
+    )
     if _wants_events(request):
         # Keepalives too: a message that comes while a turn awaits a human's approval is
         # held by the session (up to the approval timeout) before its own turn starts.
@@ -425,7 +430,7 @@ async def close_session(request: Request) -> Response:
     session_id = request.path_params["session_id"]
     backend = _backend(request)
     await backend.owned_session(identity, session_id)
-    await (await backend.client()).close(session_id)
+    await (await backend.client()).close(session_id, sender=identity.user_id, roles=sorted(identity.roles))
     return Response(status_code=204)
 
 

@@ -119,6 +119,7 @@ class ApprovalBook:
         *,
         now: datetime,
         default_timeout_seconds: float,
+        requested_by: str | None = None,
     ) -> PendingApproval:
         """Put ``call`` up for a decision until ``now`` plus the policy's timeout (or
         ``default_timeout_seconds``); audited as "requested"."""
@@ -133,6 +134,7 @@ class ApprovalBook:
             expires_at=now + timedelta(seconds=timeout),
             session_id=self.session_id,
             requester=self.user_id,
+            requested_by=requested_by or "",
             action="approve" if policy.action == "approve" else "confirm",
             approvers=list(policy.approvers),
             on_expiry=policy.on_expiry,
@@ -142,19 +144,25 @@ class ApprovalBook:
         self.audit("requested", pending, now=now, reason=reason or None)
         return pending
 
-    def decide(self, decision: ApprovalDecision, now: datetime) -> str:
+    def decide(self, decision: ApprovalDecision, now: datetime, *, refusal: str | None = None) -> str:
         """Take a human's decision: applied when the call is pending and the approver may
         decide it (:meth:`PendingApproval.may_decide`: a ``confirm`` by the session's user
         or a listed approver, an ``approve`` by a listed approver other than the
         requester), else recorded with why not and the call stays pending. Every decision
         is recorded and audited.
 
+        Args:
+            refusal: why the decision is refused whoever it names (no valid proof of its
+                sender, :mod:`hermes.command_auth`): recorded ``not_allowed`` with it.
+
         Returns:
             "applied", "already_decided", "not_allowed" or "unknown_tool_call".
         """
         tcid = decision.tool_call_id
         detail = ""
-        if tcid in self.pending:
+        if refusal is not None:
+            outcome, detail = "not_allowed", refusal
+        elif tcid in self.pending:
             refusal = self.pending[tcid].may_decide(decision.approver, identities=self._identities())
             if tcid in self.verdicts:
                 outcome = "already_decided"

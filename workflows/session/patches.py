@@ -42,8 +42,14 @@ the call stays pending (issue 16; before it, anyone could confirm a call with no
 approvers). The refusal of a message from another user needs no patch: an update
 validator issues no command and is not run on replay."""
 
+COMMAND_AUTH = "command-auth"
+"""Signals (decisions, cancel, close, system prompt) are applied only with a valid proof of
+their sender (:mod:`hermes.command_auth`), each proof once; a decision's proof must be by
+its approver; a run started without a valid proof (not continued as new) ends failed at
+once (issue 26). Messages are checked in the update's validator, which needs no patch."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
-    IDENTITY,
+    IDENTITY, COMMAND_AUTH,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

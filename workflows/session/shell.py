@@ -25,11 +25,12 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import names, telemetry
+    from hermes import command_auth, names, telemetry
     from hermes.models import (
         ApprovalDecision,
         ArchiveMessagesInput,
         CallModelResult,
+        CommandProof,
         Message,
         PendingApproval,
         SendMessageInput,
@@ -46,10 +47,11 @@ with workflow.unsafe.imports_passed_through():
     from hermes.tokens import DEFAULT_ENCODING, TokenCounter
     from hermes.tools.routing import offered_tools, route_groups
 
-    from workflows.session import calls, lifecycle, patches
+    from workflows.session import calls, commands, lifecycle, patches
     from workflows.session import turn as turns
     from workflows.session.memory_path import MemoryPath
     from workflows.session.model_steps import ModelSteps
+    from workflows.session.signals import SignalGuard
     from workflows.session.payloads import ARCHIVE_CHUNK_BYTES, MAX_CARRY_PAYLOAD_BYTES, MAX_TURN_RESULT_BYTES, slim
     from workflows.session.state import SessionCore
     from workflows.session.tool_runner import ToolRunner
@@ -72,6 +74,8 @@ class SessionWorkflow:
         self._tools = ToolRunner(self._s, self._closed_mid_turn)
         self._model = ModelSteps(self._s)
         self._memory = MemoryPath(self._s)
+        self._guard = SignalGuard(self._s, self._patched)
+        self._start_refused = self._guard.start_refusal(inp)
 
     @property
     def _cfg(self) -> SessionConfig:
@@ -90,6 +94,11 @@ class SessionWorkflow:
         # position never depends on when local activities (validation, audit) resolved.
         s = self._s
         self._patched(patches.TOOL_LAYER_V2)
+        if self._start_refused is not None and self._patched(patches.COMMAND_AUTH):
+            self._guard.count(commands.START_SESSION, self._start_refused)
+            raise ApplicationError(
+                f"session start refused: {self._start_refused}", type="CommandRefusedError", non_retryable=True
+            )
         self._memory.resume_carried()
         workflow.upsert_search_attributes(
             [
@@ -326,40 +335,16 @@ class SessionWorkflow:
 
     @send_message.validator
     def _validate_send_message(self, inp: SendMessageInput) -> None:
-        # A resend of a message this session knows is always taken, even while closing,
-        # rolling over or halted: its handler only waits for or returns the first reply.
-        # So a refusal (busy, closed, halted) always means "never taken", and a client
-        # that resends under a new id after it never gets the turn twice. A message from
-        # another user than the session's is refused before anything else. Only which
-        # updates are accepted changes, never the commands of an accepted one: replay-safe.
-        s = self._s
-        if inp.user_id is not None and inp.user_id != s.inp.user_id:  # first: another's resend gets no reply
-            raise ApplicationError(
-                turns.foreign_sender(s.inp.session_id, inp.user_id), type="SessionForbiddenError", non_retryable=True
-            )
-        if inp.client_message_id is not None and inp.client_message_id in s.replies.completed:
-            return
-        if (s.status == "closed" or s.draining or s.book.halted_on) and self._knows(inp.client_message_id):
-            return
-        if s.status == "closed":
-            raise ApplicationError("the session is closed", type="SessionClosedError", non_retryable=True)
-        if not inp.text or not inp.text.strip():
-            raise ApplicationError("the message is empty", type="MessageRejectedError", non_retryable=True)
-        size = len(inp.text.encode("utf-8"))
-        if size > s.cfg.max_message_bytes:
-            raise ApplicationError(
-                f"the message is {size} bytes; the limit is {s.cfg.max_message_bytes} bytes",
-                type="MessageRejectedError",
-                non_retryable=True,
-            )
-        if s.draining:
-            raise ApplicationError("the session is continuing as new; retry in a moment", type="SessionBusyError")
-        if s.book.halted_on:
-            raise ApplicationError(
-                f"the session is halted until a human approves or rejects: {s.book.waiting_for()}",
-                type="SessionHaltedError",
-                non_retryable=True,
-            )
+        # Which messages are taken (commands.admission): only acceptance depends on it,
+        # never an accepted update's commands, and validators are not run on replay.
+        refusal = commands.admission(
+            self._s, inp, knows=self._knows(inp.client_message_id), start_refused=self._start_refused,
+            ring=command_auth.worker_ring(), now=workflow.now(),
+        )
+        if refusal is not None:
+            if refusal[0] == "CommandRefusedError":
+                self._guard.count(names.SEND_MESSAGE, refusal[1])
+            raise ApplicationError(refusal[1], type=refusal[0], non_retryable=refusal[2])
 
     @workflow.update(name=names.SETTLE_MESSAGE)
     def settle_message(self, client_message_id: str) -> bool:
@@ -381,38 +366,44 @@ class SessionWorkflow:
     @workflow.signal(name=names.APPROVE_TOOL_CALL)
     def approve_tool_call(self, decision: ApprovalDecision) -> None:
         """Approve a pending tool call. Unknown or already settled ids change nothing."""
-        self._s.book.decide(decision.model_copy(update={"approved": True}), workflow.now())
+        self._decide(names.APPROVE_TOOL_CALL, decision, approved=True)
 
     @workflow.signal(name=names.REJECT_TOOL_CALL)
     def reject_tool_call(self, decision: ApprovalDecision) -> None:
         """Reject a pending tool call; the model is told it was denied."""
-        self._s.book.decide(decision.model_copy(update={"approved": False}), workflow.now())
+        self._decide(names.REJECT_TOOL_CALL, decision, approved=False)
+
+    def _decide(self, command: str, decision: ApprovalDecision, *, approved: bool) -> None:
+        refusal = self._guard.refusal(command, decision, decision.proof, sender=decision.approver)
+        if refusal != "duplicate":  # a resend of a proof already taken changes nothing
+            self._s.book.decide(decision.model_copy(update={"approved": approved}), workflow.now(), refusal=refusal)
 
     @workflow.signal(name=names.SET_SYSTEM_PROMPT)
-    def set_system_prompt(self, system_prompt: str) -> None:
+    def set_system_prompt(self, system_prompt: str, proof: CommandProof | None = None) -> None:
         """Replace the system prompt from the next model call on; one over
         ``max_system_prompt_bytes`` is refused and listed in the state's ``notices``."""
         s = self._s
+        if self._guard.refusal(names.SET_SYSTEM_PROMPT, system_prompt, proof):
+            return
         size = len(system_prompt.encode("utf-8", "surrogatepass"))
         if size > s.cfg.max_system_prompt_bytes:
-            s.notices.append(
-                f"{workflow.now().isoformat(timespec='seconds')}: system prompt of {size} bytes refused "
-                f"(limit {s.cfg.max_system_prompt_bytes}); the previous one stays"
-            )
-            del s.notices[:-20]
+            s.gate.note(workflow.now(), f"system prompt of {size} bytes refused (limit {s.cfg.max_system_prompt_bytes}); the previous one stays")
             return
         s.system_prompt = system_prompt
 
     @workflow.signal(name=names.CANCEL_TURN)
-    def cancel_turn(self) -> None:
+    def cancel_turn(self, proof: CommandProof | None = None) -> None:
         """Stop the current turn at once; queued messages still run."""
+        if self._guard.refusal(names.CANCEL_TURN, None, proof):
+            return
         if self._s.current_turn is not None:
             self._s.cancel_requested = True
 
     @workflow.signal(name=names.CLOSE_SESSION)
-    def close_session(self) -> None:
+    def close_session(self, proof: CommandProof | None = None) -> None:
         """Close the session: pending approvals are denied, new messages refused."""
-        self._s.status = "closed"
+        if not self._guard.refusal(names.CLOSE_SESSION, None, proof):
+            self._s.status = "closed"
 
     # ------------------------------------------------------------- queries
 
@@ -475,7 +466,10 @@ class SessionWorkflow:
             s.idle_marked = False
             if not s.book.halted_on and s.status != "closed":
                 workflow.upsert_search_attributes([names.SA_STATUS.value_set("active")])
-        user_message = Message(role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id)
+        s.turn_sender = commands.CommandGate.sender_of(inp, s.inp.user_id)
+        user_message = Message(
+            role="user", content=inp.text, turn=turn, created_at=now, client_message_id=inp.client_message_id, sender=s.turn_sender
+        )
         s.transcript.add(user_message, s.count_fn())
         if not s.title:
             s.title = turns.title_of(inp.text)

@@ -19,6 +19,7 @@ from hermes.models import Message, SessionCarry, SessionInput, SessionState, Sum
 
 from workflows.session import patches
 from workflows.session.approvals import ApprovalBook
+from workflows.session.commands import CommandGate
 from workflows.session.context_plan import ContextPlanner
 from workflows.session.payloads import MAX_DECISIONS, MAX_SETTLED, MAX_TRACE
 from workflows.session.replies import ReplyBook
@@ -60,6 +61,9 @@ class SessionCore:
         self.last_active_at = carry.last_active_at or self.created_at
         self.trace: list[TraceStep] = list(carry.trace)
         self.run_index, self.notices = carry.run_index, list(carry.notices)
+        self.gate = CommandGate(session_id=inp.session_id, user_id=inp.user_id, notices=self.notices, seen=carry.seen_proofs)
+        self.turn_sender: str | None = None
+        """Who sent the running turn's message when not the session's user (an admin)."""
         self.system_prompt = carry.system_prompt or self.cfg.system_prompt
         self.chain_id = carry.chain_id or first_run_id
         self.last_groups: list[str] | None = carry.tool_groups
@@ -168,6 +172,7 @@ class SessionCore:
             status="idle" if self.idle_marked else "active", working_memory=self.working,
             last_extracted_turn=self.last_extracted_turn, pending_extractions=self.carried_extractions,
             tokens_used=self.tokens_used, user_day=self.user_day, user_day_tokens=self.user_day_tokens,
+            seen_proofs=self.gate.seen,
         )
 
     def carry_bytes(self) -> int:

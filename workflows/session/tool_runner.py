@@ -134,7 +134,8 @@ class ToolRunner:
     def request_approval(self, turn: int, call: ToolCall, spec: ToolSpec, policy: ApprovalPolicy, reason: str) -> PendingApproval:
         book = self.core.book
         pending = book.request(
-            turn, call, spec, policy, reason, now=workflow.now(), default_timeout_seconds=self.core.cfg.approval_timeout_seconds
+            turn, call, spec, policy, reason, now=workflow.now(), default_timeout_seconds=self.core.cfg.approval_timeout_seconds,
+            requested_by=self.core.turn_sender,
         )
         workflow.upsert_search_attributes([names.SA_PENDING_APPROVALS.value_set(len(book.pending))])
         return pending

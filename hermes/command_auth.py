@@ -1,0 +1,328 @@
+"""Commands authenticated in the workflow: a proof of who sent each command (issue 26).
+
+Anyone who reaches the Temporal frontend can start a workflow, send a signal or an update;
+an identity checked only at the HTTP door is no identity. So every command that acts on a
+session (the start of a session, a message, an approval decision, a cancel, a close, a
+system-prompt change) carries a :class:`hermes.models.CommandProof`: an HMAC-SHA256
+(RFC 2104) by a **command key** that the API, the CLI and the Python client hold, over the
+command's name, the session id, the sender and roles the key holder vouches for, the time
+it was issued and a SHA-256 digest of the command's payload. The session workflow checks
+it against the worker's key ring (:func:`active`) in workflow code: a client that reaches
+Temporal without a command key can act as nobody. A forged, altered, stale or replayed
+command is refused and recorded (the state's ``notices``, a decision record, the worker
+log, the ``hermes.commands.refused`` metric); it never fails a workflow task.
+
+Keys (:func:`ring_from_settings`): ``HERMES_COMMAND_KEYS`` ("id:base64key,..."), or
+``HERMES_COMMAND_KEY_FILE`` (one ``id base64key`` per line, ``#`` comments), each at least
+16 bytes; unset, ``<data_dir>/command-keys`` (made on first use, mode 0600), which is what
+``hermes dev`` and ``hermes demo`` share with the clients on the same machine. The first
+key signs, every listed key verifies: a rotation puts the new key first and keeps the old
+ones after it while sessions whose histories hold commands signed with them are open (a
+worker replaying such a history verifies those commands again, as the encryption codec
+decrypts old payloads again).
+
+The payload digest is over :func:`canonical`: the payload's JSON with fields at their
+default left out and keys sorted, so a client and a worker one release apart (a new field
+with a default) agree on it.
+
+Plain Python (``hmac``, ``hashlib``, ``json``): workflow code calls :func:`verify`.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel
+
+from hermes.errors import ConfigError
+from hermes.models import CommandProof
+
+if TYPE_CHECKING:
+    from hermes.settings import Settings
+
+VERSION = "hermes-command-v1"
+"""The first line of every MAC'd message; a new format gets a new version."""
+MAX_AGE = timedelta(hours=6)
+"""A proof older than this (by the workflow's clock when the command is handled) is stale:
+long enough for a command queued while every worker was down for hours, short enough that a
+proof read from an old history cannot be sent again."""
+MAX_SKEW = timedelta(minutes=5)
+"""A proof issued this far in the future of the workflow's clock is still taken (clients'
+clocks drift)."""
+MIN_KEY_BYTES = 16
+KEY_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
+DEFAULT_KEY_FILE = "command-keys"
+"""The key file made in ``data_dir`` when no key is configured."""
+
+
+@dataclass(frozen=True)
+class CommandKeyRing:
+    """Command keys: ``current`` signs, every key in ``keys`` verifies."""
+
+    keys: Mapping[str, bytes]
+    current: str
+    source: str = ""
+    """Where the keys came from (a setting or a file), for messages."""
+
+    def __post_init__(self) -> None:
+        if self.current not in self.keys:
+            raise ValueError(f"the current key {self.current!r} is not among the keys")
+
+
+def canonical(payload: Any) -> bytes:
+    """The bytes a proof's payload digest is over.
+
+    Args:
+        payload: a pydantic model (its JSON without fields at their default and without
+            ``proof``, keys sorted), or any JSON value (``None`` for a command without
+            one).
+    """
+    if isinstance(payload, BaseModel):
+        payload = payload.model_dump(mode="json", exclude_defaults=True, exclude={"proof"})
+    return json.dumps(payload, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _message(command: str, session_id: str, key_id: str, sender: str, roles: Iterable[str], issued_at: datetime, payload: Any) -> bytes:
+    digest = hashlib.sha256(canonical(payload)).hexdigest()
+    stamp = issued_at.isoformat(timespec="microseconds")
+    return "\n".join((VERSION, key_id, command, session_id, sender, ",".join(sorted(roles)), stamp, digest)).encode(
+        "utf-8", "surrogatepass"
+    )
+
+
+def sign(
+    ring: CommandKeyRing,
+    command: str,
+    session_id: str,
+    payload: Any,
+    *,
+    sender: str,
+    roles: Iterable[str] = (),
+    now: datetime,
+) -> CommandProof:
+    """A proof that the holder of ``ring``'s current key sends ``command`` as ``sender``.
+
+    Args:
+        ring: the signer's key ring.
+        command: the wire name (``hermes.names``: ``send_message``, ``approve_tool_call``...;
+            ``start_session`` for a session's start input).
+        session_id: the session it is for.
+        payload: the command's payload (see :func:`canonical`).
+        sender: the user id the key holder vouches sent it (it authenticated them).
+        roles: the sender's roles as the key holder knows them (``admin`` lets a sender
+            post into another user's session).
+        now: when it is issued (UTC).
+    """
+    roles = sorted(set(roles))
+    key = ring.keys[ring.current]
+    mac = hmac.new(key, _message(command, session_id, ring.current, sender, roles, now, payload), hashlib.sha256)
+    return CommandProof(key_id=ring.current, sender=sender, roles=roles, issued_at=now, mac=mac.hexdigest())
+
+
+def verify(
+    ring: CommandKeyRing | None, command: str, session_id: str, payload: Any, proof: CommandProof | None, *, now: datetime
+) -> str | None:
+    """Whether ``proof`` proves ``command`` on ``session_id`` with ``payload``.
+
+    Deterministic for a given ring: workflow code calls it (a worker replaying a history
+    checks its commands again with the same keys).
+
+    Args:
+        ring: the worker's key ring (None: no key, so nothing is proven).
+        now: the workflow's clock.
+
+    Returns:
+        None when it holds, else why not (one line, for a notice and the log).
+    """
+    if proof is None:
+        return "it carries no proof of its sender (sent by a client without a Hermes command key)"
+    if ring is None:
+        return "this worker has no command key to check its proof with"
+    key = ring.keys.get(proof.key_id)
+    if key is None:
+        return f"its proof names key {proof.key_id!r}, which this worker does not hold"
+    expected = hmac.new(
+        key, _message(command, session_id, proof.key_id, proof.sender, proof.roles, proof.issued_at, payload), hashlib.sha256
+    ).hexdigest()
+    if not hmac.compare_digest(expected, proof.mac):
+        return "its proof does not match the command (forged or altered)"
+    if proof.issued_at > now + MAX_SKEW:
+        return f"its proof was issued in the future ({proof.issued_at.isoformat(timespec='seconds')})"
+    if now - proof.issued_at > MAX_AGE:
+        return f"its proof is stale (issued {proof.issued_at.isoformat(timespec='seconds')}, more than {MAX_AGE} ago)"
+    return None
+
+
+# ----------------------------------------------------------------------------- keys
+
+
+def parse_keys(text: str, *, source: str, separator: str) -> CommandKeyRing:
+    """A key ring from ``id:base64`` (``separator`` ",") or ``id base64`` lines ("\\n").
+
+    Raises:
+        ConfigError: an entry is malformed, a key id repeats, a key is not base64 of at
+            least 16 bytes, or there is no key; naming ``source`` and the entry.
+    """
+    keys: dict[str, bytes] = {}
+    for number, raw in enumerate(text.split(separator), start=1):
+        entry = raw.split("#", 1)[0].strip() if separator == "\n" else raw.strip()
+        if not entry:
+            continue
+        parts = [p.strip() for p in entry.partition(":")[::2]] if separator == "," else entry.split()
+        if len(parts) != 2 or not parts[1] or not KEY_ID_RE.match(parts[0]):
+            sep = ":" if separator == "," else " "
+            raise ConfigError(
+                f"expected '<key id>{sep}<base64 key>' with a key id of letters, digits, '.', '_' or '-' (at most 64); "
+                f"found something else at entry {number}",
+                source=source,
+            )
+        key_id, encoded = parts
+        try:
+            key = base64.b64decode(encoded, validate=True)
+        except (binascii.Error, ValueError):
+            raise ConfigError(f"the command key {key_id!r} is not valid base64", source=source) from None
+        if len(key) < MIN_KEY_BYTES:
+            raise ConfigError(
+                f"the command key {key_id!r} is {len(key)} bytes; at least {MIN_KEY_BYTES} expected "
+                "(`hermes command-key` makes a 32-byte one)",
+                source=source,
+            )
+        if key_id in keys:
+            raise ConfigError(f"the command key id {key_id!r} is listed twice", source=source)
+        keys[key_id] = key
+    if not keys:
+        raise ConfigError("no command key is listed", source=source)
+    return CommandKeyRing(keys=keys, current=next(iter(keys)), source=source)
+
+
+def format_keys(ring: CommandKeyRing) -> str:
+    """``ring`` as ``HERMES_COMMAND_KEYS`` takes it (the signing key first): what to give a
+    process that must share this one's ring (a worker, an API server)."""
+    order = [ring.current] + [k for k in ring.keys if k != ring.current]
+    return ",".join(f"{k}:{base64.b64encode(ring.keys[k]).decode()}" for k in order)
+
+
+def new_key() -> str:
+    """A new random 32-byte command key, base64."""
+    return base64.b64encode(os.urandom(32)).decode()
+
+
+def default_key_file(path: Path) -> CommandKeyRing:
+    """The key ring in ``path``, made first (one new key, mode 0600) when it does not exist.
+
+    Several processes starting at once make it once: the file is written aside and linked
+    into place, and a process that loses the race reads the winner's.
+
+    Raises:
+        ConfigError: it cannot be made or read.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            aside = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+            fd = os.open(aside, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as out:
+                out.write(
+                    "# Hermes command keys (made by the first process that needed one): the first signs, all verify.\n"
+                    f"local-{os.urandom(3).hex()} {new_key()}\n"
+                )
+            try:
+                os.link(aside, path)
+            except FileExistsError:
+                pass
+            finally:
+                aside.unlink(missing_ok=True)
+        except OSError as err:
+            raise ConfigError(f"cannot make the command key file: {err.strerror or err}", source=str(path)) from None
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ConfigError(f"cannot read the command key file: {err.strerror or err}", source=str(path)) from None
+    return parse_keys(text, source=str(path), separator="\n")
+
+
+def ring_from_settings(settings: Settings) -> CommandKeyRing:
+    """The command key ring the settings name: ``HERMES_COMMAND_KEYS``, else
+    ``HERMES_COMMAND_KEY_FILE``, else ``<data_dir>/command-keys`` (made when missing).
+
+    Raises:
+        ConfigError: both settings are set, the file cannot be read or made, or a key is
+            malformed.
+    """
+    keys = settings.command_keys.get_secret_value() if settings.command_keys is not None else ""
+    path = settings.command_key_file
+    if keys and path:
+        raise ConfigError("set HERMES_COMMAND_KEYS or HERMES_COMMAND_KEY_FILE, not both", source="HERMES_COMMAND_KEYS")
+    if keys:
+        return parse_keys(keys, source="HERMES_COMMAND_KEYS", separator=",")
+    if path:
+        try:
+            text = Path(path).expanduser().read_text(encoding="utf-8")
+        except OSError as err:
+            raise ConfigError(f"cannot read the command key file: {err.strerror or err}", source=str(path)) from None
+        return parse_keys(text, source=str(path), separator="\n")
+    return default_key_file(settings.data_dir / DEFAULT_KEY_FILE)
+
+
+_ACTIVE: CommandKeyRing | None = None
+
+
+def activate(ring: CommandKeyRing | None) -> None:
+    """Make ``ring`` the one this process signs and verifies commands with (called where
+    clients and workers connect, from their settings)."""
+    global _ACTIVE
+    _ACTIVE = ring
+
+
+def activate_from(settings: Settings) -> CommandKeyRing:
+    """:func:`ring_from_settings`, made this process' ring.
+
+    Raises:
+        ConfigError: as :func:`ring_from_settings`.
+    """
+    ring = ring_from_settings(settings)
+    activate(ring)
+    return ring
+
+
+def ensure(settings: Settings) -> CommandKeyRing:
+    """This process' ring, activated from ``settings`` when none is yet (what clients and
+    workers call when they connect or are built; a process keeps one ring, as it keeps one
+    encryption key ring).
+
+    Raises:
+        ConfigError: as :func:`ring_from_settings`.
+    """
+    return _ACTIVE if _ACTIVE is not None else activate_from(settings)
+
+
+def active() -> CommandKeyRing:
+    """This process' ring; the settings' (:func:`hermes.settings.get_settings`) when none
+    was activated.
+
+    Raises:
+        ConfigError: as :func:`ring_from_settings`.
+    """
+    if _ACTIVE is None:
+        from hermes.settings import get_settings
+
+        return activate_from(get_settings())
+    return _ACTIVE
+
+
+def worker_ring() -> CommandKeyRing | None:
+    """The ring workflow code verifies with: the activated one (never reads settings or
+    files: workflow code does no I/O; a worker activates its ring when it is built)."""
+    return _ACTIVE
