@@ -27,6 +27,13 @@ Idempotency = Literal["idempotent", "keyed", "none"]
 - ``keyed``: retried; the tool receives a stable key per call (``ToolContext.idempotency_key``)
   and passes it to a backend that de-duplicates (a payment API's idempotency key).
 - ``none``: executed at most once; after a timeout or a crash its outcome is "unknown"."""
+PolicySource = Literal["config", "annotation", "default"]
+"""What set an MCP tool's permission or idempotency (:meth:`hermes.mcp.config.ServerConfig.policy`):
+
+- ``config``: the operator's ``mcpServers`` entry (the tool's ``tools`` entry, or the server's key);
+- ``annotation``: the server's tool annotations (``destructiveHint``, ``readOnlyHint``,
+  ``idempotentHint``: hints from the server, which the operator's config outranks);
+- ``default``: neither said anything (``read``, ``none``)."""
 OnExpiry = Literal["deny", "halt"]
 SessionStatus = Literal["active", "idle", "halted", "closed", "archived"]
 """``idle``: no message for ``idle_after_seconds``; ``archived``: a snapshot was written
@@ -179,6 +186,11 @@ class ToolSpec(BaseModel):
     """Set for a composite tool: its steps, run in order by a child workflow."""
     mcp: McpOrigin | None = None
     """Set for an MCP tool: the server and tool a call goes to (recorded with the list)."""
+    permission_source: PolicySource | None = None
+    """Set for an MCP tool: what decided ``permission`` (see :data:`PolicySource`).
+    ``None`` for Hermes' own tools (their code says) and in lists recorded before it existed."""
+    idempotency_source: PolicySource | None = None
+    """The same for ``idempotency``."""
     tokens: int | None = None
     """Tokens its schema takes in a model's prompt (:meth:`hermes.tokens.TokenCounter.tools`),
     counted by the tool-listing activity with the session's encoding, so workflow code

@@ -23,6 +23,7 @@ from hermes.mcp.config import (
     McpConfig,
     ResolvedServer,
     ServerConfig,
+    ToolHints,
     load_mcp_config,
     merge_tool_names,
     parse_mcp_config,
@@ -31,6 +32,7 @@ from hermes.mcp.config import (
     resolve_all,
     sanitize_tool_name,
 )
+from hermes.tools.registry import PERMISSION_RANK
 
 TOKEN = "tok-8fK2-very-secret-Qz91"
 
@@ -109,8 +111,10 @@ def test_defaults_of_hermes_keys_are_applied_to_every_server() -> None:
         assert server.idle_seconds == 300
         assert server.enabled is True
         assert server.allow is None and server.deny == ()
-        assert server.permission == "read"
-        assert server.idempotency == "none"  # an MCP tool is not known to be safe to retry
+        assert server.permission is None and server.idempotency is None  # not written: see policy()
+        policy = server.policy("any_tool")
+        assert (policy.permission, policy.permission_source) == ("read", "default")
+        assert (policy.idempotency, policy.idempotency_source) == ("none", "default")  # not known to be safe to retry
         assert server.source == "readme"
     assert config.source == "readme"
 
@@ -636,3 +640,74 @@ def test_sanitized_name_is_always_a_valid_function_name(server: str, tool: str) 
         assert name == full
     else:
         assert name != full
+
+
+# ------------------------------------------------------------ tool annotations
+
+
+DELETE = ToolHints(read_only=False, destructive=True)
+LOOK = ToolHints(read_only=True)
+RETRY = ToolHints(read_only=False, destructive=False, idempotent=True)
+
+
+@pytest.mark.parametrize(
+    ("server_keys", "hints", "expected"),
+    [
+        # No operator key: the hints decide; no hints: the old defaults.
+        ({}, None, ("read", "default", "none", "default")),
+        ({}, DELETE, ("write", "annotation", "none", "default")),
+        ({}, ToolHints(read_only=False), ("write", "annotation", "none", "default")),  # spec: destructive unless said
+        ({}, ToolHints(destructive=False, read_only=False), ("read", "default", "none", "default")),
+        ({}, LOOK, ("read", "annotation", "none", "default")),
+        ({}, RETRY, ("read", "default", "idempotent", "annotation")),
+        # The server's permission is a floor a destructive hint raises, a read-only one never lowers.
+        ({"permission": "read"}, DELETE, ("write", "annotation", "none", "default")),
+        ({"permission": "write"}, LOOK, ("write", "config", "none", "default")),
+        ({"permission": "admin"}, DELETE, ("admin", "config", "none", "default")),
+        # The server's idempotency decides over idempotentHint.
+        ({"idempotency": "none"}, RETRY, ("read", "default", "none", "config")),
+        # A tool's own entry decides outright, either way.
+        ({"tools": {"t": {"permission": "read"}}}, DELETE, ("read", "config", "none", "default")),
+        ({"tools": {"t": {"permission": "admin"}}}, LOOK, ("admin", "config", "none", "default")),
+        ({"permission": "write", "tools": {"t": {"permission": "read"}}}, None, ("read", "config", "none", "default")),
+        ({"idempotency": "idempotent", "tools": {"t": {"idempotency": "none"}}}, RETRY, ("read", "default", "none", "config")),
+    ],
+)
+def test_a_tools_permission_and_idempotency_come_from_the_operators_keys_over_its_annotations(
+    server_keys: dict[str, Any], hints: ToolHints | None, expected: tuple[str, str, str, str]
+) -> None:
+    policy = one({"command": "x", **server_keys}).policy("t", hints)
+    assert (policy.permission, policy.permission_source, policy.idempotency, policy.idempotency_source) == expected
+
+
+def test_hints_are_read_from_mcp_tool_annotations_and_non_booleans_are_ignored() -> None:
+    from mcp_types import ToolAnnotations
+
+    listed = ToolAnnotations.model_validate({"destructiveHint": True, "idempotentHint": True, "openWorldHint": False})
+    assert ToolHints.of(listed) == ToolHints(destructive=True, idempotent=True)
+    assert ToolHints.of(None) == ToolHints()
+    assert ToolHints.of(type("Odd", (), {"read_only_hint": "yes"})()) == ToolHints()
+
+
+_permissions = st.sampled_from(["read", "write", "admin"])
+_flags = st.sampled_from([None, True, False])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.none(), _permissions), st.one_of(st.none(), _permissions), _flags, _flags, _flags)
+def test_no_annotation_makes_a_tool_less_guarded_than_the_operator_wrote(
+    server_permission: str | None, tool_permission: str | None, read_only: bool | None, destructive: bool | None, idempotent: bool | None
+) -> None:
+    keys: dict[str, Any] = {"command": "x"}
+    if server_permission:
+        keys["permission"] = server_permission
+    if tool_permission:
+        keys["tools"] = {"t": {"permission": tool_permission}}
+    server = one(keys)
+    hinted = server.policy("t", ToolHints(read_only=read_only, destructive=destructive, idempotent=idempotent))
+    bare = server.policy("t")
+    assert PERMISSION_RANK[hinted.permission] >= PERMISSION_RANK[bare.permission]  # never less guarded
+    if tool_permission:
+        assert hinted.permission == tool_permission  # the tool's own entry decides outright
+    elif destructive and not read_only:
+        assert PERMISSION_RANK[hinted.permission] >= PERMISSION_RANK["write"]

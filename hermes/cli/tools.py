@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+from typing import TYPE_CHECKING
 
 import typer
 from rich.markup import escape
@@ -14,7 +16,11 @@ from hermes.cli.root import JsonOption, app
 from hermes.cli.running import load_settings
 from hermes.errors import HermesError
 
-__all__ = ["description_summary", "tools_command"]
+if TYPE_CHECKING:
+    from hermes.settings import Settings
+    from hermes.tools.registry import Tool, ToolRegistry
+
+__all__ = ["description_summary", "tools_command", "with_source"]
 
 DESCRIPTION_CHARS = 160
 """The longest description ``hermes tools`` shows in its table (``--json`` has them whole)."""
@@ -51,16 +57,39 @@ def description_summary(description: str, limit: int = DESCRIPTION_CHARS) -> str
     return cut.rstrip(" ,;:") + "…"
 
 
+def with_source(value: str, source: str | None) -> str:
+    """A permission or idempotency for a table cell, with what set it when known
+    (MCP tools: ``write (annotation)``; Hermes' own tools: the bare value)."""
+    return f"{value} ({source})" if source else value
+
+
+async def _mcp_tools(settings: Settings, registry: ToolRegistry) -> list[Tool]:
+    """The MCP tools a worker would offer now: each configured server started, listed,
+    then stopped (a server that cannot list in time is left out, with a warning)."""
+    from worker import open_mcp
+
+    toolset = open_mcp(settings, registry)
+    if toolset is None:
+        return []
+    try:
+        return list(await toolset.discover())
+    finally:
+        await toolset.manager.aclose()
+
+
 @app.command("tools")
 def tools_command(as_json: JsonOption = False) -> None:
     """List the tools a worker started with these settings would serve (built-ins,
-    HERMES_TOOL_MODULES, HERMES_TOOL_FILES), with tier, idempotency and permission."""
+    HERMES_TOOL_MODULES, HERMES_TOOL_FILES, and the MCP servers of HERMES_MCP_CONFIG,
+    started to be listed), with tier, idempotency and permission; for an MCP tool, what
+    set each of the last two: ``config``, ``annotation`` or ``default``."""
     from worker import load_registry
 
     settings = load_settings()
     with failing_on(HermesError, code=EXIT_UNAVAILABLE):
         registry = load_registry(settings)
-    specs = [t.spec(tier_seconds=settings.tier_seconds, heartbeat_timeout_seconds=settings.tool_heartbeat_seconds) for t in registry]
+        tools = [*registry, *asyncio.run(_mcp_tools(settings, registry))]
+    specs = [t.spec(tier_seconds=settings.tier_seconds, heartbeat_timeout_seconds=settings.tool_heartbeat_seconds) for t in tools]
     if as_json:
         typer.echo(json.dumps([s.model_dump(mode="json", exclude_none=True) for s in specs], ensure_ascii=False, indent=2))
         return
@@ -72,8 +101,8 @@ def tools_command(as_json: JsonOption = False) -> None:
                 escape(spec.group or "-"),
                 spec.tier,
                 f"{spec.timeout_seconds:g}",
-                spec.idempotency or "",
-                spec.permission,
+                with_source(spec.idempotency or "", spec.idempotency_source),
+                with_source(spec.permission, spec.permission_source),
                 escape(description_summary(spec.description)),
             )
             for spec in specs

@@ -20,8 +20,8 @@ Cursor and VS Code share, so a block copied from a server's README works as it i
           "startup_timeout_seconds": 60,                 # start + initialize, > 0 (default 60)
           "allow": ["get_*", "search_*"],                # globs over the server's tool names
           "deny": ["*_admin"],                           # (fnmatch, case-sensitive; deny wins)
-          "permission": "read",                          # read | write | admin (default read)
-          "idempotency": "none",                         # idempotent | keyed | none (default none)
+          "permission": "read",                          # read | write | admin (default: see below)
+          "idempotency": "none",                         # idempotent | keyed | none (default: see below)
           "tools": {                                     # per tool, by the server's tool name
             "create_ticket": {"permission": "write", "idempotency": "keyed",
                               "description_suffix": "Creates a real ticket."}
@@ -44,7 +44,28 @@ A server has ``command`` (started as a child process, spoken to over stdio) or `
 Idempotency: an MCP tool is not known to be safe to run twice, so by default it is run at
 most once (``none``); ``idempotent`` lets the tool layer retry it; ``keyed`` means the
 server de-duplicates by the call's idempotency key (see :data:`hermes.models.Idempotency`),
-which the call layer passes along. ``description_suffix`` is the "service boundary" note
+which the call layer passes along.
+
+Tool annotations (MCP spec ``ToolAnnotations``, 2025-03-26 on) are hints a server sends
+with each listed tool; :meth:`ServerConfig.policy` reads them under the operator's keys:
+
+- permission: a tool's own ``tools.<tool>.permission`` wins outright, either way. Else
+  ``destructiveHint: true`` (or ``readOnlyHint: false`` with no ``destructiveHint``, which
+  the spec defaults to destructive) makes it ``write``: the session's user confirms each
+  call, as the spec asks of a client ("a human in the loop"), without needing a second
+  person as ``admin`` would. The server's ``permission`` is a floor a hint may raise but
+  never lower (a server-wide key cannot have been a decision about a tool the server adds
+  later); ``readOnlyHint: true`` gives ``read`` where nothing else is set. A tool with no
+  annotations keeps the old default, ``read``: most servers send none, and gating every
+  one of their tools would stop sessions that work today for no new reason. An operator
+  who wants every tool of a server confirmed writes ``"permission": "write"``.
+- idempotency: ``tools.<tool>.idempotency``, else the server's ``idempotency``, else
+  ``idempotentHint: true`` gives ``idempotent`` (retried); else ``none``.
+
+A hint can thus only add a gate the operator did not write, never remove one; a server
+that lies by omission is met by the operator's keys (annotations are untrusted: spec,
+"Clients should never make tool use decisions based on ToolAnnotations received from
+untrusted servers"). ``openWorldHint`` changes nothing. ``description_suffix`` is the "service boundary" note
 appended to each tool description of the server (seed 002 §5.4); a tool's own entry in
 ``tools`` replaces it (``""`` removes it for that tool).
 
@@ -89,13 +110,13 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hermes.errors import ConfigError
 from hermes.redaction import REDACTED, mask_value, secret_forms
-from hermes.models import Idempotency, Permission
+from hermes.models import Idempotency, Permission, PolicySource
 
 # Shared with tool files (hermes.tools.files); private there, imported on purpose so both
 # formats read files, word errors and check headers the same way.
 from hermes.config_files import read_document
 from hermes.tools.files import _HEADER_NAME_RE, _describe, _kind, _model_in, _short
-from hermes.tools.registry import TOOL_NAME_RE
+from hermes.tools.registry import PERMISSION_RANK, TOOL_NAME_RE
 
 __all__ = [
     "DEFAULT_IDLE_SECONDS",
@@ -107,6 +128,7 @@ __all__ = [
     "McpConfig",
     "ResolvedServer",
     "ServerConfig",
+    "ToolHints",
     "ToolOverride",
     "ToolPolicy",
     "Transport",
@@ -196,8 +218,8 @@ class _ServerDecl(_Decl):
     startup_timeout_seconds: float = Field(DEFAULT_STARTUP_TIMEOUT_SECONDS, gt=0, allow_inf_nan=False)
     allow: list[str] | None = None
     deny: list[str] = Field(default_factory=list)
-    permission: Permission = "read"
-    idempotency: Idempotency = "none"
+    permission: Permission | None = None
+    idempotency: Idempotency | None = None
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     description_suffix: str | None = None
     list_ttl_seconds: float = Field(DEFAULT_LIST_TTL_SECONDS, ge=0, allow_inf_nan=False)
@@ -209,13 +231,49 @@ class _ServerDecl(_Decl):
 # ---------------------------------------------------------------- the parsed config
 
 
+class ToolHints(BaseModel, frozen=True):
+    """The behaviour hints of a listed tool (MCP ``ToolAnnotations``); ``None``: not sent."""
+
+    read_only: bool | None = None
+    """``readOnlyHint``: the tool does not modify its environment (spec default false)."""
+    destructive: bool | None = None
+    """``destructiveHint``: it may destroy, not only add (spec default true; meaningful
+    only when ``read_only`` is false)."""
+    idempotent: bool | None = None
+    """``idempotentHint``: calling it again with the same arguments has no further effect
+    (spec default false)."""
+
+    @classmethod
+    def of(cls, annotations: Any) -> ToolHints:
+        """The hints of an MCP ``ToolAnnotations`` (or anything with its snake_case
+        attributes); ``None`` gives no hints. A value that is not a boolean is ignored."""
+
+        def flag(name: str) -> bool | None:
+            value = getattr(annotations, name, None)
+            return value if isinstance(value, bool) else None
+
+        return cls(read_only=flag("read_only_hint"), destructive=flag("destructive_hint"), idempotent=flag("idempotent_hint"))
+
+    @property
+    def permission(self) -> Permission | None:
+        """What the hints ask for: ``read`` (read-only), ``write`` (destructive, stated or
+        by the spec's default for a tool declared not read-only), ``None`` (nothing said)."""
+        if self.read_only:
+            return "read"
+        destructive = self.destructive if self.destructive is not None else (True if self.read_only is False else None)
+        return "write" if destructive else None
+
+
 class ToolPolicy(BaseModel, frozen=True):
-    """How one tool of a server is treated: the server's settings with the tool's overrides."""
+    """How one tool of a server is treated: the server's settings, the tool's overrides
+    and its annotations, with what decided each."""
 
     permission: Permission
     idempotency: Idempotency
     description_suffix: str | None
     """Appended to the tool's description; ``None`` for nothing."""
+    permission_source: PolicySource = "default"
+    idempotency_source: PolicySource = "default"
 
 
 class ServerConfig(BaseModel):
@@ -245,8 +303,12 @@ class ServerConfig(BaseModel):
     allow: tuple[str, ...] | None = None
     """Globs over the server's tool names; ``None``: every tool."""
     deny: tuple[str, ...] = ()
-    permission: Permission = "read"
-    idempotency: Idempotency = "none"
+    permission: Permission | None = None
+    """Written for the server: a floor for each tool's permission (``None``: not written;
+    a tool's annotations or ``read``)."""
+    idempotency: Idempotency | None = None
+    """Written for the server: every tool's idempotency unless the tool's own entry says
+    (``None``: not written; ``idempotentHint`` or ``none``)."""
     tools: dict[str, ToolOverride] = Field(default_factory=dict)
     description_suffix: str | None = None
     list_ttl_seconds: float = DEFAULT_LIST_TTL_SECONDS
@@ -288,18 +350,50 @@ class ServerConfig(BaseModel):
             return False
         return self.allow is None or any(fnmatch.fnmatchcase(tool, pattern) for pattern in self.allow)
 
-    def policy(self, tool: str) -> ToolPolicy:
+    def policy(self, tool: str, hints: ToolHints | None = None) -> ToolPolicy:
         """The permission, idempotency and description suffix of the server's tool ``tool``.
+
+        The operator's keys outrank the server's hints (the module docstring has the
+        rules): the tool's own entry decides outright; the server's ``permission`` is a
+        floor that ``destructiveHint`` may raise; the server's ``idempotency`` decides.
 
         Args:
             tool: the tool's name as the server lists it.
+            hints: its annotations as listed (``None``: none sent).
+
+        Returns:
+            The policy, with ``permission_source`` / ``idempotency_source`` saying which of
+            ``config``, ``annotation`` or ``default`` decided.
         """
         override = self.tools.get(tool, ToolOverride())
+        hints = hints or ToolHints()
         suffix = self.description_suffix if override.description_suffix is None else override.description_suffix
+        hinted = hints.permission
+        permission: tuple[Permission, PolicySource]
+        if override.permission is not None:
+            permission = (override.permission, "config")
+        elif self.permission is not None:
+            if hinted is not None and PERMISSION_RANK[hinted] > PERMISSION_RANK[self.permission]:
+                permission = (hinted, "annotation")
+            else:
+                permission = (self.permission, "config")
+        elif hinted is not None:
+            permission = (hinted, "annotation")
+        else:
+            permission = ("read", "default")
+        idempotency: tuple[Idempotency, PolicySource]
+        if (configured := override.idempotency or self.idempotency) is not None:
+            idempotency = (configured, "config")
+        elif hints.idempotent:
+            idempotency = ("idempotent", "annotation")
+        else:
+            idempotency = ("none", "default")
         return ToolPolicy(
-            permission=override.permission or self.permission,
-            idempotency=override.idempotency or self.idempotency,
+            permission=permission[0],
+            idempotency=idempotency[0],
             description_suffix=suffix or None,
+            permission_source=permission[1],
+            idempotency_source=idempotency[1],
         )
 
     def describe(self, tool: str, description: str | None) -> str:

@@ -4,7 +4,8 @@ Every turn the workflow records one tool list (the ``list_tools`` local activity
 replay never depends on what a worker has cached: this module adds the MCP servers'
 tools to that list, named ``<server>_<tool>`` (sanitised for the model, collisions
 resolved deterministically, see :func:`hermes.mcp.config.merge_tool_names`), filtered by
-the server's allow/deny globs, with its permission, idempotency, timeout and
+the server's allow/deny globs, with its permission and idempotency (the operator's config
+over the tool's annotations, see :meth:`hermes.mcp.config.ServerConfig.policy`), timeout and
 "service boundary" description suffix. A call goes to the server and tool recorded in
 the spec, so a renamed or vanished tool gets a clean error result, never another tool.
 """
@@ -13,12 +14,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hermes.errors import ToolFailure, ToolRegistrationError
-from hermes.mcp.config import McpConfig, merge_tool_names, redact
-from hermes.models import McpOrigin, ToolGroup, ToolResult, ToolResultCode
+from hermes.mcp.config import McpConfig, ToolHints, merge_tool_names, redact
+from hermes.models import McpOrigin, PolicySource, ToolGroup, ToolResult, ToolResultCode, ToolSpec
 from hermes.tools import arguments as args_layer
 from hermes.tools.registry import Tool, ToolContext
 
@@ -66,6 +68,15 @@ class McpTool(Tool):
     schema_checked: bool = True
     """False when the server's input schema is not valid JSON Schema: then the arguments
     are only required to be an object and the server validates them."""
+    permission_source: PolicySource = "default"
+    """What decided ``permission``: the operator's config, the server's annotations, or neither."""
+    idempotency_source: PolicySource = "default"
+    """What decided ``idempotency``."""
+
+    def spec(self, *, tier_seconds: Callable[[str], float], heartbeat_timeout_seconds: float) -> ToolSpec:
+        return super().spec(tier_seconds=tier_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds).model_copy(
+            update={"permission_source": self.permission_source, "idempotency_source": self.idempotency_source}
+        )
 
     def validate(self, arguments: Any) -> dict[str, Any]:
         if self.schema_checked:
@@ -181,9 +192,11 @@ class McpToolset:
 
     def _tool(self, model_name: str, server_name: str, listed: Any) -> McpTool:
         server = self.config.servers[server_name]
-        policy = server.policy(listed.name)
+        policy = server.policy(listed.name, ToolHints.of(getattr(listed, "annotations", None)))
         if listed.name in (_READ_RESOURCE, _GET_PROMPT):  # reading never changes anything
-            policy = policy.model_copy(update={"permission": "read", "idempotency": "idempotent"})
+            policy = policy.model_copy(
+                update={"permission": "read", "idempotency": "idempotent", "permission_source": "default", "idempotency_source": "default"}
+            )
         schema = self._masked(dict(getattr(listed, "input_schema", None) or {"type": "object"}))
         checked = True
         try:
@@ -203,6 +216,8 @@ class McpToolset:
             group=server.group,
             source=f"mcp:{server_name}",
             origin=McpOrigin(server=server_name, tool=listed.name),
+            permission_source=policy.permission_source,
+            idempotency_source=policy.idempotency_source,
             toolset=self,
             schema_checked=checked,
         )
