@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +45,8 @@ from hermes.errors import ConfigError, HermesError
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
+
+log = logging.getLogger("hermes.encryption")
 
 ENCODING = b"binary/encrypted"
 """The ``encoding`` metadata of an encrypted payload (the value Temporal's samples use)."""
@@ -145,14 +148,25 @@ class EncryptionCodec(PayloadCodec):
 
 
 def data_converter(keyring: KeyRing | None) -> Any:
-    """Hermes' data converter (pydantic), with the encryption codec when ``keyring`` is set."""
+    """Hermes' data converter (pydantic), with the encryption codec when ``keyring`` is set.
+
+    With a key ring, failures are encoded too (Temporal's
+    ``DefaultFailureConverterWithEncodedAttributes``): a failure's message and stack trace
+    move into an encrypted payload, since an error can quote what it failed on (a tool's
+    arguments, a URL built from them); history keeps only "Encoded failure".
+    """
     import dataclasses
 
     from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.converter import DefaultFailureConverterWithEncodedAttributes
 
     if keyring is None:
         return pydantic_data_converter
-    return dataclasses.replace(pydantic_data_converter, payload_codec=EncryptionCodec(keyring))
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=EncryptionCodec(keyring),
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 def converter_for(settings: Settings) -> Any:
@@ -242,10 +256,14 @@ _ACTIVE: KeyRing | None = None
 
 
 def activate(keyring: KeyRing | None) -> None:
-    """Make ``keyring`` the one this process seals Redis copies of bodies with (the content
-    store reads :func:`active`); called where clients and workers connect."""
+    """Make ``keyring`` the one this process seals Redis copies of content with (the stores
+    read :func:`active`), and keep tool-call content out of log lines while one is active
+    (:func:`hermes.redaction.withhold_content`); called where clients and workers connect."""
+    from hermes import redaction
+
     global _ACTIVE
     _ACTIVE = keyring
+    redaction.withhold_content(keyring is not None)
 
 
 def active() -> KeyRing | None:
@@ -272,3 +290,23 @@ def open_sealed(value: str) -> str:
     if _ACTIVE is None:
         raise UnknownKeyError(value[len(SEALED_PREFIX):].split(":", 1)[0], ())
     return _ACTIVE.open(value)
+
+
+def open_quietly(value: str | bytes | None, *, what: str) -> str | None:
+    """``value`` (a Redis value, maybe sealed) opened, or None when there is none or it
+    cannot be opened here (no key ring, a key no longer configured, altered data): the
+    caller treats it as missing, as the stores do with a miss, and a warning naming
+    ``what`` (never the value) is logged.
+
+    Args:
+        value: the value as Redis returned it (bytes or text), or None.
+        what: what the value is, for the warning (e.g. ``"approval audit entry s-1/e-2"``).
+    """
+    if value is None:
+        return None
+    text = value.decode() if isinstance(value, bytes) else value
+    try:
+        return open_sealed(text)
+    except Exception as err:  # noqa: BLE001 - UnknownKeyError, InvalidTag, bad base64: missing
+        log.warning("%s cannot be decrypted here (%s: %s); treated as missing", what, type(err).__name__, err)
+        return None
