@@ -171,3 +171,100 @@ async def test_no_message_argument_or_result_is_in_redis_its_aof_the_logs_or_the
     assert base64.b64encode(b"binary/encrypted").decode() in places["raw history"]
     found = sorted((where, place) for where, text in places.items() for place, mark in markers.items() if mark in text)
     assert found == [], found
+
+
+# ------------------------------------------------------------- each store's reader
+
+
+async def test_each_sealed_redis_copy_is_read_back_and_one_under_a_key_no_longer_configured_is_missing_not_an_error(
+    redis: Any, keyring_off_after: None, caplog: pytest.LogCaptureFixture
+) -> None:
+    from datetime import datetime, timezone
+
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.audit import read_audit, write_audit
+    from activities.tools import ToolActivities, idempotency_key
+    from activities.transcript import SNAPSHOT_KEY, TranscriptActivities, read_archive, read_snapshot
+    from hermes.models import (
+        ApprovalAuditEntry, ArchiveMessagesInput, Message, RunToolInput, SessionCarry, SnapshotInput, ToolCall,
+        ToolResultCode,
+    )
+    from hermes.tools.registry import ToolRegistry
+
+    secret = marker("store")
+    session = f"s-{uuid.uuid4().hex[:8]}"
+    runs: list[str] = []
+
+    def send_payment(memo: str) -> dict[str, Any]:
+        """Send a payment (runs at most once)."""
+        runs.append(memo)
+        return {"paid": memo}
+
+    registry = ToolRegistry()
+    registry.register(send_payment, idempotent=False)
+    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 15.0)
+    call = RunToolInput(session_id=session, user_id="u", turn=1, chain_id="c", idempotent=False,
+                        tool_call=ToolCall(tool_call_id="t1", name="send_payment", arguments={"memo": secret}))
+    entry = ApprovalAuditEntry(entry_id="e1", session_id=session, tool_call_id="t1", tool_name="send_payment",
+                               event="requested", at=datetime.now(timezone.utc), arguments={"memo": secret})
+    carry = SessionCarry(messages=[Message(role="user", content=secret)], title=secret)
+
+    encryption.activate(encryption.parse_keys(KEYS, source="test", separator=","))
+    assert (await ActivityEnvironment().run(tools.run_tool, call)).data == {"paid": secret}
+    await write_audit(redis, entry)
+    transcript = TranscriptActivities(redis)
+    await transcript.archive_messages(ArchiveMessagesInput(session_id=session, chain_id="c", first_index=0,
+                                                           messages=carry.messages))
+    await transcript.save_snapshot(SnapshotInput(session_id=session, carry=carry))
+
+    assert secret not in await redis_text(redis)
+    assert await read_audit(redis, session_id=session) == [entry]
+    assert [e for e in await read_audit(redis, limit=100_000) if e.session_id == session] == [entry]
+    assert await read_archive(redis, session, "c") == carry.messages
+    assert await read_snapshot(redis, session) == carry
+    again = await ActivityEnvironment().run(tools.run_tool, call)
+    assert again.data == {"paid": secret} and runs == [secret]  # the sealed ledger answered
+
+    other = base64.b64encode(b"o" * 32).decode()
+    encryption.activate(encryption.parse_keys(f"k2:{other}", source="test", separator=","))
+    caplog.set_level(logging.WARNING, logger="hermes")
+    assert await read_audit(redis, session_id=session) == []
+    assert [e for e in await read_audit(redis, limit=100_000) if e.session_id == session] == []
+    assert await read_archive(redis, session, "c") == []
+    assert await read_snapshot(redis, session) is None
+    unknown = await ActivityEnvironment().run(tools.run_tool, call)
+    assert unknown.code == ToolResultCode.OUTCOME_UNKNOWN and runs == [secret]  # never run twice
+    assert "cannot be decrypted here" in caplog.text and secret not in caplog.text
+    assert await redis.exists(SNAPSHOT_KEY.format(session_id=session), idempotency_key(call.call_key)) == 2
+
+
+def test_library_log_lines_keep_their_constant_words_and_lose_tool_call_content(
+    caplog: pytest.LogCaptureFixture, keyring_off_after: None
+) -> None:
+    from hermes import redaction
+
+    secret = marker("log")
+    caplog.set_level(logging.DEBUG)
+    request_line = 'HTTP Request: %s %s "%s %d %s"'
+    with redaction.request_shown_as("${API}/orders/{order}"):  # always, encryption or not
+        logging.getLogger("httpx2").info(request_line, "GET", f"https://api/orders/{secret}?q={secret}", "HTTP/1.1", 200, "OK")
+        logging.getLogger("httpcore2.http11").debug(f"receive_response_headers.complete return_value=[(b'x', b'{secret}')]")
+    logging.getLogger("httpx2").info(request_line, "POST", "https://model/v1/chat/completions", "HTTP/1.1", 200, "OK")
+    logging.getLogger("openai._base_client").debug("Request options: %s", {"messages": [secret]})
+    assert 'HTTP Request: GET ${API}/orders/{order} "HTTP/1.1 200 OK"' in caplog.text
+    assert "receive_response_headers.complete (details withheld" in caplog.text
+    assert "https://model/v1/chat/completions" in caplog.text  # outside a tool request: as it was
+    assert f"Request options: {{'messages': ['{secret}']}}" in caplog.text  # encryption off: as it was
+    caplog.clear()
+
+    encryption.activate(encryption.parse_keys(KEYS, source="test", separator=","))
+    logging.getLogger("openai._base_client").debug("Request options: %s", {"messages": [secret]})
+    logging.getLogger("mcp.client.stdio").debug(f"Received message: {secret}")
+    try:
+        raise LookupError(f"no order {secret}")
+    except LookupError:
+        logging.getLogger("temporalio.activity").warning("Completing activity as failed", exc_info=True)
+    assert secret not in caplog.text and "Request options: (details withheld" in caplog.text
+    assert "Received (details withheld" in caplog.text
+    assert "Completing activity as failed" in caplog.text and "LookupError (message withheld" in caplog.text
