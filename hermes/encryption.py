@@ -6,9 +6,13 @@ clear. With keys configured, clients and workers encode every payload with AES-2
 data) through a Temporal payload codec (:class:`EncryptionCodec`,
 https://docs.temporal.io/payload-codec), so history, the Web UI and ``temporal workflow
 show`` see only ciphertext; the codec server (``hermes codec-server``) decrypts for the Web
-UI, with a bearer token, for the UI's origin only. The content store's Redis copies of
-message bodies (``hermes:blob:<ref>``) are encrypted with the same keys
-(:meth:`KeyRing.seal` / :meth:`KeyRing.open`).
+UI, with a bearer token, for the UI's origin only. Failures are encoded as well (their
+message and stack trace). Every Redis copy of a message, a tool argument or a tool result
+is sealed with the same keys (:func:`seal` / :func:`open_sealed`, :func:`open_quietly`):
+bodies, turn events, session index rows, the approval audit, the exactly-once ledger, the
+transcript archive and snapshots; README "Encryption at rest" lists the keys and what
+stays clear. While a key ring is active, :mod:`hermes.redaction` keeps tool-call content
+out of library log lines too.
 
 Keys (:func:`keyring_from_settings`): ``HERMES_ENCRYPTION_KEYS`` ("id:base64key,..."), or
 ``HERMES_ENCRYPTION_KEY_FILE`` (one ``id base64key`` per line, ``#`` comments); each key 16,
@@ -19,8 +23,9 @@ metadata names its key. Payloads written before encryption was switched on (no s
 metadata) are read as they are.
 
 What stays clear: search attributes (Temporal indexes them; Hermes puts no message text in
-them: session id, user id, status, turn counts), workflow and activity type names, ids,
-timers; content references (``m:<hash>``) are hashes of the text, not the text.
+them: user id, channel, status, pending approvals), workflow and activity type names, ids,
+timers, failure types; Redis key names, sorted-set members and scores (ids, times),
+counters; content references (``m:<hash>``) are hashes of the text, not the text.
 
 Errors: :class:`hermes.errors.ConfigError` for a bad key setting (naming the setting and
 what was expected); decoding a payload whose key is not configured raises

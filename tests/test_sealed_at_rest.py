@@ -42,7 +42,7 @@ from tests.conftest import builtin_registry
 from tests.support import decoded_history, eventually
 from tests.test_mcp_session import results_json
 from tests.test_secret_scan import files_text, redis_text
-from tests.test_tool_files import EXAMPLE, SECRET, Endpoint
+from tests.test_tool_files import EXAMPLE, Endpoint, endpoint  # noqa: F401 - endpoint: the fixture
 from tests.test_tool_layer import Steps
 from worker import build_worker
 
@@ -59,14 +59,6 @@ def marker(place: str) -> str:
     """A marker no other test writes: letters and digits only, so it looks the same
     URL-encoded, JSON-escaped and in a query string."""
     return f"mk{place}{uuid.uuid4().hex[:12]}"
-
-
-@pytest.fixture
-def endpoint(monkeypatch: pytest.MonkeyPatch) -> Iterator[Endpoint]:
-    with Endpoint() as server:
-        monkeypatch.setenv("WEATHER_API_URL", server.url)
-        monkeypatch.setenv("WEATHER_API_TOKEN", SECRET)
-        yield server
 
 
 @pytest.fixture
