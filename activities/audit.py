@@ -5,7 +5,10 @@ it must outlive a Redis loss) and in Redis, append-only and idempotent (an activ
 retried after a crash writes the same entry again, not a second one):
 
 - ``hermes:audit:approvals`` (sorted set): ``<session_id>|<entry_id>`` scored by time;
-- ``hermes:audit:approval:<session_id>`` (hash): ``entry_id`` -> the entry as JSON.
+- ``hermes:audit:approval:<session_id>`` (hash): ``entry_id`` -> the entry as JSON, sealed
+  (:func:`hermes.encryption.seal`) when encryption is on: an entry holds the tool call's
+  arguments and the reason of its decision. An entry this process cannot open is left
+  out of what is read, with a warning.
 
 Reads take the durable store when there is one, else Redis.
 
@@ -20,7 +23,7 @@ from typing import Any
 
 from temporalio import activity
 
-from hermes import names
+from hermes import encryption, names
 from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.durable import AUDIT, DurableStore, Record, composite_key
 from hermes.models import ApprovalAuditBatch, ApprovalAuditEntry
@@ -35,9 +38,9 @@ def audit_session_key(session_id: str) -> str:
 
 
 async def write_audit(redis: Any, entry: ApprovalAuditEntry) -> None:
-    """Write one entry (idempotent by ``entry.entry_id``)."""
+    """Write one entry (idempotent by ``entry.entry_id``), sealed when encryption is on."""
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.hset(audit_session_key(entry.session_id), entry.entry_id, entry.model_dump_json())
+        pipe.hset(audit_session_key(entry.session_id), entry.entry_id, encryption.seal(entry.model_dump_json()))
         pipe.zadd(AUDIT_INDEX_KEY, {f"{entry.session_id}|{entry.entry_id}": entry.at.timestamp()})
         await pipe.execute()
 
@@ -63,17 +66,25 @@ async def read_audit(
         entries = sorted((ApprovalAuditEntry.model_validate_json(r.value) for r in records), key=lambda e: (e.at, e.entry_id))
         return entries[-limit:]
     if session_id is not None:
-        raw = await redis.hvals(audit_session_key(session_id))
-        entries = sorted((ApprovalAuditEntry.model_validate_json(r) for r in raw), key=lambda e: (e.at, e.entry_id))
+        raw = await redis.hgetall(audit_session_key(session_id))
+        opened = (_opened(session_id, entry_id, value) for entry_id, value in raw.items())
+        entries = sorted((e for e in opened if e is not None), key=lambda e: (e.at, e.entry_id))
         return entries[-limit:]
     members = await redis.zrange(AUDIT_INDEX_KEY, -limit, -1)
     entries: list[ApprovalAuditEntry] = []
     for member in members:
         sid, _, entry_id = (member.decode() if isinstance(member, bytes) else member).partition("|")
-        raw = await redis.hget(audit_session_key(sid), entry_id)
-        if raw is not None:
-            entries.append(ApprovalAuditEntry.model_validate_json(raw))
+        entry = _opened(sid, entry_id, await redis.hget(audit_session_key(sid), entry_id))
+        if entry is not None:
+            entries.append(entry)
     return entries
+
+
+def _opened(session_id: str, entry_id: Any, raw: Any) -> ApprovalAuditEntry | None:
+    """A Redis audit value as an entry; None when absent or not openable here."""
+    name = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    text = encryption.open_quietly(raw, what=f"approval audit entry {session_id}/{name}")
+    return ApprovalAuditEntry.model_validate_json(text) if text is not None else None
 
 
 def approval_events(entries: list[ApprovalAuditEntry]) -> list[TurnEvent]:

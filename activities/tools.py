@@ -33,7 +33,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating, with_heartbeat
-from hermes import names, telemetry
+from hermes import encryption, names, telemetry
 from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
 from hermes.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
@@ -620,14 +620,15 @@ class ToolActivities:
         redis_ok = self.redis is not None
         if self.redis is not None:
             try:
-                claimed = await self.redis.set(key, started, nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
+                claimed = await self.redis.set(key, encryption.seal(started), nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
             except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
                 if self.durable is None:
                     raise
                 log.warning("tool call %s: Redis unavailable (%s); claimed in the durable store alone", key, err)
                 claimed, redis_ok = True, False
             if not claimed:
-                record = json.loads(await self.redis.get(key) or "{}")
+                # One that cannot be opened here reads as "started": outcome unknown, never run twice.
+                record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
         if record is None and self.durable is not None:
             try:
                 inserted = await self.durable.insert(
@@ -687,6 +688,7 @@ class ToolActivities:
                 log.warning("tool call %s: the durable record not updated: %s", key, err)
         if redis and self.redis is not None:
             try:
-                await self.redis.set(key, text, ex=IDEMPOTENCY_TTL_SECONDS)
+                # Sealed when encryption is on: a done record holds the tool's result.
+                await self.redis.set(key, encryption.seal(text), ex=IDEMPOTENCY_TTL_SECONDS)
             except Exception as err:  # noqa: BLE001
                 log.warning("tool call %s: the Redis record not updated: %s", key, err)

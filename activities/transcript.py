@@ -11,6 +11,10 @@ durable store (:mod:`hermes.durable`, LanceDB: tables ``hermes_transcript`` and
   position in the whole transcript) to the message's JSON;
 - ``hermes:snapshot:{session_id}``: the snapshot's JSON.
 
+Redis' copies are sealed (:func:`hermes.encryption.seal`) when encryption is on: they hold
+messages. One this process cannot open is read as missing, with a warning (the durable
+copy answers if there is one).
+
 Writes by index (archive) and by session (snapshot) are idempotent, so a retried activity
 never duplicates a message. Reads join both copies (the durable one wins), so archives
 written before the durable store existed are still read.
@@ -23,7 +27,7 @@ from typing import Any
 
 from temporalio import activity
 
-from hermes import names
+from hermes import encryption, names
 from hermes.durable import SNAPSHOTS, TRANSCRIPT, DurableStore, DurableStoreError, Record, composite_key
 from hermes.models import ArchiveMessagesInput, Message, SessionCarry, SnapshotInput
 
@@ -83,7 +87,7 @@ class TranscriptActivities:
             )
         if self.redis is not None:
             key = ARCHIVE_KEY.format(session_id=request.session_id, chain_id=request.chain_id)
-            mapping = {str(index): text for index, text in texts.items()}
+            mapping = {str(index): encryption.seal(text) for index, text in texts.items()}
             await self._redis_copy("transcript archive", lambda: self.redis.hset(key, mapping=mapping))
         return len(texts)
 
@@ -103,7 +107,7 @@ class TranscriptActivities:
             await self.durable.upsert(SNAPSHOTS, [Record(key=request.session_id, owner=request.session_id, value=text)])
         if self.redis is not None:
             key = SNAPSHOT_KEY.format(session_id=request.session_id)
-            await self._redis_copy("session snapshot", lambda: self.redis.set(key, text))
+            await self._redis_copy("session snapshot", lambda: self.redis.set(key, encryption.seal(text)))
 
 
 async def read_snapshot(redis: Any, session_id: str, durable: DurableStore | None = None) -> SessionCarry | None:
@@ -115,7 +119,8 @@ async def read_snapshot(redis: Any, session_id: str, durable: DurableStore | Non
     raw = None
     if redis is not None:
         try:
-            raw = await redis.get(SNAPSHOT_KEY.format(session_id=session_id))
+            raw = encryption.open_quietly(await redis.get(SNAPSHOT_KEY.format(session_id=session_id)),
+                                          what=f"session snapshot {session_id}")
         except Exception as err:  # noqa: BLE001 - Redis down: the durable copy answers
             if durable is None:
                 raise
@@ -155,5 +160,8 @@ async def read_archive(redis: Any, session_id: str, chain_id: str, durable: Dura
             log.warning("transcript archive: Redis unavailable (%s); the durable copy alone", err)
             raw = {}
         for index, value in raw.items():
-            texts.setdefault(int(index), value)
+            if int(index) not in texts:
+                text = encryption.open_quietly(value, what=f"archived message {session_id}/{int(index)}")
+                if text is not None:
+                    texts[int(index)] = text
     return [Message.model_validate_json(texts[i]) for i in sorted(texts)]

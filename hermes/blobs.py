@@ -203,8 +203,7 @@ def _opened(values: dict[str, str]) -> dict[str, str]:
     where it is kept for good (the session's history, the durable store)."""
     out: dict[str, str] = {}
     for ref, value in values.items():
-        try:
-            out[ref] = encryption.open_sealed(value)
-        except Exception as err:  # noqa: BLE001 - UnknownKeyError, InvalidTag, bad base64: a miss
-            log.warning("content store entry %s cannot be decrypted here (%s); read as a miss", ref, err)
+        text = encryption.open_quietly(value, what=f"content store entry {ref}")
+        if text is not None:
+            out[ref] = text
     return out

@@ -6,9 +6,13 @@ clear. With keys configured, clients and workers encode every payload with AES-2
 data) through a Temporal payload codec (:class:`EncryptionCodec`,
 https://docs.temporal.io/payload-codec), so history, the Web UI and ``temporal workflow
 show`` see only ciphertext; the codec server (``hermes codec-server``) decrypts for the Web
-UI, with a bearer token, for the UI's origin only. The content store's Redis copies of
-message bodies (``hermes:blob:<ref>``) are encrypted with the same keys
-(:meth:`KeyRing.seal` / :meth:`KeyRing.open`).
+UI, with a bearer token, for the UI's origin only. Failures are encoded as well (their
+message and stack trace). Every Redis copy of a message, a tool argument or a tool result
+is sealed with the same keys (:func:`seal` / :func:`open_sealed`, :func:`open_quietly`):
+bodies, turn events, session index rows, the approval audit, the exactly-once ledger, the
+transcript archive and snapshots; README "Encryption at rest" lists the keys and what
+stays clear. While a key ring is active, :mod:`hermes.redaction` keeps tool-call content
+out of library log lines too.
 
 Keys (:func:`keyring_from_settings`): ``HERMES_ENCRYPTION_KEYS`` ("id:base64key,..."), or
 ``HERMES_ENCRYPTION_KEY_FILE`` (one ``id base64key`` per line, ``#`` comments); each key 16,
@@ -19,8 +23,9 @@ metadata names its key. Payloads written before encryption was switched on (no s
 metadata) are read as they are.
 
 What stays clear: search attributes (Temporal indexes them; Hermes puts no message text in
-them: session id, user id, status, turn counts), workflow and activity type names, ids,
-timers; content references (``m:<hash>``) are hashes of the text, not the text.
+them: user id, channel, status, pending approvals), workflow and activity type names, ids,
+timers, failure types; Redis key names, sorted-set members and scores (ids, times),
+counters; content references (``m:<hash>``) are hashes of the text, not the text.
 
 Errors: :class:`hermes.errors.ConfigError` for a bad key setting (naming the setting and
 what was expected); decoding a payload whose key is not configured raises
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -44,6 +50,8 @@ from hermes.errors import ConfigError, HermesError
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
+
+log = logging.getLogger("hermes.encryption")
 
 ENCODING = b"binary/encrypted"
 """The ``encoding`` metadata of an encrypted payload (the value Temporal's samples use)."""
@@ -145,14 +153,25 @@ class EncryptionCodec(PayloadCodec):
 
 
 def data_converter(keyring: KeyRing | None) -> Any:
-    """Hermes' data converter (pydantic), with the encryption codec when ``keyring`` is set."""
+    """Hermes' data converter (pydantic), with the encryption codec when ``keyring`` is set.
+
+    With a key ring, failures are encoded too (Temporal's
+    ``DefaultFailureConverterWithEncodedAttributes``): a failure's message and stack trace
+    move into an encrypted payload, since an error can quote what it failed on (a tool's
+    arguments, a URL built from them); history keeps only "Encoded failure".
+    """
     import dataclasses
 
     from temporalio.contrib.pydantic import pydantic_data_converter
+    from temporalio.converter import DefaultFailureConverterWithEncodedAttributes
 
     if keyring is None:
         return pydantic_data_converter
-    return dataclasses.replace(pydantic_data_converter, payload_codec=EncryptionCodec(keyring))
+    return dataclasses.replace(
+        pydantic_data_converter,
+        payload_codec=EncryptionCodec(keyring),
+        failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
+    )
 
 
 def converter_for(settings: Settings) -> Any:
@@ -242,10 +261,14 @@ _ACTIVE: KeyRing | None = None
 
 
 def activate(keyring: KeyRing | None) -> None:
-    """Make ``keyring`` the one this process seals Redis copies of bodies with (the content
-    store reads :func:`active`); called where clients and workers connect."""
+    """Make ``keyring`` the one this process seals Redis copies of content with (the stores
+    read :func:`active`), and keep tool-call content out of log lines while one is active
+    (:func:`hermes.redaction.withhold_content`); called where clients and workers connect."""
+    from hermes import redaction
+
     global _ACTIVE
     _ACTIVE = keyring
+    redaction.withhold_content(keyring is not None)
 
 
 def active() -> KeyRing | None:
@@ -272,3 +295,23 @@ def open_sealed(value: str) -> str:
     if _ACTIVE is None:
         raise UnknownKeyError(value[len(SEALED_PREFIX):].split(":", 1)[0], ())
     return _ACTIVE.open(value)
+
+
+def open_quietly(value: str | bytes | None, *, what: str) -> str | None:
+    """``value`` (a Redis value, maybe sealed) opened, or None when there is none or it
+    cannot be opened here (no key ring, a key no longer configured, altered data): the
+    caller treats it as missing, as the stores do with a miss, and a warning naming
+    ``what`` (never the value) is logged.
+
+    Args:
+        value: the value as Redis returned it (bytes or text), or None.
+        what: what the value is, for the warning (e.g. ``"approval audit entry s-1/e-2"``).
+    """
+    if value is None:
+        return None
+    text = value.decode() if isinstance(value, bytes) else value
+    try:
+        return open_sealed(text)
+    except Exception as err:  # noqa: BLE001 - UnknownKeyError, InvalidTag, bad base64: missing
+        log.warning("%s cannot be decrypted here (%s: %s); treated as missing", what, type(err).__name__, err)
+        return None

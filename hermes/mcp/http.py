@@ -23,6 +23,8 @@ import httpx2
 import mcp.types as types
 from mcp.shared.message import SessionMessage
 
+from hermes import encryption
+
 __all__ = ["HTTP_ERROR_BODY_CHARS", "HttpState", "ReportingTransport", "first_line"]
 
 log = logging.getLogger("hermes.mcp")
@@ -115,7 +117,10 @@ class ReportingTransport(httpx2.AsyncBaseTransport):
                     return httpx2.Response(
                         response.status_code, headers={"content-type": "application/json"}, content=body
                     )
-        log.warning("MCP server %s answered %s with %s", self._server, call[1], message)
+        # With encryption on, the status only: the body may quote the call's arguments
+        # (it is in the call's result, sealed).
+        shown = message if encryption.active() is None else f"HTTP {response.status_code} (body withheld: encryption at rest)"
+        log.warning("MCP server %s answered %s with %s", self._server, call[1], shown)
         data = {"http_status": response.status_code, "body": capped}
         return await self._answer(request, call[0], types.INTERNAL_ERROR, message, data, status=response.status_code)
 

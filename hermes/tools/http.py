@@ -45,7 +45,7 @@ from temporalio import activity
 
 from hermes.errors import ToolFailure
 from hermes.models import ToolResult, ToolResultCode
-from hermes.redaction import mask_value, secret_forms
+from hermes.redaction import mask_value, request_shown_as, secret_forms
 from hermes.tools.registry import Tool, ToolContext
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
@@ -413,11 +413,15 @@ class HttpTool(Tool):
         """
         endpoint = self.endpoint
         request = endpoint.build(self.dump_arguments(arguments), context)
-        where = self.redact(f"{endpoint.method} {_display_url(request['url'])}")
+        # The url as written ({param} placeholders, ${ENV} names), never as sent: the path
+        # and query are built from the arguments, and this text reaches error messages,
+        # failures and log lines (redaction.request_shown_as: httpx's own request line).
+        where = f"{endpoint.method} {endpoint.url.source}"
         timeout = self._attempt_timeout_seconds()
         try:
-            async with httpx.AsyncClient(timeout=timeout, verify=_ssl_context(), follow_redirects=False) as client:
-                response = await client.request(**request)
+            with request_shown_as(endpoint.url.source):
+                async with httpx.AsyncClient(timeout=timeout, verify=_ssl_context(), follow_redirects=False) as client:
+                    response = await client.request(**request)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as err:
             # Nothing was sent: safe to try again whatever the tool's idempotency.
             raise EndpointUnavailableError(self.redact(f"{where}: could not connect ({type(err).__name__}: {err})")) from None
@@ -496,11 +500,6 @@ def _encode_url_part(text: str) -> str:
     if text in (".", ".."):
         return text.replace(".", "%2E")
     return urllib.parse.quote(text, safe="")
-
-
-def _display_url(url: str) -> str:
-    """The url without its query string (which may carry keys)."""
-    return url.split("?", 1)[0]
 
 
 def _retry_after(response: Any) -> float | None:
