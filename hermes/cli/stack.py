@@ -102,7 +102,7 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         )
         client = await connect_client(resolved)
         await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
-        redis = connect_redis(servers.redis_url)
+        redis = connect_redis(servers.redis_url, settings)
         try:
             await redis.ping()
             worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis, mcp=mcp)
@@ -133,7 +133,7 @@ async def _dev_servers_only(settings: Settings) -> None:
             resolved = settings.model_copy(update={"temporal_address": servers.temporal_address})
             client = await connect_client(resolved)
             await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
-        redis = connect_redis(servers.redis_url)
+        redis = connect_redis(servers.redis_url, settings)
         try:
             await redis.ping()
             async with _dev_codec_server(settings, redis) as codec:
@@ -299,7 +299,7 @@ def worker_command() -> None:
     async def main() -> None:
         from worker import connect_redis, run_worker
 
-        redis = connect_redis(settings.resolved_redis_url)
+        redis = connect_redis(settings=settings)
         try:
             await redis.ping()
         finally:
