@@ -35,6 +35,7 @@ from hermes.settings import Settings
 __all__ = [
     "TemporalTlsError",
     "check_connection_settings",
+    "describe_temporal_security",
     "connect_temporal",
     "redis_client",
     "temporal_connect_args",
@@ -139,6 +140,19 @@ def temporal_connect_args(settings: Settings, *, address: str | None = None) -> 
         "tls": tls,
         "api_key": s.temporal_api_key.get_secret_value() if s.temporal_api_key is not None else None,
     }
+
+
+def describe_temporal_security(settings: Settings) -> str:
+    """How the Temporal connection is secured, for a start-up banner: ``mTLS``, ``TLS``,
+    ``+ API key`` after either, or ``plain``; never the key or a file's content."""
+    s = settings
+    if s.temporal_tls is False:
+        kind = "plain"
+    elif s.temporal_tls_cert_file is not None:
+        kind = "mTLS"
+    else:
+        kind = "TLS" if temporal_tls_requested(s) else "plain"
+    return kind + (" + API key" if s.temporal_api_key is not None else "")
 
 
 class TemporalTlsError(RuntimeError):

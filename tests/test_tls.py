@@ -220,3 +220,15 @@ def test_the_settings_read_temporal_s_own_environment_names(monkeypatch: pytest.
     assert read.temporal_api_key is not None and read.temporal_api_key.get_secret_value() == "from-env"
     assert (read.temporal_tls_cert_file, read.temporal_tls_key_file, read.temporal_tls_ca_file) == (
         pki.client_cert, pki.client_key, pki.ca)
+
+
+def test_the_worker_banner_says_how_temporal_is_secured_and_holds_no_key(settings: Settings, pki: Pki) -> None:
+    from hermes.cli.stack import describe_worker
+
+    lines = dict(describe_worker(
+        mtls_settings(settings, pki, "t:7233", temporal_api_key=SecretStr("sekrit-key")),
+        ScriptedModel.demo(), builtin_registry(), None))
+    assert lines["Temporal"] == "t:7233 (namespace default, mTLS + API key)"
+    assert "sekrit-key" not in str(lines)
+    assert dict(describe_worker(settings, ScriptedModel.demo(), builtin_registry(), None))["Temporal"].endswith(
+        "(namespace default, plain)")

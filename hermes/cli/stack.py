@@ -331,8 +331,11 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
 
     Returns:
         Model, Tool modules, Tool files, Tools, MCP servers, Memory, Task queue,
-        Temporal and Redis, in that order.
+        Temporal (with how it is secured: plain, TLS, mTLS, + API key) and Redis, in
+        that order.
     """
+    from hermes.connections import describe_temporal_security
+
     if getattr(provider, "name", "") == "scripted":
         packaged = " (the packaged demo script)" if settings.script is None else ""
         model = f"scripted stand-in, script {getattr(provider, 'source', settings.script)}{packaged}"
@@ -352,7 +355,11 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         ("MCP servers", ", ".join(mcp_names) or "none"),
         ("Memory", memory),
         ("Task queue", settings.task_queue),
-        ("Temporal", f"{hide_password(settings.resolved_temporal_address)} (namespace {settings.temporal_namespace})"),
+        (
+            "Temporal",
+            f"{hide_password(settings.resolved_temporal_address)} (namespace {settings.temporal_namespace}, "
+            f"{describe_temporal_security(settings)})",
+        ),
         ("Redis", hide_password(settings.resolved_redis_url)),
     ]
 
