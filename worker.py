@@ -80,19 +80,25 @@ async def connect_client(settings: Settings) -> Client:
     (``HERMES_TELEMETRY_ENABLED``, :mod:`hermes.telemetry`) also the OpenTelemetry plugin
     (workers made with it trace too) and the runtime whose SDK metrics go to OpenTelemetry.
 
+    Where and how it connects (address, namespace, mTLS, a Temporal Cloud API key) is
+    :func:`hermes.connections.temporal_connect_args`.
+
     Raises:
-        ConfigError: an ``OTEL_*`` value Hermes cannot honour, or a bad encryption key setting.
+        ConfigError: an ``OTEL_*`` value Hermes cannot honour, a bad encryption key
+            setting, or a bad TLS setting (a missing certificate file, a key without its
+            certificate, ...).
+        TemporalTlsError: the TLS handshake with Temporal failed (which side, which setting).
     """
     from hermes import command_auth, encryption, telemetry
+    from hermes.connections import connect_temporal
 
     command_auth.ensure(settings)  # the key ring commands are signed and checked with
     plugins = telemetry.plugins(settings)
     extra: dict[str, Any] = {}
     if plugins:
         extra = {"plugins": plugins, "runtime": telemetry.runtime()}
-    client = await Client.connect(
-        settings.resolved_temporal_address,
-        namespace=settings.temporal_namespace,
+    client = await connect_temporal(
+        settings,
         data_converter=encryption.converter_for(settings),  # payloads encrypted when keys are set
         **extra,
     )
@@ -100,11 +106,20 @@ async def connect_client(settings: Settings) -> Client:
     return client
 
 
-def connect_redis(url: str) -> Any:
-    """A ``redis.asyncio.Redis`` with timeouts, so an unreachable Redis fails fast."""
-    import redis.asyncio as aioredis
+def connect_redis(url: str | None = None, settings: Settings | None = None) -> Any:
+    """A ``redis.asyncio.Redis`` with timeouts, so an unreachable Redis fails fast, and TLS
+    for a ``rediss://`` URL (:func:`hermes.connections.redis_client`).
 
-    return aioredis.Redis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    Args:
+        url: default: ``settings.resolved_redis_url``.
+        settings: the ``redis_tls_*`` settings; default :func:`get_settings`.
+
+    Raises:
+        ConfigError: a bad Redis TLS setting.
+    """
+    from hermes.connections import redis_client
+
+    return redis_client(settings or get_settings(), url)
 
 
 def build_worker(
@@ -147,7 +162,7 @@ def build_worker(
         registry = load_registry(settings)
     else:
         registry.check_references()
-    redis = redis if redis is not None else connect_redis(settings.resolved_redis_url)
+    redis = redis if redis is not None else connect_redis(settings=settings)
     durable = durable if durable is not None else DurableStore(settings.resolved_memory_uri)
     model = ModelActivities(provider, store=BlobStore(redis, durable=durable), client=client)
     encoding = encoding_name_for_model(settings.model)

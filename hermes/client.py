@@ -511,8 +511,9 @@ class HermesClient:
     async def connect(
         cls, settings: Settings | None = None, *, runtime: Runtime | None = None, **kwargs: Any
     ) -> HermesClient:
-        """Connect with the settings' Temporal address, namespace, task queue, Redis and
-        retry timeout (``HERMES_CLIENT_RETRY_SECONDS``).
+        """Connect with the settings' Temporal address, namespace and TLS or API key
+        (:func:`hermes.connections.temporal_connect_args`), task queue, Redis (``rediss://``
+        with its CA) and retry timeout (``HERMES_CLIENT_RETRY_SECONDS``).
 
         Args:
             settings: default: :func:`hermes.settings.get_settings`.
@@ -520,6 +521,11 @@ class HermesClient:
                 default: the SDK's process-wide one.
             **kwargs: ``redis``, ``config``, ``durable`` and ``memory_store`` override what
                 the settings give.
+
+        Raises:
+            ConfigError: a bad TLS setting (a certificate file that cannot be read, a key
+                without its certificate, ...), before anything is dialled.
+            TemporalTlsError: the TLS handshake with Temporal failed (which side, which setting).
         """
         from hermes import telemetry
         from worker import connect_client, connect_redis
@@ -530,10 +536,10 @@ class HermesClient:
             client = await connect_client(settings)
         else:
             from hermes import encryption
+            from hermes.connections import connect_temporal
 
-            client = await Client.connect(
-                settings.resolved_temporal_address,
-                namespace=settings.temporal_namespace,
+            client = await connect_temporal(
+                settings,
                 data_converter=encryption.converter_for(settings),
                 runtime=runtime,
                 plugins=telemetry.plugins(settings),
@@ -541,7 +547,7 @@ class HermesClient:
         return cls(
             client,
             task_queue=settings.task_queue,
-            redis=kwargs.pop("redis", None) or connect_redis(settings.resolved_redis_url),
+            redis=kwargs.pop("redis", None) or connect_redis(settings=settings),
             durable=kwargs.pop("durable", None) or DurableStore(settings.resolved_memory_uri),
             config=kwargs.pop("config", None)
             or SessionConfig(

@@ -830,7 +830,7 @@ async def serve(
     Cancellation (Ctrl-C in ``hermes codec-server``) is its normal stop: it returns.
 
     Args:
-        settings: where Redis is (``settings.resolved_redis_url``).
+        settings: where Redis is (``settings.resolved_redis_url``, TLS for ``rediss://``).
         host: address to listen on.
         port: TCP port.
         ui_origins: Web UI origins allowed by CORS; default
@@ -847,7 +847,7 @@ async def serve(
 
     keyring, token = codec_keys(settings)
     encryption.activate(keyring)  # the content store's Redis copies are sealed with the same keys
-    redis = connect_redis(settings.resolved_redis_url)
+    redis = connect_redis(settings=settings)
     try:
         await redis.ping()
         origins = ui_origins if ui_origins else default_ui_origins(settings.ui_port)

@@ -115,20 +115,18 @@ async def _start_stack(stack: EmbeddedStack) -> None:
         raise
 
 
-async def _servers_answer(temporal_address: str, redis_url: str, namespace: str) -> bool:
-    """True if a Temporal frontend and a Redis answer at these addresses."""
-    from temporalio.client import Client
-
+async def _servers_answer(settings: Settings) -> bool:
+    """True if a Temporal frontend and a Redis answer at the settings' addresses (with
+    their TLS settings)."""
+    from hermes.connections import connect_temporal
     from worker import connect_redis
 
     try:
-        client = await asyncio.wait_for(
-            Client.connect(temporal_address, namespace=namespace), _PROBE_TIMEOUT_SECONDS
-        )
+        client = await asyncio.wait_for(connect_temporal(settings), _PROBE_TIMEOUT_SECONDS)
         await asyncio.wait_for(client.service_client.check_health(), _PROBE_TIMEOUT_SECONDS)
     except Exception:  # noqa: BLE001 - any failure means "not usable"
         return False
-    redis = connect_redis(redis_url)
+    redis = connect_redis(settings=settings)
     try:
         return bool(await asyncio.wait_for(redis.ping(), _PROBE_TIMEOUT_SECONDS))
     except Exception:  # noqa: BLE001
@@ -162,7 +160,12 @@ async def local_servers(
     Raises:
         StackAlreadyRunning: another stack holds the data directory (and not reused).
         StackError: the stack could not start (port in use, binary missing, ...).
+        ConfigError: a bad TLS setting, or TLS settings for a server that is embedded
+            (checked before anything starts).
     """
+    from hermes.connections import check_connection_settings
+
+    check_connection_settings(settings)
     external_temporal = settings.temporal_address is not None
     external_redis = settings.redis_url is not None
     namespace = settings.temporal_namespace
@@ -184,9 +187,7 @@ async def local_servers(
     try:
         await _start_stack(stack)
     except StackError:
-        if not reuse_running or not await _servers_answer(
-            settings.resolved_temporal_address, settings.resolved_redis_url, namespace
-        ):
+        if not reuse_running or not await _servers_answer(settings):
             raise
         started = False
     else:
@@ -731,13 +732,12 @@ async def run_demo(
         DemoFailed: a reply or tool result was not the expected one.
         StackError: the embedded stack could not start and no running one answers.
     """
-    from temporalio.client import Client
-
     from hermes import encryption
     from hermes.providers.scripted import ScriptedModel
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
     from hermes.durable import DurableStore
+    from hermes.connections import connect_temporal
     from worker import build_worker, connect_redis
 
     settings = settings or Settings()
@@ -757,11 +757,11 @@ async def run_demo(
             f"Temporal {servers.temporal_address} · Redis {servers.redis_url}"
             + (f" · Web UI {servers.ui_url}" if servers.ui_url else "")
         )
-        client = await Client.connect(
-            servers.temporal_address, namespace=servers.namespace, data_converter=encryption.converter_for(settings)
+        client = await connect_temporal(
+            settings, address=servers.temporal_address, data_converter=encryption.converter_for(settings)
         )
         await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, servers.namespace)
-        redis = connect_redis(servers.redis_url)
+        redis = connect_redis(servers.redis_url, settings)
         try:
             worker = build_worker(
                 client,

@@ -34,6 +34,44 @@ class Settings(BaseSettings):
     task_queue: str = names.DEFAULT_TASK_QUEUE
     redis_url: str | None = Field(default=None, validation_alias=_env("redis_url"))
     """Unset means the embedded Redis from `hermes dev`."""
+
+    # ---- TLS and Temporal Cloud (hermes/connections.py) ----------------------------
+    # Also under the names of Temporal's own client environment configuration
+    # (TEMPORAL_TLS, TEMPORAL_TLS_CLIENT_CERT_PATH, ..., TEMPORAL_API_KEY).
+    temporal_tls: bool | None = Field(default=None, validation_alias=AliasChoices("HERMES_TEMPORAL_TLS", "TEMPORAL_TLS"))
+    """TLS to Temporal. Unset: on when an API key or any ``temporal_tls_*`` file is set;
+    ``true`` alone: TLS checked against the system's root CAs; ``false``: plain (refused
+    together with TLS files)."""
+    temporal_tls_cert_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("HERMES_TEMPORAL_TLS_CERT_FILE", "TEMPORAL_TLS_CLIENT_CERT_PATH")
+    )
+    """The client's certificate (PEM) for mTLS; needs ``temporal_tls_key_file``."""
+    temporal_tls_key_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("HERMES_TEMPORAL_TLS_KEY_FILE", "TEMPORAL_TLS_CLIENT_KEY_PATH")
+    )
+    """The private key (PEM) of ``temporal_tls_cert_file``."""
+    temporal_tls_ca_file: Path | None = Field(
+        default=None, validation_alias=AliasChoices("HERMES_TEMPORAL_TLS_CA_FILE", "TEMPORAL_TLS_SERVER_CA_CERT_PATH")
+    )
+    """The CA (PEM) the server's certificate is checked against; unset: the system's roots."""
+    temporal_tls_server_name: str | None = Field(
+        default=None, validation_alias=AliasChoices("HERMES_TEMPORAL_TLS_SERVER_NAME", "TEMPORAL_TLS_SERVER_NAME")
+    )
+    """SNI and the name checked in the server's certificate, when it is not the host of
+    ``temporal_address`` (``TLSConfig.domain``)."""
+    temporal_api_key: SecretStr | None = Field(default=None, validation_alias=_env("temporal_api_key"))
+    """A Temporal Cloud API key, sent as ``authorization: Bearer <key>`` on every call;
+    turns TLS on unless ``temporal_tls`` is ``false``. Never logged."""
+    redis_tls_ca_file: Path | None = None
+    """The CA (PEM) a ``rediss://`` Redis' certificate is checked against; unset: the
+    system's roots. Refused with a plain ``redis://`` URL."""
+    redis_tls_cert_file: Path | None = None
+    """A client certificate (PEM) for a ``rediss://`` Redis that asks for one; needs
+    ``redis_tls_key_file``."""
+    redis_tls_key_file: Path | None = None
+    """The private key (PEM) of ``redis_tls_cert_file``."""
+    # ---------------------------------------------------------------------------------
+
     data_dir: Path = Path(".hermes")
     """Where the embedded stack keeps Temporal's SQLite file and Redis' AOF."""
     temporal_port: int = 7233

@@ -102,7 +102,7 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         )
         client = await connect_client(resolved)
         await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
-        redis = connect_redis(servers.redis_url)
+        redis = connect_redis(servers.redis_url, settings)
         try:
             await redis.ping()
             worker = build_worker(client, resolved, provider=provider, registry=registry, redis=redis, mcp=mcp)
@@ -133,7 +133,7 @@ async def _dev_servers_only(settings: Settings) -> None:
             resolved = settings.model_copy(update={"temporal_address": servers.temporal_address})
             client = await connect_client(resolved)
             await ensure_search_attributes(client, names.SEARCH_ATTRIBUTES, resolved.temporal_namespace)
-        redis = connect_redis(servers.redis_url)
+        redis = connect_redis(servers.redis_url, settings)
         try:
             await redis.ping()
             async with _dev_codec_server(settings, redis) as codec:
@@ -299,7 +299,7 @@ def worker_command() -> None:
     async def main() -> None:
         from worker import connect_redis, run_worker
 
-        redis = connect_redis(settings.resolved_redis_url)
+        redis = connect_redis(settings=settings)
         try:
             await redis.ping()
         finally:
@@ -331,8 +331,11 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
 
     Returns:
         Model, Tool modules, Tool files, Tools, MCP servers, Memory, Task queue,
-        Temporal and Redis, in that order.
+        Temporal (with how it is secured: plain, TLS, mTLS, + API key) and Redis, in
+        that order.
     """
+    from hermes.connections import describe_temporal_security
+
     if getattr(provider, "name", "") == "scripted":
         packaged = " (the packaged demo script)" if settings.script is None else ""
         model = f"scripted stand-in, script {getattr(provider, 'source', settings.script)}{packaged}"
@@ -352,7 +355,11 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         ("MCP servers", ", ".join(mcp_names) or "none"),
         ("Memory", memory),
         ("Task queue", settings.task_queue),
-        ("Temporal", f"{hide_password(settings.resolved_temporal_address)} (namespace {settings.temporal_namespace})"),
+        (
+            "Temporal",
+            f"{hide_password(settings.resolved_temporal_address)} (namespace {settings.temporal_namespace}, "
+            f"{describe_temporal_security(settings)})",
+        ),
         ("Redis", hide_password(settings.resolved_redis_url)),
     ]
 

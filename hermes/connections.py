@@ -1,0 +1,284 @@
+"""How Hermes reaches its servers: the arguments of every Temporal connection and every
+Redis client, TLS included.
+
+Every place that connects to Temporal (the worker, :class:`hermes.client.HermesClient`,
+``hermes dev`` and the demo, their probes) spreads :func:`temporal_connect_args` into
+``Client.connect``; every place that makes a Redis client calls :func:`redis_client`. So a
+TLS cluster or Temporal Cloud works everywhere once the settings say so:
+
+- **mTLS** (a self-hosted cluster, Temporal Cloud with certificates):
+  ``HERMES_TEMPORAL_TLS_CERT_FILE`` + ``_KEY_FILE`` (the client's), optionally
+  ``HERMES_TEMPORAL_TLS_CA_FILE`` (the server's CA; unset: the system's roots) and
+  ``HERMES_TEMPORAL_TLS_SERVER_NAME`` (SNI and the name checked in the server's
+  certificate, when it is not the host dialled).
+- **API key** (Temporal Cloud): ``HERMES_TEMPORAL_API_KEY``, sent as
+  ``authorization: Bearer <key>`` gRPC metadata; TLS is then on unless
+  ``HERMES_TEMPORAL_TLS=false``.
+- **Redis over TLS**: a ``rediss://`` URL, with ``HERMES_REDIS_TLS_CA_FILE`` (unset: the
+  system's roots) and optionally a client certificate and key.
+
+Files are read when a connection is made (each start-up); a missing or unreadable one, a
+key without its certificate, TLS files for the embedded plain servers, are a
+:class:`~hermes.errors.ConfigError` naming the setting and the file. Secrets are
+``SecretStr`` in the settings and never logged.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from hermes.errors import ConfigError
+from hermes.settings import Settings
+
+__all__ = [
+    "TemporalTlsError",
+    "check_connection_settings",
+    "describe_temporal_security",
+    "connect_temporal",
+    "redis_client",
+    "temporal_connect_args",
+    "temporal_tls_requested",
+]
+
+REDIS_CONNECT_TIMEOUT_SECONDS = 2.0
+REDIS_SOCKET_TIMEOUT_SECONDS = 5.0
+"""A Redis that does not answer fails a call within seconds instead of hanging it."""
+
+
+def _pem(path: Path | None, setting: str) -> bytes | None:
+    """The bytes of a PEM file named by ``setting``, or None when it is unset.
+
+    Raises:
+        ConfigError: the file does not exist, cannot be read or holds no PEM block.
+    """
+    if path is None:
+        return None
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot read {str(path)!r}: {err.strerror or type(err).__name__}; expected a PEM file",
+            source=setting,
+        ) from err
+    if b"-----BEGIN " not in data:
+        raise ConfigError(f"{str(path)!r} is not a PEM file (no '-----BEGIN' line)", source=setting)
+    return data
+
+
+def _pair(cert: Path | None, key: Path | None, cert_setting: str, key_setting: str) -> None:
+    if (cert is None) != (key is None):
+        given, missing = (cert_setting, key_setting) if cert is not None else (key_setting, cert_setting)
+        raise ConfigError(
+            f"is set ({str(cert or key)!r}) but {missing} is not: a client certificate needs its private key",
+            source=given,
+        )
+
+
+def temporal_tls_requested(settings: Settings) -> bool:
+    """True if the settings ask for TLS (or an API key) on the Temporal connection."""
+    return bool(
+        settings.temporal_tls
+        or settings.temporal_api_key is not None
+        or settings.temporal_tls_ca_file
+        or settings.temporal_tls_cert_file
+        or settings.temporal_tls_key_file
+        or settings.temporal_tls_server_name
+    )
+
+
+def temporal_connect_args(settings: Settings, *, address: str | None = None) -> dict[str, Any]:
+    """The keyword arguments of ``temporalio.client.Client.connect`` that say where and how
+    to connect: ``target_host``, ``namespace``, ``tls`` and ``api_key``.
+
+    Args:
+        settings: ``temporal_address``, ``temporal_namespace`` and the ``temporal_tls*`` /
+            ``temporal_api_key`` settings.
+        address: ``host:port`` to dial instead of ``settings.resolved_temporal_address``
+            (e.g. a server ``hermes dev`` found); the TLS settings apply to it.
+
+    Returns:
+        ``{"target_host": str, "namespace": str, "tls": bool | TLSConfig, "api_key": str | None}``:
+        ``tls`` is a ``TLSConfig`` when a certificate, CA or server name is set, ``True``
+        for TLS with the system's roots (``temporal_tls``, or an API key), else ``False``.
+
+    Raises:
+        ConfigError: a TLS file that cannot be read or is not PEM; a client certificate
+            without its key or a key without its certificate; TLS settings with
+            ``HERMES_TEMPORAL_TLS=false``; TLS settings and no ``TEMPORAL_ADDRESS`` (the
+            embedded server speaks plain gRPC).
+    """
+    from temporalio.service import TLSConfig
+
+    s = settings
+    files = (s.temporal_tls_ca_file, s.temporal_tls_cert_file, s.temporal_tls_key_file, s.temporal_tls_server_name)
+    if s.temporal_tls is False and any(f is not None for f in files):
+        raise ConfigError(
+            "is false but a HERMES_TEMPORAL_TLS_* certificate, key, CA or server name is set", source="HERMES_TEMPORAL_TLS"
+        )
+    if address is None and s.temporal_address is None and temporal_tls_requested(s):
+        raise ConfigError(
+            "TLS or an API key is configured but TEMPORAL_ADDRESS is unset: the embedded Temporal server "
+            "of `hermes dev` speaks plain gRPC; set TEMPORAL_ADDRESS to your TLS server",
+            source="HERMES_TEMPORAL_TLS",
+        )
+    _pair(s.temporal_tls_cert_file, s.temporal_tls_key_file, "HERMES_TEMPORAL_TLS_CERT_FILE", "HERMES_TEMPORAL_TLS_KEY_FILE")
+    tls: bool | TLSConfig
+    if any(f is not None for f in files):
+        tls = TLSConfig(
+            server_root_ca_cert=_pem(s.temporal_tls_ca_file, "HERMES_TEMPORAL_TLS_CA_FILE"),
+            client_cert=_pem(s.temporal_tls_cert_file, "HERMES_TEMPORAL_TLS_CERT_FILE"),
+            client_private_key=_pem(s.temporal_tls_key_file, "HERMES_TEMPORAL_TLS_KEY_FILE"),
+            domain=s.temporal_tls_server_name,
+        )
+    else:
+        tls = s.temporal_tls if s.temporal_tls is not None else s.temporal_api_key is not None
+    return {
+        "target_host": address or s.resolved_temporal_address,
+        "namespace": s.temporal_namespace,
+        "tls": tls,
+        "api_key": s.temporal_api_key.get_secret_value() if s.temporal_api_key is not None else None,
+    }
+
+
+def describe_temporal_security(settings: Settings) -> str:
+    """How the Temporal connection is secured, for a start-up banner: ``mTLS``, ``TLS``,
+    ``+ API key`` after either, or ``plain``; never the key or a file's content."""
+    s = settings
+    if s.temporal_tls is False:
+        kind = "plain"
+    elif s.temporal_tls_cert_file is not None:
+        kind = "mTLS"
+    else:
+        kind = "TLS" if temporal_tls_requested(s) else "plain"
+    return kind + (" + API key" if s.temporal_api_key is not None else "")
+
+
+class TemporalTlsError(RuntimeError):
+    """A TLS connection to Temporal that failed, with what was tried and the likely
+    cause. Its message starts ``Failed client connect:`` like the SDK's own."""
+
+
+def _tls_failure(text: str, settings: Settings, target: str) -> str | None:
+    """What went wrong in words a user acts on, from the SDK's connect error; None when
+    it is no TLS failure Hermes recognises."""
+    s = settings
+    ca = f"HERMES_TEMPORAL_TLS_CA_FILE ({s.temporal_tls_ca_file})" if s.temporal_tls_ca_file else "the system's root CAs"
+    if "UnknownIssuer" in text or "BadSignature" in text:
+        return f"the certificate of {target} is not signed by {ca}"
+    if "NotValidForName" in text:
+        return (
+            f"the certificate of {target} is not for the name dialled "
+            f"({s.temporal_tls_server_name or target.rsplit(':', 1)[0]}); set HERMES_TEMPORAL_TLS_SERVER_NAME"
+        )
+    if "Expired" in text or "NotValidYet" in text:
+        return f"the certificate of {target} is expired or not yet valid"
+    if "CorruptMessage" in text or "InvalidContentType" in text or "InvalidMessage" in text:
+        return f"{target} does not speak TLS (set HERMES_TEMPORAL_TLS=false for a plain server)"
+    if any(m in text for m in ("close_notify", "CertificateRequired", "UnexpectedEof", "BadCertificate", "UnknownCA")):
+        given = (
+            f"HERMES_TEMPORAL_TLS_CERT_FILE ({s.temporal_tls_cert_file})"
+            if s.temporal_tls_cert_file
+            else "no client certificate (HERMES_TEMPORAL_TLS_CERT_FILE / _KEY_FILE unset)"
+        )
+        return f"{target} refused the TLS connection; it may require a client certificate of a CA it trusts, and got {given}"
+    return None
+
+
+async def connect_temporal(settings: Settings, *, address: str | None = None, **kwargs: Any) -> Any:
+    """``temporalio.client.Client.connect`` with :func:`temporal_connect_args`.
+
+    Args:
+        settings: the connection settings.
+        address: as in :func:`temporal_connect_args`.
+        **kwargs: the other arguments of ``Client.connect`` (``data_converter``,
+            ``plugins``, ``runtime``, ...).
+
+    Returns:
+        A connected ``temporalio.client.Client``.
+
+    Raises:
+        ConfigError: a bad TLS setting, before anything is dialled.
+        TemporalTlsError: TLS is configured and the handshake (or the server's check of
+            the client certificate) failed; the message says which side and which setting.
+        RuntimeError: the SDK's ``Failed client connect: ...`` for any other failure.
+    """
+    from temporalio.client import Client
+
+    args = temporal_connect_args(settings, address=address)
+    try:
+        return await Client.connect(**args, **kwargs)
+    except RuntimeError as err:
+        reason = _tls_failure(str(err), settings, args["target_host"]) if args["tls"] else None
+        if reason is None:
+            raise
+        detail = str(err).removeprefix("Failed client connect: ")
+        raise TemporalTlsError(f"Failed client connect: {reason} ({detail})") from err
+
+
+def _redis_tls_args(settings: Settings, url: str) -> dict[str, Any]:
+    s = settings
+    files = (s.redis_tls_ca_file, s.redis_tls_cert_file, s.redis_tls_key_file)
+    if urlsplit(url).scheme != "rediss":
+        if any(f is not None for f in files):
+            raise ConfigError(
+                "is set but the Redis URL is not rediss:// (TLS); use a rediss:// REDIS_URL "
+                "(the embedded Redis of `hermes dev` speaks plain)",
+                source="HERMES_REDIS_TLS_CA_FILE" if s.redis_tls_ca_file else "HERMES_REDIS_TLS_CERT_FILE",
+            )
+        return {}
+    _pair(s.redis_tls_cert_file, s.redis_tls_key_file, "HERMES_REDIS_TLS_CERT_FILE", "HERMES_REDIS_TLS_KEY_FILE")
+    for path, setting in (
+        (s.redis_tls_ca_file, "HERMES_REDIS_TLS_CA_FILE"),
+        (s.redis_tls_cert_file, "HERMES_REDIS_TLS_CERT_FILE"),
+        (s.redis_tls_key_file, "HERMES_REDIS_TLS_KEY_FILE"),
+    ):
+        _pem(path, setting)  # checked now: redis-py would only fail at the first command
+    args: dict[str, Any] = {"ssl_cert_reqs": "required", "ssl_check_hostname": True}
+    if s.redis_tls_ca_file is not None:
+        args["ssl_ca_certs"] = str(Path(s.redis_tls_ca_file).expanduser())
+    if s.redis_tls_cert_file is not None and s.redis_tls_key_file is not None:
+        args["ssl_certfile"] = str(Path(s.redis_tls_cert_file).expanduser())
+        args["ssl_keyfile"] = str(Path(s.redis_tls_key_file).expanduser())
+    return args
+
+
+def check_connection_settings(settings: Settings) -> None:
+    """Check the Temporal and Redis connection settings without connecting (the files
+    are read), so a command fails before it starts anything.
+
+    Raises:
+        ConfigError: as :func:`temporal_connect_args` and :func:`redis_client` would.
+    """
+    temporal_connect_args(settings)
+    _redis_tls_args(settings, settings.resolved_redis_url)
+
+
+def redis_client(settings: Settings, url: str | None = None) -> Any:
+    """A ``redis.asyncio.Redis`` for the settings' Redis, with timeouts (an unreachable
+    Redis fails within seconds) and, for a ``rediss://`` URL, TLS verified against
+    ``HERMES_REDIS_TLS_CA_FILE`` (unset: the system's roots) with the client certificate
+    of ``HERMES_REDIS_TLS_CERT_FILE`` / ``_KEY_FILE`` when set.
+
+    Args:
+        settings: ``redis_url`` and the ``redis_tls_*`` settings.
+        url: the URL to use instead of ``settings.resolved_redis_url`` (e.g. the embedded
+            Redis ``hermes dev`` started).
+
+    Returns:
+        A client; nothing is connected until its first command.
+
+    Raises:
+        ConfigError: a TLS file that cannot be read or is not PEM, a client certificate
+            without its key (or the reverse), or TLS files with a plain ``redis://`` URL.
+    """
+    import redis.asyncio as aioredis
+
+    url = url or settings.resolved_redis_url
+    return aioredis.Redis.from_url(
+        url,
+        socket_connect_timeout=REDIS_CONNECT_TIMEOUT_SECONDS,
+        socket_timeout=REDIS_SOCKET_TIMEOUT_SECONDS,
+        **_redis_tls_args(settings, url),
+    )
