@@ -296,3 +296,26 @@ async def _with_decisions(hermes: Any, session_id: str, count: int) -> Any:
 def test_a_proof_model_round_trips_through_json():
     proof = command_auth.sign(ring(), names.CLOSE_SESSION, "s", None, sender="alice", now=NOW)
     assert CommandProof.model_validate_json(proof.model_dump_json()) == proof
+
+
+async def test_malformed_signals_are_refused_and_noted_never_a_failed_workflow_task(
+    run_worker, session_id, user_id, temporal_client: Client
+):
+    async with run_worker(SCRIPT) as hermes:
+        await hermes.send_message(session_id, "hi", user_id=user_id)
+        handle = temporal_client.get_workflow_handle(session_id)
+        await handle.signal(names.CLOSE_SESSION, args=[1, 2, 3])  # cancel_turn() took none and failed the task
+        await handle.signal(names.SET_SYSTEM_PROMPT, {"not": "a prompt"})
+        await handle.signal(names.APPROVE_TOOL_CALL, "garbage")
+        await handle.signal(names.CANCEL_TURN, args=["not a proof"])
+
+        async def noted() -> list[str]:
+            found = [n for n in (await hermes.get_state(session_id)).notices if "refused" in n]
+            return found if len(found) >= 4 else []
+
+        notices = await eventually(noted, what="four refusals noted")
+        assert sum("arguments" in n for n in notices) == 4, notices
+        assert (await hermes.send_message(session_id, "hello again", user_id=user_id)).turn == 2
+        history = await handle.fetch_history()
+    failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
+    assert failed == []

@@ -1,4 +1,5 @@
-"""``hermes encryption-key``: a new key for encrypting payloads at rest (issue 17)."""
+"""``hermes encryption-key`` and ``hermes command-key``: new keys for encrypting payloads at
+rest (issue 17) and for proving who sent a command to a session (issue 26)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from hermes.cli.errors import EXIT_REFUSED, fail
 from hermes.cli.root import app
 from hermes.cli.output import err_console
 
-__all__ = ["encryption_key"]
+__all__ = ["command_key", "encryption_key"]
 
 
 @app.command("encryption-key")
@@ -29,5 +30,26 @@ def encryption_key(
     typer.echo(f"{key_id}:{new_key()}")
     err_console.print(
         "Put it first in HERMES_ENCRYPTION_KEYS on every client, worker and codec server; it is shown only this once.",
+        style="dim",
+    )
+
+
+@app.command("command-key")
+def command_key(
+    key_id: Annotated[
+        str, typer.Option("--id", help="The key's id, named in every proof it makes (letters, digits, . _ -).")
+    ] = "c1",
+) -> None:
+    """Print a new random 256-bit command key as `<id>:<base64>`, for HERMES_COMMAND_KEYS (or,
+    with a space for the colon, a line of HERMES_COMMAND_KEY_FILE): the key that proves to a
+    session who sent each command. The first key listed signs; keep older keys after it
+    while sessions with commands signed by them are open."""
+    from hermes.command_auth import KEY_ID_RE, new_key
+
+    if not KEY_ID_RE.match(key_id):
+        raise fail(f"--id {key_id!r}: expected 1-64 letters, digits, '.', '_' or '-'", EXIT_REFUSED)
+    typer.echo(f"{key_id}:{new_key()}")
+    err_console.print(
+        "Put it first in HERMES_COMMAND_KEYS on every worker, API server and client; it is shown only this once.",
         style="dim",
     )

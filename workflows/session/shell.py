@@ -363,46 +363,54 @@ class SessionWorkflow:
 
     # ------------------------------------------------------------- signals
 
+    # Signals parse their ``*args`` (SignalGuard.parse): refused and noted, never a failed task.
     @workflow.signal(name=names.APPROVE_TOOL_CALL)
-    def approve_tool_call(self, decision: ApprovalDecision) -> None:
-        """Approve a pending tool call. Unknown or already settled ids change nothing."""
-        self._decide(names.APPROVE_TOOL_CALL, decision, approved=True)
+    def approve_tool_call(self, *args: Any) -> None:
+        """Approve a pending tool call (an :class:`ApprovalDecision`). Unknown or already settled ids change nothing."""
+        self._decide(names.APPROVE_TOOL_CALL, args, approved=True)
 
     @workflow.signal(name=names.REJECT_TOOL_CALL)
-    def reject_tool_call(self, decision: ApprovalDecision) -> None:
-        """Reject a pending tool call; the model is told it was denied."""
-        self._decide(names.REJECT_TOOL_CALL, decision, approved=False)
+    def reject_tool_call(self, *args: Any) -> None:
+        """Reject a pending tool call (an :class:`ApprovalDecision`); the model is told it was denied."""
+        self._decide(names.REJECT_TOOL_CALL, args, approved=False)
 
-    def _decide(self, command: str, decision: ApprovalDecision, *, approved: bool) -> None:
+    def _decide(self, command: str, args: tuple[Any, ...], *, approved: bool) -> None:
+        parsed = self._guard.parse(command, args, (ApprovalDecision,))
+        if parsed is None:
+            return
+        decision: ApprovalDecision = parsed[0]
         refusal = self._guard.refusal(command, decision, decision.proof, sender=decision.approver)
         if refusal != "duplicate":  # a resend of a proof already taken changes nothing
             self._s.book.decide(decision.model_copy(update={"approved": approved}), workflow.now(), refusal=refusal)
 
     @workflow.signal(name=names.SET_SYSTEM_PROMPT)
-    def set_system_prompt(self, system_prompt: str, proof: CommandProof | None = None) -> None:
-        """Replace the system prompt from the next model call on; one over
-        ``max_system_prompt_bytes`` is refused and listed in the state's ``notices``."""
+    def set_system_prompt(self, *args: Any) -> None:
+        """Replace the system prompt (a ``str``, then its proof) from the next model call on;
+        one over ``max_system_prompt_bytes`` is refused and listed in the state's ``notices``."""
         s = self._s
-        if self._guard.refusal(names.SET_SYSTEM_PROMPT, system_prompt, proof):
+        parsed = self._guard.parse(names.SET_SYSTEM_PROMPT, args, (str, CommandProof | None))
+        if parsed is None or self._guard.refusal(names.SET_SYSTEM_PROMPT, parsed[0], parsed[1]):
             return
-        size = len(system_prompt.encode("utf-8", "surrogatepass"))
+        size = len(parsed[0].encode("utf-8", "surrogatepass"))
         if size > s.cfg.max_system_prompt_bytes:
             s.gate.note(workflow.now(), f"system prompt of {size} bytes refused (limit {s.cfg.max_system_prompt_bytes}); the previous one stays")
             return
-        s.system_prompt = system_prompt
+        s.system_prompt = parsed[0]
 
     @workflow.signal(name=names.CANCEL_TURN)
-    def cancel_turn(self, proof: CommandProof | None = None) -> None:
-        """Stop the current turn at once; queued messages still run."""
-        if self._guard.refusal(names.CANCEL_TURN, None, proof):
+    def cancel_turn(self, *args: Any) -> None:
+        """Stop the current turn at once (argument: its proof); queued messages still run."""
+        parsed = self._guard.parse(names.CANCEL_TURN, args, (CommandProof | None,))
+        if parsed is None or self._guard.refusal(names.CANCEL_TURN, None, parsed[0]):
             return
         if self._s.current_turn is not None:
             self._s.cancel_requested = True
 
     @workflow.signal(name=names.CLOSE_SESSION)
-    def close_session(self, proof: CommandProof | None = None) -> None:
-        """Close the session: pending approvals are denied, new messages refused."""
-        if not self._guard.refusal(names.CLOSE_SESSION, None, proof):
+    def close_session(self, *args: Any) -> None:
+        """Close the session (argument: its proof): pending approvals are denied, new messages refused."""
+        parsed = self._guard.parse(names.CLOSE_SESSION, args, (CommandProof | None,))
+        if parsed is not None and not self._guard.refusal(names.CLOSE_SESSION, None, parsed[0]):
             self._s.status = "closed"
 
     # ------------------------------------------------------------- queries
