@@ -124,11 +124,18 @@ class EncryptionCodec(PayloadCodec):
     """A Temporal payload codec encrypting every payload with a :class:`KeyRing`.
 
     Encoded payloads carry ``encoding: binary/encrypted`` and ``encryption-key-id``; decoding
-    passes payloads without that encoding through unchanged (written before encryption).
+    passes payloads without that encoding through unchanged (written before encryption),
+    unless ``refuse_clear``: then each becomes :data:`REFUSED_CLEAR`, which no command's
+    type accepts, so a command sent in clear (by a client without the encryption key) is
+    refused where it arrives (a signal refused and noted, an update or query failed)
+    instead of being taken. Set it after the cut-over (README 'Encryption at rest'): once
+    no open session's current run holds a payload written in clear, since a run replayed
+    from such a history could not read it.
     """
 
-    def __init__(self, keyring: KeyRing):
+    def __init__(self, keyring: KeyRing, *, refuse_clear: bool = False):
         self.keyring = keyring
+        self.refuse_clear = refuse_clear
 
     async def encode(self, payloads: Sequence[Any]) -> list[Any]:
         from temporalio.api.common.v1 import Payload
@@ -145,14 +152,25 @@ class EncryptionCodec(PayloadCodec):
         out = []
         for payload in payloads:
             if payload.metadata.get("encoding") != ENCODING:
-                out.append(payload)
+                out.append(_refused_clear() if self.refuse_clear else payload)
                 continue
             key_id = payload.metadata.get(KEY_ID_METADATA, b"").decode()
             out.append(Payload.FromString(self.keyring.decrypt(key_id, payload.data)))
         return out
 
 
-def data_converter(keyring: KeyRing | None) -> Any:
+REFUSED_CLEAR = b'{"hermes_refused": "a payload in clear where encryption is required"}'
+"""What a clear payload decodes to with ``refuse_clear``: a JSON object no command's type
+(a message, a decision, a proof, a session's input) validates as."""
+
+
+def _refused_clear() -> Any:
+    from temporalio.api.common.v1 import Payload
+
+    return Payload(metadata={"encoding": b"json/plain"}, data=REFUSED_CLEAR)
+
+
+def data_converter(keyring: KeyRing | None, *, refuse_clear: bool = False) -> Any:
     """Hermes' data converter (pydantic), with the encryption codec when ``keyring`` is set.
 
     With a key ring, failures are encoded too (Temporal's
@@ -169,7 +187,7 @@ def data_converter(keyring: KeyRing | None) -> Any:
         return pydantic_data_converter
     return dataclasses.replace(
         pydantic_data_converter,
-        payload_codec=EncryptionCodec(keyring),
+        payload_codec=EncryptionCodec(keyring, refuse_clear=refuse_clear),
         failure_converter_class=DefaultFailureConverterWithEncodedAttributes,
     )
 
@@ -177,14 +195,15 @@ def data_converter(keyring: KeyRing | None) -> Any:
 def converter_for(settings: Settings) -> Any:
     """The data converter of a client or worker made with ``settings``: the key ring they
     name (if any) is read, made this process' content-store key ring (:func:`activate`)
-    and put in the converter's payload codec.
+    and put in the converter's payload codec (refusing payloads in clear with
+    ``HERMES_ENCRYPTION_REFUSE_CLEAR``).
 
     Raises:
         ConfigError: a bad key setting (see :func:`keyring_from_settings`).
     """
     keyring = keyring_from_settings(settings)
     activate(keyring)
-    return data_converter(keyring)
+    return data_converter(keyring, refuse_clear=settings.encryption_refuse_clear)
 
 
 def parse_keys(text: str, *, source: str, separator: str) -> KeyRing:

@@ -91,6 +91,11 @@ class Settings(BaseSettings):
     (:mod:`hermes.encryption`)."""
     encryption_key_file: Path | None = None
     """The same keys in a file, one ``<id> <base64 key>`` per line, the first encrypting."""
+    encryption_refuse_clear: bool = False
+    """With keys set, payloads that arrive in clear (a command from a client without the
+    encryption key) are refused instead of read (:class:`hermes.encryption.EncryptionCodec`).
+    Turn it on after the cut-over: when no open session's current run holds a payload
+    written before encryption was on (README 'Encryption at rest')."""
     command_keys: SecretStr | None = None
     """Keys proving who sent each command to a session (:mod:`hermes.command_auth`),
     ``"<id>:<base64 key>,..."``: the first signs, every one verifies. The API, the CLI, the

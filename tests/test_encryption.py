@@ -11,6 +11,7 @@ import base64
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timezone
 from typing import Any
 
 import httpx2 as httpx
@@ -18,20 +19,21 @@ import pytest
 from cryptography.exceptions import InvalidTag
 from google.protobuf import json_format
 from pydantic import SecretStr
-from temporalio.client import Client
+from temporalio.client import Client, WorkflowUpdateFailedError
 
-from hermes import encryption
+from hermes import command_auth, encryption, names
 from hermes.blobs import BLOB_KEY, BlobStore
 from hermes.client import HermesClient
 from hermes.codec_server import create_app, default_ui_origins, running_codec_server
 from hermes.durable import DurableStore
 from hermes.encryption import EncryptionCodec, KeyRing, UnknownKeyError, keyring_from_settings, parse_keys
 from hermes.errors import ConfigError
+from hermes.models import SendMessageInput, TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
 from hermes.stack import free_port
 from tests.conftest import builtin_registry
-from tests.support import decoded_history
+from tests.support import decoded_history, eventually, signed
 from worker import build_worker
 
 OLD = base64.b64encode(b"o" * 32).decode()
@@ -128,11 +130,11 @@ async def encrypted(temporal_client: Client, settings: Settings, redis: Any, no_
     from contextlib import asynccontextmanager
 
     @asynccontextmanager
-    async def run(keys: str) -> AsyncIterator[HermesClient]:
+    async def run(keys: str, refuse_clear: bool = False) -> AsyncIterator[HermesClient]:
         ring = keyring_from_settings(settings.model_copy(update={"encryption_keys": SecretStr(keys)}))
         encryption.activate(ring)
         client = Client(temporal_client.service_client, namespace=temporal_client.namespace,
-                        data_converter=encryption.data_converter(ring))
+                        data_converter=encryption.data_converter(ring, refuse_clear=refuse_clear))
         worker = build_worker(client, settings, provider=ScriptedModel.from_dict(SCRIPT),
                               registry=builtin_registry(), redis=redis, memory=False)
         async with worker:
@@ -164,6 +166,36 @@ async def test_no_message_text_is_in_history_or_redis_and_a_rotated_ring_continu
     assert second.reply == "Noted: and again"
     raw = decoded_history((await temporal_client.get_workflow_handle(session_id).fetch_history()).to_json())
     assert "and again" not in raw
+
+
+@pytest.mark.parametrize("refuse_clear", [False, True])
+async def test_after_the_cut_over_a_command_in_clear_is_refused_even_with_a_valid_proof(
+        encrypted: Any, temporal_client: Client, session_id: str, refuse_clear: bool) -> None:
+    """A client holding a (leaked) command key but not the encryption key: before the
+    cut-over its clear close is taken; with HERMES_ENCRYPTION_REFUSE_CLEAR it is refused,
+    noted, and a clear message fails, the session going on."""
+    async with encrypted(f"old:{OLD}", refuse_clear=refuse_clear) as hermes:
+        await hermes.send_message(session_id, "hello", user_id="alice")
+        plain = temporal_client.get_workflow_handle(session_id)  # pydantic converter, no codec
+        message = signed(names.SEND_MESSAGE, session_id, SendMessageInput(text="in clear", user_id="alice"), sender="alice")
+        taken = True
+        try:
+            await plain.execute_update(names.SEND_MESSAGE, message, result_type=TurnResult)
+        except WorkflowUpdateFailedError:
+            taken = False
+        except KeyError:  # taken: its reply is encrypted, which this client cannot read
+            pass
+        close = command_auth.sign(command_auth.active(), names.CLOSE_SESSION, session_id, None, sender="alice",
+                                  now=datetime.now(timezone.utc))
+        await plain.signal(names.CLOSE_SESSION, close)
+
+        async def settled() -> Any:
+            state = await hermes.get_state(session_id)
+            return state if state.status == "closed" or any("close_session" in n for n in state.notices) else None
+
+        state = await eventually(settled, what="the clear close taken or refused")
+    assert taken is not refuse_clear
+    assert (state.status == "closed") is not refuse_clear
 
 
 # --------------------------------------------------------------------------- the codec server
