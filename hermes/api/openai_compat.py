@@ -110,8 +110,8 @@ class ChatCompletionRequest(BaseModel):
     (:data:`REFUSED_FIELDS`; ``n`` other than 1; ``response_format`` other than text;
     ``logprobs``; ``modalities`` other than text) is a 422 naming the field. Honoured:
     ``model`` (echoed), ``messages`` (the last, the user's), ``stream``,
-    ``stream_options.include_usage``, ``user`` (the session id when there is no
-    ``X-Hermes-Session-Id``). Accepted and ignored: :data:`IGNORED_FIELDS`."""
+    ``stream_options.include_usage``, ``user`` (names the key's user's session when
+    there is no ``X-Hermes-Session-Id``: :func:`openai_session_id`). Accepted and ignored: :data:`IGNORED_FIELDS`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 

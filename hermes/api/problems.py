@@ -6,8 +6,9 @@ kind, the same for every occurrence), ``status`` (the HTTP status) and ``detail`
 occurrence), plus extension members where they help: ``errors`` (422: pydantic's
 validation errors), ``client_message_id`` and ``may_have_been_taken`` (503 on a message).
 
-Statuses: 400 malformed JSON or header, 401 no or unknown key, 403 not yours or no
-role, 404 no such session (or route, or tool call), 409 busy / closed / halted / exists /
+Statuses: 400 malformed JSON or header, 401 no or unknown key, 403 another user's
+memories or a decision the session refuses, 404 no such session or one the key does not
+reach (the same answer: :func:`session_not_found`; or route, or tool call), 409 busy / closed / halted / exists /
 already decided, 413 body too large, 422 validation, 429 over a rate or the open-stream cap, 500 a failure the session did not
 explain, 502 Temporal refused the request itself, 503 Temporal (or the session's worker)
 unavailable.
