@@ -52,7 +52,12 @@ undecoded (200, logged): a 500 would blank the Web UI's event history.
 The browser calls this server from the Web UI's origin, so CORS allows those origins
 (:func:`default_ui_origins`: ``http://localhost:8233`` and ``http://127.0.0.1:8233``)
 with the headers the UI sends (``content-type``, ``x-namespace``, ``authorization``),
-including credentials (the UI's "include cross-origin credentials" setting).
+including credentials (the UI's "include cross-origin credentials" setting). Every
+answer also carries ``Content-Security-Policy: default-src 'none'; frame-ancestors
+'none'``, ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff`` and
+``Referrer-Policy: no-referrer`` (:class:`hermes.http_security.SecurityHeaders`), and a
+client has 10 s to send a request's headers and 60 s its body
+(:class:`hermes.http_security.ReadDeadlineH11Protocol`).
 
 Run it with ``hermes codec-server`` (``hermes dev`` runs one itself and points its Web
 UI at it), then give the endpoint to the UI: ``temporal server start-dev
@@ -85,6 +90,7 @@ from hermes import encryption
 from hermes.blobs import BLOB_KEY, BlobStore
 from hermes.encryption import EncryptionCodec, KeyRing
 from hermes.errors import ConfigError
+from hermes.http_security import CODEC_CSP, ReadDeadlineH11Protocol, SecurityHeaders, bearer_token
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -633,7 +639,8 @@ def create_app(
             from them is answered 400), and a request naming another ``Origin`` is 403.
         keyring: with payload encryption on (:mod:`hermes.encryption`), the keys: ``/decode``
             decrypts, ``/encode`` encrypts.
-        token: when set, every request needs ``Authorization: Bearer <token>`` (401 without).
+        token: when set, every request needs ``Authorization: Bearer <token>`` (401 without;
+            the scheme in any case, :func:`hermes.http_security.bearer_token`).
 
     Returns:
         A Starlette app serving ``POST /decode``, ``POST /encode`` and both under
@@ -650,7 +657,8 @@ def create_app(
         origin = request.headers.get("origin")
         if origin is not None and origin not in ui_origins:
             return JSONResponse({"error": f"origin {origin!r} is not a Web UI this codec server serves"}, status_code=403)
-        if token and not hmac.compare_digest(request.headers.get("authorization", ""), f"Bearer {token}"):
+        presented = bearer_token(request.headers.get("authorization")) or ""
+        if token and not hmac.compare_digest(presented.encode(), token.encode()):
             return JSONResponse(
                 {"error": "missing or wrong bearer token (Authorization: Bearer <HERMES_CODEC_TOKEN>)"},
                 status_code=401,
@@ -705,7 +713,8 @@ def create_app(
         # A hosted Web UI calling a codec server on localhost (Chrome's Private Network Access).
         allow_private_network=True,
     )
-    return Starlette(routes=routes, middleware=[cors])
+    # Security headers outermost, so CORS answers (preflights) carry them too.
+    return Starlette(routes=routes, middleware=[Middleware(SecurityHeaders, csp=CODEC_CSP), cors])
 
 
 async def _coded(step: Callable[[list[Payload]], Any], payloads: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -771,6 +780,8 @@ async def running_codec_server(
         ),
         lifespan="off",
         ws="none",
+        # Slow clients cannot hold connections (hermes.http_security: 10 s for headers, 60 s for a body).
+        http=ReadDeadlineH11Protocol,
         log_config=None,  # leave the process's logging as the host configured it
         access_log=False,
         timeout_graceful_shutdown=int(_STOP_TIMEOUT_SECONDS),

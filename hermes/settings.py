@@ -258,12 +258,34 @@ class Settings(BaseSettings):
     """The Temporal Web UI the web chat links sessions to (``HERMES_TEMPORAL_UI_URL``);
     unset: ``http://127.0.0.1:<ui_port>`` (``hermes dev``'s) when Temporal is the embedded
     one, else none; ``""``: none."""
-    api_rate_per_minute: int = Field(default=600, ge=0)
-    """Requests per API key in any minute ``hermes serve`` answers; more get 429 with
-    ``Retry-After`` (``HERMES_API_RATE_PER_MINUTE``; 0: no limit)."""
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """The largest request body ``hermes serve`` reads, in bytes (1 MiB); a larger one
     is answered 413 and nothing is sent to the session."""
+    # --- hermes serve's edge: rates, stream cap, read deadlines, proxies (hermes.api.limits,
+    # hermes.http_security, hermes.api.serving)
+    api_rate_per_minute: int = Field(default=600, ge=0)
+    """Requests per user (all of its keys together) in any minute ``hermes serve``
+    answers; more get 429 with ``Retry-After`` (``HERMES_API_RATE_PER_MINUTE``; 0: no limit)."""
+    api_auth_failures_per_minute: int = Field(default=30, ge=0)
+    """Requests with a missing or unknown API key one client address may make in any
+    minute; past it, every request of that address that needs a key is answered 429 with
+    ``Retry-After`` before its key is looked at, which slows key guessing (0: no limit)."""
+    api_max_streams_per_user: int = Field(default=16, ge=0)
+    """Event streams (a session's events, a streamed message or completion) one user may
+    have open at once across its keys; one more is answered 429 naming the cap; a
+    stream's slot is freed when it ends (0: no limit)."""
+    api_header_timeout_seconds: float = Field(default=10.0, gt=0)
+    """The most time a client of ``hermes serve`` (and of the codec server) has to send a
+    request's line and headers, from its connection or its next request's first byte;
+    then the connection is answered 408 and closed (slow clients cannot hold it)."""
+    api_body_timeout_seconds: float = Field(default=60.0, gt=0)
+    """The most time a client has to send a request's body once its headers are in
+    (a 1 MiB body at 150 kbit/s); then 408 and closed."""
+    api_forwarded_allow_ips: str = ""
+    """Addresses (IPs or CIDRs, comma-separated; ``*``: any) of reverse proxies whose
+    ``X-Forwarded-For`` / ``X-Forwarded-Proto`` ``hermes serve`` trusts for the client's
+    address (uvicorn's ``forwarded_allow_ips``). Empty: none, the client address is the
+    TCP peer's, so a client cannot choose the address its failed keys count against."""
 
     telemetry_enabled: bool = False
     """OpenTelemetry traces and metrics (``HERMES_TELEMETRY_ENABLED=1``; ``hermes.telemetry``):

@@ -25,6 +25,7 @@ import yaml
 
 from hermes.api import OPERATIONS, KeyRing, add_key, create_app
 from hermes.api.keys import hash_key
+from hermes.api.serving import uvicorn_config
 from hermes.client import HermesClient
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
@@ -56,7 +57,7 @@ async def api_server(settings: Settings, keys_path: Path, hermes: HermesClient |
     """The API on a free port in this event loop; yields an HTTP client for it."""
     port = free_port()
     app = create_app(settings, keys=KeyRing(keys_path), hermes=hermes)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, lifespan="off", log_config=None, access_log=False))
+    server = uvicorn.Server(uvicorn_config(app, settings, host="127.0.0.1", port=port, log_config=None))
     server.capture_signals = contextlib.nullcontext  # type: ignore[method-assign]  # the test owns the signals
     task = asyncio.create_task(server.serve())
     try:
@@ -162,11 +163,11 @@ async def test_sessions_messages_transcript_and_error_statuses(run_worker, setti
         assert_problem(await http.post("/v1/sessions", json={"user_id": "mallory"}, headers=alice), 422)
         assert_problem(await http.post("/v1/sessions", content=b"{not json", headers=alice), 400, "malformed-request")
 
-        # State: the owner and an admin reach it; another user gets 403; no such session 404.
+        # State: the owner and an admin reach it; another user gets the 404 of no such session.
         state = await http.get(f"/v1/sessions/{sid}", headers=alice)
         assert state.status_code == 200 and state.json()["user_id"] == "alice" and state.json()["turn_count"] == 0
         assert (await http.get(f"/v1/sessions/{sid}", headers=root)).status_code == 200
-        assert_problem(await http.get(f"/v1/sessions/{sid}", headers=bob), 403, "forbidden")
+        assert_problem(await http.get(f"/v1/sessions/{sid}", headers=bob), 404, "not-found")
         assert_problem(await http.get(f"/v1/sessions/{sid}-nope", headers=alice), 404, "not-found")
         assert_problem(await http.post(f"/v1/sessions/{sid}-nope/messages", json={"text": "hi"}, headers=alice), 404)
 
@@ -181,7 +182,7 @@ async def test_sessions_messages_transcript_and_error_statuses(run_worker, setti
         assert (await hermes.get_state(sid)).turn_count == 1
 
         # Another user's key cannot post to it.
-        assert_problem(await http.post(url, json={"text": "hi"}, headers=bob), 403)
+        assert_problem(await http.post(url, json={"text": "hi"}, headers=bob), 404)
 
         # Bad input: 400, 422, 413; nothing is lost, the session stays usable.
         assert_problem(await http.post(url, content=b"[1, 2]", headers=alice), 400)
@@ -195,12 +196,12 @@ async def test_sessions_messages_transcript_and_error_statuses(run_worker, setti
         second = await http.post(url, json={"text": "What is 2 ** 10?"}, headers=alice)
         assert second.status_code == 200 and second.json()["reply"].endswith("1024.")
 
-        # Transcript: the owner's, in order; 403 for another user.
+        # Transcript: the owner's, in order; 404 for another user.
         transcript = await http.get(f"/v1/sessions/{sid}/transcript", headers=alice)
         assert transcript.status_code == 200
         user_texts = [m["content"] for m in transcript.json()["messages"] if m["role"] == "user"]
         assert user_texts == ["What is (17 + 25) * 3?", "What is 2 ** 10?"]
-        assert_problem(await http.get(f"/v1/sessions/{sid}/transcript", headers=bob), 403)
+        assert_problem(await http.get(f"/v1/sessions/{sid}/transcript", headers=bob), 404)
 
         # Listing: alice's session is hers, not bob's; only an admin lists another's.
         async def listed(headers: dict[str, str], query: str = "") -> list[str]:
@@ -219,7 +220,7 @@ async def test_sessions_messages_transcript_and_error_statuses(run_worker, setti
         assert_problem(await http.get("/v1/sessions?limit=0", headers=alice), 422)
 
         # Closed: 409 for a message; unknown route: 404 problem.
-        assert (await http.post(f"/v1/sessions/{sid}/close", headers=bob)).status_code == 403
+        assert (await http.post(f"/v1/sessions/{sid}/close", headers=bob)).status_code == 404
         assert (await http.post(f"/v1/sessions/{sid}/close", headers=alice)).status_code == 204
         for _ in range(100):
             if (await hermes.get_state(sid)).status == "closed":
@@ -295,8 +296,8 @@ async def test_approvals_are_listed_and_decided_as_the_keys_identity(run_worker,
         assert (sid, call) not in await approvals(root)  # the admin role neither (README said it did)
 
         base = f"/v1/sessions/{sid}/approvals/{call}"
-        # A user key of someone else may not decide; a name in the body is refused.
-        assert_problem(await http.post(f"{base}/approve", headers=bob), 403, "forbidden")
+        # A user key of someone else may not decide (404, as for no such session); a name in the body is refused.
+        assert_problem(await http.post(f"{base}/approve", headers=bob), 404, "not-found")
         assert_problem(await http.post(f"{base}/approve", json={"approver": "carol"}, headers=alice), 422)
         assert_problem(await http.post(f"/v1/sessions/{sid}-nope/approvals/{call}/approve", headers=alice), 404)
         assert_problem(await http.post(f"/v1/sessions/{sid}/approvals/call_unknown/approve", headers=alice), 404)
@@ -463,7 +464,7 @@ async def test_hermes_serve_runs_the_api_against_the_configured_servers(run_work
                 sid = created.json()["session_id"]
                 reply = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "What is 2 ** 10?"}, headers=auth(keys["bob"]))
                 assert reply.status_code == 200 and reply.json()["reply"].endswith("1024.")
-                assert_problem(await http.get(f"/v1/sessions/{sid}", headers=auth(keys["alice"])), 403)
+                assert_problem(await http.get(f"/v1/sessions/{sid}", headers=auth(keys["alice"])), 404)
         finally:
             if proc.returncode is None:
                 proc.send_signal(signal.SIGINT)

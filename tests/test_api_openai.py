@@ -58,7 +58,7 @@ async def test_an_openai_client_talks_to_a_durable_session(run_worker, settings,
         # Errors an OpenAI client raises, with the reason.
         with pytest.raises(openai.BadRequestError, match="X-Hermes-Session-Id"):
             await _client(http, keys["alice"], None).chat.completions.create(model="hermes", messages=[{"role": "user", "content": "hi"}])
-        with pytest.raises(openai.PermissionDeniedError, match="another user"):
+        with pytest.raises(openai.NotFoundError, match="no session"):
             await _client(http, keys["bob"], sid).chat.completions.create(model="hermes", messages=[{"role": "user", "content": "hi"}])
         with pytest.raises(openai.UnprocessableEntityError, match="tools"):
             await client.chat.completions.create(

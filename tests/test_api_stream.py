@@ -48,7 +48,7 @@ async def test_a_message_streams_its_turn_as_server_sent_events_then_its_result(
         url = f"/v1/sessions/{sid}/messages"
         sse = {"Accept": "text/event-stream"}
         # Refusals come before the stream, with their status.
-        assert_problem(await http.post(url, json={"text": "hi"}, headers={**bob, **sse}), 403, "forbidden")
+        assert_problem(await http.post(url, json={"text": "hi"}, headers={**bob, **sse}), 404, "not-found")
         assert_problem(await http.post(url, json={}, headers={**alice, **sse}), 422)
 
         async with http.stream("POST", url, json={"text": "please add these"}, headers={**alice, **sse}) as r:
@@ -83,7 +83,7 @@ async def test_an_event_stream_resumed_from_its_last_id_has_no_gap_and_no_repeat
         assert len(stored) > 12
 
         url = f"/v1/sessions/{sid}/events"
-        assert_problem(await http.get(url, headers=bob), 403)
+        assert_problem(await http.get(url, headers=bob), 404)
         assert_problem(await http.get(url, params={"after": "yesterday"}, headers=alice), 400)
         # The client drops the connection after 5 events, then reconnects twice.
         async with http.stream("GET", url, params={"after": START}, headers=alice) as r:

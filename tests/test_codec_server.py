@@ -400,6 +400,37 @@ async def test_cors_preflight_is_answered_for_the_web_ui_origin_and_not_for_anot
     assert other.status_code == 403 and "cors" not in other.text  # not decoded for another origin
 
 
+async def test_the_codec_server_takes_the_bearer_scheme_in_any_case_as_the_api_does(store):
+    async with running_codec_server(store, port=free_port(), ui_origins=default_ui_origins(8233), token="tok-1") as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            body = {"payloads": []}
+            for scheme in ("Bearer", "bearer", "BEARER"):
+                answer = await client.post("/decode", json=body, headers={"Authorization": f"{scheme} tok-1"})
+                assert answer.status_code == 200, (scheme, answer.text)
+            for header in ("Bearer tok-2", "Basic tok-1", "tok-1", "Bearertok-1"):
+                assert (await client.post("/decode", json=body, headers={"Authorization": header})).status_code == 401
+
+
+async def test_every_codec_answer_carries_the_security_headers_and_cors_still_serves_the_web_ui(codec):
+    from hermes.http_security import CODEC_CSP
+
+    preflight = await codec.options("/decode", headers={
+        "Origin": UI_ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type",
+    })
+    assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == UI_ORIGIN
+    answers = [
+        preflight,
+        await codec.post("/decode", json={"payloads": []}, headers={"Origin": UI_ORIGIN}),
+        await codec.post("/decode", content=b"{", headers={"Origin": UI_ORIGIN}),  # 400
+        await codec.post("/decode", json={"payloads": []}, headers={"Origin": "http://evil.example"}),  # 403
+    ]
+    assert answers[1].headers["access-control-allow-origin"] == UI_ORIGIN
+    for answer in answers:
+        assert answer.headers["content-security-policy"] == CODEC_CSP, answer.status_code
+        assert answer.headers["x-frame-options"] == "DENY" and answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["referrer-policy"] == "no-referrer"
+
+
 # --------------------------------------------------------------------------- Redis down
 
 

@@ -60,7 +60,11 @@ async def test_sign_in_stream_a_reply_approve_a_write_call_and_read_chinese(run_
             browser = await pw.chromium.launch(executable_path=executable, args=["--no-sandbox", "--disable-gpu"])
             try:
                 page = await browser.new_page(viewport={"width": 1200, "height": 800}, locale="en-US")
+                # The page runs under its Content-Security-Policy: nothing of it may be blocked.
+                blocked: list[str] = []
+                page.on("console", lambda m: blocked.append(m.text) if "Content Security Policy" in m.text else None)
                 await page.goto(base + "/")
+                assert "frame-ancestors 'none'" in ((await page.request.get(base + "/")).headers["content-security-policy"])
                 # A wrong key is refused on the page; the right one signs in.
                 await page.fill("#key", "hk_wrong")
                 await page.click("#signin-form button")
@@ -119,6 +123,7 @@ async def test_sign_in_stream_a_reply_approve_a_write_call_and_read_chinese(run_
                 await page.wait_for_selector(".card.approval .decided:has-text('拒绝')")
                 await page.locator(".msg.assistant:has-text('Saved your note')").nth(1).wait_for(timeout=60_000)
                 assert await page.locator("#messages .error").count() == 0, await page.text_content("#messages")
+                assert not blocked, blocked
             finally:
                 await browser.close()
     assert (ARTIFACTS / "4-approved.png").stat().st_size > 10_000

@@ -9,11 +9,8 @@ route. Bodies are JSON; errors are problem documents (:mod:`hermes.api.problems`
 from __future__ import annotations
 
 import asyncio
-import collections
-import hashlib
 import json
 import logging
-import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -25,14 +22,16 @@ from pydantic import BaseModel, ValidationError
 from pydantic.json_schema import models_json_schema
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from hermes.api.keys import Identity, KeyRing
 from hermes.api import openai_compat
+from hermes.api.limits import AuthFailures, RateLimit, StreamSlots, stream_slot
 from hermes.api.openai_compat import ChatCompletionRequest
-from hermes.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemDocument, problem_for, problem_response
+from hermes.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemDocument, problem_for, problem_response, session_not_found
 from hermes.api.sse import event_stream, sse
 from hermes.api.schemas import (
     ApprovalList,
@@ -51,6 +50,7 @@ from hermes.client import HermesClient
 from hermes.codec_server import nested_deeper_than
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.events import TurnEvent, check_offset
+from hermes.http_security import PAGE_CSP, SecurityHeaders, bearer_token
 from hermes.memory.models import ForgetReport
 from hermes.models import DecisionRecord, SessionState, TurnResult
 from hermes.settings import Settings
@@ -104,19 +104,20 @@ class Backend:
         """The state of ``session_id`` if ``identity`` reaches it (``deciding``: may decide
         its approvals, which the approver role also gives).
 
+        A session the key does not reach is answered exactly as one that does not exist,
+        so the answer never tells which ids exist.
+
         Raises:
-            Problem: 404 no such session, 403 not the key's (and not admin, nor an
-                approver when ``deciding``), 503 no answer.
+            Problem: 404 no such session, or not one the key reaches (not its user's, not
+                admin, nor an approver when ``deciding``); 503 no answer.
         """
         hermes = await self.client()
         try:
             state = await hermes.get_state(session_id)
         except SessionNotFoundError:
-            raise Problem("not-found", f"no session {session_id!r}") from None
-        if deciding and not identity.may_decide(state.user_id):
-            raise Problem("forbidden", f"deciding approvals of session {session_id!r} needs its own user's key or the approver or admin role")
-        if not deciding and not identity.may_use(state.user_id):
-            raise Problem("forbidden", f"session {session_id!r} belongs to another user")
+            state = None
+        if state is None or not (identity.may_decide(state.user_id) if deciding else identity.may_use(state.user_id)):
+            raise session_not_found(session_id)
         return state
 
     async def health(self) -> Health:
@@ -151,52 +152,32 @@ class Backend:
 
 
 def _identity(request: Request) -> Identity:
-    """The identity of the request's ``Authorization: Bearer <key>``.
+    """The identity of the request's ``Authorization: Bearer <key>``, counted against its
+    user's request rate; a missing or unknown key is counted against the client address
+    (:mod:`hermes.api.limits`).
 
     Raises:
-        Problem: 401 when the header is missing, not Bearer, or the key is unknown.
+        Problem: 429 when the client address is over its failed authentications (before
+            the key is looked at) or the user over its rate; 401 when the header is
+            missing, not Bearer, or the key is unknown.
     """
     keys: KeyRing = request.app.state.keys
+    failures: AuthFailures = request.app.state.auth_failures
+    address = request.client.host if request.client is not None else ""
+    failures.check(address)
     challenge = {"WWW-Authenticate": 'Bearer realm="hermes"'}
-    header = request.headers.get("authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
+    key = bearer_token(request.headers.get("authorization"))
+    if key is None:
+        failures.add(address)
         raise Problem("unauthorized", "send an API key as 'Authorization: Bearer <key>' (see `hermes keys add`)", headers=challenge)
-    identity = keys.identify(key.strip())
+    identity = keys.identify(key)
     if identity is None:
+        failures.add(address)
         raise Problem("unauthorized", "unknown API key", headers=challenge)
-    wait = request.app.state.rate.take(identity.user_id, key.strip())
-    if wait > 0:
-        raise Problem(
-            "rate-limited", f"more than {request.app.state.rate.per_minute} requests a minute with this key; retry in {wait:.0f} s",
-            headers={"Retry-After": str(max(1, round(wait)))},
-        )
+    request.app.state.rate.take(identity.user_id)
     return identity
 
 
-class RateLimit:
-    """At most ``per_minute`` requests per API key in any minute (a sliding window of
-    request times, kept in this process; 0: no limit). Keyed by the key's SHA-256, so two
-    keys of one user count apart."""
-
-    def __init__(self, per_minute: int):
-        self.per_minute = per_minute
-        self._seen: dict[str, collections.deque[float]] = {}
-
-    def take(self, user_id: str, key: str) -> float:
-        """Count one request; returns 0, or the seconds until one more is allowed (not counted)."""
-        if self.per_minute <= 0:
-            return 0.0
-        now = time.monotonic()
-        times = self._seen.setdefault(hashlib.sha256(key.encode()).hexdigest(), collections.deque())
-        while times and now - times[0] >= 60.0:
-            times.popleft()
-        if len(times) >= self.per_minute:
-            return 60.0 - (now - times[0])
-        times.append(now)
-        if len(self._seen) > 10_000:  # keys that stopped calling
-            self._seen = {k: v for k, v in self._seen.items() if v and now - v[-1] < 60.0}
-        return 0.0
 
 
 MAX_BODY_DEPTH = 32
@@ -220,11 +201,14 @@ async def _body(request: Request, model: type[BaseModel], *, optional: bool = Fa
         raise Problem("payload-too-large", f"the body is {declared} bytes; the limit is {limit} bytes")
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise Problem("payload-too-large", f"the body is over {limit} bytes, the limit")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit:
+                raise Problem("payload-too-large", f"the body is over {limit} bytes, the limit")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or cut off by the body timeout: nobody reads the answer
+        raise Problem("malformed-request", "the client went away before sending the whole body") from None
     raw = b"".join(chunks)
     if not raw.strip():
         if optional:
@@ -355,7 +339,7 @@ async def send_message(request: Request) -> Response:
     if _wants_events(request):
         # Keepalives too: a message that comes while a turn awaits a human's approval is
         # held by the session (up to the approval timeout) before its own turn starts.
-        return event_stream(_turn_events(hermes, session_id, body.text, send))
+        return event_stream(_turn_events(hermes, session_id, body.text, send), on_close=stream_slot(request, identity))
     result = await hermes.send_message(session_id, body.text, **send)  # type: ignore[arg-type]
     return _json(result)
 
@@ -413,7 +397,7 @@ async def session_events(request: Request) -> Response:
             for event in batch:
                 yield sse(event.type, event.model_dump_json(), event.offset)
 
-    return event_stream(stream())
+    return event_stream(stream(), on_close=stream_slot(request, identity))
 
 
 async def get_transcript(request: Request) -> Response:
@@ -556,7 +540,7 @@ class Operation:
     """Answers ``text/event-stream`` (each event's ``data`` a :class:`TurnEvent`)."""
 
 
-_SESSION_ERRORS = (401, 403, 404, 503)
+_SESSION_ERRORS = (401, 404, 503)
 OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/health", health, "Whether Temporal and Redis answer (503 when either does not)", Health, auth=False, errors=(503,)),
     Operation("GET", "/openapi.json", openapi, "This document", None, auth=False),
@@ -578,7 +562,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/sessions/{session_id}/events", session_events,
               "The session's turn events as server-sent events (text/event-stream; each id is the event's offset), "
               "after Last-Event-ID or `after`, else only new ones (400: an offset that is malformed or after the "
-              "session's newest event)", None, errors=(400, 401, 403, 404, 503),
+              "session's newest event)", None, errors=(400, 401, 404, 503),
               query=(("after", "an event offset ('<ms>-<seq>'); '0-0': every retained event", False),),
               headers=(("Last-Event-ID", "resume after this offset (what an EventSource sends on reconnect)"),),
               event_stream=True),
@@ -675,9 +659,9 @@ def openapi_document() -> dict[str, Any]:
 
 
 _STATUS_TEXT = {
-    400: "Malformed JSON, body or header", 401: "No or unknown API key", 403: "Not the key's session, or no role for it",
-    404: "No such session or tool call", 409: "Session busy, closed, halted, existing; or decision already made",
-    413: "Body too large", 422: "Validation failed", 429: "Too many requests with this key (Retry-After)", 500: "The session failed the message", 502: "Temporal refused the request",
+    400: "Malformed JSON, body or header", 401: "No or unknown API key", 403: "Another user's memories, or a decision the session refuses",
+    404: "No such session (or not the key's: the same answer) or tool call", 409: "Session busy, closed, halted, existing; or decision already made",
+    413: "Body too large", 422: "Validation failed", 429: "Too many requests by this user, failed keys from this address, or open event streams (Retry-After)", 500: "The session failed the message", 502: "Temporal refused the request",
     503: "Temporal, Redis or the session's worker unavailable",
 }
 
@@ -744,10 +728,13 @@ def create_app(
         routes=[Route(op.path, op.handler, methods=[op.method]) for op in OPERATIONS],
         exception_handlers={Problem: _on_problem, HermesError: _on_hermes_error, HTTPException: _on_http_error,
                             Exception: _on_unexpected},
+        middleware=[Middleware(SecurityHeaders, csp=PAGE_CSP)],
     )
     app.state.keys = keys if keys is not None else KeyRing(settings.resolved_api_keys_file)
     app.state.backend = Backend(settings, hermes)
     app.state.max_body_bytes = settings.api_max_body_bytes
     app.state.rate = RateLimit(settings.api_rate_per_minute)
+    app.state.auth_failures = AuthFailures(settings.api_auth_failures_per_minute)
+    app.state.streams = StreamSlots(settings.api_max_streams_per_user)
     app.state.openapi = openapi_document()
     return app

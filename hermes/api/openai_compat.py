@@ -7,9 +7,13 @@ What differs from OpenAI's API (the wire is OpenAI's "Create chat completion", t
 server-sent events ending with ``data: [DONE]``):
 
 * **The session holds the history.** The session id comes from the ``X-Hermes-Session-Id``
-  header, else the request's ``user`` field; only the newest message is taken, and it must
-  be the user's. Earlier messages of the request are ignored: the session already has them
-  (or has its own). A session that does not exist is started, owned by the key's user.
+  header, else from the request's ``user`` field, bound to the key's user
+  (:func:`openai_session_id`: ``openai-<16 hex of the key's user>-<user>``), so two users
+  sending the same ``user`` never share, take or pre-create each other's session. Only
+  the newest message is taken, and it must be the user's. Earlier messages of the request
+  are ignored: the session already has them (or has its own). A session that does not
+  exist is started, owned by the key's user; another user's is answered 404, as one that
+  does not exist.
 * **Tools are Hermes'.** They run inside the session (with its approvals); a request's own
   ``tools`` (and ``functions``) are refused (422). Streamed, each tool call shows as a text line
   (``> tool calculate {...}`` then ``> calculate: code 0``); a call waiting for a human's
@@ -28,6 +32,7 @@ server-sent events ending with ``data: [DONE]``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import time
@@ -39,7 +44,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from hermes.api.keys import Identity
-from hermes.api.problems import Problem, problem_for
+from hermes.api.limits import stream_slot
+from hermes.api.problems import Problem, problem_for, session_not_found
 from hermes.api.schemas import SESSION_ID_PATTERN
 from hermes.api.sse import event_stream
 from hermes.client import HermesClient
@@ -47,7 +53,9 @@ from hermes.errors import HermesError, SessionNotFoundError
 from hermes.events import TurnEvent
 from hermes.models import TurnResult
 
-__all__ = ["IGNORED_FIELDS", "MODELS", "MODEL_ID", "REFUSED_FIELDS", "ChatCompletionRequest", "chat_completions"]
+__all__ = [
+    "IGNORED_FIELDS", "MODELS", "MODEL_ID", "REFUSED_FIELDS", "ChatCompletionRequest", "chat_completions", "openai_session_id",
+]
 
 MODEL_ID = "hermes"
 """The model id ``GET /v1/models`` lists (any ``model`` is accepted and echoed)."""
@@ -102,8 +110,8 @@ class ChatCompletionRequest(BaseModel):
     (:data:`REFUSED_FIELDS`; ``n`` other than 1; ``response_format`` other than text;
     ``logprobs``; ``modalities`` other than text) is a 422 naming the field. Honoured:
     ``model`` (echoed), ``messages`` (the last, the user's), ``stream``,
-    ``stream_options.include_usage``, ``user`` (the session id when there is no
-    ``X-Hermes-Session-Id``). Accepted and ignored: :data:`IGNORED_FIELDS`."""
+    ``stream_options.include_usage``, ``user`` (names the key's user's session when
+    there is no ``X-Hermes-Session-Id``: :func:`openai_session_id`). Accepted and ignored: :data:`IGNORED_FIELDS`."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -203,16 +211,39 @@ def check_request(body: ChatCompletionRequest) -> None:
         )
 
 
-def _session_id(request: Request, body: ChatCompletionRequest) -> str:
-    session_id = request.headers.get(SESSION_HEADER) or body.user
-    if not session_id:
+def openai_session_id(user_id: str, user: str) -> str:
+    """The session a request's ``user`` field names for a key of ``user_id``.
+
+    The id is bound to the key's user, so users never collide: the same ``user`` sent
+    with keys of two users names two sessions, and no one can take, or start ahead of
+    time, the session another user's requests will land in.
+
+    Args:
+        user_id: the key's user (any string).
+        user: the request's ``user`` (a valid session id, 1-200 of ``[A-Za-z0-9._:@-]``).
+
+    Returns:
+        ``openai-<first 16 hex of SHA-256(user_id)>-<user>``; when that is over 200
+        characters, ``user`` is replaced by the first 32 hex of its SHA-256.
+    """
+    owner = hashlib.sha256(user_id.encode("utf-8")).hexdigest()[:16]
+    session_id = f"openai-{owner}-{user}"
+    if len(session_id) > 200:
+        session_id = f"openai-{owner}-{hashlib.sha256(user.encode('utf-8')).hexdigest()[:32]}"
+    return session_id
+
+
+def _session_id(request: Request, body: ChatCompletionRequest, identity: Identity) -> str:
+    explicit = request.headers.get(SESSION_HEADER)
+    named = explicit or body.user
+    if not named:
         raise Problem(
             "malformed-request",
             "which session? send the X-Hermes-Session-Id header (or the `user` field): the session holds the history",
         )
-    if not _SESSION_ID.match(session_id):
-        raise Problem("malformed-request", f"session id {session_id[:80]!r} must be 1-200 letters, digits or ._:@-")
-    return session_id
+    if not _SESSION_ID.match(named):
+        raise Problem("malformed-request", f"session id {named[:80]!r} must be 1-200 letters, digits or ._:@-")
+    return explicit or openai_session_id(identity.user_id, named)
 
 
 async def chat_completions(request: Request, identity: Identity, body: ChatCompletionRequest, hermes: HermesClient) -> Response:
@@ -221,7 +252,7 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     as ``chat.completion.chunk`` events."""
     check_request(body)
     text = _text_of(body.messages[-1])
-    session_id = _session_id(request, body)
+    session_id = _session_id(request, body, identity)
     user_id = identity.user_id
     try:
         state = await hermes.get_state(session_id)
@@ -229,7 +260,7 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
         state = None
     if state is not None:
         if not identity.may_use(state.user_id):
-            raise Problem("forbidden", f"session {session_id!r} belongs to another user")
+            raise session_not_found(session_id)
         user_id = state.user_id
     key = request.headers.get("idempotency-key")
     send = dict(user_id=user_id, channel="openai", client_message_id=f"api-{key}" if key else None)
@@ -237,7 +268,8 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage)
-        return event_stream(chunks)  # with keepalive comments, which the OpenAI SDK skips
+        # With keepalive comments, which the OpenAI SDK skips.
+        return event_stream(chunks, on_close=stream_slot(request, identity))
     result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
     return JSONResponse(_completion(result, completion_id, body.model))
 

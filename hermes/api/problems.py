@@ -6,9 +6,10 @@ kind, the same for every occurrence), ``status`` (the HTTP status) and ``detail`
 occurrence), plus extension members where they help: ``errors`` (422: pydantic's
 validation errors), ``client_message_id`` and ``may_have_been_taken`` (503 on a message).
 
-Statuses: 400 malformed JSON or header, 401 no or unknown key, 403 not yours or no
-role, 404 no such session (or route, or tool call), 409 busy / closed / halted / exists /
-already decided, 413 body too large, 422 validation, 500 a failure the session did not
+Statuses: 400 malformed JSON or header, 401 no or unknown key, 403 another user's
+memories or a decision the session refuses, 404 no such session or one the key does not
+reach (the same answer: :func:`session_not_found`; or route, or tool call), 409 busy / closed / halted / exists /
+already decided, 413 body too large, 422 validation, 429 over a rate or the open-stream cap, 500 a failure the session did not
 explain, 502 Temporal refused the request itself, 503 Temporal (or the session's worker)
 unavailable.
 """
@@ -34,7 +35,7 @@ from hermes.errors import (
     TemporalRequestError,
 )
 
-__all__ = ["PROBLEM_MEDIA_TYPE", "Problem", "ProblemDocument", "problem_for", "problem_response"]
+__all__ = ["PROBLEM_MEDIA_TYPE", "Problem", "ProblemDocument", "problem_for", "problem_response", "session_not_found"]
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "https://hermes-agent.dev/problems/"
@@ -53,6 +54,7 @@ _TITLES: dict[str, tuple[int, str]] = {
     "payload-too-large": (413, "Request body too large"),
     "validation-failed": (422, "Validation failed"),
     "rate-limited": (429, "Too many requests"),
+    "too-many-streams": (429, "Too many open event streams"),
     "message-rejected": (422, "Message rejected"),
     "message-failed": (500, "The session failed the message"),
     "temporal-refused": (502, "Temporal refused the request"),
@@ -101,6 +103,12 @@ class Problem(Exception):
 def problem_response(problem: Problem) -> JSONResponse:
     """The HTTP response of ``problem``."""
     return JSONResponse(problem.document(), status_code=problem.status, headers=problem.headers, media_type=PROBLEM_MEDIA_TYPE)
+
+
+def session_not_found(session_id: str) -> Problem:
+    """The one answer (404) for a session that does not exist and for one the key does not
+    reach, so no answer tells which session ids exist."""
+    return Problem("not-found", f"no session {session_id!r}")
 
 
 def problem_for(err: HermesError) -> Problem:

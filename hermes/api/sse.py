@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 from starlette.responses import StreamingResponse
 
@@ -68,10 +69,31 @@ async def with_keepalive(source: AsyncIterator[str]) -> AsyncIterator[str]:
             await aclose()
 
 
-def event_stream(body: AsyncIterator[str]) -> StreamingResponse:
+class _ClosingStream(StreamingResponse):
+    """A streaming response that calls ``on_close`` once it is over, however it ends
+    (finished, the client gone, cancelled, failed)."""
+
+    def __init__(self, content: AsyncIterator[str], on_close: Callable[[], None], **kwargs: Any):
+        super().__init__(content, **kwargs)
+        self.on_close = on_close
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()
+
+
+def event_stream(body: AsyncIterator[str], on_close: Callable[[], None] | None = None) -> StreamingResponse:
     """The ``text/event-stream`` response of ``body`` (with keepalives), uncached and not
-    buffered by a proxy (``X-Accel-Buffering: no`` for nginx)."""
-    return StreamingResponse(
-        with_keepalive(body), media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
+    buffered by a proxy (``X-Accel-Buffering: no`` for nginx).
+
+    Args:
+        body: the SSE text.
+        on_close: called once the response is over (frees a stream slot,
+            :class:`hermes.api.limits.StreamSlots`).
+    """
+    options: dict[str, Any] = dict(media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    if on_close is None:
+        return StreamingResponse(with_keepalive(body), **options)
+    return _ClosingStream(with_keepalive(body), on_close, **options)

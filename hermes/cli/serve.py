@@ -46,6 +46,7 @@ def serve(
     import uvicorn
 
     from hermes.api import KeyRing, create_app
+    from hermes.api.serving import uvicorn_config
 
     settings = load_settings()
     if keys_file is not None:
@@ -62,8 +63,7 @@ def serve(
             yield
 
     async def main() -> None:
-        config = uvicorn.Config(api, host=host, port=port, lifespan="off", ws="none", log_config=None,
-                                access_log=False, timeout_graceful_shutdown=_STOP_SECONDS)
+        config = uvicorn_config(api, settings, host=host, port=port, log_config=None, timeout_graceful_shutdown=_STOP_SECONDS)
         server = Server(config)
         task = asyncio.create_task(server.serve())
         while not server.started:
