@@ -23,7 +23,7 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
-from hermes import names, telemetry, usage
+from hermes import command_auth, names, telemetry, usage
 from hermes.events import EventLog, TurnEvent
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
 from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
@@ -412,19 +412,25 @@ class MemoryActivities:
     async def _deliver(self, user_id: str, batch: MemoryBatch) -> None:
         if self.client is None:
             raise ApplicationError("no Temporal client to deliver memories with", non_retryable=True)
+        # Signed as the session's user by this worker's command key (hermes.command_auth):
+        # the writer takes no batch and no start without a proof.
+        writer_id = names.memory_writer_id(user_id)
         await self.client.start_workflow(
             names.MEMORY_WRITER_WORKFLOW,
-            MemoryWriterInput(
-                user_id=user_id,
-                batch_size=self.batch_size,
-                batch_seconds=self.batch_seconds,
-                heartbeat_seconds=self.heartbeat_seconds,
-                max_judge_calls=self.judge_max_calls,
-            ),
-            id=names.memory_writer_id(user_id),
+            command_auth.signed(self._writer_input(user_id), names.START_MEMORY_WRITER, writer_id, sender=user_id),
+            id=writer_id,
             task_queue=self.task_queue,
             start_signal=names.ADD_MEMORIES,
-            start_signal_args=[batch],
+            start_signal_args=[command_auth.signed(batch, names.ADD_MEMORIES, writer_id, sender=user_id)],
+        )
+
+    def _writer_input(self, user_id: str) -> MemoryWriterInput:
+        return MemoryWriterInput(
+            user_id=user_id,
+            batch_size=self.batch_size,
+            batch_seconds=self.batch_seconds,
+            heartbeat_seconds=self.heartbeat_seconds,
+            max_judge_calls=self.judge_max_calls,
         )
 
     @activity.defn(name=names.WRITE_MEMORIES)
@@ -481,22 +487,20 @@ class MemoryActivities:
         (the writer's ``forget`` update, started if it is not running)."""
         if self.client is None:
             raise ApplicationError("no Temporal client", non_retryable=True)
+        writer_id = names.memory_writer_id(user_id)
         operation = WithStartWorkflowOperation(
             names.MEMORY_WRITER_WORKFLOW,
-            MemoryWriterInput(
-                user_id=user_id,
-                batch_size=self.batch_size,
-                batch_seconds=self.batch_seconds,
-                heartbeat_seconds=self.heartbeat_seconds,
-                max_judge_calls=self.judge_max_calls,
-            ),
-            id=names.memory_writer_id(user_id),
+            command_auth.signed(self._writer_input(user_id), names.START_MEMORY_WRITER, writer_id, sender=user_id),
+            id=writer_id,
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
         async with heartbeating():  # waits for the writer, which may be writing a batch
+            proof = command_auth.sign(
+                command_auth.active(), names.FORGET_USER, writer_id, None, sender=user_id, now=datetime.now(timezone.utc)
+            )
             return await self.client.execute_update_with_start_workflow(
-                names.FORGET_USER, start_workflow_operation=operation, result_type=ForgetReport
+                names.FORGET_USER, proof, start_workflow_operation=operation, result_type=ForgetReport
             )
 
     # ------------------------------------------------------ consolidation

@@ -1085,11 +1085,7 @@ class HermesClient:
 
     def _signed(self, command: str, session_id: str, payload: M, sender: str, roles: Iterable[str] = ()) -> M:
         """``payload`` with its ``proof`` (:mod:`hermes.command_auth`) that ``sender`` sends it."""
-        proof = command_auth.sign(
-            self.command_keys or command_auth.active(), command, session_id, payload, sender=sender, roles=roles,
-            now=datetime.now(timezone.utc),
-        )
-        return payload.model_copy(update={"proof": proof})
+        return command_auth.signed(payload, command, session_id, sender=sender, roles=roles, ring=self.command_keys)
 
     def _signed_start(self, inp: SessionInput, sender: str | None, roles: Iterable[str] = ()) -> SessionInput:
         return self._signed(names.START_SESSION, inp.session_id, inp, sender or inp.user_id, roles)
@@ -1312,9 +1308,10 @@ class HermesClient:
     def _writer_start(self, user_id: str) -> WithStartWorkflowOperation[Any, Any]:
         from hermes.memory.models import MemoryWriterInput
 
+        writer_id = names.memory_writer_id(user_id)
         return WithStartWorkflowOperation(
             names.MEMORY_WRITER_WORKFLOW,
-            MemoryWriterInput(user_id=user_id),
+            self._signed(names.START_MEMORY_WRITER, writer_id, MemoryWriterInput(user_id=user_id), user_id),
             id=names.memory_writer_id(user_id),
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
@@ -1330,7 +1327,8 @@ class HermesClient:
         """
         from hermes.memory.models import MemoryBatch, WriteReport
 
-        return await self._writer_update(user_id, names.WRITE_MEMORIES_NOW, MemoryBatch(candidates=candidates), WriteReport)
+        batch = self._signed(names.WRITE_MEMORIES_NOW, names.memory_writer_id(user_id), MemoryBatch(candidates=candidates), user_id)
+        return await self._writer_update(user_id, names.WRITE_MEMORIES_NOW, batch, WriteReport)
 
     async def forget_user(self, user_id: str) -> Any:
         """Delete every long-term memory of ``user_id`` (both tables) and drop what is
@@ -1341,7 +1339,11 @@ class HermesClient:
         """
         from hermes.memory.models import ForgetReport
 
-        return await self._writer_update(user_id, names.FORGET_USER, None, ForgetReport)
+        proof = command_auth.sign(
+            self.command_keys or command_auth.active(), names.FORGET_USER, names.memory_writer_id(user_id), None,
+            sender=user_id, now=datetime.now(timezone.utc),
+        )
+        return await self._writer_update(user_id, names.FORGET_USER, proof, ForgetReport)
 
     async def _writer_update(self, user_id: str, update: str, arg: Any, result_type: Any) -> Any:
         """One update of the user's memory writer (started if needed), retried like a
@@ -1428,7 +1430,10 @@ class HermesClient:
             # The same id on every attempt: a resend joins the run the first one started.
             return await self.client.execute_workflow(
                 names.MEMORY_CONSOLIDATION_WORKFLOW,
-                ConsolidationInput(archive_after_days=archive_after_days, users=users),
+                command_auth.signed(
+                    ConsolidationInput(archive_after_days=archive_after_days, users=users), names.START_CONSOLIDATION,
+                    names.CONSOLIDATION_TARGET, sender="hermes-client", roles=["admin"], ring=self.command_keys,
+                ),
                 id=workflow_id,
                 task_queue=self.task_queue,
                 result_type=ConsolidationReport,

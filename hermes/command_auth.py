@@ -32,21 +32,22 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import hashlib
 import hmac
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hermes.errors import ConfigError
-from hermes.models import CommandProof
+from hermes.proof import CommandProof
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -54,9 +55,10 @@ if TYPE_CHECKING:
 VERSION = "hermes-command-v1"
 """The first line of every MAC'd message; a new format gets a new version."""
 MAX_AGE = timedelta(hours=6)
-"""A proof older than this (by the workflow's clock when the command is handled) is stale:
-long enough for a command queued while every worker was down for hours, short enough that a
-proof read from an old history cannot be sent again."""
+"""By default a proof older than this (by the workflow's clock when the command is handled)
+is stale: long enough for a command queued while every worker was down for hours, short
+enough that a proof read from an old history cannot be sent again
+(``HERMES_COMMAND_MAX_AGE_SECONDS``)."""
 MAX_SKEW = timedelta(minutes=5)
 """A proof issued this far in the future of the workflow's clock is still taken (clients'
 clocks drift)."""
@@ -74,6 +76,10 @@ class CommandKeyRing:
     current: str
     source: str = ""
     """Where the keys came from (a setting or a file), for messages."""
+    max_age: timedelta | None = MAX_AGE
+    """How old a proof this ring verifies may be (``HERMES_COMMAND_MAX_AGE_SECONDS``; None:
+    any age, for Temporal's time-skipping test server, whose workflow clock runs ahead of
+    the clients')."""
 
     def __post_init__(self) -> None:
         if self.current not in self.keys:
@@ -131,7 +137,8 @@ def sign(
 
 
 def verify(
-    ring: CommandKeyRing | None, command: str, session_id: str, payload: Any, proof: CommandProof | None, *, now: datetime
+    ring: CommandKeyRing | None, command: str, session_id: str, payload: Any, proof: CommandProof | None, *, now: datetime,
+    any_age: bool = False,
 ) -> str | None:
     """Whether ``proof`` proves ``command`` on ``session_id`` with ``payload``.
 
@@ -141,6 +148,8 @@ def verify(
     Args:
         ring: the worker's key ring (None: no key, so nothing is proven).
         now: the workflow's clock.
+        any_age: take a proof of any age (an input a Temporal Schedule starts runs with
+            again and again); else at most the ring's ``max_age``.
 
     Returns:
         None when it holds, else why not (one line, for a notice and the log).
@@ -159,9 +168,52 @@ def verify(
         return "its proof does not match the command (forged or altered)"
     if proof.issued_at > now + MAX_SKEW:
         return f"its proof was issued in the future ({proof.issued_at.isoformat(timespec='seconds')})"
-    if now - proof.issued_at > MAX_AGE:
-        return f"its proof is stale (issued {proof.issued_at.isoformat(timespec='seconds')}, more than {MAX_AGE} ago)"
+    max_age = None if any_age else ring.max_age
+    if max_age is not None and now - proof.issued_at > max_age:
+        return f"its proof is stale (issued {proof.issued_at.isoformat(timespec='seconds')}, more than {max_age} ago)"
     return None
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def signed(
+    payload: M, command: str, target: str, *, sender: str, roles: Iterable[str] = (), ring: CommandKeyRing | None = None
+) -> M:
+    """``payload`` with its ``proof`` field set: :func:`sign` by ``ring`` (default: this
+    process', :func:`active`), issued now.
+
+    Args:
+        target: the workflow the command is for (a session id, a memory writer's id).
+    """
+    proof = sign(ring or active(), command, target, payload, sender=sender, roles=roles, now=datetime.now(timezone.utc))
+    return payload.model_copy(update={"proof": proof})
+
+
+def parse_args(args: Sequence[Any], shape: Sequence[Any]) -> list[Any] | str:
+    """A signal's raw arguments as ``shape`` says (a type each; trailing optional ones may be
+    left out), or why they are not (another type, more of them): what a workflow's signal
+    handler taking ``*args`` checks, so whatever a client sends is refused, never a failed
+    workflow task. Deterministic: the same arguments parse the same on replay."""
+    if len(args) > len(shape) or any(not _optional(kind) for kind in shape[len(args):]):
+        return f"{len(args)} arguments where {len(shape)} are expected"
+    try:
+        return [_adapter(kind).validate_python(value) for kind, value in zip(shape, args)] + [None] * (len(shape) - len(args))
+    except ValidationError as err:
+        return f"malformed arguments ({err.error_count()} errors: {err.errors()[0]['msg']})"
+
+
+def _optional(kind: Any) -> bool:
+    return type(None) in getattr(kind, "__args__", ())
+
+
+_ADAPTERS: dict[Any, TypeAdapter[Any]] = {}
+
+
+def _adapter(kind: Any) -> TypeAdapter[Any]:
+    if kind not in _ADAPTERS:
+        _ADAPTERS[kind] = TypeAdapter(kind)
+    return _ADAPTERS[kind]
 
 
 # ----------------------------------------------------------------------------- keys
@@ -266,14 +318,17 @@ def ring_from_settings(settings: Settings) -> CommandKeyRing:
     if keys and path:
         raise ConfigError("set HERMES_COMMAND_KEYS or HERMES_COMMAND_KEY_FILE, not both", source="HERMES_COMMAND_KEYS")
     if keys:
-        return parse_keys(keys, source="HERMES_COMMAND_KEYS", separator=",")
-    if path:
+        ring = parse_keys(keys, source="HERMES_COMMAND_KEYS", separator=",")
+    elif path:
         try:
             text = Path(path).expanduser().read_text(encoding="utf-8")
         except OSError as err:
             raise ConfigError(f"cannot read the command key file: {err.strerror or err}", source=str(path)) from None
-        return parse_keys(text, source=str(path), separator="\n")
-    return default_key_file(settings.data_dir / DEFAULT_KEY_FILE)
+        ring = parse_keys(text, source=str(path), separator="\n")
+    else:
+        ring = default_key_file(settings.data_dir / DEFAULT_KEY_FILE)
+    seconds = settings.command_max_age_seconds
+    return dataclasses.replace(ring, max_age=timedelta(seconds=seconds) if seconds > 0 else None)
 
 
 _ACTIVE: CommandKeyRing | None = None

@@ -14,6 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
+from hermes.proof import CommandProof
 
 Role = Literal["system", "user", "assistant", "tool"]
 ProviderProfileName = Literal["openai", "openai-reasoning", "deepseek", "qwen", "moonshot", "ollama", "vllm", "llamacpp"]
@@ -556,24 +557,6 @@ class SessionConfig(BaseModel):
     """Candidates below this confidence are dropped (seed 000 §5.2: 0.75)."""
     memory_promote_after_refs: int = Field(default=3, ge=1)
     """A working-memory item referenced this many times becomes long-term (seed 004 §7.2)."""
-
-
-class CommandProof(BaseModel, frozen=True):
-    """Who sent a command, as the holder of a command key vouches (:mod:`hermes.command_auth`):
-    an HMAC-SHA256 over the command's name, session, sender, roles, issue time and payload
-    digest. Sessions refuse commands without a valid one (issue 26)."""
-
-    key_id: str
-    """The command key that made ``mac`` (the first of the signer's ring)."""
-    sender: str
-    """The user id the key holder authenticated (e.g. by an API key)."""
-    roles: list[str] = Field(default_factory=list)
-    """The sender's roles as the key holder knows them; ``admin`` may post into another
-    user's session (the message is recorded as the admin's)."""
-    issued_at: datetime
-    """UTC; a proof older than :data:`hermes.command_auth.MAX_AGE` is stale."""
-    mac: str
-    """Hex HMAC-SHA256 (:func:`hermes.command_auth.sign`)."""
 
 
 class SendMessageInput(BaseModel):

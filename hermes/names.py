@@ -69,6 +69,12 @@ CANCEL_TURN = "cancel_turn"
 CLOSE_SESSION = "close_session"
 START_SESSION = "start_session"
 """Not a signal: the command name a session's start input is signed under (:mod:`hermes.command_auth`)."""
+START_MEMORY_WRITER = "start_memory_writer"
+"""Not a signal: the command name a memory writer's start input is signed under."""
+START_CONSOLIDATION = "start_consolidation"
+"""Not a signal: the command name a consolidation's input is signed under, for the target
+:data:`CONSOLIDATION_TARGET` (a scheduled run's workflow id changes every time)."""
+CONSOLIDATION_TARGET = "memory-consolidation"
 
 # Queries
 GET_STATE = "get_state"

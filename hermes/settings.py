@@ -103,6 +103,9 @@ class Settings(BaseSettings):
     ``<data_dir>/command-keys``, made on first use (one machine)."""
     command_key_file: Path | None = None
     """The same keys in a file, one ``<id> <base64 key>`` per line, the first signing."""
+    command_max_age_seconds: float = Field(default=21600.0, ge=0)
+    """How old a command's proof may be when a session handles it (by the workflow's clock);
+    0: any age (tests on Temporal's time-skipping server, whose clock runs ahead)."""
     session_token_budget: int | None = Field(default=None, ge=1)
     """Tokens a new session's model calls may use over its life (``SessionConfig.token_budget``,
     set by the clients this configures); unset: no limit."""

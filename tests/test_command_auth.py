@@ -128,6 +128,14 @@ def test_key_settings_are_parsed_and_bad_ones_named(tmp_path: Path):
         command_auth.parse_keys(f"k:{key},k:{key}", source="HERMES_COMMAND_KEYS", separator=",")
 
 
+def test_the_age_a_proof_may_have_is_a_setting_and_zero_takes_any_age():
+    key = base64.b64encode(b"a" * 32).decode()
+    assert command_auth.ring_from_settings(Settings(command_keys=f"k:{key}")).max_age == command_auth.MAX_AGE
+    anyage = command_auth.ring_from_settings(Settings(command_keys=f"k:{key}", command_max_age_seconds=0))
+    proof = command_auth.sign(anyage, names.CANCEL_TURN, "s", None, sender="alice", now=NOW)
+    assert command_auth.verify(anyage, names.CANCEL_TURN, "s", None, proof, now=NOW + timedelta(days=400)) is None
+
+
 def test_without_keys_one_file_is_made_once_private_and_shared(tmp_path: Path):
     settings = Settings(data_dir=tmp_path / "home")
     first = command_auth.ring_from_settings(settings)

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import asyncio
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import names
+    from hermes import command_auth, names, telemetry
     from hermes.memory.judge import JudgeMemoriesInput, JudgeReport
     from hermes.memory.models import (
         ConsolidateInput,
@@ -35,7 +36,12 @@ with workflow.unsafe.imports_passed_through():
         WriteMemoriesInput,
         WriteReport,
     )
+    from hermes.proof import CommandProof
 
+COMMAND_AUTH_PATCH = "memory-command-auth"
+"""Memory commands are applied only with a valid proof of their sender
+(:mod:`hermes.command_auth`): a batch signal, a writer's or a consolidation's start
+(issue 26). The updates are checked in their validators, which need no patch."""
 _MAX_SEEN = 2000
 _FLUSHES_PER_RUN = 200
 _MISMATCH_RETRY = timedelta(minutes=10)
@@ -44,6 +50,24 @@ _JUDGE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interv
 rows active (the next consolidation puts the pair before the judge again)."""
 _WRITE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), maximum_interval=timedelta(seconds=60))
 """Store writes retry without limit: a candidate is never dropped because LanceDB was down."""
+
+
+def _refused(command: str, why: str) -> None:
+    """Log and count a refused memory command (not again on replay)."""
+    if not workflow.unsafe.is_replaying():
+        workflow.logger.warning("%s refused %s: %s", workflow.info().workflow_id, command, why)
+        telemetry.count_refused_command(command)
+
+
+def _memory_proof_refusal(command: str, user_id: str, payload: Any, proof: Any) -> str | None:
+    """Why a memory command of ``user_id``'s writer is not proven (None: it is): a valid
+    proof by the user or an admin."""
+    refusal = command_auth.verify(
+        command_auth.worker_ring(), command, names.memory_writer_id(user_id), payload, proof, now=workflow.now()
+    )
+    if refusal is None and proof.sender != user_id and "admin" not in proof.roles:
+        refusal = f"its proof is by {proof.sender!r}, who is neither {user_id!r} nor an admin"
+    return refusal
 
 
 def _heartbeat(seconds: float) -> timedelta | None:
@@ -69,6 +93,16 @@ class MemoryWriterWorkflow:
         self._requests = 0
         self._flushes = 0
         self._written = WriteReport()
+        self._patch: bool | None = None
+        self._start_refused = None if workflow.info().continued_run_id is not None else _memory_proof_refusal(
+            names.START_MEMORY_WRITER, inp.user_id, inp, inp.proof
+        )
+
+    def _authenticated(self) -> bool:
+        """Whether this run checks its commands' proofs (decided once, at the first ask)."""
+        if self._patch is None:
+            self._patch = workflow.patched(COMMAND_AUTH_PATCH)
+        return self._patch
 
     def _accept(self, candidates: list[MemoryCandidate]) -> list[MemoryCandidate]:
         fresh = []
@@ -87,7 +121,19 @@ class MemoryWriterWorkflow:
         return fresh
 
     @workflow.signal(name=names.ADD_MEMORIES)
-    def add_memories(self, batch: MemoryBatch) -> None:
+    def add_memories(self, *args: Any) -> None:
+        """Candidates to write (a :class:`MemoryBatch` with its proof); a batch without a
+        valid proof, or whose arguments do not parse, is dropped, logged and counted."""
+        parsed = command_auth.parse_args(args, (MemoryBatch,))
+        if not isinstance(parsed, list):
+            _refused(names.ADD_MEMORIES, parsed)
+            return
+        batch: MemoryBatch = parsed[0]
+        if self._authenticated():
+            refusal = _memory_proof_refusal(names.ADD_MEMORIES, self._inp.user_id, batch, batch.proof)
+            if refusal is not None:
+                _refused(names.ADD_MEMORIES, refusal)
+                return
         fresh = self._accept(batch.candidates)
         if fresh and not self._pending:
             self._first_pending_at = workflow.now()
@@ -104,18 +150,31 @@ class MemoryWriterWorkflow:
 
     @write_memories_now.validator
     def _validate_write_now(self, batch: MemoryBatch) -> None:
+        # Validators are not run on replay: no patch needed.
+        refusal = _memory_proof_refusal(names.WRITE_MEMORIES_NOW, self._inp.user_id, batch, batch.proof)
+        if refusal is not None:
+            _refused(names.WRITE_MEMORIES_NOW, refusal)
+            raise ApplicationError(f"memory write refused: {refusal}", type="CommandRefusedError", non_retryable=True)
         others = {c.user_id for c in batch.candidates} - {self._inp.user_id}
         if others:
             raise ValueError(f"candidates of other users sent to {self._inp.user_id!r}'s writer: {sorted(others)[:3]}")
 
     @workflow.update(name=names.FORGET_USER)
-    async def forget_user(self) -> ForgetReport:
-        """Drop the pending candidates and delete every row of the user (both tables)."""
+    async def forget_user(self, proof: CommandProof | None = None) -> ForgetReport:
+        """Drop the pending candidates and delete every row of the user (both tables);
+        ``proof``: by the user or an admin."""
         self._forget_requests += 1
         wanted = self._forget_requests
         await workflow.wait_condition(lambda: self._forget_done >= wanted)
         assert self._forget_report is not None
         return self._forget_report
+
+    @forget_user.validator
+    def _validate_forget(self, proof: CommandProof | None = None) -> None:
+        refusal = _memory_proof_refusal(names.FORGET_USER, self._inp.user_id, None, proof)
+        if refusal is not None:
+            _refused(names.FORGET_USER, refusal)
+            raise ApplicationError(f"forget refused: {refusal}", type="CommandRefusedError", non_retryable=True)
 
     @workflow.query(name="get_pending")
     def get_pending(self) -> list[MemoryCandidate]:
@@ -139,6 +198,9 @@ class MemoryWriterWorkflow:
 
     @workflow.run
     async def run(self, inp: MemoryWriterInput) -> WriteReport:
+        if self._start_refused is not None and self._authenticated():
+            _refused(names.START_MEMORY_WRITER, self._start_refused)
+            raise ApplicationError(f"memory writer start refused: {self._start_refused}", type="CommandRefusedError", non_retryable=True)
         while True:
             # An idle wait (its timeout is idle_seconds) also ends at the first candidate,
             # so the loop waits again with that candidate's batch_seconds.
@@ -272,6 +334,16 @@ class MemoryConsolidationWorkflow:
 
     @workflow.run
     async def run(self, inp: ConsolidationInput) -> ConsolidationReport:
+        if workflow.info().continued_run_id is None and workflow.patched(COMMAND_AUTH_PATCH):
+            refusal = command_auth.verify(
+                command_auth.worker_ring(), names.START_CONSOLIDATION, names.CONSOLIDATION_TARGET, inp, inp.proof,
+                now=workflow.now(), any_age=True,
+            )
+            if refusal is None and "admin" not in inp.proof.roles:  # type: ignore[union-attr]
+                refusal = f"its proof is by {inp.proof.sender!r}, not an admin"  # type: ignore[union-attr]
+            if refusal is not None:
+                _refused(names.START_CONSOLIDATION, refusal)
+                raise ApplicationError(f"consolidation refused: {refusal}", type="CommandRefusedError", non_retryable=True)
         now = workflow.now()
         days = inp.archive_after_days if inp.archive_after_days is not None else 180.0
         users = inp.users

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, Field, field_validator
 
 from hermes.memory.judge import JudgePair
+from hermes.proof import CommandProof
 
 MemoryKind = Literal["working", "fact", "preference", "episode"]
 """``working``: a fact of the current task, promoted from a session after 3 references;
@@ -186,12 +187,18 @@ class MemoryBatch(BaseModel):
     """Candidates for a user's memory writer (the ``add_memories`` signal)."""
 
     candidates: list[MemoryCandidate]
+    proof: CommandProof | None = None
+    """Who sends it (:mod:`hermes.command_auth`): the writer's user or an admin, as a
+    holder of the command key vouches; a batch without a valid proof is refused."""
 
 
 class MemoryWriterInput(BaseModel):
     """Start (and continue-as-new) input of a user's memory writer."""
 
     user_id: str
+    proof: CommandProof | None = None
+    """Proof of who started the writer (command ``start_memory_writer``); a run started
+    without a valid one (not continued as new) ends failed at once."""
     batch_size: int = Field(default=10, ge=1)
     batch_seconds: float = Field(default=5.0, gt=0)
     """A batch is written when it has ``batch_size`` candidates or its oldest has waited
@@ -305,6 +312,10 @@ class ConsolidateInput(BaseModel):
 
 
 class ConsolidationInput(BaseModel):
+    proof: CommandProof | None = None
+    """Proof that a holder of the command key (as an ``admin``) started it (command
+    ``consolidate_memories``, at any age: a Temporal Schedule starts runs with the same
+    input again and again); a run without a valid one ends failed at once."""
     archive_after_days: float | None = None
     """None: the worker's setting."""
     users: list[str] | None = None

@@ -52,14 +52,20 @@ async def ensure_consolidation_schedule(client: Any, settings: Settings, *, task
         ScheduleUpdate,
     )
 
+    from hermes import command_auth
     from hermes.memory.models import ConsolidationInput
 
     schedule = Schedule(
         action=ScheduleActionStartWorkflow(
             names.MEMORY_CONSOLIDATION_WORKFLOW,
-            ConsolidationInput(
-                archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.model_heartbeat_seconds,
-                max_judge_calls=settings.resolved_memory_judge_max_calls,
+            # Signed once, good at any age: the schedule starts every run with this input
+            # (re-signed whenever a worker writes the schedule again).
+            command_auth.signed(
+                ConsolidationInput(
+                    archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.model_heartbeat_seconds,
+                    max_judge_calls=settings.resolved_memory_judge_max_calls,
+                ),
+                names.START_CONSOLIDATION, names.CONSOLIDATION_TARGET, sender="hermes-worker", roles=["admin"],
             ),
             id="hermes-memory-consolidation-run",
             task_queue=task_queue or settings.task_queue,

@@ -12,8 +12,6 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    import pydantic
-
     from hermes import command_auth, telemetry
     from hermes.models import CommandProof, SessionInput
 
@@ -40,21 +38,14 @@ class SignalGuard:
         return commands.start_refusal(inp, command_auth.worker_ring(), continued=continued, now=workflow.now())
 
     def parse(self, command: str, args: tuple[Any, ...], shape: tuple[Any, ...]) -> list[Any] | None:
-        """The signal's arguments as ``shape`` says (a type each; a trailing optional one may
-        be left out), or None when they are not (another type, more of them): then the
-        signal is refused, noted and counted, never a failed workflow task. The same
-        arguments parse the same on replay."""
-        if len(args) > len(shape) or (len(args) < len(shape) and not _optional(shape[len(args)])):
-            why = f"{len(args)} arguments where {len(shape)} are expected"
-        else:
-            try:
-                return [_adapter(kind).validate_python(value) for kind, value in zip(shape, args)] + [None] * (
-                    len(shape) - len(args)
-                )
-            except pydantic.ValidationError as err:
-                why = f"malformed arguments ({err.error_count()} errors: {err.errors()[0]['msg']})"
-        self._s.gate.note(workflow.now(), f"refused a {command} signal: {why}")
-        self.count(command, why)
+        """The signal's arguments as ``shape`` says (:func:`command_auth.parse_args`), or
+        None when they are not: then the signal is refused, noted and counted, never a
+        failed workflow task."""
+        parsed = command_auth.parse_args(args, shape)
+        if isinstance(parsed, list):
+            return parsed
+        self._s.gate.note(workflow.now(), f"refused a {command} signal: {parsed}")
+        self.count(command, parsed)
         return None
 
     def refusal(self, command: str, payload: Any, proof: CommandProof | None, *, sender: str | None = None) -> str | None:
@@ -72,18 +63,4 @@ class SignalGuard:
         if not workflow.unsafe.is_replaying():
             workflow.logger.warning("session %s refused %s: %s", self._s.inp.session_id, command, why)
             telemetry.count_refused_command(command)
-
-
-def _optional(kind: Any) -> bool:
-    return type(None) in getattr(kind, "__args__", ())
-
-
-_ADAPTERS: dict[Any, Any] = {}
-
-
-def _adapter(kind: Any) -> Any:
-    """A pydantic ``TypeAdapter`` per argument type, made once per process."""
-    if kind not in _ADAPTERS:
-        _ADAPTERS[kind] = pydantic.TypeAdapter(kind)
-    return _ADAPTERS[kind]
 
