@@ -63,7 +63,7 @@ with workflow.unsafe.imports_passed_through():
     import _common  # also puts the repository root on sys.path
     from pydantic import BaseModel
 
-    from hermes import names
+    from hermes import command_auth, names
     from hermes.models import (
         CallModelInput,
         CallModelResult,
@@ -402,7 +402,11 @@ async def main() -> None:
             plain = client.get_workflow_handle(plain_id)
 
             async def plain_turn(_: int) -> str:
-                message = SendMessageInput(text=text, client_message_id=f"msg-{uuid.uuid4()}")
+                # Signed as every client's message is (hermes.command_auth): sessions refuse others.
+                message = command_auth.signed(
+                    SendMessageInput(text=text, client_message_id=f"msg-{uuid.uuid4()}"), names.SEND_MESSAGE, plain_id,
+                    sender="bench",
+                )
                 return await _retry_busy(
                     by_name["session_update"],
                     lambda: plain.execute_update(names.SEND_MESSAGE, message, result_type=TurnResult),
@@ -579,14 +583,17 @@ def _variant_turn(
         def send() -> Awaitable[TurnResult]:
             start = WithStartWorkflowOperation(  # single-use: a new one per attempt
                 wf_name,
-                SessionInput(session_id=wid, user_id="bench", channel="cli", config=config),
+                command_auth.signed(
+                    SessionInput(session_id=wid, user_id="bench", channel="cli", config=config), names.START_SESSION, wid,
+                    sender="bench",
+                ),
                 id=wid,
                 task_queue=task_queue,
                 id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
             )
             return client.execute_update_with_start_workflow(
                 names.SEND_MESSAGE,
-                SendMessageInput(text=text, client_message_id=cid),
+                command_auth.signed(SendMessageInput(text=text, client_message_id=cid), names.SEND_MESSAGE, wid, sender="bench"),
                 start_workflow_operation=start,
                 result_type=TurnResult,
             )

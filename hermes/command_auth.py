@@ -31,13 +31,11 @@ Plain Python (``hmac``, ``hashlib``, ``json``): workflow code calls :func:`verif
 from __future__ import annotations
 
 import base64
-import binascii
 import dataclasses
 import hashlib
 import hmac
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -47,6 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hermes.errors import ConfigError
+from hermes.keyfiles import key_setting, parse_key_entries
 from hermes.proof import CommandProof
 
 if TYPE_CHECKING:
@@ -63,7 +62,6 @@ MAX_SKEW = timedelta(minutes=5)
 """A proof issued this far in the future of the workflow's clock is still taken (clients'
 clocks drift)."""
 MIN_KEY_BYTES = 16
-KEY_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 DEFAULT_KEY_FILE = "command-keys"
 """The key file made in ``data_dir`` when no key is configured."""
 
@@ -220,41 +218,20 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
 
 
 def parse_keys(text: str, *, source: str, separator: str) -> CommandKeyRing:
-    """A key ring from ``id:base64`` (``separator`` ",") or ``id base64`` lines ("\\n").
+    """A key ring from ``id:base64`` (``separator`` ",") or ``id base64`` lines ("\n")
+    (:func:`hermes.keyfiles.parse_key_entries`).
 
     Raises:
         ConfigError: an entry is malformed, a key id repeats, a key is not base64 of at
             least 16 bytes, or there is no key; naming ``source`` and the entry.
     """
-    keys: dict[str, bytes] = {}
-    for number, raw in enumerate(text.split(separator), start=1):
-        entry = raw.split("#", 1)[0].strip() if separator == "\n" else raw.strip()
-        if not entry:
-            continue
-        parts = [p.strip() for p in entry.partition(":")[::2]] if separator == "," else entry.split()
-        if len(parts) != 2 or not parts[1] or not KEY_ID_RE.match(parts[0]):
-            sep = ":" if separator == "," else " "
-            raise ConfigError(
-                f"expected '<key id>{sep}<base64 key>' with a key id of letters, digits, '.', '_' or '-' (at most 64); "
-                f"found something else at entry {number}",
-                source=source,
-            )
-        key_id, encoded = parts
-        try:
-            key = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError(f"the command key {key_id!r} is not valid base64", source=source) from None
-        if len(key) < MIN_KEY_BYTES:
-            raise ConfigError(
-                f"the command key {key_id!r} is {len(key)} bytes; at least {MIN_KEY_BYTES} expected "
-                "(`hermes command-key` makes a 32-byte one)",
-                source=source,
-            )
-        if key_id in keys:
-            raise ConfigError(f"the command key id {key_id!r} is listed twice", source=source)
-        keys[key_id] = key
-    if not keys:
-        raise ConfigError("no command key is listed", source=source)
+
+    def size_error(key_id: str, size: int) -> str | None:
+        if size >= MIN_KEY_BYTES:
+            return None
+        return f"the command key {key_id!r} is {size} bytes; at least {MIN_KEY_BYTES} expected (`hermes command-key` makes a 32-byte one)"
+
+    keys = parse_key_entries(text, source=source, separator=separator, size_error=size_error)
     return CommandKeyRing(keys=keys, current=next(iter(keys)), source=source)
 
 
@@ -313,18 +290,10 @@ def ring_from_settings(settings: Settings) -> CommandKeyRing:
         ConfigError: both settings are set, the file cannot be read or made, or a key is
             malformed.
     """
-    keys = settings.command_keys.get_secret_value() if settings.command_keys is not None else ""
-    path = settings.command_key_file
-    if keys and path:
-        raise ConfigError("set HERMES_COMMAND_KEYS or HERMES_COMMAND_KEY_FILE, not both", source="HERMES_COMMAND_KEYS")
-    if keys:
-        ring = parse_keys(keys, source="HERMES_COMMAND_KEYS", separator=",")
-    elif path:
-        try:
-            text = Path(path).expanduser().read_text(encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"cannot read the command key file: {err.strerror or err}", source=str(path)) from None
-        ring = parse_keys(text, source=str(path), separator="\n")
+    value = settings.command_keys.get_secret_value() if settings.command_keys is not None else ""
+    found = key_setting(value, settings.command_key_file, variable="HERMES_COMMAND_KEYS", file_variable="HERMES_COMMAND_KEY_FILE")
+    if found is not None:
+        ring = parse_keys(found[0], source=found[1], separator=found[2])
     else:
         ring = default_key_file(settings.data_dir / DEFAULT_KEY_FILE)
     seconds = settings.command_max_age_seconds

@@ -35,18 +35,16 @@ what was expected); decoding a payload whose key is not configured raises
 from __future__ import annotations
 
 import base64
-import binascii
 import logging
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from temporalio.converter import PayloadCodec
 
-from hermes.errors import ConfigError, HermesError
+from hermes.errors import HermesError
+from hermes.keyfiles import key_setting, parse_key_entries
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -57,7 +55,6 @@ ENCODING = b"binary/encrypted"
 """The ``encoding`` metadata of an encrypted payload (the value Temporal's samples use)."""
 KEY_ID_METADATA = "encryption-key-id"
 NONCE_BYTES = 12
-KEY_ID_RE = re.compile(r"^[A-Za-z0-9._-]{1,64}$")
 SEALED_PREFIX = "enc:v1:"
 """A Redis value encrypted by :meth:`KeyRing.seal`: ``enc:v1:<key id>:<base64 nonce+ciphertext>``."""
 
@@ -207,46 +204,24 @@ def converter_for(settings: Settings) -> Any:
 
 
 def parse_keys(text: str, *, source: str, separator: str) -> KeyRing:
-    """A key ring from ``id:base64`` (or ``id base64``) entries separated by ``separator``.
+    """A key ring from ``id:base64`` (or ``id base64``) entries separated by ``separator``
+    (:func:`hermes.keyfiles.parse_key_entries`).
 
     Raises:
         ConfigError: an entry is malformed, a key id repeats, a key is not base64 of 16,
             24 or 32 bytes, or there is no key; naming ``source`` and the entry.
     """
-    keys: dict[str, bytes] = {}
-    order: list[str] = []
-    for number, raw in enumerate(text.split(separator), start=1):
-        entry = raw.split("#", 1)[0].strip() if separator == "\n" else raw.strip()
-        if not entry:
-            continue
-        if separator == ",":
-            key_id, _, encoded = (part.strip() for part in entry.partition(":"))
-        else:
-            key_id, encoded = (entry.split() + ["", ""])[:2] if len(entry.split()) == 2 else ("", "")
-        where = f"entry {number}"
-        if not encoded or not KEY_ID_RE.match(key_id):
-            raise ConfigError(
-                f"expected '<key id>{':' if separator == ',' else ' '}<base64 key>' with a key id of letters, digits, "
-                f"'.', '_' or '-' (at most 64); found something else at {where}",
-                source=source,
-            )
-        try:
-            key = base64.b64decode(encoded, validate=True)
-        except (binascii.Error, ValueError):
-            raise ConfigError(f"the key {key_id!r} is not valid base64", source=source) from None
-        if len(key) not in (16, 24, 32):
-            raise ConfigError(
-                f"the key {key_id!r} is {len(key)} bytes; expected 16, 24 or 32 (AES-128/192/256; "
-                "`hermes encryption new-key` makes a 32-byte one)",
-                source=source,
-            )
-        if key_id in keys:
-            raise ConfigError(f"the key id {key_id!r} is listed twice", source=source)
-        keys[key_id] = key
-        order.append(key_id)
-    if not order:
-        raise ConfigError("no key is listed", source=source)
-    return KeyRing(keys=keys, current=order[0])
+
+    def size_error(key_id: str, size: int) -> str | None:
+        if size in (16, 24, 32):
+            return None
+        return (
+            f"the key {key_id!r} is {size} bytes; expected 16, 24 or 32 (AES-128/192/256; "
+            "`hermes encryption new-key` makes a 32-byte one)"
+        )
+
+    keys = parse_key_entries(text, source=source, separator=separator, size_error=size_error)
+    return KeyRing(keys=keys, current=next(iter(keys)))
 
 
 def keyring_from_settings(settings: Settings) -> KeyRing | None:
@@ -256,19 +231,11 @@ def keyring_from_settings(settings: Settings) -> KeyRing | None:
         ConfigError: both ``HERMES_ENCRYPTION_KEYS`` and ``HERMES_ENCRYPTION_KEY_FILE`` are
             set, the file cannot be read, or a key is malformed.
     """
-    keys = settings.encryption_keys.get_secret_value() if settings.encryption_keys is not None else ""
-    path = settings.encryption_key_file
-    if keys and path:
-        raise ConfigError("set HERMES_ENCRYPTION_KEYS or HERMES_ENCRYPTION_KEY_FILE, not both", source="HERMES_ENCRYPTION_KEYS")
-    if keys:
-        return parse_keys(keys, source="HERMES_ENCRYPTION_KEYS", separator=",")
-    if path:
-        try:
-            text = Path(path).expanduser().read_text(encoding="utf-8")
-        except OSError as err:
-            raise ConfigError(f"cannot read the key file: {err.strerror or err}", source=str(path)) from None
-        return parse_keys(text, source=str(path), separator="\n")
-    return None
+    value = settings.encryption_keys.get_secret_value() if settings.encryption_keys is not None else ""
+    found = key_setting(
+        value, settings.encryption_key_file, variable="HERMES_ENCRYPTION_KEYS", file_variable="HERMES_ENCRYPTION_KEY_FILE"
+    )
+    return parse_keys(found[0], source=found[1], separator=found[2]) if found is not None else None
 
 
 def new_key() -> str:

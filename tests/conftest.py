@@ -11,7 +11,7 @@ import dataclasses
 import functools
 import inspect
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,7 @@ from temporalio.worker import Worker
 from hermes import command_auth, names
 from hermes.client import HermesClient
 from hermes.durable import DurableStore
-from hermes.models import SessionConfig
+from hermes.models import SessionConfig, TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
 from hermes.stack import EmbeddedStack, find_binary, free_port, start_dev_environment
@@ -254,3 +254,21 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
             command_auth.activate(ring)
     finally:
         await env.shutdown()
+
+
+@pytest_asyncio.fixture
+async def turns() -> AsyncIterator[Callable[[Awaitable[TurnResult]], asyncio.Task[TurnResult]]]:
+    """Start turns as tasks (``turns(hermes.send_message(...))``); any still running when
+    the test ends is cancelled."""
+    tasks: list[asyncio.Task[TurnResult]] = []
+
+    def start(coro: Awaitable[TurnResult]) -> asyncio.Task[TurnResult]:
+        task = asyncio.ensure_future(coro)
+        tasks.append(task)
+        return task
+
+    yield start
+    for task in tasks:
+        if not task.done():
+            task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -17,7 +17,6 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import httpx2
 import pytest
 
 from hermes.api import add_key

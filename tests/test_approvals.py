@@ -17,20 +17,19 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio.client import WorkflowExecutionStatus
 
 from hermes import names
 from hermes.client import HermesClient
 from hermes.durable import NOTES, DurableStore
 from hermes.errors import SessionClosedError
-from hermes.models import SessionConfig, SessionState, ToolResultCode, TurnResult
+from hermes.models import SessionConfig, SessionState, ToolResultCode
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
 from hermes.tools.builtin import register_builtins
@@ -72,23 +71,6 @@ def saved_notes(user_id: str, _memory_store_per_test: Path) -> Callable[[], Awai
         return [json.loads(r.value) for r in await store.list(NOTES, owner=user_id)]
 
     return read
-
-
-@pytest_asyncio.fixture
-async def turns() -> AsyncIterator[Callable[[Awaitable[TurnResult]], asyncio.Task[TurnResult]]]:
-    """Start turns as tasks; any still running when the test ends is cancelled."""
-    tasks: list[asyncio.Task[TurnResult]] = []
-
-    def start(coro: Awaitable[TurnResult]) -> asyncio.Task[TurnResult]:
-        task = asyncio.ensure_future(coro)
-        tasks.append(task)
-        return task
-
-    yield start
-    for task in tasks:
-        if not task.done():
-            task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def decisions_for(hermes: HermesClient, session_id: str, tool_call_id: str, count: int) -> list[Any]:

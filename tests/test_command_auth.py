@@ -13,13 +13,11 @@ import base64
 import os
 import stat
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureError, WorkflowUpdateFailedError
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
@@ -27,23 +25,12 @@ from temporalio.exceptions import ApplicationError
 from hermes import command_auth, names
 from hermes.command_auth import CommandKeyRing
 from hermes.errors import CommandRefusedError, ConfigError, SessionForbiddenError
-from hermes.models import ApprovalDecision, CommandProof, SendMessageInput, SessionConfig, SessionInput, ToolResultCode, TurnResult
+from hermes.models import ApprovalDecision, CommandProof, SendMessageInput, SessionConfig, SessionInput, ToolResultCode
 from hermes.settings import Settings
 from tests.support import eventually, signed
+from tests.test_identity import SCRIPT
 from workflows.session.commands import CommandGate
 
-SCRIPT: dict[str, Any] = {
-    "turns": [
-        {
-            "match": "(?i)note",
-            "steps": [
-                {"tool_calls": [{"name": "save_note", "arguments": {"title": "Shopping", "text": "milk"}}]},
-                {"reply": "code={{ last_tool_result.code }}"},
-            ],
-        },
-        {"steps": [{"reply": "Hello!"}]},
-    ]
-}
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
 
 
@@ -54,22 +41,6 @@ def ring(key_id: str = "k1", key: bytes = b"k" * 32) -> CommandKeyRing:
 @pytest.fixture
 def user_id() -> str:
     return f"alice-{uuid.uuid4().hex[:8]}"
-
-
-@pytest_asyncio.fixture
-async def turns() -> AsyncIterator[Callable[[Awaitable[TurnResult]], asyncio.Task[TurnResult]]]:
-    tasks: list[asyncio.Task[TurnResult]] = []
-
-    def start(coro: Awaitable[TurnResult]) -> asyncio.Task[TurnResult]:
-        task = asyncio.ensure_future(coro)
-        tasks.append(task)
-        return task
-
-    yield start
-    for task in tasks:
-        if not task.done():
-            task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 # ----------------------------------------------------------------- proofs, plain

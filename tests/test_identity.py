@@ -12,17 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-import pytest_asyncio
 from temporalio.client import WorkflowExecutionStatus, WorkflowHistory
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from hermes.client import HermesClient
 from hermes.errors import SessionForbiddenError
-from hermes.models import ApprovalPolicy, SessionConfig, SessionState, ToolResultCode, TurnResult
+from hermes.models import ApprovalPolicy, SessionConfig, SessionState, ToolResultCode
 from tests.histories.record_identity import FOREIGN_HISTORY_PATH, OTHER_USER
 from tests.support import eventually
 from tests.test_replay import replayer
@@ -47,23 +45,6 @@ SCRIPT: dict[str, Any] = {
 @pytest.fixture
 def user_id() -> str:
     return f"alice-{uuid.uuid4().hex[:8]}"
-
-
-@pytest_asyncio.fixture
-async def turns() -> AsyncIterator[Callable[[Awaitable[TurnResult]], asyncio.Task[TurnResult]]]:
-    """Start turns as tasks; any still running when the test ends is cancelled."""
-    tasks: list[asyncio.Task[TurnResult]] = []
-
-    def start(coro: Awaitable[TurnResult]) -> asyncio.Task[TurnResult]:
-        task = asyncio.ensure_future(coro)
-        tasks.append(task)
-        return task
-
-    yield start
-    for task in tasks:
-        if not task.done():
-            task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def decisions_for(hermes: HermesClient, session_id: str, tool_call_id: str, count: int) -> list[Any]:

@@ -137,7 +137,7 @@ class Backend:
         if redis is None:
             from worker import connect_redis
 
-            redis = own = connect_redis(self.settings.resolved_redis_url)
+            redis = own = connect_redis(self.settings.resolved_redis_url, self.settings)
         try:
             redis_ok = bool(await asyncio.wait_for(redis.ping(), HEALTH_TIMEOUT_SECONDS))
         except Exception as err:  # noqa: BLE001 - any failure is "does not answer"
