@@ -29,6 +29,7 @@ from hermes.models import ApprovalDecision, CommandProof, SendMessageInput, Sess
 from hermes.settings import Settings
 from tests.support import eventually, signed
 from tests.test_identity import SCRIPT
+from tests.test_replay import replayer
 from workflows.session.commands import CommandGate
 
 NOW = datetime(2026, 12, 3, 12, 0, tzinfo=timezone.utc)
@@ -186,6 +187,9 @@ async def test_a_plain_temporal_client_can_neither_approve_nor_close_nor_change_
         await hermes.approve(session_id, pending.tool_call_id, approver=user_id)
         result = await asyncio.wait_for(turn, 30)
         assert (result.tool_calls[0].approval, result.tool_calls[0].result.code) == ("approved", ToolResultCode.OK)
+        history = await handle.fetch_history()
+    # Replayed, the session refuses and applies the same signals: the same commands.
+    assert (await replayer().replay_workflow(history)).replay_failure is None
 
 
 async def test_a_plain_temporal_client_message_is_refused_and_not_recorded(

@@ -49,6 +49,8 @@ from hermes.settings import Settings
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from tests.support import eventually, raw_insert, signed
+from tests.test_replay import replayer
+from workflows.memory import MemoryWriterWorkflow
 
 ALL_STATUSES = ("active", "superseded", "merged", "archived", "expired")
 MEMORY_ACTIVITIES = {
@@ -504,6 +506,9 @@ async def test_memory_commands_without_a_proof_are_refused_and_change_no_memory(
     assert texts(await rows_of(store, user)) == {"The user's cat is called Miso.", "The user plays the cello."}
     assert await rows_of(store, victim) == []
     assert not [e for e in history.events if e.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED]
+    # Replayed, the writer refuses and takes the same commands (the worker's key ring).
+    replayed = await replayer(MemoryWriterWorkflow).replay_workflow(history)
+    assert replayed.replay_failure is None
 
 
 # ------------------------------------------------------------ consolidation
