@@ -823,6 +823,7 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
         flush=True,
     )
 
+    from hermes import command_auth
     from hermes.client import HermesClient
     from hermes.settings import Settings
 
@@ -848,6 +849,8 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
                         "HERMES_TOOL_MODULES": "bench.recovery_tools",
                         "HERMES_MEMORY_ENABLED": "false",
                         "HERMES_DATA_DIR": str(tmp_path / "data"),
+                        # The workers check commands with the keys this process signs with.
+                        "HERMES_COMMAND_KEYS": command_auth.format_keys(command_auth.active()),
                         "HERMES_RECOVERY_MARKER_FILE": str(marker_file),
                         "HERMES_RECOVERY_WORK_SECONDS": str(WORK_SECONDS),
                         "PYTHONUNBUFFERED": "1",

@@ -72,6 +72,7 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -m bench.soak` too
 from _common import headline, parser, run  # noqa: E402, I001 - also puts the repository on sys.path
 
+from hermes import command_auth  # noqa: E402
 from hermes.client import HermesClient  # noqa: E402
 from hermes.durable import DurableStore  # noqa: E402
 from hermes.models import SessionConfig  # noqa: E402
@@ -446,6 +447,8 @@ async def main() -> None:
             "HERMES_MODEL_PROVIDER": "scripted",
             "HERMES_SCRIPT": str(script),
             "HERMES_DATA_DIR": str(tmp / "data"),
+            # The workers check commands with the keys this process signs with.
+            "HERMES_COMMAND_KEYS": command_auth.format_keys(command_auth.active()),
             "HERMES_MEMORY_ENABLED": "true" if args.memory == "on" else "false",
             "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep),
             "PYTHONUNBUFFERED": "1",

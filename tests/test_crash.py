@@ -28,6 +28,7 @@ from typing import Any
 import pytest
 import yaml
 
+from hermes import command_auth
 from hermes.client import HermesClient
 from hermes.models import ToolResultCode
 
@@ -92,6 +93,8 @@ def spawn_worker(
             COUNTER_FILE_ENV: str(counter_file),
             SLOW_SECONDS_ENV: "30",
             "PYTHONUNBUFFERED": "1",
+            # The command keys of this process, whose clients talk to these workers.
+            "HERMES_COMMAND_KEYS": command_auth.format_keys(command_auth.active()),
         }
     )
     procs: list[tuple[subprocess.Popen[bytes], Any]] = []

@@ -48,7 +48,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.heartbeat import beat_interval_seconds, heartbeating
 from activities.memory import MemoryActivities
 from activities.model import ModelActivities
-from hermes import names
+from hermes import command_auth, names
 from hermes.client import HermesClient
 from hermes.memory.models import ConversationExcerpt, ExtractMemoriesInput
 from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, SummarizeInput
@@ -335,6 +335,8 @@ def spawn_worker(
             "HERMES_DATA_DIR": str(tmp_path / "data"),
             "HERMES_CODEC_PORT": str(free_port()),  # `hermes dev` serves one
             "PYTHONUNBUFFERED": "1",
+            # The command keys of this process, whose clients talk to these workers.
+            "HERMES_COMMAND_KEYS": command_auth.format_keys(command_auth.active()),
         }
     )
     procs: list[tuple[subprocess.Popen[bytes], Any]] = []
