@@ -302,3 +302,10 @@ async def test_malformed_signals_are_refused_and_noted_never_a_failed_workflow_t
         history = await handle.fetch_history()
     failed = [e for e in history.events if e.HasField("workflow_task_failed_event_attributes")]
     assert failed == []
+
+
+def test_the_api_reports_a_refused_command_as_its_own_misconfiguration_not_the_callers():
+    from hermes.api.problems import problem_for
+
+    problem = problem_for(CommandRefusedError("message refused: its proof names key 'api', which this worker does not hold"))
+    assert problem.status == 500 and "HERMES_COMMAND_KEYS" in problem.detail

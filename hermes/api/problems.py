@@ -22,6 +22,7 @@ from pydantic import BaseModel, Field
 from starlette.responses import JSONResponse
 
 from hermes.errors import (
+    CommandRefusedError,
     HermesError,
     MessageFailedError,
     MessageRejectedError,
@@ -124,6 +125,10 @@ def problem_for(err: HermesError) -> Problem:
         return Problem("session-halted", str(err))
     if isinstance(err, SessionExistsError):
         return Problem("session-exists", str(err))
+    if isinstance(err, CommandRefusedError):
+        # The API signs every command with its command key: a refusal means this server's
+        # keys are not the workers' (a deployment mistake), not that the caller may not.
+        return Problem("internal", f"{err} (this API server's HERMES_COMMAND_KEYS must be the workers')")
     if isinstance(err, SessionForbiddenError):
         return Problem("forbidden", str(err))
     if isinstance(err, MessageRejectedError):
