@@ -176,7 +176,12 @@ def _tls_failure(text: str, settings: Settings, target: str) -> str | None:
         return f"the certificate of {target} is expired or not yet valid"
     if "CorruptMessage" in text or "InvalidContentType" in text or "InvalidMessage" in text:
         return f"{target} does not speak TLS (set HERMES_TEMPORAL_TLS=false for a plain server)"
-    if any(m in text for m in ("close_notify", "CertificateRequired", "UnexpectedEof", "BadCertificate", "UnknownCA")):
+    # Under TLS 1.3 the server checks the client certificate after the client has finished
+    # its handshake: the refusal then reaches the client as an alert, an EOF, or (loaded
+    # machines) a broken pipe or reset on its first write.
+    refused = ("close_notify", "CertificateRequired", "UnexpectedEof", "BadCertificate", "UnknownCA", "BrokenPipe",
+               "broken pipe", "ConnectionReset", "connection reset")
+    if any(m in text for m in refused):
         given = (
             f"HERMES_TEMPORAL_TLS_CERT_FILE ({s.temporal_tls_cert_file})"
             if s.temporal_tls_cert_file
