@@ -81,6 +81,7 @@ async def test_dev_no_worker_prints_the_env_a_separate_worker_serves_a_session_w
         HERMES_UI_PORT=str(ui_port),
         HERMES_REDIS_PORT=str(free_port()),
         HERMES_CODEC_PORT=str(free_port()),
+        HERMES_COMMAND_KEYS="",  # the data dir's key file, as on a user's machine
     )
     dev = await start_cli("dev", "--no-worker", env=dev_env, cwd=tmp_path)
     worker = None
@@ -93,13 +94,14 @@ async def test_dev_no_worker_prints_the_env_a_separate_worker_serves_a_session_w
             "REDIS_URL": f"redis://127.0.0.1:{dev_env['HERMES_REDIS_PORT']}/0",
             "HERMES_TASK_QUEUE": "hermes-sessions",
             "HERMES_MEMORY_URI": str(data_dir / "memory"),
+            "HERMES_COMMAND_KEY_FILE": str(data_dir / "command-keys"),
         }
         assert "Serving" not in banner  # no worker in the servers' process
 
         # Another terminal: only the pasted lines (memory off: no embedder to load).
         elsewhere = tmp_path / "elsewhere"
         elsewhere.mkdir()
-        worker_env_ = clean_env(**pasted, HERMES_MEMORY_ENABLED="false")
+        worker_env_ = clean_env(**pasted, HERMES_MEMORY_ENABLED="false", HERMES_COMMAND_KEYS="")
         worker = await start_cli("worker", env=worker_env_, cwd=elsewhere)
         served = await read_until(worker, "Serving.", timeout_seconds=120)
         assert "scripted stand-in" in served and "hermes-sessions" in served
@@ -221,4 +223,5 @@ def test_worker_env_comments_out_a_redis_url_with_credentials_and_quotes_values(
         "TEMPORAL_ADDRESS": "127.0.0.1:7233",
         "HERMES_TASK_QUEUE": "q one",
         "HERMES_MEMORY_URI": str(tmp_path / "my data" / "memory"),
+        "HERMES_COMMAND_KEY_FILE": str(tmp_path / "my data" / "command-keys"),
     }

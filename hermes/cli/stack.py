@@ -157,6 +157,9 @@ def worker_env(settings: Settings, temporal_address: str, redis_url: str) -> lis
 
     Returns:
         POSIX shell lines, e.g. ``export TEMPORAL_ADDRESS=127.0.0.1:7233``.
+
+    Raises:
+        ConfigError: the command key file cannot be made.
     """
     import shlex
 
@@ -170,6 +173,16 @@ def worker_env(settings: Settings, temporal_address: str, redis_url: str) -> lis
     # Absolute, so a worker started from another directory shares the long-term memory,
     # the transcript archive and the audit log (default: <data dir>/memory).
     values["HERMES_MEMORY_URI"] = settings.memory_uri or str((settings.data_dir / "memory").absolute())
+    # The command keys too (hermes.command_auth): a worker elsewhere must check the proofs
+    # the clients here sign. Keys given in HERMES_COMMAND_KEYS are the user's to pass on.
+    if settings.command_keys is None or not settings.command_keys.get_secret_value():
+        from hermes.command_auth import DEFAULT_KEY_FILE, default_key_file
+
+        keys_file = settings.command_key_file
+        if keys_file is None:
+            keys_file = settings.data_dir / DEFAULT_KEY_FILE
+            default_key_file(keys_file)  # made now: this process has no client to make it
+        values["HERMES_COMMAND_KEY_FILE"] = str(Path(keys_file).expanduser().absolute())
     lines = []
     for name, value in values.items():
         shown = hide_password(value)
