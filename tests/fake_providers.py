@@ -20,6 +20,11 @@ dialect (see :mod:`hermes.providers.profiles` for the sources):
 Every fake also refuses, as OpenAI does, a tool message that answers no earlier tool call
 and an assistant tool call left without a tool message.
 
+A stream can be cut (``cut_streams``): the next streamed answers end cleanly after the
+first N events, without the chunk that carries ``finish_reason`` and without
+``data: [DONE]``, as a proxy's or server's timeout ends one (:func:`cut_in_text`,
+:func:`cut_in_arguments` choose N).
+
 What it answers comes from ``answer(body) -> Step`` (default: :func:`conversation_step`,
 the conformance conversation, chosen by how many assistant messages the request carries:
 stateless, so a retried or replayed request gets the same answer).
@@ -290,6 +295,36 @@ def completion_to_chunks(body: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+# ------------------------------------------------------------ cut streams
+
+Cut = Callable[[list[dict[str, Any]]], int]
+"""Chooses how many of a streamed answer's events are sent before the stream ends."""
+
+
+def _delta_of(event: dict[str, Any]) -> dict[str, Any]:
+    return event["choices"][0]["delta"] if event.get("choices") else {}
+
+
+def cut_in_text(events: list[dict[str, Any]]) -> int:
+    """Right after the first piece of reply text (a sentence cut mid-way)."""
+    return next(i for i, e in enumerate(events) if _delta_of(e).get("content")) + 1
+
+
+def cut_in_arguments(events: list[dict[str, Any]]) -> int:
+    """Right after the first piece of a tool call's arguments (a call whose arguments
+    arrive whole, as Ollama sends them, is cut after that call, before its finish)."""
+    for i, e in enumerate(events):
+        for tc in _delta_of(e).get("tool_calls") or ():
+            if (tc.get("function") or {}).get("arguments"):
+                return i + 1
+    raise ValueError("no tool-call arguments in this stream")
+
+
+def cut_before_arguments(events: list[dict[str, Any]]) -> int:
+    """Right after the chunk naming the first tool call, before any of its arguments."""
+    return next(i for i, e in enumerate(events) if _delta_of(e).get("tool_calls")) + 1
+
+
 # ------------------------------------------------------------ the server
 
 
@@ -322,6 +357,9 @@ class FakeProvider:
         self.default: dict[str, Any] | None = None
         """When set, the raw completion answered once ``scripted`` is used up."""
         self.chunk_delay_seconds = 0.0
+        self.cut_streams: list[Cut] = []
+        """The next streamed answers, in order, are cut where these say (see the module
+        docstring); answers after them stream whole."""
         self.ignores_stream = False
         """Answer JSON even when asked to stream, as some gateways in front of
         OpenAI-compatible servers do."""
@@ -374,11 +412,14 @@ class FakeProvider:
                 self.send_header("Cache-Control", "no-cache")
                 self.send_header("Transfer-Encoding", "chunked")
                 self.end_headers()
-                for event in events:
+                with fake._lock:
+                    cut = fake.cut_streams.pop(0) if fake.cut_streams else None
+                for event in events if cut is None else events[: cut(events)]:
                     self._write_chunk(b"data: " + _dumps(event) + b"\n\n")
                     if fake.chunk_delay_seconds:
                         time.sleep(fake.chunk_delay_seconds)
-                self._write_chunk(b"data: [DONE]\n\n")
+                if cut is None:
+                    self._write_chunk(b"data: [DONE]\n\n")
                 self._write_chunk(b"")
 
             def _write_chunk(self, data: bytes) -> None:

@@ -31,7 +31,7 @@ from hermes.settings import Settings
 from hermes.stack import free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
-from tests.fake_providers import FakeProvider
+from tests.fake_providers import Call, FakeProvider, Step, cut_before_arguments, cut_in_text
 
 MODEL = "fake-model"
 
@@ -250,6 +250,35 @@ async def test_tool_calls_on_the_wire_are_parsed_with_their_json_string_argument
     assert (empty.arguments, empty.arguments_error) == ({}, None)
 
 
+def cut_answer(body: dict[str, Any], finish_reason: str | None) -> dict[str, Any]:
+    body["choices"][0]["finish_reason"] = finish_reason
+    return body
+
+
+@pytest.mark.parametrize("finish_reason", [None, ""])
+async def test_an_answer_without_a_finish_reason_fails_the_attempt_as_retryable_and_is_not_the_reply(
+    fake_openai, finish_reason
+):
+    fake_openai.then(200, cut_answer(completion("The transfer of 5,000 EUR was NOT"), finish_reason))
+    provider = OpenAIProvider(model=MODEL, base_url=fake_openai.base_url, api_key="test", stream=False)
+    with pytest.raises(ApplicationError) as info:
+        await ModelActivities(provider).call_model(request())
+    assert info.value.type == "ModelUnavailableError" and info.value.non_retryable is False
+    assert "cut: no finish_reason, it ended after 33 characters of text" in info.value.message
+    assert info.value.next_retry_delay == timedelta(seconds=0.5)
+
+
+async def test_a_tool_call_cut_by_the_output_limit_is_retryable_but_text_cut_by_it_is_kept(fake_openai):
+    half = {"id": "call_half", "type": "function", "function": {"name": "calculate", "arguments": '{"expression": "6 *'}}
+    fake_openai.then(200, cut_answer(completion(None, tool_calls=[half]), "length"))
+    fake_openai.then(200, cut_answer(completion("A long answer, cut by max_tok"), "length"))
+    provider = OpenAIProvider(model=MODEL, base_url=fake_openai.base_url, api_key="test", stream=False)
+    with pytest.raises(ModelUnavailableError, match=r"finish_reason 'length' .* tool call 'calculate' \(call_half, 19 characters\)"):
+        await provider.complete(request())
+    # Plain text at the output limit is a whole answer, truncated as asked: kept as before.
+    assert (await provider.complete(request())).message.content == "A long answer, cut by max_tok"
+
+
 def test_the_openai_provider_without_key_or_base_url_is_a_config_error(monkeypatch, tmp_path):
     for name in ("OPENAI_API_KEY", "HERMES_OPENAI_API_KEY", "OPENAI_BASE_URL", "HERMES_OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -275,6 +304,37 @@ async def test_a_500_then_200_is_retried_by_temporal_and_the_turn_succeeds(run_w
     assert result.reply == "Hello from the model"
     assert len(fake_openai.requests) == 2
     assert fake_openai.requests[0]["body"] == fake_openai.requests[1]["body"]
+
+
+async def test_a_stream_cut_mid_sentence_is_retried_and_only_the_whole_reply_is_stored(run_worker, fake_openai, session_id):
+    whole = "The transfer of 5,000 EUR was NOT sent: the account is locked."
+    fake_openai.then(200, completion(whole)).then(200, completion(whole))
+    fake_openai.cut_streams.append(lambda events: cut_in_text(events) + 10)  # "The transfer of 5,000 EUR was NOT"
+    async with run_worker(provider_for(fake_openai), memory=False) as hermes:
+        result = await hermes.send_message(session_id, "did the transfer go through?")
+        transcript = await hermes.get_transcript(session_id)
+    assert (result.status, result.reply) == ("completed", whole)
+    assert len(fake_openai.requests) == 2 and fake_openai.cut_streams == []
+    assert [m.content for m in transcript if m.role == "assistant"] == [whole]
+
+
+@pytest.mark.timeout(120)
+async def test_a_stream_cut_inside_a_tool_call_never_runs_that_call_and_the_retry_runs_it_whole(run_worker, session_id):
+    def answer(body: dict[str, Any]) -> Step:
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return Step(content="It is morning in Tokyo.")
+        return Step(calls=[Call("current_time", '{"timezone": "Asia/Tokyo"}')])
+
+    with FakeProvider("openai", answer=answer) as fake:
+        # Cut after the call's name, before its arguments: kept, it ran with none (UTC).
+        fake.cut_streams.append(cut_before_arguments)
+        provider = OpenAIProvider(model=MODEL, base_url=fake.base_url, api_key="test")
+        async with run_worker(provider, registry=register_builtins(ToolRegistry()), memory=False) as hermes:
+            result = await hermes.send_message(session_id, "what time is it in Tokyo?")
+    assert (result.status, result.reply) == ("completed", "It is morning in Tokyo.")
+    [record] = result.tool_calls
+    assert (record.name, record.arguments, record.result.code) == ("current_time", {"timezone": "Asia/Tokyo"}, ToolResultCode.OK)
+    assert len(fake.requests) == 3 and fake.cut_streams == []
 
 
 async def test_a_401_is_not_retried_and_the_session_stays_usable(run_worker, fake_openai, session_id):

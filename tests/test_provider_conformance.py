@@ -22,7 +22,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.heartbeat import beat
 from activities.model import ModelActivities
 from hermes.blobs import body_json, message_from_body, message_ref
-from hermes.errors import ConfigError, ModelRequestError
+from hermes.errors import ConfigError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, ProviderProfileName, SessionConfig, ToolResultCode
 from hermes.providers import make_provider, openai as openai_provider
 from hermes.providers import profiles as profiles_module
@@ -42,6 +42,8 @@ from tests.fake_providers import (
     Call,
     FakeProvider,
     Step,
+    cut_in_arguments,
+    cut_in_text,
     opening_messages,
     tool_messages,
 )
@@ -128,6 +130,26 @@ async def test_the_tool_conversation_passes_against_every_profile_streamed_and_n
                 assert m["reasoning_content"] == STEPS[0].reasoning, "the thinking of a tool step goes back"
             else:
                 assert not reasoning_keys, f"{fake.profile}: reasoning must stay out of {m}"
+
+
+@pytest.mark.timeout(60)
+async def test_a_stream_cut_inside_a_tool_call_or_mid_text_is_refused_as_retryable_against_every_profile(fake):
+    # Each profile's stream without its last events (the finish_reason chunk, usage,
+    # [DONE]), as a proxy's timeout ends one; the same request streamed whole then passes.
+    provider = provider_for(fake)
+    calls = CallModelInput(session_id="s-cut", turn=1, step=0, messages=opening_messages(), tools=TOOLS)
+    fake.cut_streams.append(cut_in_arguments)
+    with pytest.raises(ModelUnavailableError, match="cut: no finish_reason, it ended (inside the arguments of tool call 'get_weather'|after 1 tool call)"):
+        await provider.complete(calls)
+    whole = (await provider.complete(calls)).message
+    assert [c.arguments for c in whole.tool_calls] == [{"city": "北京"}, {}]
+
+    text = calls.model_copy(update={"step": 1, "messages": [*opening_messages(), whole, *tool_messages(whole)]})
+    fake.cut_streams.append(cut_in_text)
+    with pytest.raises(ModelUnavailableError, match="no finish_reason, it ended after 3 characters of text"):
+        await provider.complete(text)
+    assert (await provider.complete(text)).message.content == REPLY_1
+    assert fake.cut_streams == [] and fake.refused == []
 
 
 # Each quirk's handling taken out (profile field -> value without it), and what then fails.

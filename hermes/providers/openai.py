@@ -4,12 +4,15 @@ each in its own dialect (:mod:`hermes.providers.profiles`), streamed where it ca
 
 The SDK's own retries are off (``max_retries=0``): Temporal owns retries. HTTP status
 maps to retryable or not as in the Temporal samples: 408, 409, 429 and 5xx are retried,
-other 4xx are not; ``Retry-After`` becomes the next retry delay.
+other 4xx are not; ``Retry-After`` becomes the next retry delay. An answer cut short (no
+``finish_reason``, or the output limit inside a tool call's arguments: :meth:`_Reply.cut`)
+is retried the same way, as a :class:`~hermes.errors.ModelUnavailableError`.
 """
 
 from __future__ import annotations
 
 import email.utils
+import json
 import math
 import re
 import time
@@ -191,6 +194,12 @@ class OpenAIProvider:
             raise ModelUnavailableError(f"{model} failed mid-answer: {_short(err.message)}") from None
         if reply is None:
             raise ModelUnavailableError(f"{model} returned no choices")
+        cut = reply.cut()
+        if cut is not None:
+            # A proxy's or server's timeout can end a stream cleanly mid-answer: kept, it
+            # would be a half sentence stored as the reply or a tool call run with half
+            # its arguments. It fails this attempt the way a dropped connection does.
+            raise ModelUnavailableError(f"{model}'s answer was cut: {cut}; it is retried, not kept")
         return reply.result(request, self.name, model)
 
     async def _streamed(self, kwargs: dict[str, Any], profile: ProviderProfile) -> _Reply | None:
@@ -219,10 +228,12 @@ class _Reply:
     """An answer being read: from one response, or assembled from streamed chunks
     (tool-call deltas by ``index``, usage from whichever chunk carries it)."""
 
-    __slots__ = ("choices", "content", "reasoning", "calls", "usage", "model")
+    __slots__ = ("choices", "content", "reasoning", "calls", "usage", "model", "finish_reason")
 
     def __init__(self) -> None:
         self.choices = 0
+        self.finish_reason: str | None = None
+        """The choice's ``finish_reason`` (``""``, as early Ollama sent mid-stream, is none)."""
         self.content: list[str] = []
         self.reasoning: list[str] = []
         self.calls: list[dict[str, Any]] = []
@@ -240,6 +251,8 @@ class _Reply:
             if choice.index:  # n > 1 is never asked for
                 continue
             self.choices += 1
+            if choice.finish_reason:
+                self.finish_reason = choice.finish_reason
             extra = choice.model_extra or {}
             if extra.get("usage"):  # Moonshot: usage in the last chunk's choice
                 self.usage = extra["usage"]
@@ -284,6 +297,7 @@ class _Reply:
         if not response.choices:
             return
         self.choices = 1
+        self.finish_reason = response.choices[0].finish_reason or None
         message = response.choices[0].message
         if message.content:
             self.content.append(message.content)
@@ -303,6 +317,45 @@ class _Reply:
                     "arguments": arguments if isinstance(arguments, dict) else [arguments or ""],
                 }
             )
+
+    def cut(self) -> str | None:
+        """What shows this answer to be cut short, or None when it is whole.
+
+        Every profile's server ends a whole answer with a ``finish_reason`` on its choice
+        (in the last chunk when streaming); ``data: [DONE]`` is not required (the SDK
+        does not report it, and some llama.cpp forks never send it). Without one the
+        answer is cut. With ``length`` (the output limit) it is cut only where a tool
+        call's arguments are not complete JSON: plain text cut by the limit is a whole,
+        truncated answer and is kept.
+
+        Returns:
+            A sentence naming what was cut (the text's length, or the tool call), or None.
+        """
+        if self.finish_reason and self.finish_reason != "length":
+            return None  # the common case: no second parse of the arguments
+        half = self._half_call()
+        if not self.finish_reason:
+            if half is not None:
+                return f"no finish_reason, it ended inside the arguments of tool call {half}"
+            if self.calls:
+                return f"no finish_reason, it ended after {len(self.calls)} tool call(s)"
+            return f"no finish_reason, it ended after {sum(map(len, self.content))} characters of text"
+        if half is not None:
+            return f"finish_reason 'length' (the output limit) inside the arguments of tool call {half}"
+        return None
+
+    def _half_call(self) -> str | None:
+        """The first tool call (name and id) whose arguments are not complete JSON."""
+        for slot in sorted(self.calls, key=lambda c: c["index"]):
+            arguments = slot["arguments"]
+            if isinstance(arguments, dict):
+                continue
+            text = "".join(arguments).strip()
+            try:
+                json.loads(text)
+            except (ValueError, RecursionError):
+                return f"{slot['name']!r} ({slot['id'] or 'no id'}, {len(text)} characters)"
+        return None
 
     def result(self, request: CallModelInput, provider: str, model: str) -> CallModelResult:
         calls = []
