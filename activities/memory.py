@@ -496,9 +496,7 @@ class MemoryActivities:
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
         async with heartbeating():  # waits for the writer, which may be writing a batch
-            proof = command_auth.sign(
-                command_auth.active(), names.FORGET_USER, writer_id, None, sender=user_id, now=datetime.now(timezone.utc)
-            )
+            proof = command_auth.proof_now(names.FORGET_USER, writer_id, None, sender=user_id)
             return await self.client.execute_update_with_start_workflow(
                 names.FORGET_USER, proof, start_workflow_operation=operation, result_type=ForgetReport
             )

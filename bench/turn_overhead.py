@@ -545,11 +545,12 @@ async def _variant_series(
 
     from hermes import encryption
     from hermes.client import HermesClient
+    from hermes.keyfiles import new_key
 
     on, spans, plugins = tracing or (None, None, [])
     keyring = None
     if encrypting:
-        keyring = encryption.KeyRing({"bench": base64.b64decode(encryption.new_key())}, "bench")
+        keyring = encryption.KeyRing({"bench": base64.b64decode(new_key())}, "bench")
     converter = encryption.data_converter(keyring) if keyring is not None else client.data_converter
     variant = Client(client.service_client, namespace=client.namespace, data_converter=converter, plugins=plugins)
     name = ("session" + ("_traced" if tracing else "") + ("_encrypted" if encrypting else "")) if tracing or encrypting \

@@ -41,7 +41,7 @@ import random
 import unicodedata
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import BaseModel
@@ -1096,10 +1096,7 @@ class HermesClient:
         if sender is None:
             description = await self._call(session_id, "describe", self.handle(session_id).describe)
             sender = description.typed_search_attributes.get(names.SA_USER_ID) or "anonymous"
-        proof = command_auth.sign(
-            self.command_keys or command_auth.active(), name, session_id, payload, sender=sender, roles=roles,
-            now=datetime.now(timezone.utc),
-        )
+        proof = command_auth.proof_now(name, session_id, payload, sender=sender, roles=roles, ring=self.command_keys)
         await self._signal(session_id, name, *([] if payload is None else [payload]), proof)
 
     async def approve(self, session_id: str, tool_call_id: str, *, approver: str, reason: str | None = None) -> None:
@@ -1312,7 +1309,7 @@ class HermesClient:
         return WithStartWorkflowOperation(
             names.MEMORY_WRITER_WORKFLOW,
             self._signed(names.START_MEMORY_WRITER, writer_id, MemoryWriterInput(user_id=user_id), user_id),
-            id=names.memory_writer_id(user_id),
+            id=writer_id,
             task_queue=self.task_queue,
             id_conflict_policy=WorkflowIDConflictPolicy.USE_EXISTING,
         )
@@ -1339,9 +1336,8 @@ class HermesClient:
         """
         from hermes.memory.models import ForgetReport
 
-        proof = command_auth.sign(
-            self.command_keys or command_auth.active(), names.FORGET_USER, names.memory_writer_id(user_id), None,
-            sender=user_id, now=datetime.now(timezone.utc),
+        proof = command_auth.proof_now(
+            names.FORGET_USER, names.memory_writer_id(user_id), None, sender=user_id, ring=self.command_keys
         )
         return await self._writer_update(user_id, names.FORGET_USER, proof, ForgetReport)
 

@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hermes.errors import ConfigError
-from hermes.keyfiles import key_setting, parse_key_entries
+from hermes.keyfiles import key_setting, new_key, parse_key_entries
 from hermes.proof import CommandProof
 
 if TYPE_CHECKING:
@@ -64,6 +64,8 @@ clocks drift)."""
 MIN_KEY_BYTES = 16
 DEFAULT_KEY_FILE = "command-keys"
 """The key file made in ``data_dir`` when no key is configured."""
+ADMIN = "admin"
+"""The role that acts for any user (posts into another's session, starts a consolidation)."""
 
 
 @dataclass(frozen=True)
@@ -172,19 +174,32 @@ def verify(
     return None
 
 
+def acts_for(proof: CommandProof, owner: str | None) -> bool:
+    """Whether ``proof``'s sender may act for ``owner`` (a session's or a memory writer's
+    user): it is them, or it has the ``admin`` role. ``owner`` None: only an admin."""
+    return (owner is not None and proof.sender == owner) or ADMIN in proof.roles
+
+
+def proof_now(
+    command: str, target: str, payload: Any, *, sender: str, roles: Iterable[str] = (), ring: CommandKeyRing | None = None
+) -> CommandProof:
+    """:func:`sign` by ``ring`` (default: this process', :func:`active`), issued now: the
+    proof a client sends along with a command.
+
+    Args:
+        target: the workflow the command is for (a session id, a memory writer's id).
+    """
+    return sign(ring or active(), command, target, payload, sender=sender, roles=roles, now=datetime.now(timezone.utc))
+
+
 M = TypeVar("M", bound=BaseModel)
 
 
 def signed(
     payload: M, command: str, target: str, *, sender: str, roles: Iterable[str] = (), ring: CommandKeyRing | None = None
 ) -> M:
-    """``payload`` with its ``proof`` field set: :func:`sign` by ``ring`` (default: this
-    process', :func:`active`), issued now.
-
-    Args:
-        target: the workflow the command is for (a session id, a memory writer's id).
-    """
-    proof = sign(ring or active(), command, target, payload, sender=sender, roles=roles, now=datetime.now(timezone.utc))
+    """``payload`` with its ``proof`` field set (:func:`proof_now`)."""
+    proof = proof_now(command, target, payload, sender=sender, roles=roles, ring=ring)
     return payload.model_copy(update={"proof": proof})
 
 
@@ -240,11 +255,6 @@ def format_keys(ring: CommandKeyRing) -> str:
     process that must share this one's ring (a worker, an API server)."""
     order = [ring.current] + [k for k in ring.keys if k != ring.current]
     return ",".join(f"{k}:{base64.b64encode(ring.keys[k]).decode()}" for k in order)
-
-
-def new_key() -> str:
-    """A new random 32-byte command key, base64."""
-    return base64.b64encode(os.urandom(32)).decode()
 
 
 def default_key_file(path: Path) -> CommandKeyRing:

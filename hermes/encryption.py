@@ -238,11 +238,6 @@ def keyring_from_settings(settings: Settings) -> KeyRing | None:
     return parse_keys(found[0], source=found[1], separator=found[2]) if found is not None else None
 
 
-def new_key() -> str:
-    """A new random 32-byte key, base64 (for a key file or ``HERMES_ENCRYPTION_KEYS``)."""
-    return base64.b64encode(os.urandom(32)).decode()
-
-
 _ACTIVE: KeyRing | None = None
 
 

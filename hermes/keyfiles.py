@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -59,6 +60,11 @@ def parse_key_entries(text: str, *, source: str, separator: str, size_error: Cal
     if not keys:
         raise ConfigError("no key is listed", source=source)
     return keys
+
+
+def new_key() -> str:
+    """A new random 32-byte key, base64 (``hermes encryption-key``, ``hermes command-key``)."""
+    return base64.b64encode(os.urandom(32)).decode()
 
 
 def key_setting(value: str, path: Path | None, *, variable: str, file_variable: str) -> tuple[str, str, str] | None:

@@ -83,12 +83,7 @@ def decoded_history(history_json: str) -> str:
 def signed(command: str, session_id: str, payload: Any, sender: str = "anonymous", roles: tuple[str, ...] = ()) -> Any:
     """``payload`` with a proof (:mod:`hermes.command_auth`) by this process' command key
     that ``sender`` sends ``command``: what a Hermes client attaches to each command."""
-    from datetime import datetime, timezone
-
     from hermes import command_auth
 
-    proof = command_auth.sign(
-        command_auth.active(), command, session_id, payload, sender=sender, roles=roles, now=datetime.now(timezone.utc)
-    )
-    return payload.model_copy(update={"proof": proof})
+    return command_auth.signed(payload, command, session_id, sender=sender, roles=roles)
 

@@ -65,7 +65,7 @@ def _memory_proof_refusal(command: str, user_id: str, payload: Any, proof: Any) 
     refusal = command_auth.verify(
         command_auth.worker_ring(), command, names.memory_writer_id(user_id), payload, proof, now=workflow.now()
     )
-    if refusal is None and proof.sender != user_id and "admin" not in proof.roles:
+    if refusal is None and not command_auth.acts_for(proof, user_id):
         refusal = f"its proof is by {proof.sender!r}, who is neither {user_id!r} nor an admin"
     return refusal
 
@@ -339,7 +339,7 @@ class MemoryConsolidationWorkflow:
                 command_auth.worker_ring(), names.START_CONSOLIDATION, names.CONSOLIDATION_TARGET, inp, inp.proof,
                 now=workflow.now(), any_age=True,
             )
-            if refusal is None and "admin" not in inp.proof.roles:  # type: ignore[union-attr]
+            if refusal is None and not command_auth.acts_for(inp.proof, None):  # type: ignore[arg-type]
                 refusal = f"its proof is by {inp.proof.sender!r}, not an admin"  # type: ignore[union-attr]
             if refusal is not None:
                 _refused(names.START_CONSOLIDATION, refusal)

@@ -23,9 +23,7 @@ def encryption_key(
     """Print a new random 256-bit key as `<id>:<base64>`, for HERMES_ENCRYPTION_KEYS (or, with
     a space for the colon, a line of HERMES_ENCRYPTION_KEY_FILE). The first key listed
     encrypts; keep older keys after it while sessions written with them live."""
-    from hermes.encryption import new_key
-
-    _print_key(key_id, new_key(), "Put it first in HERMES_ENCRYPTION_KEYS on every client, worker and codec server")
+    _print_key(key_id, "Put it first in HERMES_ENCRYPTION_KEYS on every client, worker and codec server")
 
 
 @app.command("command-key")
@@ -38,16 +36,15 @@ def command_key(
     with a space for the colon, a line of HERMES_COMMAND_KEY_FILE): the key that proves to a
     session who sent each command. The first key listed signs; keep older keys after it
     while sessions with commands signed by them are open."""
-    from hermes.command_auth import new_key
-
-    _print_key(key_id, new_key(), "Put it first in HERMES_COMMAND_KEYS on every worker, API server and client")
+    _print_key(key_id, "Put it first in HERMES_COMMAND_KEYS on every worker, API server and client")
 
 
-def _print_key(key_id: str, key: str, where: str) -> None:
-    """Print ``<key_id>:<key>`` on stdout and where to put it on stderr; a bad id exits 2."""
-    from hermes.keyfiles import KEY_ID_RE
+def _print_key(key_id: str, where: str) -> None:
+    """Print ``<key_id>:<new 32-byte key>`` on stdout and where to put it on stderr; a bad
+    id exits 1."""
+    from hermes.keyfiles import KEY_ID_RE, new_key
 
     if not KEY_ID_RE.match(key_id):
         raise fail(f"--id {key_id!r}: expected 1-64 letters, digits, '.', '_' or '-'", EXIT_REFUSED)
-    typer.echo(f"{key_id}:{key}")
+    typer.echo(f"{key_id}:{new_key()}")
     err_console.print(f"{where}; it is shown only this once.", style="dim")

@@ -34,8 +34,6 @@ from hermes.models import CommandProof, SendMessageInput, SessionInput
 MAX_SEEN_PROOFS = 500
 """Signal proofs remembered (the newest; each also only for ``command_auth.MAX_AGE``)."""
 MAX_NOTICES = 20
-START_SESSION = names.START_SESSION
-ADMIN = "admin"
 
 
 def start_refusal(inp: SessionInput, ring: CommandKeyRing | None, *, continued: bool, now: datetime) -> str | None:
@@ -50,8 +48,8 @@ def start_refusal(inp: SessionInput, ring: CommandKeyRing | None, *, continued: 
     """
     if continued:
         return None
-    refusal = command_auth.verify(ring, START_SESSION, inp.session_id, inp, inp.proof, now=now)
-    if refusal is None and inp.proof is not None and inp.proof.sender != inp.user_id and ADMIN not in inp.proof.roles:
+    refusal = command_auth.verify(ring, names.START_SESSION, inp.session_id, inp, inp.proof, now=now)
+    if refusal is None and inp.proof is not None and not command_auth.acts_for(inp.proof, inp.user_id):
         refusal = f"its proof is by {inp.proof.sender!r}, who may not start a session for {inp.user_id!r}"
     return refusal
 
@@ -80,7 +78,7 @@ class CommandGate:
         if refusal is not None:
             return "CommandRefusedError", f"message refused: {refusal}"
         assert inp.proof is not None
-        if inp.proof.sender != self.user_id and ADMIN not in inp.proof.roles:
+        if not command_auth.acts_for(inp.proof, self.user_id):
             return "SessionForbiddenError", (
                 f"session {self.session_id!r} belongs to another user; {inp.proof.sender!r} may not post into it"
             )
@@ -114,7 +112,7 @@ class CommandGate:
                 return "duplicate"
             if sender is not None and proof.sender != sender:
                 refusal = f"its proof is by {proof.sender!r}, not by {sender!r} whom it names"
-            elif sender is None and proof.sender != self.user_id and ADMIN not in proof.roles:
+            elif sender is None and not command_auth.acts_for(proof, self.user_id):
                 refusal = f"its proof is by {proof.sender!r}, who is neither the session's user nor an admin"
         if refusal is not None:
             self.note(now, f"refused a {command} signal: {refusal}")

@@ -95,7 +95,7 @@ class SessionWorkflow:
         s = self._s
         self._patched(patches.TOOL_LAYER_V2)
         if self._start_refused is not None and self._patched(patches.COMMAND_AUTH):
-            self._guard.count(commands.START_SESSION, self._start_refused)
+            self._guard.count(names.START_SESSION, self._start_refused)
             raise ApplicationError(
                 f"session start refused: {self._start_refused}", type="CommandRefusedError", non_retryable=True
             )
