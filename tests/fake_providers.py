@@ -22,7 +22,8 @@ and an assistant tool call left without a tool message.
 
 A stream can be cut (``cut_streams``): the next streamed answers end cleanly after the
 first N events, without the chunk that carries ``finish_reason`` and without
-``data: [DONE]``, as a proxy's or server's timeout ends one (:func:`cut_in_text`,
+``data: [DONE]``, as a proxy's or server's timeout ends one; or reset
+(``reset_streams``): the connection is dropped with a TCP RST after N events (:func:`cut_in_text`,
 :func:`cut_in_arguments` choose N).
 
 What it answers comes from ``answer(body) -> Step`` (default: :func:`conversation_step`,
@@ -33,6 +34,8 @@ stateless, so a retried or replayed request gets the same answer).
 from __future__ import annotations
 
 import json
+import socket
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -360,6 +363,10 @@ class FakeProvider:
         self.cut_streams: list[Cut] = []
         """The next streamed answers, in order, are cut where these say (see the module
         docstring); answers after them stream whole."""
+        self.reset_streams: list[Cut] = []
+        """The next streamed answers, in order, stop where these say with the connection
+        reset (TCP RST, no final chunk): a dropped connection mid-answer. Used after
+        ``cut_streams`` runs out."""
         self.ignores_stream = False
         """Answer JSON even when asked to stream, as some gateways in front of
         OpenAI-compatible servers do."""
@@ -414,10 +421,19 @@ class FakeProvider:
                 self.end_headers()
                 with fake._lock:
                     cut = fake.cut_streams.pop(0) if fake.cut_streams else None
-                for event in events if cut is None else events[: cut(events)]:
+                    reset = fake.reset_streams.pop(0) if cut is None and fake.reset_streams else None
+                for event in events[: (cut or reset)(events)] if cut or reset else events:
                     self._write_chunk(b"data: " + _dumps(event) + b"\n\n")
                     if fake.chunk_delay_seconds:
                         time.sleep(fake.chunk_delay_seconds)
+                if reset is not None:
+                    # Let the client read what was sent first: an RST drops unread data.
+                    time.sleep(1.0)
+                    # SO_LINGER 0: close() sends RST, as a crashed server or a proxy does.
+                    self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                    self.connection.close()
+                    self.close_connection = True
+                    return
                 if cut is None:
                     self._write_chunk(b"data: [DONE]\n\n")
                 self._write_chunk(b"")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import email.utils
 import json
+import re
 import time
 from collections.abc import Iterator
 from datetime import timedelta
@@ -279,6 +280,16 @@ async def test_a_tool_call_cut_by_the_output_limit_is_retryable_but_text_cut_by_
     assert (await provider.complete(request())).message.content == "A long answer, cut by max_tok"
 
 
+async def test_a_stream_whose_connection_is_reset_mid_answer_fails_the_attempt_as_retryable(fake_openai):
+    fake_openai.then(200, completion("The transfer of 5,000 EUR was NOT sent.")).then(200, completion("Whole."))
+    fake_openai.reset_streams.append(lambda events: cut_in_text(events) + 3)
+    with pytest.raises(ApplicationError) as info:
+        await ModelActivities(provider_for(fake_openai)).call_model(request())
+    assert info.value.type == "ModelUnavailableError" and info.value.non_retryable is False
+    assert re.search(r"connection dropped mid-answer \(\w+\) after \d+ characters of text; it is retried", info.value.message)
+    assert (await provider_for(fake_openai).complete(request())).message.content == "Whole."
+
+
 def test_the_openai_provider_without_key_or_base_url_is_a_config_error(monkeypatch, tmp_path):
     for name in ("OPENAI_API_KEY", "HERMES_OPENAI_API_KEY", "OPENAI_BASE_URL", "HERMES_OPENAI_BASE_URL"):
         monkeypatch.delenv(name, raising=False)
@@ -306,15 +317,17 @@ async def test_a_500_then_200_is_retried_by_temporal_and_the_turn_succeeds(run_w
     assert fake_openai.requests[0]["body"] == fake_openai.requests[1]["body"]
 
 
-async def test_a_stream_cut_mid_sentence_is_retried_and_only_the_whole_reply_is_stored(run_worker, fake_openai, session_id):
+@pytest.mark.parametrize("how", ["cut_streams", "reset_streams"])
+async def test_a_stream_cut_mid_sentence_is_retried_and_only_the_whole_reply_is_stored(run_worker, fake_openai, session_id, how):
     whole = "The transfer of 5,000 EUR was NOT sent: the account is locked."
     fake_openai.then(200, completion(whole)).then(200, completion(whole))
-    fake_openai.cut_streams.append(lambda events: cut_in_text(events) + 10)  # "The transfer of 5,000 EUR was NOT"
+    # Ended cleanly by a proxy's timeout, or dropped with a reset: "The transfer of 5,000 EUR was NOT"
+    getattr(fake_openai, how).append(lambda events: cut_in_text(events) + 10)
     async with run_worker(provider_for(fake_openai), memory=False) as hermes:
         result = await hermes.send_message(session_id, "did the transfer go through?")
         transcript = await hermes.get_transcript(session_id)
     assert (result.status, result.reply) == ("completed", whole)
-    assert len(fake_openai.requests) == 2 and fake_openai.cut_streams == []
+    assert len(fake_openai.requests) == 2 and getattr(fake_openai, how) == []
     assert [m.content for m in transcript if m.role == "assistant"] == [whole]
 
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import httpx2
 import openai
 from openai.types.chat import ChatCompletion
 
@@ -211,16 +212,29 @@ class OpenAIProvider:
         """
         raw = await self.client.chat.completions.with_raw_response.create(**kwargs)
         content_type = raw.headers.get("content-type", "").lower()
+        model = kwargs["model"]
         if "json" in content_type and "event-stream" not in content_type:
-            body = await raw.http_response.aread()
+            try:
+                body = await raw.http_response.aread()
+            except httpx2.TransportError as err:
+                raise ModelUnavailableError(f"{model}'s connection dropped mid-answer: {type(err).__name__}") from None
             return _reply_of(ChatCompletion.model_validate_json(body), profile)
         stream = raw.parse()
         reply = _Reply()
         on_chunk = self.on_chunk
-        async for chunk in stream:
-            if on_chunk is not None:
-                on_chunk()
-            model_text(reply.add_chunk(chunk, profile))
+        try:
+            async for chunk in stream:
+                if on_chunk is not None:
+                    on_chunk()
+                model_text(reply.add_chunk(chunk, profile))
+        except (openai.APIConnectionError, httpx2.TransportError) as err:
+            # A reset or a closed connection before the last chunk: what arrived is not
+            # the answer (the same as a stream ended cleanly too early, see _Reply.cut).
+            cause = err.__cause__ if isinstance(err, openai.APIConnectionError) and err.__cause__ else err
+            raise ModelUnavailableError(
+                f"{model}'s connection dropped mid-answer ({type(cause).__name__}) after {reply.progress()}; "
+                "it is retried, not kept"
+            ) from None
         return reply if reply.choices else None
 
 
@@ -343,6 +357,12 @@ class _Reply:
         if half is not None:
             return f"finish_reason 'length' (the output limit) inside the arguments of tool call {half}"
         return None
+
+    def progress(self) -> str:
+        """How much of the answer arrived, for an error message: characters of text and
+        tool calls begun."""
+        text = f"{sum(map(len, self.content))} characters of text"
+        return f"{text} and {len(self.calls)} tool call(s)" if self.calls else text
 
     def _half_call(self) -> str | None:
         """The first tool call (name and id) whose arguments are not complete JSON."""
