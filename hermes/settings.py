@@ -236,6 +236,24 @@ class Settings(BaseSettings):
     """Overrides the profile's archive age."""
     memory_consolidation_every_seconds: float = Field(default=3600.0, gt=0)
     """Interval of the consolidation schedule (hourly)."""
+    memory_consolidation_run_timeout_seconds: float | None = Field(default=None, gt=0)
+    """Run timeout of one scheduled consolidation run (Temporal ends a run stuck longer,
+    and the next scheduled one starts); unset: the execution timeout."""
+    memory_consolidation_execution_timeout_seconds: float | None = Field(default=None, gt=0)
+    """Execution timeout of one scheduled consolidation (its runs through continue-as-new);
+    unset: 90% of ``memory_consolidation_every_seconds``."""
+    memory_consolidation_schedule_version: int = Field(default=1, ge=1)
+    """The version of the consolidation schedule's settings this worker has
+    (:mod:`hermes.memory.schedule`). A worker writes the global schedule only when it is
+    missing or was written by a lower version: raise it together with a change of the
+    interval, the timeouts, the archive age or the judge's calls, and workers still on the
+    old settings never write theirs back."""
+    memory_store_scope: Literal["shared", "local"] | None = None
+    """Who else uses the memory store at ``memory_uri`` when it is a local path
+    (:mod:`hermes.memory.location`): ``shared``, every worker mounts the same one (a network
+    filesystem); ``local``, this machine's alone, on purpose (one worker). Unset, a worker
+    connected to a Temporal on another machine refuses a local path: each worker would
+    keep its own memories."""
     memory_judge_max_calls: int | None = Field(default=None, ge=0)
     """Model calls of the memory judge (same / update / different / contradicts, issue 15)
     per written batch and per consolidation run; the rest are decided by rules. Unset: 20

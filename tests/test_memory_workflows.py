@@ -557,6 +557,7 @@ async def test_the_consolidation_schedule_is_created_once_with_overlap_skipped_a
     try:
         assert await ensure_consolidation_schedule(temporal_client, settings) == names.MEMORY_CONSOLIDATION_SCHEDULE
         settings.memory_consolidation_every_seconds = 900
+        settings.memory_consolidation_schedule_version = 2  # a change of settings comes with a new version
         await ensure_consolidation_schedule(temporal_client, settings)  # again: updated, not an error
         description = await handle.describe()
     finally:
