@@ -402,14 +402,18 @@ async def run_worker(
             it serves (``hermes worker`` prints them).
 
     Raises:
-        ConfigError: a wrong model, tool or MCP configuration (found before serving).
+        ConfigError: a wrong model, tool or MCP configuration (found before serving); a
+            local memory store with a Temporal that serves other machines too and no
+            ``HERMES_MEMORY_STORE_SCOPE`` (:func:`hermes.memory.location.check_memory_location`).
     """
+    from hermes.memory.location import check_memory_location
     from hermes.names import SEARCH_ATTRIBUTES
     from hermes.stack import ensure_search_attributes
 
     from hermes import telemetry
 
     settings = settings or get_settings()
+    location = check_memory_location(settings)  # before anything connects: one memory for every worker
     telemetry.configure(settings, service_name="hermes-worker", prometheus=True)
     client = await connect_client(settings)
     await ensure_search_attributes(client, SEARCH_ATTRIBUTES, settings.temporal_namespace)
@@ -428,7 +432,10 @@ async def run_worker(
             loop.add_signal_handler(sig, stop.set)
         except (NotImplementedError, RuntimeError):
             pass
-    log.info("worker serving task queue %s at %s", worker.task_queue, settings.resolved_temporal_address)
+    log.info(
+        "worker serving task queue %s at %s; memories at %s",
+        worker.task_queue, settings.resolved_temporal_address, location.describe(),
+    )
     try:
         async with worker:
             if on_serving is not None:

@@ -75,7 +75,7 @@ def test_the_help_of_every_command_imports_no_sdk_database_or_numerics():
     commands = [
         ("dev",), ("worker",), ("codec-server",), ("demo",), ("chat",), ("send",), ("sessions",), ("show",),
         ("approve",), ("reject",), ("approvals",), ("tools",), ("mcp",), ("mcp", "list"), ("mcp", "call"),
-        ("memory",), ("memory", "search"), ("memory", "add"), ("memory", "reembed"),
+        ("memory",), ("memory", "search"), ("memory", "add"), ("memory", "reembed"), ("doctor",),
     ]
     probe = _help_imports(*commands)
     assert probe["exit_codes"] == [0] * len(commands)

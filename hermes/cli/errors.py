@@ -93,8 +93,10 @@ def hide_password(url: str) -> str:
     return re.sub(r"([?&][^=&#]*)=[^&#]*", r"\1=***", url)
 
 
-def _connect_reason(text: str) -> str:
-    if "Connection refused" in text or "ConnectionRefused" in text:
+def connect_reason(text: str) -> str:
+    """Why a connection failed, in a few words (``connection refused``, ``timed out``, or
+    the end of ``text``)."""
+    if "Connection refused" in text or "ConnectionRefused" in text or text.startswith("Error 111 "):
         return "connection refused"
     if "timed out" in text.lower() or "deadline" in text.lower():
         return "timed out"
@@ -157,14 +159,14 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         return f"configuration error: {err}", EXIT_UNAVAILABLE
     if isinstance(err, RuntimeError) and str(err).startswith("Failed client connect"):
         return (
-            f"cannot connect to Temporal at {temporal} ({_connect_reason(str(err))}): start the embedded "
+            f"cannot connect to Temporal at {temporal} ({connect_reason(str(err))}): start the embedded "
             "stack with `hermes dev`, or set TEMPORAL_ADDRESS to your server",
             EXIT_UNAVAILABLE,
         )
     if isinstance(err, (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)):
         return (
             f"cannot connect to Redis at {hide_password(settings.resolved_redis_url)} "
-            f"({_connect_reason(str(err))}): start the embedded stack with `hermes dev`, or set REDIS_URL",
+            f"({connect_reason(str(err))}): start the embedded stack with `hermes dev`, or set REDIS_URL",
             EXIT_UNAVAILABLE,
         )
     if isinstance(err, WorkflowUpdateRPCTimeoutOrCancelledError):

@@ -74,10 +74,12 @@ def dev(
 
 
 async def _dev(settings: Settings) -> None:
+    from hermes.memory.location import check_memory_location
     from hermes.providers import make_provider
     from worker import load_registry, open_mcp
 
     # Configuration mistakes fail before anything is started.
+    check_memory_location(settings)
     provider = make_provider(settings)
     registry = load_registry(settings)
     mcp = open_mcp(settings, registry)
@@ -263,7 +265,13 @@ async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str
 def _print_dev_banner(settings: Settings, servers: Any, model: str, codec_url: str | None = None) -> None:
     mine = "embedded" if servers.stack is not None else "yours"
     temporal_is_mine = servers.stack is not None and settings.temporal_address is None
-    fields = [*_server_fields(settings, servers), ("Worker", f"task queue {settings.task_queue}, model {model}")]
+    from hermes.memory.location import memory_location
+
+    fields = [
+        *_server_fields(settings, servers),
+        ("Worker", f"task queue {settings.task_queue}, model {model}"),
+        ("Memory store", memory_location(settings).describe()),
+    ]
     encrypted = settings.encryption_keys is not None or settings.encryption_key_file is not None
     if codec_url is None and encrypted and settings.codec_token is None:
         fields.append(
@@ -310,8 +318,10 @@ def worker_command() -> None:
     settings = load_settings()
 
     async def main() -> None:
+        from hermes.memory.location import check_memory_location
         from worker import connect_redis, run_worker
 
+        check_memory_location(settings)  # refused before any server is asked
         redis = connect_redis(settings=settings)
         try:
             await redis.ping()
@@ -343,11 +353,13 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         mcp: its :class:`hermes.mcp.tools.McpToolset`, or None.
 
     Returns:
-        Model, Tool modules, Tool files, Tools, MCP servers, Memory, Task queue,
-        Temporal (with how it is secured: plain, TLS, mTLS, + API key) and Redis, in
-        that order.
+        Model, Tool modules, Tool files, Tools, MCP servers, Memory, Memory store (where
+        memories and the durable store live, and whether every worker shares it), Task
+        queue, Temporal (with how it is secured: plain, TLS, mTLS, + API key) and Redis,
+        in that order.
     """
     from hermes.connections import describe_temporal_security
+    from hermes.memory.location import memory_location
 
     if getattr(provider, "name", "") == "scripted":
         packaged = " (the packaged demo script)" if settings.script is None else ""
@@ -367,6 +379,7 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         ("Tools", f"{len(list(registry))} registered" + (" (and the MCP servers' tools)" if mcp_names else "")),
         ("MCP servers", ", ".join(mcp_names) or "none"),
         ("Memory", memory),
+        ("Memory store", memory_location(settings).describe()),
         ("Task queue", settings.task_queue),
         (
             "Temporal",
