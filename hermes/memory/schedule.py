@@ -163,8 +163,11 @@ async def _current(client: Any, schedule_id: str) -> tuple[bool, ScheduleStamp |
     stamp = None
     if VERSION_MEMO_KEY in fields and SETTINGS_MEMO_KEY in fields:
         # Decoded with the client's converter: the memo is encrypted when payloads are.
-        version, digest = await client.data_converter.decode([fields[VERSION_MEMO_KEY], fields[SETTINGS_MEMO_KEY]])
-        stamp = ScheduleStamp(int(version), str(digest))
+        try:
+            version, digest = await client.data_converter.decode([fields[VERSION_MEMO_KEY], fields[SETTINGS_MEMO_KEY]])
+            stamp = ScheduleStamp(int(version), str(digest))
+        except Exception:  # noqa: BLE001 - a key this worker lacks, a foreign memo: as unstamped
+            log.warning("the consolidation schedule's stamp cannot be read; treated as unstamped", exc_info=True)
     return True, stamp, state, raw.conflict_token
 
 
