@@ -18,6 +18,7 @@
     hermes serve                 # the HTTP API (hermes/api), with API keys
     hermes keys add --user U     # a new API key for U: printed once, its SHA-256 stored
     hermes encryption-key        # a new key for HERMES_ENCRYPTION_KEYS (payloads encrypted at rest)
+    hermes healthcheck [worker|URL]  # a container's health check (the Dockerfile's HEALTHCHECK)
 
 Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
 ``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
@@ -44,6 +45,7 @@ One module per command group; what they share has one home each:
     memory.py        memory search, list, add, forget, consolidate, reembed
     serve.py         serve, keys add
     encryption.py    encryption-key
+    health.py        healthcheck
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ from hermes.cli import mcp as _mcp  # noqa: F401
 from hermes.cli import memory as _memory  # noqa: F401
 from hermes.cli import serve as _serve  # noqa: F401
 from hermes.cli import encryption as _encryption  # noqa: F401
+from hermes.cli import health as _health  # noqa: F401
 from hermes.cli.root import app
 
 __all__ = ["app", "main"]
