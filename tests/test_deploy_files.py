@@ -46,7 +46,7 @@ EXTERNAL_VARIABLES = {
     # settings have no names for them yet (README "Deploying").
     "AWS_ENDPOINT",
     "AWS_ALLOW_HTTP",
-    "AWS_REGION",
+    "AWS_DEFAULT_REGION",
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
 }
