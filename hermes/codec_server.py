@@ -128,6 +128,9 @@ across all its payloads: stored values, expanded reference lists and markers."""
 BODY_CAP_BYTES = 16_000_000
 """Request bodies larger than this are refused with 413 (read no further than this)."""
 ALLOWED_HEADERS = ("content-type", "x-namespace", "authorization")
+
+HEALTH_TIMEOUT_SECONDS = 2.0
+"""How long ``GET /health`` waits for Redis to answer a ping (as the API's ``/health``)."""
 """Request headers the Web UI sends to a codec server."""
 
 _MARKER_ROOM_BYTES = 500_000
@@ -644,7 +647,8 @@ def create_app(
 
     Returns:
         A Starlette app serving ``POST /decode``, ``POST /encode`` and both under
-        ``/{namespace}/``.
+        ``/{namespace}/``, and ``GET /health`` (no token: ``{"status", "redis"}``, 200
+        when Redis answers within :data:`HEALTH_TIMEOUT_SECONDS`, else 503).
 
     Raises:
         ValueError: a ``keyring`` without a ``token`` (decrypted conversations for anyone).
@@ -698,7 +702,17 @@ def create_app(
         # Without encryption Hermes writes plain JSON payloads: what is sent is what is stored.
         return JSONResponse({"payloads": payloads})
 
+    async def health(request: Request) -> JSONResponse:
+        # For a container's health check: no key, no CORS, nothing but whether Redis answers.
+        try:
+            redis_ok = bool(await asyncio.wait_for(store.redis.ping(), HEALTH_TIMEOUT_SECONDS))
+        except Exception as err:  # noqa: BLE001 - any failure is "does not answer"
+            log.debug("redis health check failed: %s", err)
+            redis_ok = False
+        return JSONResponse({"status": "ok" if redis_ok else "unavailable", "redis": redis_ok}, status_code=200 if redis_ok else 503)
+
     routes = [
+        Route("/health", health, methods=["GET"]),
         Route("/decode", decode, methods=["POST"]),
         Route("/encode", encode, methods=["POST"]),
         Route("/{namespace}/decode", decode, methods=["POST"]),

@@ -55,6 +55,6 @@ def test_every_command_group_is_registered_in_the_order_of_the_help():
     command = typer.main.get_command(app)
     assert list(command.list_commands(_context(command))) == [
         "dev", "worker", "codec-server", "demo", "chat", "send", "sessions", "show", "close",
-        "approve", "reject", "approvals", "tools", "serve", "encryption-key", "command-key", "doctor", "mcp", "memory",
-        "keys",
+        "approve", "reject", "approvals", "tools", "serve", "encryption-key", "command-key", "doctor", "healthcheck", "mcp",
+        "memory", "keys",
     ]

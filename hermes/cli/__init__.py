@@ -19,6 +19,7 @@
     hermes keys add --user U     # a new API key for U: printed once, its SHA-256 stored
     hermes encryption-key        # a new key for HERMES_ENCRYPTION_KEYS (payloads encrypted at rest)
     hermes doctor                # check every configured service; where each thing lives
+    hermes healthcheck [worker|URL]  # a container's health check (the Dockerfile's HEALTHCHECK)
 
 Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
 ``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
@@ -46,6 +47,7 @@ One module per command group; what they share has one home each:
     serve.py         serve, keys add
     encryption.py    encryption-key
     doctor.py        doctor
+    health.py        healthcheck
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from hermes.cli import memory as _memory  # noqa: F401
 from hermes.cli import serve as _serve  # noqa: F401
 from hermes.cli import encryption as _encryption  # noqa: F401
 from hermes.cli import doctor as _doctor  # noqa: F401
+from hermes.cli import health as _health  # noqa: F401
 from hermes.cli.root import app
 
 __all__ = ["app", "main"]
