@@ -1,0 +1,172 @@
+"""A client's retry of a message attaches to the turn it started (hermes/api/retries.py,
+issue 27): the real `openai` client, whose first attempt times out while the model is
+still answering, resends the request on its own; the session runs one turn and one model
+call, and the client gets the answer. An `Idempotency-Key` names one request only; the
+same body sent after the retry window is a new message."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import httpx2
+import openai
+import pytest
+
+from hermes.api.retries import message_name, request_fingerprint
+from hermes.models import Message, TakenMessage, TurnResult
+from tests.support import eventually
+from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
+from tests.test_session import EchoModel
+from workflows.session.replies import ReplyBook, taken_messages
+
+
+def _client(http: Any, key: str, session_id: str, **options: Any) -> openai.AsyncOpenAI:
+    options.setdefault("max_retries", 0)
+    return openai.AsyncOpenAI(
+        base_url=f"{http.base_url}/v1", api_key=key, default_headers={"X-Hermes-Session-Id": session_id}, **options
+    )
+
+
+async def _users(hermes: Any, session_id: str) -> list[str]:
+    return [m.content or "" for m in await hermes.get_transcript(session_id) if m.role == "user"]
+
+
+@pytest.mark.timeout(300)
+async def test_an_openai_client_retry_of_a_timed_out_completion_attaches_to_the_running_turn(run_worker, settings, keys):  # noqa: F811
+    model = EchoModel()
+    async with run_worker(model, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        sid = f"oai-{uuid.uuid4().hex[:8]}"
+        attempts: list[str | None] = []
+
+        async def sent(request: httpx2.Request) -> None:
+            attempts.append(request.headers.get("x-stainless-retry-count"))
+
+        # The client gives up on an attempt after 2 s; the model answers only when released.
+        client = _client(
+            http, keys["alice"], sid, timeout=2.0, max_retries=6,
+            http_client=openai.DefaultAsyncHttpxClient(event_hooks={"request": [sent]}),
+        )
+        asking = asyncio.create_task(
+            client.chat.completions.create(model="hermes", messages=[{"role": "user", "content": "a slow question"}])
+        )
+
+        async def retried() -> bool:
+            assert not asking.done(), asking
+            return len(attempts) >= 2
+
+        await eventually(retried, what="the client's retry of the timed-out attempt")
+        assert attempts[:2] == ["0", "1"]  # the SDK's own retry, with no Idempotency-Key
+        model.release.set()
+        done = await asyncio.wait_for(asking, 120)
+        assert done.choices[0].message.content == "echo: a slow question"
+        assert model.calls == 1
+        assert await _users(hermes, sid) == ["a slow question"]
+        assert (await hermes.get_state(sid)).turn_count == 1
+
+        # The answered request sent again, streamed this time: the same answer, no new turn.
+        stream = await _client(http, keys["alice"], sid).chat.completions.create(
+            model="hermes", stream=True, messages=[{"role": "user", "content": "a slow question"}]
+        )
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+        assert text == "echo: a slow question"
+        assert model.calls == 1 and (await hermes.get_state(sid)).turn_count == 1
+
+
+@pytest.mark.timeout(300)
+async def test_an_idempotency_key_names_one_request_and_another_body_under_it_is_refused(run_worker, settings, keys):  # noqa: F811
+    model = EchoModel()
+    async with run_worker(model, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        sid = f"oai-{uuid.uuid4().hex[:8]}"
+        client = _client(http, keys["alice"], sid)
+        key = {"Idempotency-Key": "order-7"}
+        first = await client.chat.completions.create(
+            model="hermes", messages=[{"role": "user", "content": "hello"}], extra_headers=key
+        )
+        again = await client.chat.completions.create(
+            model="hermes", messages=[{"role": "user", "content": "hello"}], extra_headers=key
+        )
+        assert again.choices[0].message.content == first.choices[0].message.content == "echo: hello"
+        with pytest.raises(openai.UnprocessableEntityError, match="order-7"):
+            await client.chat.completions.create(
+                model="hermes", messages=[{"role": "user", "content": "goodbye"}], extra_headers=key
+            )
+        # A distinct key per request: the same text twice is two messages (the opt-out).
+        for n in (1, 2):
+            await client.chat.completions.create(
+                model="hermes", messages=[{"role": "user", "content": "hello"}], extra_headers={"Idempotency-Key": f"hi-{n}"}
+            )
+        assert await _users(hermes, sid) == ["hello", "hello", "hello"] and model.calls == 3
+
+        # The session route: the same rule.
+        path = f"/v1/sessions/{sid}/messages"
+        headers = {**auth(keys["alice"]), "Idempotency-Key": "note-1"}
+        r = await http.post(path, json={"text": "note one"}, headers=headers)
+        assert r.status_code == 200, r.text
+        r2 = await http.post(path, json={"text": "note one"}, headers=headers)
+        assert r2.json()["turn"] == r.json()["turn"]
+        doc = assert_problem(await http.post(path, json={"text": "note two"}, headers=headers), 422, "idempotency-key-reused")
+        assert "note-1" in doc["detail"]
+        assert model.calls == 4 and (await hermes.get_state(sid)).turn_count == 4
+
+
+@pytest.mark.timeout(300)
+async def test_the_same_body_without_a_key_is_a_new_message_once_the_retry_window_has_passed(run_worker, settings, keys):  # noqa: F811
+    model = EchoModel()
+    async with run_worker(model, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
+        sid = f"api-{uuid.uuid4().hex[:8]}"
+        r = await http.post("/v1/sessions", json={"session_id": sid}, headers=auth(keys["alice"]))
+        assert r.status_code == 201, r.text
+        path = f"/v1/sessions/{sid}/messages"
+        first = await http.post(path, json={"text": "same words"}, headers=auth(keys["alice"]))
+        retry = await http.post(path, json={"text": "same words"}, headers=auth(keys["alice"]))
+        assert retry.json()["turn"] == first.json()["turn"] == 1 and model.calls == 1
+
+        # Past the window (its clock moved on), the same body is the user's second message.
+        fingerprint = request_fingerprint("alice", sid, {"text": "same words"})
+        answered = await hermes.taken_messages(sid, f"fp-{fingerprint[:32]}-")
+        assert [t.client_message_id[-2:] for t in answered] == ["-0"] and answered[0].answered_at is not None
+        later = answered[0].answered_at + timedelta(seconds=301)
+        name = await message_name(hermes, sid, fingerprint=fingerprint, key=None, window_seconds=300, now=later)
+        assert name.client_message_id.endswith("-1") and not name.retry
+        soon = await message_name(
+            hermes, sid, fingerprint=fingerprint, key=None, window_seconds=300, now=answered[0].answered_at + timedelta(seconds=299)
+        )
+        assert soon.client_message_id.endswith("-0") and soon.retry
+
+    # A server whose window is all but closed: the second identical message runs.
+    tight = settings.model_copy(update={"api_retry_window_seconds": 0.001})
+    async with run_worker(model, memory=False) as hermes, api_server(tight, keys["path"], hermes) as http:
+        again = await http.post(path, json={"text": "same words"}, headers=auth(keys["alice"]))
+        assert again.status_code == 200, again.text
+        assert again.json()["turn"] == 2 and model.calls == 2
+        assert await _users(hermes, sid) == ["same words", "same words"]
+
+
+def test_taken_messages_lists_running_and_answered_ids_under_a_prefix_with_when_their_turns_ended():
+    t0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    messages = [
+        Message(role="user", content="a", turn=1, created_at=t0, client_message_id="fp-x-0"),
+        Message(role="assistant", content="b", turn=1, created_at=t0 + timedelta(seconds=5)),
+        Message(role="user", content="c", turn=2, created_at=t0 + timedelta(seconds=9), client_message_id="other"),
+        Message(role="user", content="a", turn=3, created_at=t0 + timedelta(seconds=20), client_message_id="fp-x-1"),
+    ]
+    replies = ReplyBook({}, {"fp-x-old": 0}, max_completed=10, max_answered=10)
+    replies.remember("fp-x-0", TurnResult(session_id="s", turn=1, reply="b"))
+    found = taken_messages("fp-x-", running={"fp-x-1", "elsewhere"}, replies=replies, messages=messages)
+    assert found == [
+        TakenMessage(client_message_id="fp-x-old", running=False, answered_at=None),
+        TakenMessage(client_message_id="fp-x-0", running=False, answered_at=t0 + timedelta(seconds=5)),
+        TakenMessage(client_message_id="fp-x-1", running=True, answered_at=None),
+    ]
+
+
+def test_a_request_fingerprint_ignores_key_order_and_the_delivery_form_but_not_the_caller_or_session():
+    body = {"model": "hermes", "messages": [{"role": "user", "content": "hi"}]}
+    same = request_fingerprint("alice", "s1", body)
+    assert request_fingerprint("alice", "s1", {"messages": body["messages"], "model": "hermes", "stream": True}) == same
+    assert request_fingerprint("bob", "s1", body) != same
+    assert request_fingerprint("alice", "s2", body) != same
+    assert request_fingerprint("alice", "s1", {**body, "messages": [{"role": "user", "content": "hi!"}]}) != same
