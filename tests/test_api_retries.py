@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -17,6 +19,7 @@ import pytest
 
 from hermes.api.retries import message_name, request_fingerprint
 from hermes.models import Message, TakenMessage, TurnResult
+from hermes.settings import Settings
 from tests.support import eventually
 from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
 from tests.test_session import EchoModel
@@ -30,6 +33,19 @@ def _client(http: Any, key: str, session_id: str, **options: Any) -> openai.Asyn
     )
 
 
+@asynccontextmanager
+async def _served(run_worker: Any, settings: Settings, keys_path: Any, model: EchoModel) -> AsyncIterator[tuple[Any, Any, str]]:
+    """A worker with ``model``, the API over it, and a new session id: (hermes, http, session_id)."""
+    async with run_worker(model, memory=False) as hermes, api_server(settings, keys_path, hermes) as http:
+        yield hermes, http, f"s-{uuid.uuid4().hex[:8]}"
+
+
+async def _ask(client: openai.AsyncOpenAI, text: str, key: str | None = None) -> str:
+    headers = {"Idempotency-Key": key} if key else None
+    done = await client.chat.completions.create(model="hermes", messages=[{"role": "user", "content": text}], extra_headers=headers)
+    return done.choices[0].message.content or ""
+
+
 async def _users(hermes: Any, session_id: str) -> list[str]:
     return [m.content or "" for m in await hermes.get_transcript(session_id) if m.role == "user"]
 
@@ -37,8 +53,7 @@ async def _users(hermes: Any, session_id: str) -> list[str]:
 @pytest.mark.timeout(300)
 async def test_an_openai_client_retry_of_a_timed_out_completion_attaches_to_the_running_turn(run_worker, settings, keys):  # noqa: F811
     model = EchoModel()
-    async with run_worker(model, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
-        sid = f"oai-{uuid.uuid4().hex[:8]}"
+    async with _served(run_worker, settings, keys["path"], model) as (hermes, http, sid):
         attempts: list[str | None] = []
 
         async def sent(request: httpx2.Request) -> None:
@@ -78,26 +93,14 @@ async def test_an_openai_client_retry_of_a_timed_out_completion_attaches_to_the_
 @pytest.mark.timeout(300)
 async def test_an_idempotency_key_names_one_request_and_another_body_under_it_is_refused(run_worker, settings, keys):  # noqa: F811
     model = EchoModel()
-    async with run_worker(model, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
-        sid = f"oai-{uuid.uuid4().hex[:8]}"
+    async with _served(run_worker, settings, keys["path"], model) as (hermes, http, sid):
         client = _client(http, keys["alice"], sid)
-        key = {"Idempotency-Key": "order-7"}
-        first = await client.chat.completions.create(
-            model="hermes", messages=[{"role": "user", "content": "hello"}], extra_headers=key
-        )
-        again = await client.chat.completions.create(
-            model="hermes", messages=[{"role": "user", "content": "hello"}], extra_headers=key
-        )
-        assert again.choices[0].message.content == first.choices[0].message.content == "echo: hello"
+        assert await _ask(client, "hello", "order-7") == await _ask(client, "hello", "order-7") == "echo: hello"
         with pytest.raises(openai.UnprocessableEntityError, match="order-7"):
-            await client.chat.completions.create(
-                model="hermes", messages=[{"role": "user", "content": "goodbye"}], extra_headers=key
-            )
+            await _ask(client, "goodbye", "order-7")
         # A distinct key per request: the same text twice is two messages (the opt-out).
         for n in (1, 2):
-            await client.chat.completions.create(
-                model="hermes", messages=[{"role": "user", "content": "hello"}], extra_headers={"Idempotency-Key": f"hi-{n}"}
-            )
+            await _ask(client, "hello", f"hi-{n}")
         assert await _users(hermes, sid) == ["hello", "hello", "hello"] and model.calls == 3
 
         # The session route: the same rule.
@@ -115,8 +118,7 @@ async def test_an_idempotency_key_names_one_request_and_another_body_under_it_is
 @pytest.mark.timeout(300)
 async def test_the_same_body_without_a_key_is_a_new_message_once_the_retry_window_has_passed(run_worker, settings, keys):  # noqa: F811
     model = EchoModel()
-    async with run_worker(model, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
-        sid = f"api-{uuid.uuid4().hex[:8]}"
+    async with _served(run_worker, settings, keys["path"], model) as (hermes, http, sid):
         r = await http.post("/v1/sessions", json={"session_id": sid}, headers=auth(keys["alice"]))
         assert r.status_code == 201, r.text
         path = f"/v1/sessions/{sid}/messages"
@@ -138,7 +140,7 @@ async def test_the_same_body_without_a_key_is_a_new_message_once_the_retry_windo
 
     # A server whose window is all but closed: the second identical message runs.
     tight = settings.model_copy(update={"api_retry_window_seconds": 0.001})
-    async with run_worker(model, memory=False) as hermes, api_server(tight, keys["path"], hermes) as http:
+    async with _served(run_worker, tight, keys["path"], model) as (hermes, http, _):
         again = await http.post(path, json={"text": "same words"}, headers=auth(keys["alice"]))
         assert again.status_code == 200, again.text
         assert again.json()["turn"] == 2 and model.calls == 2
