@@ -74,19 +74,30 @@ async def test_an_openai_client_retry_of_a_timed_out_completion_attaches_to_the_
 
         await eventually(retried, what="the client's retry of the timed-out attempt")
         assert attempts[:2] == ["0", "1"]  # the SDK's own retry, with no Idempotency-Key
+
+        # The same request, streamed, while the turn runs: it waits for that turn's reply.
+        opened = asyncio.Event()
+
+        async def streamed() -> str:
+            stream = await _client(http, keys["alice"], sid, timeout=120.0).chat.completions.create(
+                model="hermes", stream=True, messages=[{"role": "user", "content": "a slow question"}]
+            )
+            opened.set()  # answered with headers: its message is named (a retry of the running one)
+            return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+
+        watching = asyncio.create_task(streamed())
+        await asyncio.wait_for(opened.wait(), 60)
+        assert not asking.done()
         model.release.set()
         done = await asyncio.wait_for(asking, 120)
         assert done.choices[0].message.content == "echo: a slow question"
+        assert await asyncio.wait_for(watching, 120) == "echo: a slow question"
         assert model.calls == 1
         assert await _users(hermes, sid) == ["a slow question"]
         assert (await hermes.get_state(sid)).turn_count == 1
 
-        # The answered request sent again, streamed this time: the same answer, no new turn.
-        stream = await _client(http, keys["alice"], sid).chat.completions.create(
-            model="hermes", stream=True, messages=[{"role": "user", "content": "a slow question"}]
-        )
-        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
-        assert text == "echo: a slow question"
+        # The answered request sent again, streamed: the same answer, no new turn.
+        assert await streamed() == "echo: a slow question"
         assert model.calls == 1 and (await hermes.get_state(sid)).turn_count == 1
 
 
