@@ -139,7 +139,8 @@ async def _sse_turn(http: Any, url: str, headers: dict[str, str]) -> tuple[float
     first = first_text = 0.0
     reply = ""
     event = ""
-    async with http.stream("POST", url, json={"text": "talk to me"}, headers={**headers, "Accept": "text/event-stream"}) as r:
+    async with http.stream("POST", url, json={"text": "talk to me"},
+                           headers={**headers, "Accept": "text/event-stream", "Idempotency-Key": uuid.uuid4().hex}) as r:
         r.raise_for_status()
         async for line in r.aiter_lines():
             if line.startswith("event: "):
@@ -225,7 +226,9 @@ async def main() -> None:
             sse_s: list[float] = []
             for _ in range(turns + 1):  # the first turn of each warms the path up
                 started = time.perf_counter()
-                r = await http.post(f"/v1/sessions/{sids['json']}/messages", json={"text": "talk to me"}, headers=auth)
+                # A key per message: the same body again would be taken as a retry (hermes.api.retries).
+                r = await http.post(f"/v1/sessions/{sids['json']}/messages", json={"text": "talk to me"},
+                                    headers={**auth, "Idempotency-Key": uuid.uuid4().hex})
                 r.raise_for_status()
                 json_s.append(time.perf_counter() - started)
                 first, first_text, total, reply = await _sse_turn(http, f"/v1/sessions/{sids['sse']}/messages", auth)

@@ -89,6 +89,7 @@ from hermes.models import (
     SessionCarry,
     SessionState,
     StoredContent,
+    TakenMessage,
     TraceStep,
     TurnResult,
 )
@@ -1191,9 +1192,9 @@ class HermesClient:
 
     # ----------------------------------------------------------- queries
 
-    async def _query(self, session_id: str, name: str, result_type: Any) -> Any:
+    async def _query(self, session_id: str, name: str, result_type: Any, *args: Any) -> Any:
         handle = self.handle(session_id)
-        return await self._call(session_id, name, lambda: handle.query(name, result_type=result_type))
+        return await self._call(session_id, name, lambda: handle.query(name, args=list(args), result_type=result_type))
 
     async def get_state(self, session_id: str) -> SessionState:
         """The session's state (status, turn count, pending approvals, decisions...).
@@ -1205,6 +1206,17 @@ class HermesClient:
             TemporalRequestError: Temporal refused the query.
         """
         return await self._query(session_id, names.GET_STATE, SessionState)
+
+    async def taken_messages(self, session_id: str, prefix: str) -> list[TakenMessage]:
+        """The messages the session took whose client message ids start with ``prefix``:
+        every id a resend would be answered from, not run again (queued or running,
+        answered and when), the newest last.
+
+        Raises:
+            SessionNotFoundError, SessionUnavailableError, TemporalRequestError: as
+                :meth:`get_state` (a worker older than this query: TemporalRequestError).
+        """
+        return await self._query(session_id, names.GET_TAKEN_MESSAGES, list[TakenMessage], prefix)
 
     async def get_transcript(self, session_id: str, *, include_archived: bool = True) -> list[Message]:
         """The session's messages in order, all of them by default.

@@ -811,6 +811,18 @@ class SessionInput(BaseModel):
     failed at once and takes no message, so its id can be started again properly."""
 
 
+class TakenMessage(BaseModel):
+    """One message a session took, as the ``get_taken_messages`` query answers it (what
+    ``hermes serve`` reads to attach a client's retry to the turn it already started)."""
+
+    client_message_id: str
+    running: bool
+    """Queued or running now: a resend under this id waits for its reply."""
+    answered_at: datetime | None = None
+    """When its turn ended (its last transcript message; UTC); ``None`` while running, or
+    when the session no longer holds the turn (its reply or turn number is still kept)."""
+
+
 class SessionState(BaseModel):
     """Answer of the ``get_state`` query."""
 

@@ -83,6 +83,9 @@ GET_PENDING_APPROVALS = "get_pending_approvals"
 GET_TRACE = "get_trace"
 GET_MESSAGE_BODIES = "get_message_bodies"
 """Bodies by content reference, for an activity whose content-store read missed."""
+GET_TAKEN_MESSAGES = "get_taken_messages"
+"""The messages a session took whose client message ids start with a prefix (running, or
+answered and when), for ``hermes serve`` to attach a client's retry to its turn."""
 GET_MODEL_CONTEXT = "get_model_context"
 """The message references of the model call in flight (turn, step), for an activity whose
 context reference the session no longer knows (it was rebuilt from history)."""

@@ -282,6 +282,12 @@ class Settings(BaseSettings):
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """The largest request body ``hermes serve`` reads, in bytes (1 MiB); a larger one
     is answered 413 and nothing is sent to the session."""
+    api_retry_window_seconds: float = Field(default=300.0, ge=0)
+    """How long after its answer a request without an ``Idempotency-Key`` that repeats an
+    earlier one (same key user, session and body) is taken as that request's retry and
+    gets its answer instead of a new turn (``HERMES_API_RETRY_WINDOW_SECONDS``; a repeat
+    of a request still running always attaches to it; 0: never, every request without a
+    key is a new message). :mod:`hermes.api.retries`."""
     # --- hermes serve's edge: rates, stream cap, read deadlines, proxies (hermes.api.limits,
     # hermes.http_security, hermes.api.serving)
     api_rate_per_minute: int = Field(default=600, ge=0)

@@ -98,7 +98,9 @@ async def test_an_event_stream_resumed_from_its_last_id_has_no_gap_and_no_repeat
 
         # Live: a stream opened with no offset gets only what comes next.
         async with http.stream("GET", url, headers=alice) as r:
-            sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=alice)
+            # Its own key: the same body again without one would be a retry of the first.
+            again = {**alice, "Idempotency-Key": str(uuid.uuid4())}
+            sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=again)
             live = await read_sse(r, stop_after=1)
         assert live[0]["event"] == "turn_started" and live[0]["data"]["turn"] == sent.json()["turn"]
 
@@ -130,7 +132,9 @@ async def test_an_event_offset_after_the_newest_event_is_refused_with_400_not_fo
         # The newest offset itself (and the start) resume: the next turn's events come.
         async with http.stream("GET", url, headers={**alice, "Last-Event-ID": newest}) as r:
             assert r.status_code == 200
-            sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=alice)
+            # Its own key: the same body again without one would be a retry of the first.
+            again = {**alice, "Idempotency-Key": str(uuid.uuid4())}
+            sent = await http.post(f"/v1/sessions/{sid}/messages", json={"text": "now talk"}, headers=again)
             live = await read_sse(r, stop_after=1)
         assert live[0]["event"] == "turn_started" and live[0]["data"]["turn"] == sent.json()["turn"]
         assert (await hermes.get_state(sid)).turn_count == 2  # the refused stream_message sent nothing

@@ -32,6 +32,7 @@ from hermes.api import openai_compat
 from hermes.api.limits import AuthFailures, RateLimit, StreamSlots, stream_slot
 from hermes.api.openai_compat import ChatCompletionRequest
 from hermes.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemDocument, problem_for, problem_response, session_not_found
+from hermes.api.retries import idempotency_key, message_name, request_fingerprint
 from hermes.api.sse import event_stream, sse
 from hermes.api.schemas import (
     ApprovalList,
@@ -59,7 +60,6 @@ __all__ = ["OPERATIONS", "Backend", "create_app", "openapi_document"]
 
 log = logging.getLogger("hermes.api")
 
-MAX_IDEMPOTENCY_KEY_CHARS = 200
 DECISION_WAIT_SECONDS = 15.0
 """How long approve/reject waits for the session to record the decision (a worker must run)."""
 HEALTH_TIMEOUT_SECONDS = 2.0
@@ -323,17 +323,20 @@ async def get_session(request: Request) -> Response:
 async def send_message(request: Request) -> Response:
     identity = _identity(request)
     session_id = request.path_params["session_id"]
-    key = request.headers.get("idempotency-key")
-    if key is not None and not (0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS and key.isprintable() and key.isascii()):
-        raise Problem("malformed-request", f"Idempotency-Key must be 1-{MAX_IDEMPOTENCY_KEY_CHARS} printable ASCII characters")
+    key = idempotency_key(request.headers)
     body: SendMessageRequest = await _body(request, SendMessageRequest)
     backend = _backend(request)
     state = await backend.owned_session(identity, session_id)
     hermes = await backend.client()
+    # A retry of this request attaches to its turn (hermes.api.retries).
+    fingerprint = request_fingerprint(identity.user_id, session_id, body.model_dump(mode="json", exclude_unset=True))
+    name = await message_name(
+        hermes, session_id, fingerprint=fingerprint, key=key, window_seconds=request.app.state.retry_window_seconds,
+    )
     # The session's user is its owner; the sender is the key's user (an admin posting into
     # another's session is recorded as the admin and never decides what it caused).
     send = dict(
-        user_id=state.user_id, channel=state.channel, client_message_id=f"api-{key}" if key else None,
+        user_id=state.user_id, channel=state.channel, client_message_id=name.client_message_id,
         sender=identity.user_id, roles=sorted(identity.roles),
     )
     if _wants_events(request):
@@ -557,7 +560,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "Send a message and wait for the turn's result (a write tool call waits for its approval); with "
               "Accept: text/event-stream, the turn's events as they happen, then `result` (or `error`)", TurnResult, 200,
               SendMessageRequest, (400, 401, 403, 404, 409, 413, 422, 500, 502, 503),
-              headers=(("Idempotency-Key", "the client message id: a resend with the same key returns the first reply and runs no second turn"),),
+              headers=(("Idempotency-Key", "names the message: a resend with the same key and body returns the first reply "
+                        "and runs no second turn (another body: 422). Without it, the same body within "
+                        "api_retry_window_seconds of the answer is taken as a retry"),),
               event_stream=True),
     Operation("GET", "/v1/sessions/{session_id}/events", session_events,
               "The session's turn events as server-sent events (text/event-stream; each id is the event's offset), "
@@ -586,7 +591,9 @@ OPERATIONS: tuple[Operation, ...] = (
               "newest user message is taken, the session holds the history; `stream: true` answers chat.completion.chunk "
               "server-sent events", None, 200, ChatCompletionRequest, (400, 401, 403, 409, 413, 422, 503),
               headers=(("X-Hermes-Session-Id", "the session (else the body's `user`)"),
-                       ("Idempotency-Key", "the client message id")), event_stream=True),
+                       ("Idempotency-Key", "names the message (as on /v1/sessions/{id}/messages): a retry attaches to "
+                        "its turn; without it, the same body within api_retry_window_seconds of the answer does")),
+              event_stream=True),
     Operation("GET", "/v1/models", list_models, "OpenAI-compatible model list: `hermes`", None, errors=(401,)),
     Operation("GET", "/v1/memory", search_memory, "Search the key's user's long-term memories", MemorySearchResult,
               errors=(401, 403, 422, 503), query=(("q", "what to look for, any language", True),
@@ -736,5 +743,6 @@ def create_app(
     app.state.rate = RateLimit(settings.api_rate_per_minute)
     app.state.auth_failures = AuthFailures(settings.api_auth_failures_per_minute)
     app.state.streams = StreamSlots(settings.api_max_streams_per_user)
+    app.state.retry_window_seconds = settings.api_retry_window_seconds
     app.state.openapi = openapi_document()
     return app

@@ -25,6 +25,11 @@ server-sent events ending with ``data: [DONE]``):
   what would change the contract (``tools``, ``functions``, ``tool_choice``,
   ``function_call``, ``response_format`` other than text, ``n`` > 1, ``logprobs``, audio)
   and unknown fields are refused (422, naming the field). ``usage`` is zero.
+* **A retry runs nothing again.** The OpenAI SDK resends a request that timed out or got a
+  5xx (twice by default, with no ``Idempotency-Key``): a resend of a request still running
+  waits for its turn, and one of a request answered within ``api_retry_window_seconds``
+  gets its answer, streamed or not as asked (:mod:`hermes.api.retries`). The same body
+  sent again on purpose within the window needs a distinct ``Idempotency-Key``.
 * Errors are problem documents (RFC 9457) that also carry OpenAI's ``error`` member, so
   an OpenAI SDK raises them with their message. Inside a stream, an error is a
   ``data: {"error": {...}}`` event (what the OpenAI SDK raises from).
@@ -46,6 +51,7 @@ from starlette.responses import JSONResponse, Response
 from hermes.api.keys import Identity
 from hermes.api.limits import stream_slot
 from hermes.api.problems import Problem, problem_for, session_not_found
+from hermes.api.retries import idempotency_key, message_name, request_fingerprint
 from hermes.api.schemas import SESSION_ID_PATTERN
 from hermes.api.sse import event_stream
 from hermes.client import HermesClient
@@ -262,12 +268,16 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
         if not identity.may_use(state.user_id):
             raise session_not_found(session_id)
         user_id = state.user_id
-    key = request.headers.get("idempotency-key")
-    send = dict(user_id=user_id, channel="openai", client_message_id=f"api-{key}" if key else None)
+    fingerprint = request_fingerprint(identity.user_id, session_id, body.model_dump(mode="json", exclude_unset=True))
+    name = await message_name(
+        hermes, session_id, fingerprint=fingerprint, key=idempotency_key(request.headers),
+        window_seconds=request.app.state.retry_window_seconds, session_exists=state is not None,
+    )
+    send = dict(user_id=user_id, channel="openai", client_message_id=name.client_message_id)
     completion_id = f"chatcmpl-{session_id}-{int(time.time() * 1000)}"
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage)
+        chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage, retry=name.retry)
         # With keepalive comments, which the OpenAI SDK skips.
         return event_stream(chunks, on_close=stream_slot(request, identity))
     result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
@@ -297,8 +307,12 @@ def _data(value: Any) -> str:
 
 
 async def _chunks(
-    hermes: HermesClient, session_id: str, text: str, send: dict[str, Any], completion_id: str, model: str, usage: bool
+    hermes: HermesClient, session_id: str, text: str, send: dict[str, Any], completion_id: str, model: str, usage: bool,
+    *, retry: bool = False,
 ) -> AsyncIterator[str]:
+    """The chunks of a streamed completion; a ``retry`` of a message the session took
+    already gets its whole reply in one chunk (the turn's earlier events went to the
+    first request)."""
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -309,7 +323,8 @@ async def _chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        async for item in hermes.stream_message(session_id, text, **send):
+        items = _whole_reply(hermes, session_id, text, send) if retry else hermes.stream_message(session_id, text, **send)
+        async for item in items:
             if isinstance(item, TurnEvent):
                 shown = event_text(item)
                 if shown:
@@ -325,6 +340,13 @@ async def _chunks(
         problem = problem_for(err)
         yield _data({"error": {"message": problem.detail, "type": problem.slug, "code": problem.status}})
     yield "data: [DONE]\n\n"
+
+
+async def _whole_reply(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> AsyncIterator[TurnEvent | TurnResult]:
+    result = await hermes.send_message(session_id, text, **send)
+    if result.reply:
+        yield TurnEvent(session_id=session_id, turn=result.turn, type="text_delta", data={"text": result.reply})
+    yield result
 
 
 def event_text(event: TurnEvent) -> str:

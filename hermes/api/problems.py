@@ -9,7 +9,7 @@ validation errors), ``client_message_id`` and ``may_have_been_taken`` (503 on a 
 Statuses: 400 malformed JSON or header, 401 no or unknown key, 403 another user's
 memories or a decision the session refuses, 404 no such session or one the key does not
 reach (the same answer: :func:`session_not_found`; or route, or tool call), 409 busy / closed / halted / exists /
-already decided, 413 body too large, 422 validation, 429 over a rate or the open-stream cap, 500 a failure the session did not
+already decided, 413 body too large, 422 validation or an ``Idempotency-Key`` reused with another request, 429 over a rate or the open-stream cap, 500 a failure the session did not
 explain, 502 Temporal refused the request itself, 503 Temporal (or the session's worker)
 unavailable.
 """
@@ -57,6 +57,7 @@ _TITLES: dict[str, tuple[int, str]] = {
     "rate-limited": (429, "Too many requests"),
     "too-many-streams": (429, "Too many open event streams"),
     "message-rejected": (422, "Message rejected"),
+    "idempotency-key-reused": (422, "Idempotency-Key reused with another request"),
     "message-failed": (500, "The session failed the message"),
     "temporal-refused": (502, "Temporal refused the request"),
     "internal": (500, "Internal error"),
@@ -74,7 +75,7 @@ class ProblemDocument(BaseModel):
     status: int = Field(description="The HTTP status code")
     detail: str = Field(description="What happened this time")
     errors: list[dict[str, Any]] | None = Field(default=None, description="422: pydantic's validation errors (loc, msg, type)")
-    client_message_id: str | None = Field(default=None, description="503 on a message: resend with this Idempotency-Key")
+    client_message_id: str | None = Field(default=None, description="503 on a message: the id it was sent under; resend the same request (with its Idempotency-Key, if any) for its reply")
     may_have_been_taken: bool | None = Field(default=None, description="503 on a message: whether it may have run")
 
 

@@ -9,11 +9,16 @@ continue-as-new; the turn numbers of answered ids are kept longer
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import datetime
 
-from hermes.models import TurnResult
+from hermes.models import Message, TakenMessage, TurnResult
 
 from workflows.session.payloads import MAX_CACHE_BYTES, MAX_CACHED_RESULT_BYTES, slim
+
+
+MAX_TAKEN_LISTED = 50
+"""The most messages one ``get_taken_messages`` answer lists (those whose turns are newest)."""
 
 
 class ReplyBook:
@@ -75,3 +80,41 @@ class ReplyBook:
                 "session, read it in the transcript. It was not run again."
             ],
         )
+
+
+def taken_messages(
+    prefix: str, *, running: Iterable[str], replies: ReplyBook, messages: Sequence[Message]
+) -> list[TakenMessage]:
+    """The messages a session took whose client message ids start with ``prefix``: every
+    id a resend would be answered from (running or queued, reply cached, turn number kept,
+    or turn still in the transcript), so a caller choosing an id knows exactly which ones
+    the session would not run again.
+
+    Args:
+        prefix: the start of the client message ids wanted (``""``: all).
+        running: ids of the messages queued or running now.
+        replies: the session's reply book.
+        messages: the transcript the run holds, oldest first.
+
+    Returns:
+        At most :data:`MAX_TAKEN_LISTED` messages, the newest last; ``answered_at`` is the
+        time of the last message of the turn (``None`` while running or not held).
+    """
+    ended: dict[int, datetime] = {}
+    turns: dict[str, int] = {}
+    for m in messages:
+        if m.created_at is not None and (m.turn not in ended or m.created_at > ended[m.turn]):
+            ended[m.turn] = m.created_at
+        cid = m.client_message_id
+        if m.role == "user" and cid is not None and cid.startswith(prefix):
+            turns[cid] = m.turn
+    busy = {cid for cid in running if cid.startswith(prefix)}
+    known = [cid for cid in (*replies.answered, *replies.completed, *turns) if cid.startswith(prefix)]
+    found: dict[str, TakenMessage] = {}
+    for cid in (*known, *sorted(busy)):
+        turn = turns.get(cid, replies.answered.get(cid))
+        found[cid] = TakenMessage(
+            client_message_id=cid, running=cid in busy,
+            answered_at=None if cid in busy or turn is None else ended.get(turn),
+        )
+    return list(found.values())[-MAX_TAKEN_LISTED:]

@@ -39,6 +39,7 @@ with workflow.unsafe.imports_passed_through():
         SessionInput,
         SessionState,
         SnapshotInput,
+        TakenMessage,
         ToolCallRecord,
         ToolSpec,
         TraceStep,
@@ -437,6 +438,10 @@ class SessionWorkflow:
         (a copy rebuilt from history may have built it a little differently from the
         recorded input; the activity then sends this one, equally valid)."""
         return self._s.planner.inflight_refs(turn, step)
+
+    @workflow.query(name=names.GET_TAKEN_MESSAGES)
+    def get_taken_messages(self, prefix: str) -> list[TakenMessage]:
+        return self._s.taken(prefix)  # A query issues no command: no patch.
 
     @workflow.query(name=names.GET_MESSAGE_BODIES)
     def get_message_bodies(self, refs: list[str]) -> dict[str, str]:

@@ -15,14 +15,14 @@ from typing import Any
 
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.memory.rules import Triggers
-from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, ToolSpec, TraceStep
+from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, TakenMessage, ToolSpec, TraceStep
 
 from workflows.session import patches
 from workflows.session.approvals import ApprovalBook
 from workflows.session.commands import CommandGate
 from workflows.session.context_plan import ContextPlanner
 from workflows.session.payloads import MAX_DECISIONS, MAX_SETTLED, MAX_TRACE
-from workflows.session.replies import ReplyBook
+from workflows.session.replies import ReplyBook, taken_messages
 from workflows.session.transcript import Transcript
 from workflows.session.turn import BudgetExceeded, budget_stop
 
@@ -129,6 +129,11 @@ class SessionCore:
         if cid in self.replies.answered and bounded_work:
             return True
         return self.transcript.knows_message(cid)
+
+    def taken(self, prefix: str) -> list[TakenMessage]:
+        """The messages taken whose client message ids start with ``prefix``
+        (:func:`workflows.session.replies.taken_messages`)."""
+        return taken_messages(prefix, running=self.in_flight_ids, replies=self.replies, messages=self.transcript.messages)
 
     def session_status(self) -> str:
         if self.status == "closed":

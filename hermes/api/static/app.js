@@ -251,11 +251,19 @@ function onEvent(type, data) {
   }
 }
 
+// Each message typed is its own message, even with the text of one just sent: without a
+// key, the server takes the same body within its retry window as a retry of the first.
+function messageKey() {
+  const bytes = crypto.getRandomValues(new Uint8Array(16)); // (randomUUID needs a secure context)
+  return "web-" + Array.from(bytes, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
 async function send(text) {
   const sessionId = current;
   add(el("div", "msg user", text));
   turnView = { bubbles: new Map() };
-  const res = await api("POST", `/v1/sessions/${encodeURIComponent(sessionId)}/messages`, { text }, { Accept: "text/event-stream" });
+  const res = await api("POST", `/v1/sessions/${encodeURIComponent(sessionId)}/messages`, { text },
+    { Accept: "text/event-stream", "Idempotency-Key": messageKey() });
   const reader = res.body.getReader();
   const decoder = new TextDecoder();
   let buffer = "";
