@@ -120,7 +120,7 @@ async def test_an_idempotency_key_names_one_request_and_another_body_under_it_is
         r = await http.post(path, json={"text": "note one"}, headers=headers)
         assert r.status_code == 200, r.text
         r2 = await http.post(path, json={"text": "note one"}, headers=headers)
-        assert r2.json()["turn"] == r.json()["turn"]
+        assert r2.json()["turn"] == r.json()["turn"] and r2.headers.get("idempotent-replayed") == "true"
         doc = assert_problem(await http.post(path, json={"text": "note two"}, headers=headers), 422, "idempotency-key-reused")
         assert "note-1" in doc["detail"]
         assert model.calls == 4 and (await hermes.get_state(sid)).turn_count == 4
@@ -136,6 +136,8 @@ async def test_the_same_body_without_a_key_is_a_new_message_once_the_retry_windo
         first = await http.post(path, json={"text": "same words"}, headers=auth(keys["alice"]))
         retry = await http.post(path, json={"text": "same words"}, headers=auth(keys["alice"]))
         assert retry.json()["turn"] == first.json()["turn"] == 1 and model.calls == 1
+        # The returned reply says so; the first one does not.
+        assert retry.headers.get("idempotent-replayed") == "true" and "idempotent-replayed" not in first.headers
 
         # Past the window (its clock moved on), the same body is the user's second message.
         fingerprint = request_fingerprint("alice", sid, {"text": "same words"})

@@ -32,7 +32,13 @@ from hermes.api import openai_compat
 from hermes.api.limits import AuthFailures, RateLimit, StreamSlots, stream_slot
 from hermes.api.openai_compat import ChatCompletionRequest
 from hermes.api.problems import PROBLEM_MEDIA_TYPE, Problem, ProblemDocument, problem_for, problem_response, session_not_found
-from hermes.api.retries import idempotency_key, message_name, request_fingerprint
+from hermes.api.retries import (
+    REPLAYED_HEADER,
+    SESSION_ROUTE_ANSWERED_WINDOW_SECONDS,
+    idempotency_key,
+    message_name,
+    request_fingerprint,
+)
 from hermes.api.sse import event_stream, sse
 from hermes.api.schemas import (
     ApprovalList,
@@ -330,9 +336,12 @@ async def send_message(request: Request) -> Response:
     hermes = await backend.client()
     # A retry of this request attaches to its turn (hermes.api.retries).
     fingerprint = request_fingerprint(identity.user_id, session_id, body.model_dump(mode="json", exclude_unset=True))
+    window = request.app.state.retry_window_seconds
     name = await message_name(
-        hermes, session_id, fingerprint=fingerprint, key=key, window_seconds=request.app.state.retry_window_seconds,
+        hermes, session_id, fingerprint=fingerprint, key=key,
+        window_seconds=min(window, SESSION_ROUTE_ANSWERED_WINDOW_SECONDS) if window > 0 else 0,
     )
+    replayed = {REPLAYED_HEADER: "true"} if name.retry else {}
     # The session's user is its owner; the sender is the key's user (an admin posting into
     # another's session is recorded as the admin and never decides what it caused).
     send = dict(
@@ -342,9 +351,13 @@ async def send_message(request: Request) -> Response:
     if _wants_events(request):
         # Keepalives too: a message that comes while a turn awaits a human's approval is
         # held by the session (up to the approval timeout) before its own turn starts.
-        return event_stream(_turn_events(hermes, session_id, body.text, send), on_close=stream_slot(request, identity))
+        response = event_stream(_turn_events(hermes, session_id, body.text, send), on_close=stream_slot(request, identity))
+        response.headers.update(replayed)
+        return response
     result = await hermes.send_message(session_id, body.text, **send)  # type: ignore[arg-type]
-    return _json(result)
+    response = _json(result)
+    response.headers.update(replayed)
+    return response
 
 
 def _wants_events(request: Request) -> bool:

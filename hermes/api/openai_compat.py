@@ -51,7 +51,7 @@ from starlette.responses import JSONResponse, Response
 from hermes.api.keys import Identity
 from hermes.api.limits import stream_slot
 from hermes.api.problems import Problem, problem_for, session_not_found
-from hermes.api.retries import idempotency_key, message_name, request_fingerprint
+from hermes.api.retries import REPLAYED_HEADER, idempotency_key, message_name, request_fingerprint
 from hermes.api.schemas import SESSION_ID_PATTERN
 from hermes.api.sse import event_stream
 from hermes.client import HermesClient
@@ -279,9 +279,13 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
         usage = bool(body.stream_options and body.stream_options.include_usage)
         chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage, retry=name.retry)
         # With keepalive comments, which the OpenAI SDK skips.
-        return event_stream(chunks, on_close=stream_slot(request, identity))
-    result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
-    return JSONResponse(_completion(result, completion_id, body.model))
+        response = event_stream(chunks, on_close=stream_slot(request, identity))
+    else:
+        result = await hermes.send_message(session_id, text, **send)  # type: ignore[arg-type]
+        response = JSONResponse(_completion(result, completion_id, body.model))
+    if name.retry:
+        response.headers[REPLAYED_HEADER] = "true"
+    return response
 
 
 def _completion(result: TurnResult, completion_id: str, model: str) -> dict[str, Any]:

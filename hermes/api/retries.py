@@ -15,9 +15,13 @@ id: a resend of a known id waits for, or returns, the first reply and runs no se
   SHA-256 of the caller (the key's user), the session and the canonical body (JSON with
   sorted keys; ``stream`` and ``stream_options`` left out, so a retry may ask for the
   other form). A request whose newest generation ``n`` is still running, or was answered
-  within ``api_retry_window_seconds``, attaches to it; otherwise it is a new message
-  (``n + 1``). So the same text sent twice within the window without a key is taken as a
+  within ``api_retry_window_seconds`` (on the session route, whose body is only the text,
+  at most :data:`SESSION_ROUTE_ANSWERED_WINDOW_SECONDS`), attaches to it; otherwise it is a
+  new message (``n + 1``). So the same text sent twice within the window without a key is taken as a
   retry: a client that means it twice sends a distinct ``Idempotency-Key`` each time.
+
+A response to a request that attached carries ``Idempotent-Replayed: true`` (Stripe's
+header), so a client can tell a returned reply from a new one.
 
 The session itself is the record (its ``get_taken_messages`` query): nothing is kept in
 the API server or in Redis, so every API server process agrees, and a restart or a Redis
@@ -40,13 +44,22 @@ from hermes.client import HermesClient
 from hermes.errors import HermesError
 from hermes.models import TakenMessage
 
-__all__ = ["MAX_IDEMPOTENCY_KEY_CHARS", "MessageName", "idempotency_key", "message_name", "request_fingerprint"]
+__all__ = [
+    "MAX_IDEMPOTENCY_KEY_CHARS", "REPLAYED_HEADER", "SESSION_ROUTE_ANSWERED_WINDOW_SECONDS", "MessageName",
+    "idempotency_key", "message_name", "request_fingerprint",
+]
 
 log = logging.getLogger("hermes.api")
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
 UNFINGERPRINTED_FIELDS = frozenset({"stream", "stream_options"})
 """Body fields left out of the fingerprint: how the answer is delivered, not what is asked."""
+SESSION_ROUTE_ANSWERED_WINDOW_SECONDS = 10.0
+"""On ``POST /v1/sessions/{id}/messages`` a body is the text alone (``{"text": "yes"}``),
+so the same body is often a person's new message: after its answer, a keyless repeat is a
+retry only this long (a client that gave up just as the answer came); still running, always."""
+REPLAYED_HEADER = "Idempotent-Replayed"
+"""Set to ``true`` on the response to a request that attached to an earlier one."""
 _KEYED_HEX = 16
 _UNKEYED_HEX = 32
 
