@@ -214,7 +214,8 @@ class McpUnavailableError(HermesError):
         server: the server's name.
         reason: ``"unknown_server"``, ``"start"`` (cannot start: bad command path, no
             handshake), ``"backoff"`` (failed recently; not retried before
-            ``retry_in_seconds``, which is past the request's deadline), ``"timeout"``, ``"crashed"`` (connection lost mid-request),
+            ``retry_in_seconds``, which is past the request's deadline), ``"timeout"``,
+            ``"crashed"`` (connection lost mid-request),
             ``"protocol"`` (an error response or a malformed result), ``"http"`` (an
             HTTP error status; the message has the status and the start of the body),
             ``"unsupported"`` (the server does not offer resources/prompts), ``"closed"``
@@ -446,8 +447,8 @@ class McpManager:
         Raises:
             McpUnavailableError: within the timeout, naming the server: it cannot start
                 (bad command path, no handshake), it is in backoff after a failure until
-                after the deadline (says when it retries), it crashed or hung (``maybe_ran=True``), or it answered
-                with a protocol error. A tool denied by ``allow``/``deny`` is refused the
+                after the deadline (says when it retries), it crashed or hung
+                (``maybe_ran=True``), or it answered with a protocol error. A tool denied by ``allow``/``deny`` is refused the
                 same way (``reason="protocol"``).
         """
         srv = self._server(server)
