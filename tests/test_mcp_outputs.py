@@ -5,7 +5,8 @@ with real MCP server processes (``tests/mcp_servers/outputs.py``, ``crashy.py``)
   content off the schema) ran once: its answer reaches the model with a warning, and it is
   neither run again nor reported "outcome unknown".
 - A call in a stdio server's restart backoff waits for the relaunch when that comes
-  before its deadline; an idempotent tool whose server died mid-call succeeds on a retry.
+  before its deadline; an idempotent tool whose server died mid-call succeeds on a retry,
+  also when another turn's tool list, asked during the backoff, had none of its tools.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pytest
 
 from hermes.mcp.config import parse_mcp_config
 from hermes.mcp.manager import BACKOFF_FIRST_SECONDS, McpManager, McpUnavailableError
+from hermes.mcp.tools import McpUnavailable
 from hermes.models import McpOrigin, ToolSpec
 from tests.test_cli import cli_env, hermes_cli  # noqa: F401 - cli_env is a fixture
 from tests.test_mcp_session import open_toolset, results_json
@@ -132,6 +134,19 @@ async def test_an_idempotent_tool_whose_server_died_mid_call_succeeds_on_a_retry
     assert int(call.result.code) == 0, call.result.message
     assert call.result.data == {"result": "recovered"}
     assert (ledger.with_name(ledger.name + ".crashed")).exists() and runs(ledger) == ["crash_once ran"]
+
+
+async def test_a_call_recorded_before_its_server_crashed_finds_its_tool_and_waits_for_the_relaunch(ledger):
+    # The tool list is asked every time (TTL 0), so a listing in the backoff has nothing.
+    async with open_toolset(outputs(ledger, list_ttl_seconds=0)) as toolset:
+        [tool] = [t for t in await toolset.discover() if t.name == "outputs_crash_once"]
+        with pytest.raises(McpUnavailable, match="connection lost"):
+            await tool.invoke({}, None)  # kills the server mid-call
+        assert "outputs_crash_once" not in {t.name for t in await toolset.discover()}  # another turn's list
+        again = await toolset.tool_for("outputs_crash_once", tool.origin)  # the recorded call's retry
+        assert again is not None
+        result = await again.invoke({}, None)
+    assert int(result.code) == 0 and result.data == {"result": "recovered"}
 
 
 def test_the_retries_of_an_idempotent_mcp_tool_span_more_than_the_first_restart_backoff():

@@ -168,8 +168,10 @@ class McpToolset:
 
     async def discover(self) -> list[McpTool]:
         """The current MCP tools of every enabled server (from the manager's cache when
-        fresh). A server that cannot list in time is left out, with a warning."""
+        fresh). A server that cannot list in time is left out, with a warning; calls
+        recorded with its tools still find them (:meth:`tool_for`)."""
         servers = self.config.enabled_servers()
+        unlisted: set[str] = set()
 
         async def lists(name: str) -> tuple[list[Any], list[Any], list[Any]]:
             tools = await self.manager.list_tools(name)
@@ -183,6 +185,7 @@ class McpToolset:
                 tools, resources, prompts = await asyncio.wait_for(lists(name), budget)
             except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
                 log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
+                unlisted.add(name)
                 return []
             extra = [t for t in _resource_and_prompt_tools(name, resources, prompts) if servers[name].allows(t.name)]
             return list(tools) + extra
@@ -198,7 +201,11 @@ class McpToolset:
                 log.warning("MCP tool %s of %s is not offered: a Hermes tool is named %r", tool_name, server_name, model_name)
                 continue
             found[model_name] = self._tool(model_name, server_name, listed[server_name][tool_name])
-        self._tools = found
+        # A server that cannot list now (down, in its restart backoff) keeps its known tools
+        # for calls already recorded with them: such a call waits for the relaunch or says
+        # the server is unavailable, rather than that its tool is no longer offered.
+        kept = {name: tool for name, tool in self._tools.items() if tool.origin.server in unlisted and name not in found}
+        self._tools = {**kept, **found}
         return list(found.values())
 
     def _tool(self, model_name: str, server_name: str, listed: Any) -> McpTool:
