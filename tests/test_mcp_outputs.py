@@ -23,8 +23,9 @@ import pytest
 
 from hermes.mcp.config import parse_mcp_config
 from hermes.mcp.manager import BACKOFF_FIRST_SECONDS, McpManager, McpUnavailableError
-from hermes.mcp.tools import McpUnavailable
+from hermes.mcp.tools import McpToolset, McpUnavailable
 from hermes.models import McpOrigin, ToolSpec
+from tests.support import eventually
 from tests.test_cli import cli_env, hermes_cli  # noqa: F401 - cli_env is a fixture
 from tests.test_mcp_session import open_toolset, results_json
 from tests.test_tool_layer import Steps
@@ -48,6 +49,16 @@ def outputs(ledger: Path, **keys: Any) -> dict[str, Any]:
     return {"outputs": {"command": sys.executable, "args": [str(SERVERS / "outputs.py"), str(ledger)], **keys}}
 
 
+async def listed(toolset: McpToolset, name: str) -> None:
+    """Wait until the server has started and listed ``name`` (then cached for the turn): a
+    cold start on a loaded machine can take longer than a turn's listing budget."""
+
+    async def found() -> bool:
+        return name in {t.name for t in await toolset.discover()}
+
+    await eventually(found, what=f"{name} to be listed")
+
+
 # ---------------------------------------------------------------- answers off their output schema
 
 
@@ -61,6 +72,7 @@ async def test_a_text_answer_to_a_tool_with_an_output_schema_reaches_the_model_o
     model = Steps([("outputs_report", {})], results_json)
     with caplog.at_level(logging.WARNING, logger="hermes.mcp"):
         async with open_toolset(outputs(ledger, **keys)) as toolset, run_worker(model, mcp=toolset, memory=False) as hermes:
+            await listed(toolset, "outputs_report")
             result = await hermes.send_message(session_id, "how many rows?", user_id="alice")
     assert runs(ledger) == ["report ran"]  # the server ran it exactly once
     [call] = result.tool_calls
@@ -129,6 +141,7 @@ async def test_an_idempotent_tool_whose_server_died_mid_call_succeeds_on_a_retry
 ):
     model = Steps([("outputs_crash_once", {})], results_json)
     async with open_toolset(outputs(ledger)) as toolset, run_worker(model, mcp=toolset, memory=False) as hermes:
+        await listed(toolset, "outputs_crash_once")
         result = await hermes.send_message(session_id, "sync", user_id="alice")
     [call] = result.tool_calls
     assert int(call.result.code) == 0, call.result.message
