@@ -8,21 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from hermes.mcp.config import parse_mcp_config
-from hermes.mcp.manager import McpManager
-from hermes.mcp.tools import McpToolset
-from tests.conftest import builtin_registry
 from tests.test_cli import cli_env, hermes_cli  # noqa: F401 - cli_env is a fixture
-from tests.test_mcp_session import results_json
+from tests.test_mcp_session import open_toolset, results_json
 from tests.test_tool_layer import Steps
 
 SERVER = Path(__file__).resolve().parent / "mcp_servers" / "annotated.py"
@@ -42,16 +36,7 @@ def entry(ledger: Path, **keys: Any) -> dict[str, Any]:
 def toolset_of() -> Callable[[dict[str, Any]], Any]:
     """``async with toolset_of(entry) as toolset``: the server ``annotated`` with these keys."""
 
-    @asynccontextmanager
-    async def open_toolset(server: dict[str, Any]) -> AsyncIterator[McpToolset]:
-        config = parse_mcp_config({"mcpServers": {"annotated": server}}, environ=dict(os.environ))
-        manager = McpManager(config, environ=dict(os.environ))
-        try:
-            yield McpToolset(config, manager, reserved=set(builtin_registry().names()))
-        finally:
-            await manager.aclose()
-
-    return open_toolset
+    return lambda server: open_toolset({"annotated": server})
 
 
 def lines(ledger: Path) -> list[str]:

@@ -9,6 +9,7 @@ import json
 import os
 import sys
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,17 @@ async def toolset() -> AsyncIterator[McpToolset]:
         },
         environ=dict(os.environ),
     )
+    manager = McpManager(config, environ=dict(os.environ))
+    try:
+        yield McpToolset(config, manager, reserved=set(builtin_registry().names()))
+    finally:
+        await manager.aclose()
+
+
+@asynccontextmanager
+async def open_toolset(servers: dict[str, Any]) -> AsyncIterator[McpToolset]:
+    """A toolset over these ``mcpServers`` entries (its manager closed on exit)."""
+    config = parse_mcp_config({"mcpServers": servers}, environ=dict(os.environ))
     manager = McpManager(config, environ=dict(os.environ))
     try:
         yield McpToolset(config, manager, reserved=set(builtin_registry().names()))

@@ -16,17 +16,25 @@ with workflow.unsafe.imports_passed_through():
 
 MAX_ERROR_CHARS = 2000
 
+MCP_RETRY_FIRST = timedelta(milliseconds=500)
+"""First retry interval of an MCP tool (then doubled): its three attempts span 1.5 s, more
+than the 1 s an MCP server waits before its first restart
+(:data:`hermes.mcp.manager.BACKOFF_FIRST_SECONDS`), so a retry after a dropped connection
+is not spent inside that backoff (issue 27); each attempt also waits for the relaunch
+within its own deadline."""
+
 
 def tool_activity_options(spec: ToolSpec) -> dict[str, Any]:
     """``start_activity`` keyword arguments for a call of ``spec``.
 
-    Idempotent and keyed tools retry with 200 ms x2 backoff, 3 attempts (seed 004 §4.3).
+    Idempotent and keyed tools retry with 200 ms x2 backoff, 3 attempts (seed 004 §4.3);
+    an MCP server's tools from :data:`MCP_RETRY_FIRST` (500 ms) x2.
     A non-idempotent tool runs once: later attempts (after a worker crash) only read
     its exactly-once record (Redis, then the durable store) and report the stored result
     or "outcome unknown".
     """
     retry = RetryPolicy(
-        initial_interval=timedelta(milliseconds=200),
+        initial_interval=MCP_RETRY_FIRST if spec.mcp is not None else timedelta(milliseconds=200),
         backoff_coefficient=2.0,
         maximum_attempts=3,
         non_retryable_error_types=["ToolArgumentsError"],

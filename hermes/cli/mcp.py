@@ -99,6 +99,7 @@ def mcp_call(
     """Call one tool once, outside any session, and print the result as Hermes would
     give it to the model ({code, message, data}); exit 1 unless code is 0."""
     from hermes.mcp.manager import McpManager
+    from hermes.mcp.output import output_mismatch
     from hermes.mcp.tools import call_result
 
     settings = load_settings()
@@ -114,7 +115,10 @@ def mcp_call(
 
     async def main() -> Any:
         async with McpManager(config, environ=os.environ) as manager:
-            return call_result(await manager.call_tool(server, tool, parsed))
+            # The listed output schema, so an answer off it gets the model's warning too.
+            listed = next((t for t in await manager.list_tools(server) if t.name == tool), None)
+            result = await manager.call_tool(server, tool, parsed)
+            return call_result(result, warning=output_mismatch(getattr(listed, "output_schema", None), result))
 
     with failing_on(HermesError, code=EXIT_UNAVAILABLE):
         result = asyncio.run(main())

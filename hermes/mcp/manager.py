@@ -19,8 +19,11 @@ Life of a connection::
   exits, or a transport that breaks, ends the connection at once.
 - **Backoff**: after a failure the server is not started again before ``retry_at``:
   1 s after the first failure, doubling to 30 s (:data:`BACKOFF_FIRST_SECONDS`,
-  :data:`BACKOFF_MAX_SECONDS`); a request in that window fails at once, saying when the
-  next attempt is. A connection that stayed up :data:`STABLE_SECONDS` resets the doubling.
+  :data:`BACKOFF_MAX_SECONDS`); a call (tool, resource, prompt) in that window waits for
+  the relaunch when ``retry_at`` comes before its deadline, and fails at once otherwise,
+  saying when the next attempt is (issue 27: a call that could have waited is never
+  refused); a list fails at once (a turn goes on without the server's tools). A
+  connection that stayed up :data:`STABLE_SECONDS` resets the doubling.
 - **Timeout**: each request has one deadline, ``timeout_seconds`` (the call's, else the
   server's), covering the start of the server when it is not running, so nothing a
   caller awaits can outlast it. The start itself has its own limit,
@@ -100,6 +103,7 @@ from hermes import redaction, telemetry
 from hermes.mcp.config import McpConfig, ResolvedServer, ServerConfig, Transport, redact, resolve_all
 from hermes.mcp.http import HTTP_ERROR_BODY_CHARS, HttpState, ReportingTransport
 from hermes.mcp.http import first_line as _first_line
+from hermes.mcp.output import LenientSession
 
 __all__ = [
     "BACKOFF_FIRST_SECONDS",
@@ -210,7 +214,8 @@ class McpUnavailableError(HermesError):
         server: the server's name.
         reason: ``"unknown_server"``, ``"start"`` (cannot start: bad command path, no
             handshake), ``"backoff"`` (failed recently; not retried before
-            ``retry_in_seconds``), ``"timeout"``, ``"crashed"`` (connection lost mid-request),
+            ``retry_in_seconds``, which is past the request's deadline), ``"timeout"``,
+            ``"crashed"`` (connection lost mid-request),
             ``"protocol"`` (an error response or a malformed result), ``"http"`` (an
             HTTP error status; the message has the status and the start of the body),
             ``"unsupported"`` (the server does not offer resources/prompts), ``"closed"``
@@ -370,6 +375,8 @@ class McpManager:
         self._servers = {name: _Server(resolved) for name, resolved in self.resolved.items()}
         self._live: set[_Connection] = set()
         self._closed = False
+        self._closing = asyncio.Event()
+        """Set by :meth:`aclose`: wakes requests waiting out a backoff."""
 
     async def __aenter__(self) -> McpManager:
         return self
@@ -414,7 +421,8 @@ class McpManager:
         if not refresh and cached is not None and ttl > 0 and time.monotonic() - cached[0] < ttl:
             return list(cached[1])
         generation = srv.generations.get(kind, 0)
-        items = await self._request(srv, f"{kind}/list", listing, srv.config.timeout_seconds)
+        # A list does not wait out a backoff: the turn goes on without the server's tools.
+        items = await self._request(srv, f"{kind}/list", listing, srv.config.timeout_seconds, wait_backoff=False)
         if generation == srv.generations.get(kind, 0):  # no list_changed arrived meanwhile
             srv.lists[kind] = (time.monotonic(), items)
         return list(items)
@@ -433,13 +441,14 @@ class McpManager:
 
         Returns:
             The server's result as sent; a tool that failed is a result with
-            ``is_error=True``, not an exception.
+            ``is_error=True``, not an exception. It is not checked against the tool's
+            ``outputSchema`` (see :func:`hermes.mcp.output.output_mismatch`).
 
         Raises:
             McpUnavailableError: within the timeout, naming the server: it cannot start
-                (bad command path, no handshake), it is in backoff after a failure (says
-                when it retries), it crashed or hung (``maybe_ran=True``), or it answered
-                with a protocol error. A tool denied by ``allow``/``deny`` is refused the
+                (bad command path, no handshake), it is in backoff after a failure until
+                after the deadline (says when it retries), it crashed or hung
+                (``maybe_ran=True``), or it answered with a protocol error. A tool denied by ``allow``/``deny`` is refused the
                 same way (``reason="protocol"``).
         """
         srv = self._server(server)
@@ -569,6 +578,7 @@ class McpManager:
         :class:`McpUnavailableError` (``reason="closed"``). Safe to call twice.
         """
         self._closed = True
+        self._closing.set()
         for srv in self._servers.values():
             for task in list(srv.background):
                 task.cancel()
@@ -603,12 +613,13 @@ class McpManager:
         timeout_seconds: float,
         *,
         maybe_ran: bool = False,
+        wait_backoff: bool = True,
     ) -> T:
         """Run ``fn`` on the server's session within ``timeout_seconds`` (start included);
         retried once on a fresh session after an HTTP 404 for an expired session."""
         deadline = time.monotonic() + timeout_seconds
         for attempt in range(2):
-            conn = await self._acquire(srv, deadline, what, timeout_seconds)
+            conn = await self._acquire(srv, deadline, what, timeout_seconds, wait_backoff)
             assert conn.session is not None
             conn.in_flight += 1
             conn.last_used = time.monotonic()
@@ -697,8 +708,11 @@ class McpManager:
             return ""
         return f"; next start attempt in {max(0.0, srv.retry_at - time.monotonic()):.1f} s"
 
-    async def _acquire(self, srv: _Server, deadline: float, what: str, timeout_seconds: float) -> _Connection:
-        """A ready connection, started (or health-checked) as needed before ``deadline``."""
+    async def _acquire(
+        self, srv: _Server, deadline: float, what: str, timeout_seconds: float, wait_backoff: bool
+    ) -> _Connection:
+        """A ready connection, started (or health-checked) as needed before ``deadline``;
+        with ``wait_backoff``, after a backoff that ends before ``deadline``."""
         while True:
             if self._closed:
                 raise McpUnavailableError(srv.name, f"MCP server {srv.name!r}: the MCP manager is closed", reason="closed")
@@ -721,11 +735,16 @@ class McpManager:
             if srv.starting is None or srv.starting.done():
                 if srv.retry_at is not None and time.monotonic() < srv.retry_at:
                     wait = srv.retry_at - time.monotonic()
+                    if wait_backoff and srv.retry_at < deadline:  # the relaunch comes in time: wait for it
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._closing.wait(), wait)
+                        continue
+                    late = f", after this request's {timeout_seconds:g} s deadline" if wait_backoff else ""
                     raise McpUnavailableError(
                         srv.name,
                         srv.mask(
                             f"MCP server {srv.name!r} is unavailable after a failure ({srv.last_error}); "
-                            f"next start attempt in {wait:.1f} s"
+                            f"next start attempt in {wait:.1f} s{late}"
                         ),
                         reason="backoff",
                         retry_in_seconds=wait,
@@ -866,7 +885,7 @@ class McpManager:
                 log.debug("MCP server %s: transport error: %s", srv.name, conn.http.transport_error)
 
         session = await stack.enter_async_context(
-            ClientSession(
+            LenientSession(  # a result off its output schema is kept (hermes.mcp.output)
                 read,
                 write,
                 message_handler=on_message,

@@ -20,6 +20,7 @@ from typing import Any
 
 from hermes.errors import ToolFailure, ToolRegistrationError
 from hermes.mcp.config import McpConfig, ToolHints, merge_tool_names, redact
+from hermes.mcp.output import output_mismatch
 from hermes.models import McpOrigin, PolicySource, ToolGroup, ToolResult, ToolResultCode, ToolSpec
 from hermes.tools import arguments as args_layer
 from hermes.tools.registry import Tool, ToolContext
@@ -72,6 +73,8 @@ class McpTool(Tool):
     """What decided ``permission``: the operator's config, the server's annotations, or neither."""
     idempotency_source: PolicySource = "default"
     """What decided ``idempotency``."""
+    output_schema: dict[str, Any] | None = field(default=None, repr=False)
+    """The tool's ``outputSchema`` as listed; a result off it is kept, with a warning."""
 
     def spec(self, *, tier_seconds: Callable[[str], float], heartbeat_timeout_seconds: float) -> ToolSpec:
         return super().spec(tier_seconds=tier_seconds, heartbeat_timeout_seconds=heartbeat_timeout_seconds).model_copy(
@@ -88,7 +91,9 @@ class McpTool(Tool):
         # by us (with its reason) rather than by Temporal's timer.
         timeout = self.timeout_seconds * 0.9 if self.timeout_seconds else None
         try:
-            return await self.toolset.call(self.origin, dict(arguments), timeout_seconds=timeout)
+            return await self.toolset.call(
+                self.origin, dict(arguments), timeout_seconds=timeout, output_schema=self.output_schema
+            )
         except McpUnavailable as err:
             status = err.http_status
             if status is not None and 400 <= status < 500 and status not in _RETRIED_HTTP_STATUSES:
@@ -101,13 +106,19 @@ class McpTool(Tool):
             raise
 
 
-def call_result(result: Any) -> ToolResult:
+def call_result(result: Any, *, warning: str | None = None) -> ToolResult:
     """An MCP ``CallToolResult`` in the ``{code, message, data}`` shape.
 
     Text content comes back byte-identical. ``structured_content``, when the server
     sends it, is the data; otherwise the text (one part) or the list of parts. A result
     with ``is_error`` goes to the model as data with code 2 (the tool ran and said it
     failed), never as an exception.
+
+    Args:
+        result: the server's ``CallToolResult``.
+        warning: what is wrong with a result that still counts (its mismatch with the
+            tool's output schema, :func:`hermes.mcp.output.output_mismatch`): the
+            message becomes ``"ok; warning: ..."``, the code stays 0.
     """
     parts: list[Any] = []
     texts: list[str] = []
@@ -130,7 +141,7 @@ def call_result(result: Any) -> ToolResult:
     if getattr(result, "is_error", False):
         message = "\n".join(texts).strip() or "the MCP tool reported an error"
         return ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=message[:2000], data=data)
-    return ToolResult(message="ok", data=data)
+    return ToolResult(message="ok" if warning is None else f"ok; warning: {warning}", data=data)
 
 
 class McpToolset:
@@ -157,8 +168,10 @@ class McpToolset:
 
     async def discover(self) -> list[McpTool]:
         """The current MCP tools of every enabled server (from the manager's cache when
-        fresh). A server that cannot list in time is left out, with a warning."""
+        fresh). A server that cannot list in time is left out, with a warning; calls
+        recorded with its tools still find them (:meth:`tool_for`)."""
         servers = self.config.enabled_servers()
+        unlisted: set[str] = set()
 
         async def lists(name: str) -> tuple[list[Any], list[Any], list[Any]]:
             tools = await self.manager.list_tools(name)
@@ -172,6 +185,7 @@ class McpToolset:
                 tools, resources, prompts = await asyncio.wait_for(lists(name), budget)
             except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
                 log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
+                unlisted.add(name)
                 return []
             extra = [t for t in _resource_and_prompt_tools(name, resources, prompts) if servers[name].allows(t.name)]
             return list(tools) + extra
@@ -187,7 +201,11 @@ class McpToolset:
                 log.warning("MCP tool %s of %s is not offered: a Hermes tool is named %r", tool_name, server_name, model_name)
                 continue
             found[model_name] = self._tool(model_name, server_name, listed[server_name][tool_name])
-        self._tools = found
+        # A server that cannot list now (down, in its restart backoff) keeps its known tools
+        # for calls already recorded with them: such a call waits for the relaunch or says
+        # the server is unavailable, rather than that its tool is no longer offered.
+        kept = {name: tool for name, tool in self._tools.items() if tool.origin.server in unlisted and name not in found}
+        self._tools = {**kept, **found}
         return list(found.values())
 
     def _tool(self, model_name: str, server_name: str, listed: Any) -> McpTool:
@@ -220,6 +238,7 @@ class McpToolset:
             idempotency_source=policy.idempotency_source,
             toolset=self,
             schema_checked=checked,
+            output_schema=getattr(listed, "output_schema", None),
         )
 
     async def tool_for(self, name: str, origin: McpOrigin) -> McpTool | None:
@@ -231,9 +250,20 @@ class McpToolset:
             known = self._tools.get(name)
         return known if known is not None and known.origin == origin else None
 
-    async def call(self, origin: McpOrigin, arguments: dict[str, Any], *, timeout_seconds: float | None) -> ToolResult:
+    async def call(
+        self,
+        origin: McpOrigin,
+        arguments: dict[str, Any],
+        *,
+        timeout_seconds: float | None,
+        output_schema: dict[str, Any] | None = None,
+    ) -> ToolResult:
         """Call ``origin`` on its server; a server that cannot answer raises
-        :class:`McpUnavailable` (code 2; retried only if the tool is retry-safe)."""
+        :class:`McpUnavailable` (code 2; retried only if the tool is retry-safe).
+
+        A result that does not match ``output_schema`` (the tool's listed
+        ``outputSchema``) is the call's result all the same, with a warning in its
+        message and in the log: the server answered, so the call ran once and is done."""
         try:
             if origin.tool == _READ_RESOURCE:
                 return self._masked(
@@ -251,7 +281,13 @@ class McpToolset:
                 maybe_ran=bool(getattr(err, "maybe_ran", isinstance(err, TimeoutError))),
                 http_status=getattr(err, "http_status", None),
             ) from None
-        return self._masked(call_result(result))
+        warning = output_mismatch(output_schema, result)
+        if warning is not None:
+            log.warning(
+                "MCP tool %s of %s: %s; the result is kept, with a warning for the model",
+                origin.tool, origin.server, _redacted_text(self.manager, origin.server, warning),
+            )
+        return self._masked(call_result(result, warning=warning))
 
     def _masked(self, value: Any) -> Any:
         """``value`` (a tool result, a description, a schema) with every MCP server's
@@ -344,6 +380,9 @@ def prompt_result(result: Any) -> ToolResult:
 
 
 def _redacted(manager: Any, server: str, err: BaseException) -> str:
-    text = f"{type(err).__name__}: {err}" if str(err) else type(err).__name__
+    return _redacted_text(manager, server, f"{type(err).__name__}: {err}" if str(err) else type(err).__name__)
+
+
+def _redacted_text(manager: Any, server: str, text: str) -> str:
     resolved = getattr(manager, "resolved", {}).get(server) if hasattr(manager, "resolved") else None
     return redact(text, resolved) if resolved is not None else text

@@ -13,4 +13,7 @@ Each is a script run as its own process, over stdio unless said otherwise:
 - ``misbehave.py``: misbehaves as public bug reports describe (a call that never ends,
   HTTP 4xx answers with a body, a list cursor that never advances), for
   ``tests/test_mcp_failures.py``.
+- ``outputs.py``: answers off the tool's listed output schema (text only, or structured
+  content that does not match) and a tool that kills the server on its first call, each
+  run counted in a file, for ``tests/test_mcp_outputs.py``.
 """
