@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.test_cli import cli_env, hermes_cli  # noqa: F401 - cli_env is a fixture
-from tests.test_mcp_session import open_toolset, results_json
+from tests.test_mcp_session import listed, open_toolset, results_json
 from tests.test_tool_layer import Steps
 
 SERVER = Path(__file__).resolve().parent / "mcp_servers" / "annotated.py"
@@ -98,6 +98,9 @@ async def test_an_idempotent_hinted_tool_is_retried_after_a_timeout_unless_the_o
     # A 2 s request timeout: the first call hangs (the server's marker), so the call times out.
     model = Steps([("annotated_flaky_sync", {})], results_json)
     async with toolset_of(entry(ledger, timeout_seconds=2, **keys)) as toolset, run_worker(model, mcp=toolset, memory=False) as hermes:
+        # Started and listed first: 2 s is also the turn's listing budget, which a cold start
+        # on a loaded machine can miss (then the turn has no such tool).
+        await listed(toolset, "annotated_flaky_sync")
         result = await hermes.send_message(session_id, "sync", user_id="alice")
     [call] = result.tool_calls
     assert call.approval == "not_required"

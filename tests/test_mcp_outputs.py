@@ -27,7 +27,7 @@ from hermes.mcp.tools import McpToolset, McpUnavailable
 from hermes.models import McpOrigin, ToolSpec
 from tests.support import eventually
 from tests.test_cli import cli_env, hermes_cli  # noqa: F401 - cli_env is a fixture
-from tests.test_mcp_session import open_toolset, results_json
+from tests.test_mcp_session import listed, open_toolset, results_json
 from tests.test_tool_layer import Steps
 from workflows.tool_calls import tool_activity_options
 
@@ -47,16 +47,6 @@ def runs(ledger: Path) -> list[str]:
 
 def outputs(ledger: Path, **keys: Any) -> dict[str, Any]:
     return {"outputs": {"command": sys.executable, "args": [str(SERVERS / "outputs.py"), str(ledger)], **keys}}
-
-
-async def listed(toolset: McpToolset, name: str) -> None:
-    """Wait until the server has started and listed ``name`` (then cached for the turn): a
-    cold start on a loaded machine can take longer than a turn's listing budget."""
-
-    async def found() -> bool:
-        return name in {t.name for t in await toolset.discover()}
-
-    await eventually(found, what=f"{name} to be listed")
 
 
 # ---------------------------------------------------------------- answers off their output schema

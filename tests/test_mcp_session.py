@@ -217,3 +217,13 @@ async def test_the_four_third_party_servers_answer_through_hermes_in_one_session
     assert "报告.txt" in codes["files_list_directory"][1]
     assert "Asia/Shanghai" in codes["time_get_current_time"][1]
     assert "new.txt" in codes["git_git_status"][1]
+
+
+async def listed(toolset: McpToolset, name: str) -> None:
+    """Wait until the server has started and listed ``name`` (then cached for the turn): a
+    cold start on a loaded machine can take longer than a turn's listing budget."""
+
+    async def found() -> bool:
+        return name in {t.name for t in await toolset.discover()}
+
+    await eventually(found, what=f"{name} to be listed")
