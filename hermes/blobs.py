@@ -104,12 +104,16 @@ def arguments_stand_in(ref: str, text: str) -> dict[str, Any]:
     reference under ``ref``: enough for a transcript or an approver to see what they are.
 
     Returns:
-        ``{"kept_by_reference": ref, "size_bytes": int, "preview": str}``.
+        ``{"kept_by_reference": ref, "size_bytes": int, "preview": str}``; the preview is
+        the JSON's head and tail around a marker saying what was cut
+        (:func:`hermes.previews.head_and_tail`).
     """
     return {
         "kept_by_reference": ref,
         "size_bytes": len(text.encode("utf-8", "surrogatepass")),
-        "preview": text[:ARGUMENTS_PREVIEW_CHARS],
+        "preview": head_and_tail(
+            text, ARGUMENTS_PREVIEW_CHARS, json_text=True, how_to_read=f'read them with read_stored_content(ref="{ref}", offset={{start}})'
+        ).text,
     }
 
 

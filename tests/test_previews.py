@@ -8,7 +8,7 @@ import json
 import re
 
 from activities.tools import cap_result, to_tool_result
-from hermes.blobs import stored_preview, value_ref
+from hermes.blobs import arguments_stand_in, stored_preview, value_ref
 from hermes.models import ToolResult
 from hermes.previews import head_and_tail
 from workflows.session.payloads import MAX_RESULT_CHARS
@@ -119,3 +119,11 @@ def test_a_tool_result_too_long_for_the_model_keeps_its_tail_under_the_patch():
     # Runs recorded before the patch keep the head alone (they replay as they ran).
     old = json.loads(result_content(result))["data"]["preview"]
     assert LAST_LINE not in old and "cut here" not in old
+
+
+def test_the_stand_in_of_large_arguments_shows_their_head_and_tail():
+    text = json.dumps({"command": "\n".join(f"echo {i}" for i in range(20_000)) + "\nrm -rf /tmp/build"})
+    ref = value_ref(json.loads(text))
+    preview = arguments_stand_in(ref, text)["preview"]
+    assert len(preview) <= 1000 and preview.startswith('{"command": "echo 0\\necho 1')
+    assert preview.endswith('rm -rf /tmp/build"}') and f'read_stored_content(ref="{ref}", offset=' in preview
