@@ -78,7 +78,7 @@ class SessionIndexActivities:
 
         if await write_or_report("session_index", what, write, timeout_seconds=self.timeout_seconds):
             return True
-        if not any(_pool_busy(err) for err in failure):
+        if not (any(_pool_busy(err) for err in failure) or _pool_full(self.redis)):
             self._skip_until = time.monotonic() + self.backoff_seconds
             log.warning("session index: Redis failed; skipping writes for %.0f s (each one reported)", self.backoff_seconds)
         return False
@@ -88,3 +88,14 @@ def _pool_busy(err: BaseException) -> bool:
     """Whether ``err`` is redis-py's "every pool connection is in use" (a busy worker,
     not an unreachable Redis)."""
     return "No connection available" in str(err) or "Too many connections" in str(err)
+
+
+def _pool_full(redis: Any) -> bool:
+    """Whether every connection of ``redis``'s pool is in use now (a write that timed out
+    was waiting for one, not for Redis)."""
+    pool = getattr(redis, "connection_pool", None)
+    can_get = getattr(pool, "can_get_connection", None)
+    try:
+        return callable(can_get) and not can_get()
+    except Exception:  # noqa: BLE001 - another client type: assume Redis itself failed
+        return False

@@ -127,3 +127,28 @@ async def test_writes_to_an_unreachable_redis_are_reported_not_dropped_silently(
     assert any("turn_events" in w and "2 turn event(s)" in w and "'s-down'" in w for w in warnings), warnings
     assert any("content_store" in w and "message bodies" in w for w in warnings), warnings
     assert sum("session_index" in w and "'s-down'" in w for w in warnings) == 2, warnings
+
+
+@pytest.mark.timeout(60)
+async def test_a_session_index_write_that_waited_for_a_busy_pool_is_reported_and_the_next_one_lands(
+    redis_url: str, redis: Any
+) -> None:
+    client = redis_client(Settings(redis_url=redis_url, redis_max_connections=1, redis_pool_timeout_seconds=30))
+    index = SessionIndexActivities(client, timeout_seconds=0.3)
+    key, user = f"hold-{free_port()}", f"busy-user-{free_port()}"
+    before = skipped_writes().get("session_index", 0)
+    try:
+        holder = asyncio.ensure_future(client.blpop([key], timeout=4))  # holds the pool's one connection
+        while client.connection_pool.can_get_connection():
+            await asyncio.sleep(0.01)
+        waited = await index.update_session_index(entry("busy-1", user))
+        await redis.rpush(key, "go")
+        await holder
+        landed = await index.update_session_index(entry("busy-2", user))
+    finally:
+        await client.aclose()
+    # A busy pool is not an outage: the write that timed out waiting is reported, and the
+    # next one is not skipped for the index's backoff.
+    assert (waited, landed) == (False, True)
+    assert skipped_writes().get("session_index", 0) == before + 1
+    assert [e.session_id for e in await list_entries(redis, user)] == ["busy-2"]
