@@ -65,7 +65,9 @@ class SessionIndexActivities:
         what = f"the session index row of session {entry.session_id!r} (turn {entry.turn_count})"
         left = self._skip_until - time.monotonic()
         if left > 0:
-            report_skipped("session_index", what, f"Redis failed a moment ago; writes resume in {left:.0f} s")
+            report_skipped(
+                "session_index", what, f"Redis failed a moment ago; writes resume in {left:.0f} s", session_id=entry.session_id
+            )
             return False
         failure: list[BaseException] = []
 
@@ -76,7 +78,7 @@ class SessionIndexActivities:
                 failure.append(err)
                 raise
 
-        if await write_or_report("session_index", what, write, timeout_seconds=self.timeout_seconds):
+        if await write_or_report("session_index", what, write, timeout_seconds=self.timeout_seconds, session_id=entry.session_id):
             return True
         if not (any(_pool_busy(err) for err in failure) or _pool_full(self.redis)):
             self._skip_until = time.monotonic() + self.backoff_seconds

@@ -39,9 +39,10 @@ content store (``ToolCall.arguments_ref``), like tool results over 64 KB and rep
 256 KB: a workflow task that decoded megabytes of arguments on a busy machine passed the
 SDK's 2 s deadlock detector (issue 12)."""
 ARGUMENTS_PREVIEW_CHARS = 1000
-CACHE_WRITE_TIMEOUT_SECONDS = 10.0
+CACHE_WRITE_TIMEOUT_SECONDS = 5.0
 """Longest time a Redis copy of content takes, both tries and any wait for a free pool
-connection included (:meth:`BlobStore.cache_or_report`)."""
+connection included (:meth:`BlobStore.cache_or_report`): one socket timeout, as a single
+try took before, so a hung Redis delays a model call no longer than it did."""
 BODY_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
 """What a model sees of a message; the rest (turn, time, ids) is session bookkeeping."""
 
@@ -112,7 +113,10 @@ def arguments_stand_in(ref: str, text: str) -> dict[str, Any]:
         "kept_by_reference": ref,
         "size_bytes": len(text.encode("utf-8", "surrogatepass")),
         "preview": head_and_tail(
-            text, ARGUMENTS_PREVIEW_CHARS, json_text=True, how_to_read=f'read them with read_stored_content(ref="{ref}", offset={{start}})'
+            text,
+            ARGUMENTS_PREVIEW_CHARS,
+            json_text=True,
+            how_to_read=f'read them with read_stored_content(ref="{ref}", offset={{start}})',
         ).text,
     }
 
@@ -165,7 +169,9 @@ class BlobStore:
         # The durable copy is written; Redis is the fast path: retried once, then reported.
         await self.cache_or_report(items, "kept by reference (the durable copy is written)")
 
-    async def cache_or_report(self, items: dict[str, str], what: str, *, timeout_seconds: float = CACHE_WRITE_TIMEOUT_SECONDS) -> bool:
+    async def cache_or_report(
+        self, items: dict[str, str], what: str, *, timeout_seconds: float = CACHE_WRITE_TIMEOUT_SECONDS
+    ) -> bool:
         """:meth:`put_many`, tried twice within ``timeout_seconds``; if it does not land,
         reported (:func:`hermes.redis_writes.report_skipped`), never raised.
 

@@ -205,11 +205,17 @@ class EventLog:
         events = list(events)
         if not events:
             return True
-        return await self._quietly(lambda: self.publish(events), _describe(events), items=len(events))
+        sessions = {e.session_id for e in events}
+        session_id = next(iter(sessions)) if len(sessions) == 1 else None
+        return await self._quietly(
+            lambda: self.publish(events), _describe(events), items=len(events), session_id=session_id
+        )
 
-    async def _quietly(self, work: Callable[[], Awaitable[Any]], what: str, *, items: int = 1, attempts: int = 1) -> bool:
+    async def _quietly(
+        self, work: Callable[[], Awaitable[Any]], what: str, *, items: int = 1, session_id: str | None = None
+    ) -> bool:
         return await write_or_report(
-            "turn_events", what, work, timeout_seconds=PUBLISH_TIMEOUT_SECONDS, attempts=attempts, items=items
+            "turn_events", what, work, timeout_seconds=PUBLISH_TIMEOUT_SECONDS, attempts=1, items=items, session_id=session_id
         )
 
     async def begin_turn(self, session_id: str, turn: int) -> bool:
@@ -225,7 +231,7 @@ class EventLog:
             if await self.redis.set(marker, "1", nx=True, ex=self.ttl_seconds):
                 await self.publish([TurnEvent(type="turn_started", session_id=session_id, turn=turn)])
 
-        return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}")
+        return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}", session_id=session_id)
 
     async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
         """Note that model ``attempt`` of ``step`` starts; if another attempt of the same
@@ -249,7 +255,7 @@ class EventLog:
                 )
                 await self.publish([discarded])
 
-        return await self._quietly(work, f"attempt start {attempt} of session {session_id!r} turn {turn}")
+        return await self._quietly(work, f"attempt start {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
 
     async def last_offset(self, session_id: str) -> str:
         """The offset of ``session_id``'s newest event (:data:`START` if none): reading

@@ -83,7 +83,7 @@ def _escape_end(text: str, at: int) -> int:
         if run % 2 == 0:
             continue  # an escaped backslash, not the start of an escape
         end = start + (6 if text[start + 1 : start + 2] == "u" else 2)
-        return end if end > at else at
+        return max(end, at)
     return at
 
 

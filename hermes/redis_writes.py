@@ -11,9 +11,11 @@ fails is tried once more while its time allows, and a write that still does not 
   why;
 * one count per item in the ``hermes.redis.writes_skipped`` metric (attribute
   ``hermes.redis.write``: the kind), see :func:`hermes.telemetry.count_skipped_redis_write`;
-* one count in this process's tally (:func:`skipped_writes`);
-* ``False`` from :func:`write_or_report`, so the caller can pass it on (an activity
-  result that a session turns into a notice).
+* one count in this process's tally (:func:`skipped_writes`) and, when the write served
+  one session, in that session's (:func:`take_skipped`: the hook for a session's
+  degradation notices: an activity serving the session can take it into its result);
+* ``False`` from :func:`write_or_report`, so the caller can pass it on (the session index
+  activity returns it).
 """
 
 from __future__ import annotations
@@ -21,13 +23,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
 from hermes import telemetry
 
-__all__ = ["RedisWrite", "report_skipped", "skipped_writes", "write_or_report"]
+__all__ = ["RedisWrite", "report_skipped", "skipped_writes", "take_skipped", "write_or_report"]
 
 log = logging.getLogger("hermes.redis_writes")
 
@@ -35,6 +37,9 @@ RedisWrite = Literal["content_store", "turn_events", "session_index"]
 """The kinds of promised Redis write (the metric's ``hermes.redis.write`` attribute)."""
 
 _skipped: Counter[str] = Counter()
+_by_session: OrderedDict[str, Counter[str]] = OrderedDict()
+MAX_SESSIONS_TALLIED = 10_000
+"""Sessions whose skipped writes are held for :func:`take_skipped`; the oldest go first."""
 
 
 def skipped_writes() -> dict[str, int]:
@@ -43,7 +48,16 @@ def skipped_writes() -> dict[str, int]:
     return dict(_skipped)
 
 
-def report_skipped(kind: RedisWrite, what: str, err: BaseException | str, *, items: int = 1) -> None:
+def take_skipped(session_id: str) -> dict[str, int]:
+    """Items of each kind of promised Redis write skipped for ``session_id`` since the last
+    call (they are forgotten here), e.g. ``{"turn_events": 2}``; ``{}`` when none."""
+    found = _by_session.pop(session_id, None)
+    return dict(found) if found else {}
+
+
+def report_skipped(
+    kind: RedisWrite, what: str, err: BaseException | str, *, items: int = 1, session_id: str | None = None
+) -> None:
     """Report a promised Redis write that did not land: a warning log line, the metric
     and the tally (see the module docstring).
 
@@ -52,9 +66,15 @@ def report_skipped(kind: RedisWrite, what: str, err: BaseException | str, *, ite
         what: what was not written, for the log (e.g. ``"3 turn events of session s1"``).
         err: why (an exception, or a sentence).
         items: how many items (events, values, rows) it held; at least 1 is counted.
+        session_id: the session it served, if one (see :func:`take_skipped`).
     """
     items = max(int(items), 1)
     _skipped[kind] += items
+    if session_id is not None:
+        _by_session.setdefault(session_id, Counter())[kind] += items
+        _by_session.move_to_end(session_id)
+        while len(_by_session) > MAX_SESSIONS_TALLIED:
+            _by_session.popitem(last=False)
     telemetry.count_skipped_redis_write(kind, items)
     why = f"{type(err).__name__}: {err}" if isinstance(err, BaseException) else err
     log.warning("Redis write skipped (%s): %s not written (%s)", kind, what, why)
@@ -68,6 +88,7 @@ async def write_or_report(
     timeout_seconds: float,
     attempts: int = 2,
     items: int = 1,
+    session_id: str | None = None,
 ) -> bool:
     """Run ``write`` (an idempotent Redis write); if it fails, run it again while
     ``attempts`` and ``timeout_seconds`` allow; if it never lands, :func:`report_skipped`.
@@ -80,6 +101,7 @@ async def write_or_report(
             connection included).
         attempts: at most this many tries.
         items: how many items it writes (counted when skipped).
+        session_id: the session it serves, if one (see :func:`take_skipped`).
 
     Returns:
         True if it landed; False if it was skipped (and reported). Never raises for a
@@ -94,10 +116,10 @@ async def write_or_report(
         try:
             await asyncio.wait_for(write(), left)
             return True
-        except asyncio.TimeoutError as err:
+        except TimeoutError as err:
             error = err if str(err) else f"timed out after {timeout_seconds:g} s"
             break
         except Exception as err:  # noqa: BLE001 - reported below, never raised: best effort by contract
             error = err
-    report_skipped(kind, what, error, items=items)
+    report_skipped(kind, what, error, items=items, session_id=session_id)
     return False

@@ -21,7 +21,7 @@ from hermes.blobs import BLOB_KEY, BlobStore
 from hermes.connections import redis_client
 from hermes.events import EventLog, TurnEvent
 from hermes.models import SessionIndexEntry
-from hermes.redis_writes import skipped_writes
+from hermes.redis_writes import skipped_writes, take_skipped
 from hermes.session_index import list_entries
 from hermes.settings import Settings
 from hermes.stack import free_port
@@ -123,6 +123,8 @@ async def test_writes_to_an_unreachable_redis_are_reported_not_dropped_silently(
 
     assert (published, cached, first, during_backoff) == (False, False, False, False)
     assert skipped_metric(metrics) == {"turn_events": 2, "content_store": 1, "session_index": 2}
+    # The session's own tally, for its notices (taken once).
+    assert take_skipped("s-down") == {"turn_events": 2, "session_index": 2} and take_skipped("s-down") == {}
     warnings = [r.getMessage() for r in caplog.records if r.name == "hermes.redis_writes"]
     assert any("turn_events" in w and "2 turn event(s)" in w and "'s-down'" in w for w in warnings), warnings
     assert any("content_store" in w and "message bodies" in w for w in warnings), warnings
