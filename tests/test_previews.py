@@ -6,11 +6,16 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
+
+import pytest
 
 from activities.tools import cap_result, to_tool_result
 from hermes.blobs import arguments_stand_in, stored_preview, value_ref
-from hermes.models import ToolResult
+from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, ToolResult
 from hermes.previews import head_and_tail
+from hermes.tools.builtin import register_builtins
+from hermes.tools.registry import ToolRegistry
 from workflows.session.payloads import MAX_RESULT_CHARS
 from workflows.session.transcript import result_content
 
@@ -127,3 +132,44 @@ def test_the_stand_in_of_large_arguments_shows_their_head_and_tail():
     preview = arguments_stand_in(ref, text)["preview"]
     assert len(preview) <= 1000 and preview.startswith('{"command": "echo 0\\necho 1')
     assert preview.endswith('rm -rf /tmp/build"}') and f'read_stored_content(ref="{ref}", offset=' in preview
+
+
+class SeesTheResult:
+    """A scripted stand-in for a model: calls ``report`` on the first message, keeps the
+    tool result it is handed, then answers."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        last = request.messages[-1]
+        if last.role == "tool":
+            self.seen.append(last.content or "")
+            message = Message(role="assistant", content="done")
+        else:
+            message = Message(role="assistant", tool_calls=[ToolCall(tool_call_id="t1", name="report")])
+        return CallModelResult(message=message, provider=self.name)
+
+
+@pytest.mark.timeout(120)
+async def test_a_session_hands_the_model_the_tail_of_a_result_too_long_for_it(run_worker, session_id):
+    registry = register_builtins(ToolRegistry())
+    rows = [f"row {i}: ok" for i in range(3_000)]  # about 45 KB: under the 64 KB kept whole, over 16,000 characters
+
+    def report() -> dict[str, Any]:
+        """The nightly report."""
+        return {"rows": rows, "summary": LAST_LINE}
+
+    registry.register(report)
+    model = SeesTheResult()
+    async with run_worker(model, registry=registry) as hermes:
+        turn = await hermes.send_message(session_id, "the report please")
+    assert (turn.status, turn.reply) == ("completed", "done")
+    assert turn.tool_calls[0].result.data == {"rows": rows, "summary": LAST_LINE}  # the record keeps it whole
+    (seen,) = model.seen
+    assert len(seen) <= MAX_RESULT_CHARS
+    preview = json.loads(seen)["data"]["preview"]
+    assert preview.startswith('{"rows": ["row 0: ok"') and preview.endswith(f'"summary": {json.dumps(LAST_LINE)}}}')
+    assert MARKER.search(preview)
