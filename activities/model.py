@@ -39,7 +39,9 @@ from hermes.errors import (
 )
 from hermes import usage
 from hermes.models import CallModelInput, CallModelResult, CountTokensInput, Message, SummarizeInput, Summary, ToolSpec
+from hermes.previews import head_and_tail
 from hermes.providers.base import ModelProvider
+from hermes.redis_writes import report_skipped
 from hermes.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
 
@@ -205,11 +207,10 @@ class ModelActivities:
             log.warning("content store unavailable (%s); asking the session", err)
             return {}
 
-    async def _store_put(self, items: dict[str, str]) -> None:
-        try:
-            await self.store.put_many(items)
-        except Exception as err:  # noqa: BLE001 - a cache: never fails the call
-            log.warning("content store write failed: %s", err)
+    async def _store_put(self, items: dict[str, str]) -> bool:
+        # A cache (the session answers for a missing body): never fails the call, but a
+        # write that does not land is reported, not skipped silently.
+        return await self.store.cache_or_report(items, "message bodies (the session answers for them)")
 
     async def _ask_session(self, session_id: str, query: str, args: list[Any], result_type: Any) -> Any:
         """The session's answer to ``query``: transient failures (a query that timed out,
@@ -469,8 +470,10 @@ class ModelActivities:
             # Kept for good (the durable store, then Redis): the reply has no other copy.
             await self.store.keep_many({ref: content})
         except Exception as err:  # noqa: BLE001
-            log.warning("a %d-character reply could not be stored (%s); it is cut", len(content), err)
-            text = content[: MAX_REPLY_BYTES // 4] + f"\n[reply cut: {len(content)} characters, over the limit]"
+            report_skipped("content_store", f"a {len(content)}-character reply (it is cut to its head and tail)", err)
+            text = "[reply cut: over the limit, and it could not be kept by reference]\n" + head_and_tail(
+                content, MAX_REPLY_BYTES // 4, max_bytes=MAX_REPLY_BYTES // 2, how_to_read="it is not kept anywhere"
+            ).text
         else:
             text = stored_preview(content, ref, "reply")
         return result.model_copy(update={"message": result.message.model_copy(update={"content": text})})
@@ -527,7 +530,8 @@ def _summary_request(request: SummarizeInput, texts: dict[str, str], counter: To
         m = message_from_body(texts[ref])
         turn = turns[index] if turns else request.upto_turn
         if m.role == "tool":
-            lines.append((turn, f"tool result ({m.name or 'tool'}): {(m.content or '')[:600]}"))
+            # Head and tail: a tool's errors and totals are usually at its end.
+            lines.append((turn, f"tool result ({m.name or 'tool'}): {head_and_tail(m.content or '', 600).text}"))
         elif m.role == "assistant" and m.tool_calls:
             calls = ", ".join(f"{c.name}({json.dumps(c.arguments, ensure_ascii=False)[:200]})" for c in m.tool_calls)
             lines.append((turn, f"assistant called: {calls}"))

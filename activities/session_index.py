@@ -3,7 +3,6 @@ status / title, in Redis, so that `hermes sessions` lists them fast."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Any
@@ -13,22 +12,29 @@ from temporalio import activity
 from hermes import names
 from hermes.events import EventLog, TurnEvent
 from hermes.models import SessionIndexEntry
+from hermes.redis_writes import report_skipped, write_or_report
 from hermes.session_index import write_entry
 
 log = logging.getLogger("hermes.session_index")
 
 
 class SessionIndexActivities:
-    """Writes index rows; while Redis is unreachable it skips writes for a while.
+    """Writes index rows; while Redis is unreachable it skips writes for a while, and
+    reports each skipped one.
 
     The index is a cache (Temporal is the source of truth and `hermes sessions` rebuilds
     it), and the write runs as a local activity before a reply is delivered: so an outage
     must cost a reply at most ``timeout_seconds`` once per ``backoff_seconds``, not a
-    wait on every turn, and never a failed session.
+    wait on every turn, and never a failed session. A row not written (failed, or skipped
+    during the backoff) is reported (:func:`hermes.redis_writes.report_skipped`: a
+    warning naming the session, the ``hermes.redis.writes_skipped`` metric) and the
+    activity returns False (issue 27). A wait for a free pool connection is not an
+    outage: it fails only this write (retried once), and starts no backoff.
 
     Args:
         redis: a ``redis.asyncio.Redis``, or None to keep no index.
-        timeout_seconds: longest wait for one write.
+        timeout_seconds: longest wait for one write (both tries, and any wait for a free
+            pool connection).
         backoff_seconds: how long writes are skipped after a failure.
     """
 
@@ -45,7 +51,8 @@ class SessionIndexActivities:
         """Upsert one session's row. Idempotent: a retry writes the same values.
 
         Returns:
-            True if written, False if skipped or failed (Redis unreachable).
+            True if written; False if not (Redis unreachable, or skipped during the
+            backoff after a failure), which is reported, never silent.
         """
         if self.events is not None and entry.finished_turn is not None:
             finished = TurnEvent(
@@ -53,12 +60,44 @@ class SessionIndexActivities:
                 data={"status": entry.finished_status, "turn_count": entry.turn_count},
             )
             await self.events.publish_quietly([finished])
-        if self.redis is None or time.monotonic() < self._skip_until:
+        if self.redis is None:
             return False
-        try:
-            await asyncio.wait_for(write_entry(self.redis, entry), self.timeout_seconds)
-        except Exception as err:  # noqa: BLE001 - any Redis failure: skip, the index is rebuilt later
+        what = f"the session index row of session {entry.session_id!r} (turn {entry.turn_count})"
+        left = self._skip_until - time.monotonic()
+        if left > 0:
+            report_skipped(
+                "session_index", what, f"Redis failed a moment ago; writes resume in {left:.0f} s", session_id=entry.session_id
+            )
+            return False
+        failure: list[BaseException] = []
+
+        async def write() -> None:
+            try:
+                await write_entry(self.redis, entry)
+            except Exception as err:
+                failure.append(err)
+                raise
+
+        if await write_or_report("session_index", what, write, timeout_seconds=self.timeout_seconds, session_id=entry.session_id):
+            return True
+        if not (any(_pool_busy(err) for err in failure) or _pool_full(self.redis)):
             self._skip_until = time.monotonic() + self.backoff_seconds
-            log.warning("session index not updated (%s: %s); skipping writes for %.0f s", type(err).__name__, err, self.backoff_seconds)
-            return False
-        return True
+            log.warning("session index: Redis failed; skipping writes for %.0f s (each one reported)", self.backoff_seconds)
+        return False
+
+
+def _pool_busy(err: BaseException) -> bool:
+    """Whether ``err`` is redis-py's "every pool connection is in use" (a busy worker,
+    not an unreachable Redis)."""
+    return "No connection available" in str(err) or "Too many connections" in str(err)
+
+
+def _pool_full(redis: Any) -> bool:
+    """Whether every connection of ``redis``'s pool is in use now (a write that timed out
+    was waiting for one, not for Redis)."""
+    pool = getattr(redis, "connection_pool", None)
+    can_get = getattr(pool, "can_get_connection", None)
+    try:
+        return callable(can_get) and not can_get()
+    except Exception:  # noqa: BLE001 - another client type: assume Redis itself failed
+        return False

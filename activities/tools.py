@@ -47,6 +47,8 @@ from hermes.models import (
     ToolSpec,
     ValidateToolCallResult,
 )
+from hermes.previews import head_and_tail
+from hermes.redis_writes import report_skipped
 from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
 from hermes.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
@@ -108,7 +110,11 @@ def cap_result(result: ToolResult, max_bytes: int, *, ref: str | None = None, wh
         ``result`` itself if small enough; else a copy whose ``data`` is
         ``{"truncated": true, "preview": ...}`` (plus ``ref``, ``size_bytes`` and
         ``size_chars`` of the stored JSON when ``ref`` is given) and whose message says
-        so and, with a reference, how to read the rest.
+        so and, with a reference, how to read the rest. The preview is the head and the
+        tail of the data's JSON (:func:`hermes.previews.head_and_tail`: errors and totals
+        are usually at the end) around a marker line saying how many characters, lines
+        and bytes were cut, and, with a reference, the ``read_stored_content`` call that
+        reads them (offsets into the stored result).
     """
     if whole_json is not None:
         text, size = whole_json, len(whole_json.encode("utf-8", "surrogatepass"))
@@ -117,29 +123,38 @@ def cap_result(result: ToolResult, max_bytes: int, *, ref: str | None = None, wh
     if 0 <= size <= max_bytes:
         return result
     shown_size = f"{size} bytes" if size >= 0 else "nested too deeply to serialize"
-    try:
-        data_text = json.dumps(result.data, ensure_ascii=False, default=str)
-    except (ValueError, RecursionError):
-        data_text = "(the data is nested too deeply to show)"
-    if ref is None:
-        preview = data_text.encode("utf-8", "surrogatepass")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
+    if ref is None or text is None:
+        try:
+            data_text = json.dumps(result.data, ensure_ascii=False, default=str)
+        except (ValueError, RecursionError):
+            data_text = "(the data is nested too deeply to show)"
+        budget = max(max_bytes // 2, 256)
+        preview = head_and_tail(data_text, budget, max_bytes=budget, how_to_read="it is not kept anywhere", json_text=True).text
         return result.model_copy(
             update={
                 "message": f"{result.message[:500]} (result truncated: {shown_size}, limit {max_bytes}; "
-                "the data is a preview and the rest is not kept)",
+                "the data is a preview of its head and tail and the rest is not kept)",
                 "data": {"truncated": True, "preview": preview},
             }
         )
-    chars = len(text) if text is not None else None
+    # The preview is of the data's JSON as stored, so the marker's offsets are those
+    # read_stored_content reads at.
+    data_json, data_at = _stored_data(result, text)
+    chars = len(text)
     message = (
         f"{result.message[:500]} (result truncated: {shown_size}, limit {max_bytes}; the whole result "
         f"({chars} characters of JSON) is kept by reference as {ref}: read it a slice at a time with "
-        f"read_stored_content(ref=\"{ref}\", offset=0, length=8000); the data is a preview)"
+        f"read_stored_content(ref=\"{ref}\", offset=0, length=8000); the data is a preview of its head and "
+        "tail, and the marker between them says what was cut and where)"
     )
+    how_to_read = f'read them with read_stored_content(ref="{ref}", offset={{start}}, length=8000)'
     budget_chars = min(_STORED_RESULT_MAX_CHARS, max(max_bytes, 256))
     keep = STORED_PREVIEW_CHARS
     while True:
-        preview = data_text[:keep].encode("utf-8", "surrogatepass")[: max(max_bytes // 2, 256)].decode("utf-8", "ignore")
+        preview = head_and_tail(
+            data_json, keep, max_bytes=max(max_bytes // 2, 256), how_to_read=how_to_read,
+            offset_base=data_at, whole_chars=chars, json_text=True,
+        ).text
         capped = result.model_copy(
             update={
                 "message": message,
@@ -151,6 +166,17 @@ def cap_result(result: ToolResult, max_bytes: int, *, ref: str | None = None, wh
         if keep == 0 or (len(capped_json) <= budget_chars and len(capped_json.encode("utf-8", "surrogatepass")) <= max_bytes):
             return capped
         keep //= 2
+
+
+def _stored_data(result: ToolResult, whole_json: str) -> tuple[str, int]:
+    """The JSON of ``result.data`` as it appears in ``whole_json`` (the stored result) and
+    the character offset where it starts there (0 and the data's own JSON when it is not
+    found at the end, as pydantic writes it)."""
+    data_json = result.model_dump_json(include={"data"})[len('{"data":') : -1]
+    at = len(whole_json) - len(data_json) - 1
+    if at >= 0 and whole_json.endswith(data_json + "}"):
+        return data_json, at
+    return data_json, 0
 
 
 def arguments_result(err: ToolArgumentsError, tool: Tool | None = None) -> ToolResult:
@@ -377,8 +403,8 @@ class ToolActivities:
             ref = value_ref(text)
             try:
                 await self.store.keep_many({ref: text})
-            except Exception as err:  # noqa: BLE001 - the preview still goes on
-                log.warning("a tool result of %d bytes could not be stored (%s); only its preview is kept", size, err)
+            except Exception as err:  # noqa: BLE001 - the preview still goes on, and says the rest is not kept
+                report_skipped("content_store", f"a tool result of {size} bytes (only its preview is kept)", err)
                 ref = None
         return cap_result(result, self.max_result_bytes, ref=ref, whole_json=text)
 

@@ -27,6 +27,8 @@ from typing import Any
 from hermes import encryption
 from hermes.durable import CONTENT, DurableStore, Record
 from hermes.models import Message
+from hermes.previews import head_and_tail
+from hermes.redis_writes import write_or_report
 
 log = logging.getLogger("hermes.blobs")
 
@@ -37,6 +39,10 @@ content store (``ToolCall.arguments_ref``), like tool results over 64 KB and rep
 256 KB: a workflow task that decoded megabytes of arguments on a busy machine passed the
 SDK's 2 s deadlock detector (issue 12)."""
 ARGUMENTS_PREVIEW_CHARS = 1000
+CACHE_WRITE_TIMEOUT_SECONDS = 5.0
+"""Longest time a Redis copy of content takes, both tries and any wait for a free pool
+connection included (:meth:`BlobStore.cache_or_report`): one socket timeout, as a single
+try took before, so a hung Redis delays a model call no longer than it did."""
 BODY_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
 """What a model sees of a message; the rest (turn, time, ids) is session bookkeeping."""
 
@@ -66,20 +72,32 @@ def value_ref(value: Any) -> str:
 
 def stored_preview(text: str, ref: str, what: str, *, preview_chars: int = 4000) -> str:
     """The text that stands for a large input kept by reference (a user message, a tool
-    result, a model reply): its size, its reference, how to read the rest, and its first
-    ``preview_chars`` characters.
+    result, a model reply): a header line with its size, its reference and how to read the
+    rest, then a preview of at most ``preview_chars`` characters: its head and its tail
+    around a marker line saying how much was cut and the ``read_stored_content`` call that
+    reads it (:func:`hermes.previews.head_and_tail`).
 
     Args:
         text: the whole input (stored under ``ref``).
         ref: its reference (:func:`value_ref`).
         what: what it is, e.g. ``"message"``, ``"reply"``.
-        preview_chars: how many of its first characters (code points) to show.
+        preview_chars: the preview's most characters (code points), marker included; 0:
+            the header alone.
     """
     size = len(text.encode("utf-8", "surrogatepass"))
-    return (
-        f"[{what} of {size} bytes, kept by reference as {ref}; the first {min(preview_chars, len(text))} "
-        f"characters follow; the tool read_stored_content reads the rest]\n{text[:preview_chars]}"
+    if preview_chars <= 0:
+        return f"[{what} of {size} bytes, kept by reference as {ref}; the tool read_stored_content reads it]\n"
+    preview = head_and_tail(
+        text, preview_chars, how_to_read=f'read them with read_stored_content(ref="{ref}", offset={{start}}, length=8000)'
     )
+    if not preview.cut:
+        shown = f"all {len(text)} characters follow"
+    else:
+        shown = (
+            f"its first {preview.cut_start} and last {len(text) - preview.cut_end} characters follow, around a marker "
+            "saying what was cut; the tool read_stored_content reads the rest"
+        )
+    return f"[{what} of {size} bytes, kept by reference as {ref}; {shown}]\n{preview.text}"
 
 
 def arguments_stand_in(ref: str, text: str) -> dict[str, Any]:
@@ -87,12 +105,19 @@ def arguments_stand_in(ref: str, text: str) -> dict[str, Any]:
     reference under ``ref``: enough for a transcript or an approver to see what they are.
 
     Returns:
-        ``{"kept_by_reference": ref, "size_bytes": int, "preview": str}``.
+        ``{"kept_by_reference": ref, "size_bytes": int, "preview": str}``; the preview is
+        the JSON's head and tail around a marker saying what was cut
+        (:func:`hermes.previews.head_and_tail`).
     """
     return {
         "kept_by_reference": ref,
         "size_bytes": len(text.encode("utf-8", "surrogatepass")),
-        "preview": text[:ARGUMENTS_PREVIEW_CHARS],
+        "preview": head_and_tail(
+            text,
+            ARGUMENTS_PREVIEW_CHARS,
+            json_text=True,
+            how_to_read=f'read them with read_stored_content(ref="{ref}", offset={{start}})',
+        ).text,
     }
 
 
@@ -141,10 +166,29 @@ class BlobStore:
             await self.put_many(items)
             return
         await self.durable.insert(CONTENT, [Record(key=ref, value=text) for ref, text in items.items()])
-        try:
-            await self.put_many(items)
-        except Exception as err:  # noqa: BLE001 - the durable copy is written; Redis is the fast path
-            log.warning("content kept durably but not cached in Redis: %s", err)
+        # The durable copy is written; Redis is the fast path: retried once, then reported.
+        await self.cache_or_report(items, "kept by reference (the durable copy is written)")
+
+    async def cache_or_report(
+        self, items: dict[str, str], what: str, *, timeout_seconds: float = CACHE_WRITE_TIMEOUT_SECONDS
+    ) -> bool:
+        """:meth:`put_many`, tried twice within ``timeout_seconds``; if it does not land,
+        reported (:func:`hermes.redis_writes.report_skipped`), never raised.
+
+        Args:
+            items: ``ref -> text``.
+            what: what they are, for the report (e.g. ``"message bodies"``).
+            timeout_seconds: the longest all tries take together.
+
+        Returns:
+            True if cached (or nothing to cache); False if skipped and reported.
+        """
+        if self.redis is None or not items:
+            return True
+        return await write_or_report(
+            "content_store", f"Redis copy of {len(items)} value(s) {what}: {', '.join(list(items)[:3])}",
+            lambda: self.put_many(items), timeout_seconds=timeout_seconds, items=len(items),
+        )
 
     async def read_many(self, refs: list[str]) -> dict[str, str]:
         """The texts of ``refs``: from Redis, then the durable store for the misses (which

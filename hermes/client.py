@@ -180,7 +180,8 @@ def message_by_reference(text: str, *, max_message_bytes: int) -> tuple[str, Sto
                 "small even for a preview of it kept by reference"
             )
         chars //= 2
-    return preview, StoredContent(ref=ref, size_bytes=len(text.encode("utf-8")), preview=text[:chars])
+    # (The header is one line: what follows it is the head and tail the session shows.)
+    return preview, StoredContent(ref=ref, size_bytes=len(text.encode("utf-8")), preview=preview.partition("\n")[2])
 
 
 def _too_many_tokens(text: str, size: int, config: SessionConfig) -> bool:

@@ -264,10 +264,13 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
     """A ``redis.asyncio.Redis`` for the settings' Redis, with timeouts (an unreachable
     Redis fails within seconds) and, for a ``rediss://`` URL, TLS verified against
     ``HERMES_REDIS_TLS_CA_FILE`` (unset: the system's roots) with the client certificate
-    of ``HERMES_REDIS_TLS_CERT_FILE`` / ``_KEY_FILE`` when set.
+    of ``HERMES_REDIS_TLS_CERT_FILE`` / ``_KEY_FILE`` when set. Its pool is bounded
+    (``redis_max_connections``) and a command that finds every connection in use waits
+    for one up to ``redis_pool_timeout_seconds`` (``redis.asyncio.BlockingConnectionPool``).
 
     Args:
-        settings: ``redis_url`` and the ``redis_tls_*`` settings.
+        settings: ``redis_url``, ``redis_max_connections``, ``redis_pool_timeout_seconds``
+            and the ``redis_tls_*`` settings.
         url: the URL to use instead of ``settings.resolved_redis_url`` (e.g. the embedded
             Redis ``hermes dev`` started).
 
@@ -281,9 +284,14 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
     import redis.asyncio as aioredis
 
     url = url or settings.resolved_redis_url
-    return aioredis.Redis.from_url(
+    # A bounded pool whose callers wait for a free connection: redis-py's default pool
+    # either grows without bound or, bounded, raises "Too many connections" at once.
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=settings.redis_max_connections,
+        timeout=settings.redis_pool_timeout_seconds,
         socket_connect_timeout=REDIS_CONNECT_TIMEOUT_SECONDS,
         socket_timeout=REDIS_SOCKET_TIMEOUT_SECONDS,
         **_redis_tls_args(settings, url),
     )
+    return aioredis.Redis.from_pool(pool)

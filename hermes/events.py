@@ -38,13 +38,14 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
 from hermes import encryption
+from hermes.redis_writes import write_or_report
 
 log = logging.getLogger("hermes.events")
 
@@ -84,6 +85,13 @@ START = "0-0"
 """The offset before the first event of any session."""
 
 _OFFSET = re.compile(r"^\d{1,20}-\d{1,20}$")
+
+
+def _describe(events: list[TurnEvent]) -> str:
+    """What a batch of events is, for a report that it was not published."""
+    kinds = ", ".join(sorted({e.type for e in events}))
+    sessions = ", ".join(sorted({repr(e.session_id) for e in events})[:3])
+    return f"{len(events)} turn event(s) ({kinds}) of session {sessions}"
 
 
 def stream_key(session_id: str) -> str:
@@ -183,34 +191,56 @@ class EventLog:
         answers = await pipe.execute()
         return [_text(a) for a in answers[::2]]
 
-    async def publish_quietly(self, events: Iterable[TurnEvent]) -> None:
-        """:meth:`publish`, a Redis failure logged and the events dropped: events are a
-        view of the work, never a reason for it to fail."""
-        await self._quietly(self.publish(events), "publishing")
+    async def publish_quietly(self, events: Iterable[TurnEvent]) -> bool:
+        """:meth:`publish` within :data:`PUBLISH_TIMEOUT_SECONDS` (a wait for a free pool
+        connection included; tried once: ``XADD`` is not idempotent, and a second try
+        after a lost answer would show clients the text twice); events that do not land
+        are reported (:func:`hermes.redis_writes.report_skipped`: a
+        warning naming them, the ``hermes.redis.writes_skipped`` metric) and dropped:
+        events are a view of the work, never a reason for it to fail.
 
-    async def _quietly(self, work: Any, what: str) -> Any:
-        try:
-            return await asyncio.wait_for(work, PUBLISH_TIMEOUT_SECONDS)
-        except Exception as err:  # noqa: BLE001 - best effort by contract
-            log.warning("turn events: %s failed (%s: %s)", what, type(err).__name__, err)
-            return None
+        Returns:
+            True if published (or nothing to publish); False if skipped and reported.
+        """
+        events = list(events)
+        if not events:
+            return True
+        sessions = {e.session_id for e in events}
+        session_id = next(iter(sessions)) if len(sessions) == 1 else None
+        return await self._quietly(
+            lambda: self.publish(events), _describe(events), items=len(events), session_id=session_id
+        )
 
-    async def begin_turn(self, session_id: str, turn: int) -> None:
+    async def _quietly(
+        self, work: Callable[[], Awaitable[Any]], what: str, *, items: int = 1, session_id: str | None = None
+    ) -> bool:
+        return await write_or_report(
+            "turn_events", what, work, timeout_seconds=PUBLISH_TIMEOUT_SECONDS, attempts=1, items=items, session_id=session_id
+        )
+
+    async def begin_turn(self, session_id: str, turn: int) -> bool:
         """Publish ``turn_started`` for ``turn``, once however many activities call this
         (the memory recall and the first model call both do; retries too): a marker key
-        set with ``SET NX``. Best effort, like :meth:`publish_quietly`."""
+        set with ``SET NX``. Best effort, like :meth:`publish_quietly`.
+
+        Returns:
+            False if skipped (and reported)."""
 
         async def work() -> None:
             marker = f"{stream_key(session_id)}:turn:{turn}"
             if await self.redis.set(marker, "1", nx=True, ex=self.ttl_seconds):
                 await self.publish([TurnEvent(type="turn_started", session_id=session_id, turn=turn)])
 
-        await self._quietly(work(), "turn_started")
+        return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}", session_id=session_id)
 
-    async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> None:
+    async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
         """Note that model ``attempt`` of ``step`` starts; if another attempt of the same
         step ran before it (a retry, a step started again), publish ``attempt_discarded``
-        naming that attempt, so clients drop the text it streamed. Best effort."""
+        naming that attempt, so clients drop the text it streamed. Best effort, like
+        :meth:`publish_quietly`.
+
+        Returns:
+            False if skipped (and reported)."""
 
         async def work() -> None:
             marker = f"{stream_key(session_id)}:step:{turn}.{step}"
@@ -225,7 +255,7 @@ class EventLog:
                 )
                 await self.publish([discarded])
 
-        await self._quietly(work(), "attempt start")
+        return await self._quietly(work, f"attempt start {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
 
     async def last_offset(self, session_id: str) -> str:
         """The offset of ``session_id``'s newest event (:data:`START` if none): reading

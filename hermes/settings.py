@@ -70,6 +70,15 @@ class Settings(BaseSettings):
     ``redis_tls_key_file``."""
     redis_tls_key_file: Path | None = None
     """The private key (PEM) of ``redis_tls_cert_file``."""
+    redis_max_connections: int = Field(default=100, ge=1)
+    """Most connections a process (worker, API server, client) holds to Redis at once; a
+    caller that finds them all in use waits for one (up to ``redis_pool_timeout_seconds``)
+    instead of failing (issue 27: "Too many connections" skipped writes). A blocking stream
+    read (``hermes follow``, SSE) holds one for up to 1 s at a time."""
+    redis_pool_timeout_seconds: float = Field(default=5.0, gt=0)
+    """Longest wait for a free Redis connection when all ``redis_max_connections`` are in
+    use; then the command fails with ``redis.ConnectionError("No connection available.")``
+    (and a write the README promises is retried or reported, never skipped silently)."""
     # ---------------------------------------------------------------------------------
 
     data_dir: Path = Path(".hermes")

@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "configure",
     "count_memory_writes",
+    "count_skipped_redis_write",
     "count_tokens",
     "count_tool_result",
     "count_turn",
@@ -289,6 +290,13 @@ def count_refused_command(command: str) -> None:
     (:mod:`hermes.command_auth`), by command name."""
     if _current is not None:
         _current.commands_refused.add(1, {"hermes.command": command})
+
+
+def count_skipped_redis_write(kind: str, items: int = 1) -> None:
+    """Items of a promised Redis write that did not land (:mod:`hermes.redis_writes`), by
+    kind (``content_store``, ``turn_events``, ``session_index``)."""
+    if _current is not None:
+        _current.redis_writes_skipped.add(items, {"hermes.redis.write": kind})
 
 
 # --------------------------------------------------------------- attributes

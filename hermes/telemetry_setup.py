@@ -125,6 +125,10 @@ class Telemetry:
             "hermes.commands.refused", unit="{command}",
             description="Commands a session refused for want of a valid proof of their sender, by command",
         )
+        self.redis_writes_skipped = meter.create_counter(
+            "hermes.redis.writes_skipped", unit="{item}",
+            description="Items of promised Redis writes (content store, turn events, session index) not written, by kind",
+        )
         self._exporter: MetricsExporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
 

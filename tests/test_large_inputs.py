@@ -176,7 +176,11 @@ def test_the_preview_standing_for_a_message_always_fits_the_limit(limit):
     assert len(preview.encode("utf-8")) <= limit
     assert stored.ref == value_ref(text) and stored.ref in preview
     assert stored.size_bytes == len(text.encode("utf-8"))
-    assert preview.endswith(stored.preview) and text.startswith(stored.preview)
+    assert preview.endswith(stored.preview)
+    if limit >= 2_000:  # room for a head and a tail: both shown, around the marker
+        head, marker, tail = stored.preview.partition("\n[... ")
+        assert marker and text.startswith(head) and tail.endswith("]\n" + text[-len(tail.partition("]\n")[2]) :])
+        assert tail.endswith("the end")
 
 
 def test_a_limit_too_small_for_any_preview_refuses_the_message_clearly():
@@ -263,8 +267,13 @@ async def test_a_6_mb_tool_result_is_kept_by_reference_and_the_model_reads_its_m
         assert whole is not None and len(whole.encode("utf-8")) == data["size_bytes"] and len(whole) == data["size_chars"]
         assert json.loads(whole)["data"] == {"service": "billing", "lines": lines}
 
-        # The model saw the preview, then the middle slice it asked for.
+        # The model saw the preview, its head and its tail (the log's last line), then the
+        # middle slice it asked for.
         assert model.previews[0]["data"]["ref"] == data["ref"]
+        preview = model.previews[0]["data"]["preview"]
+        assert preview.startswith('{"service":"billing","lines":["') and preview.endswith(whole[-300:-1])
+        head = preview.partition("\n[... ")[0]
+        assert f"offset={whole.index(head) + len(head)}, length=8000" in preview  # where the cut starts
         middle = data["size_chars"] // 2
         assert read.name == "read_stored_content" and read.result.ok
         assert model.reads[0]["data"]["text"] == whole[middle : middle + 1000] == read.result.data["text"]
@@ -309,7 +318,7 @@ async def test_a_large_result_with_redis_is_kept_whole_and_its_preview_fits_the_
     ref = bounded.data["ref"]
     assert ref == value_ref(result.model_dump_json())
     assert (await BlobStore(redis).get_many([ref]))[ref] == result.model_dump_json()
-    assert len(bounded.model_dump_json()) < 12_500 and bounded.data["preview"].startswith('{"rows": ["\\"quoted\\"')
+    assert len(bounded.model_dump_json()) < 12_500 and bounded.data["preview"].startswith('{"rows":["\\"quoted\\"')
     small = to_tool_result({"rows": [1, 2, 3]})
     assert await ToolActivities(registry, redis, tier_seconds=lambda tier: 15.0).bounded(small) == small
 

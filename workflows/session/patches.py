@@ -48,8 +48,12 @@ their sender (:mod:`hermes.command_auth`), each proof once; a decision's proof m
 its approver; a run started without a valid proof (not continued as new) ends failed at
 once (issue 26). Messages are checked in the update's validator, which needs no patch."""
 
+PREVIEW_HEAD_TAIL = "preview-head-and-tail"
+"""A tool result too long for the model (over ``MAX_RESULT_CHARS``) keeps the head and the
+tail of its data around a marker saying what was cut, not the head alone (issue 27)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
-    IDENTITY, COMMAND_AUTH,
+    IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

@@ -46,6 +46,7 @@ class SessionCore:
         self.encoding = carry.encoding
         self.planner = ContextPlanner()
         self.transcript = Transcript(carry.messages, carry.archived_messages, self.count_fn())
+        self.transcript.head_and_tail = lambda: patched(patches.PREVIEW_HEAD_TAIL)
         self.replies = ReplyBook(
             carry.completed, carry.answered_ids, max_completed=self.cfg.max_completed_ids, max_answered=self.cfg.max_answered_ids
         )

@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
+from hermes import previews
 from hermes.blobs import message_ref
 from hermes.memory.models import ConversationExcerpt
 from hermes.models import Message, Summary, ToolCall, ToolCallRecord, ToolResult, ToolResultCode, TurnResult
@@ -41,6 +42,9 @@ class Transcript:
         """Size of the messages held, kept up to date once per turn (:meth:`account`)."""
         for m in self.messages:
             self.index(m, count)
+        self.head_and_tail: Callable[[], bool] = lambda: False
+        """Whether a tool result too long for the model keeps its data's head and tail
+        (the ``preview-head-and-tail`` patch), not the head alone."""
 
     # ------------------------------------------------------------------ adding
 
@@ -79,7 +83,7 @@ class Transcript:
         self.add(
             Message(
                 role="tool",
-                content=result_content(result),
+                content=result_content(result, head_and_tail=self.head_and_tail()),
                 tool_call_id=call.tool_call_id,
                 name=call.name,
                 turn=turn,
@@ -293,21 +297,35 @@ class Transcript:
         return [system, *(m for group in reversed(kept) for m in group), *current]
 
 
-def result_content(result: ToolResult) -> str:
+def result_content(result: ToolResult, *, head_and_tail: bool = False) -> str:
     """A tool result as the model reads it: one ``{code, message, data}`` JSON object of
     at most ``MAX_RESULT_CHARS`` characters; a longer one keeps a preview of its data,
-    halved until it fits (cut text would not be JSON the model can read)."""
+    halved until it fits (cut text would not be JSON the model can read).
+
+    Args:
+        result: the whole result.
+        head_and_tail: the preview is the head and the tail of the data's JSON around a
+            marker saying what was cut (:func:`hermes.previews.head_and_tail`); False:
+            its head alone (runs before the ``preview-head-and-tail`` patch).
+    """
     content = result.model_dump_json()
     if len(content) <= MAX_RESULT_CHARS:
         return content
     preview = json.dumps(result.data, ensure_ascii=False, default=str)
     keep = MAX_RESULT_CHARS // 2
     while True:
+        if head_and_tail:
+            shown = previews.head_and_tail(preview, keep, json_text=True, how_to_read=_NOT_SHOWN).text
+        else:
+            shown = preview[:keep]
         content = ToolResult(
             code=result.code,
             message=f"{result.message[:1000]} (shortened for the model: {len(preview)} characters of data)",
-            data={"truncated": True, "preview": preview[:keep]},
+            data={"truncated": True, "preview": shown},
         ).model_dump_json()
         if len(content) <= MAX_RESULT_CHARS or keep == 0:
             return content
         keep //= 2
+
+
+_NOT_SHOWN = "the whole result is in the session's record (hermes show), not in this conversation: ask the tool for a part"
