@@ -31,6 +31,7 @@ from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
 from hermes import command_auth
 from hermes.blobs import BlobStore
+from hermes.deploy import deployment_config
 from hermes.durable import DurableStore
 from hermes.errors import ConfigError
 from hermes.events import EventLog
@@ -218,6 +219,8 @@ def build_worker(
         # runs finish and report within this (a deploy must not call a provider twice);
         # only what is still running after it is cancelled, to be retried elsewhere.
         graceful_shutdown_timeout=timedelta(seconds=settings.resolved_worker_shutdown_seconds),
+        # HERMES_DEPLOYMENT_NAME + HERMES_BUILD_ID: a versioned worker (README "Rolling deploys").
+        deployment_config=deployment_config(settings),
     )
     set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)
     # Runs this worker takes are announced on Redis, and this worker's stale copies of runs
