@@ -5,6 +5,7 @@ so a reply says which build ran the turn (a pinned run's activities run on its b
 from __future__ import annotations
 
 import asyncio
+import json
 import uuid
 from contextlib import AsyncExitStack
 from typing import Any
@@ -21,6 +22,7 @@ from hermes.settings import Settings
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from tests.support import eventually
+from tests.test_cli import clean_env, hermes_cli
 from worker import build_worker
 
 ROLL_EVERY = 3
@@ -45,7 +47,7 @@ def test_versioning_is_off_unless_both_deployment_name_and_build_id_are_set() ->
 
 @pytest.mark.timeout(90)
 async def test_a_new_build_takes_new_sessions_and_an_old_session_moves_to_it_at_continue_as_new_so_the_old_build_drains(
-    temporal_client: Client, settings: Settings, redis: Any
+    temporal_client: Client, settings: Settings, redis: Any, tmp_path: Any
 ) -> None:
     deployment = f"hermes-{uuid.uuid4().hex[:8]}"
     cfg = SessionConfig(max_updates_per_run=ROLL_EVERY)
@@ -95,3 +97,13 @@ async def test_a_new_build_takes_new_sessions_and_an_old_session_moves_to_it_at_
         builds = await eventually(drained, what="build a drained", timeout_seconds=30, poll_seconds=0.5)
         assert builds["b"].status == "current" and builds["b"].running == 2
         assert builds["a"].status == "drained"
+
+        # What an operator sees: `hermes deploy status`; promoting a build no worker runs is refused.
+        env = clean_env(TEMPORAL_ADDRESS=temporal_client.service_client.config.target_host, HERMES_DEPLOYMENT_NAME=deployment)
+        shown = await hermes_cli("deploy", "status", "--json", env=env, cwd=tmp_path)
+        assert shown.returncode == 0, shown.stderr
+        assert {b["build_id"]: (b["status"], b["running"]) for b in json.loads(shown.stdout)} == {
+            "a": ("drained", 0), "b": ("current", 2)
+        }
+        refused = await hermes_cli("deploy", "set-current", "nope", env=env, cwd=tmp_path)
+        assert refused.returncode == 1 and refused.stderr.startswith(f"error: deployment {deployment!r}"), refused.stderr
