@@ -436,8 +436,9 @@ async def run_worker(
         except (NotImplementedError, RuntimeError):
             pass
     log.info(
-        "worker serving task queue %s at %s; memories at %s",
+        "worker serving task queue %s at %s; memories at %s; %s",
         worker.task_queue, settings.resolved_temporal_address, location.describe(),
+        f"build {settings.build_id} of deployment {settings.deployment_name}" if settings.build_id else "unversioned",
     )
     try:
         async with worker:
