@@ -31,6 +31,7 @@ from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
 from hermes import command_auth
 from hermes.blobs import BlobStore
+from hermes.deploy import deployment_config
 from hermes.durable import DurableStore
 from hermes.errors import ConfigError
 from hermes.events import EventLog
@@ -218,6 +219,8 @@ def build_worker(
         # runs finish and report within this (a deploy must not call a provider twice);
         # only what is still running after it is cancelled, to be retried elsewhere.
         graceful_shutdown_timeout=timedelta(seconds=settings.resolved_worker_shutdown_seconds),
+        # HERMES_DEPLOYMENT_NAME + HERMES_BUILD_ID: a versioned worker (README "Rolling deploys").
+        deployment_config=deployment_config(settings),
     )
     set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)
     # Runs this worker takes are announced on Redis, and this worker's stale copies of runs
@@ -433,8 +436,9 @@ async def run_worker(
         except (NotImplementedError, RuntimeError):
             pass
     log.info(
-        "worker serving task queue %s at %s; memories at %s",
+        "worker serving task queue %s at %s; memories at %s; %s",
         worker.task_queue, settings.resolved_temporal_address, location.describe(),
+        f"build {settings.build_id} of deployment {settings.deployment_name}" if settings.build_id else "unversioned",
     )
     try:
         async with worker:

@@ -32,6 +32,12 @@ class Settings(BaseSettings):
     """``host:port`` of a Temporal server; unset means the embedded one from `hermes dev`."""
     temporal_namespace: str = "default"
     task_queue: str = names.DEFAULT_TASK_QUEUE
+    deployment_name: str | None = None
+    """Temporal Worker Deployment this worker belongs to (Worker Versioning; README "Rolling
+    deploys"); with ``build_id``. Unset (the default): an unversioned worker."""
+    build_id: str | None = None
+    """This worker's build within ``deployment_name`` (e.g. the image tag or git commit);
+    set both or neither."""
     redis_url: str | None = Field(default=None, validation_alias=_env("redis_url"))
     """Unset means the embedded Redis from `hermes dev`."""
 

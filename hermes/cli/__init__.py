@@ -20,6 +20,7 @@
     hermes encryption-key        # a new key for HERMES_ENCRYPTION_KEYS (payloads encrypted at rest)
     hermes doctor                # check every configured service; where each thing lives
     hermes healthcheck [worker|URL]  # a container's health check (the Dockerfile's HEALTHCHECK)
+    hermes deploy status|set-current BUILD  # rolling deploys (Worker Versioning)
 
 Every command reads :class:`hermes.settings.Settings` (``HERMES_*``, ``TEMPORAL_ADDRESS``,
 ``REDIS_URL``, a ``.env`` file). Expected failures print one line starting with
@@ -48,6 +49,7 @@ One module per command group; what they share has one home each:
     encryption.py    encryption-key
     doctor.py        doctor
     health.py        healthcheck
+    deploy.py        deploy status, deploy set-current
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ from hermes.cli import serve as _serve  # noqa: F401
 from hermes.cli import encryption as _encryption  # noqa: F401
 from hermes.cli import doctor as _doctor  # noqa: F401
 from hermes.cli import health as _health  # noqa: F401
+from hermes.cli import deploy as _deploy  # noqa: F401
 from hermes.cli.root import app
 
 __all__ = ["app", "main"]

@@ -19,6 +19,12 @@ from temporalio import workflow
 from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, FailureError, TimeoutError, TimeoutType
 
+MOVE_TO_CURRENT_BUILD = workflow.ContinueAsNewVersioningBehavior.AUTO_UPGRADE
+"""How a long-lived run (a session, a memory writer) continues as new: its next run starts
+on the deployment's current build, not the build this run is pinned to, so an old build
+drains as its runs roll over (README "Rolling deploys"). An unversioned worker's runs are
+unaffected. A continue-as-new's options are not compared on replay: no patch."""
+
 with workflow.unsafe.imports_passed_through():
     from hermes import names
     from hermes.memory.models import ExtractMemoriesInput, ExtractMemoriesResult, ForgetReport, SearchMemoriesInput, SearchMemoriesResult

@@ -153,7 +153,8 @@ class SessionWorkflow:
                 await workflow.sleep(timedelta(seconds=60))
                 continue
             workflow.continue_as_new(
-                SessionInput(session_id=inp.session_id, user_id=inp.user_id, channel=inp.channel, config=s.cfg, carry=s.carry())
+                SessionInput(session_id=inp.session_id, user_id=inp.user_id, channel=inp.channel, config=s.cfg, carry=s.carry()),
+                initial_versioning_behavior=calls.MOVE_TO_CURRENT_BUILD,
             )
 
     def _figures(self) -> lifecycle.RunFigures:
