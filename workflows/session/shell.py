@@ -146,9 +146,8 @@ class SessionWorkflow:
             if s.status == "closed":
                 continue  # closed while the index writes drained: close, do not roll over
             if not await self._archive_for_carry():
-                # The transcript is too large to carry and could not be archived: keep this
-                # run going (messages are taken again) and try later, rather than emit a
-                # continue-as-new the server would refuse.
+                # Too large to carry and not archived: keep this run going (messages are
+                # taken again) and try later, not a continue-as-new the server refuses.
                 s.draining = False
                 await workflow.sleep(timedelta(seconds=60))
                 continue
