@@ -20,7 +20,8 @@ from hermes.settings import Settings
 from tests.s3_server import on_local_and_s3
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
-CITIES = ["Bern", "Zurich", "Basel", "Geneva", "Lausanne", "Lugano", "Chur", "Sion", "Thun", "Biel", "Aarau", "Zug"]
+CITIES = ["Bern", "Zurich", "Basel", "Geneva", "Lausanne", "Lugano", "Chur", "Sion"]
+"""Seven moves: the two-commit supersede left a reader without a home city in about a tenth of its reads."""
 
 
 def home(user_id: str, city: str, turn: int) -> MemoryCandidate:
@@ -154,17 +155,18 @@ def test_a_write_of_many_candidates_with_a_supersede_is_one_commit(store: Memory
 
 
 @pytest.mark.timeout(180)
+@pytest.mark.filterwarnings("ignore:optimize\\(cleanup_older_than=0\\):UserWarning")
 def test_consolidation_deletes_table_versions_older_than_the_retention(s3_server: Any, use: Any) -> None:
     store = MemoryStore(s3_server.fresh_uri(), use, storage_options=s3_server.storage_options(), keep_versions_seconds=0)
-    for turn, city in enumerate(CITIES[:6]):
+    for turn, city in enumerate(CITIES[:4]):
         store.write([home("u1", city, turn)], now=T0 + timedelta(minutes=turn))
     before = len(store.table.list_versions())
-    assert before >= 6
+    assert before >= 4
     store.optimize()
     assert len(store.table.list_versions()) < 3, store.table.list_versions()
     assert current_homes(store, "u1") == 1
     assert [m.text for m in store.search("u1", "Where does the user live?", now=T0 + timedelta(hours=1))][:1] == [
-        f"The user lives in {CITIES[5]}."
+        f"The user lives in {CITIES[3]}."
     ]
 
 

@@ -394,7 +394,8 @@ class MemoryStore:
     def optimize(self) -> None:
         """Fold new rows into the indexes, compact small fragments and delete versions
         older than ``keep_versions_seconds`` (consolidation runs it)."""
-        for table in (self.table, self.archive, self._judged(), self._forgotten()):
+        judged = [self._judged()] if JUDGED_TABLE in self._table_names() else []
+        for table in (self.table, self.archive, self._forgotten(), *judged):
             lance.optimize(table, self.keep_versions_seconds)
         self.ensure_indexes()
 
