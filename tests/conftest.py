@@ -153,12 +153,26 @@ def use() -> Any:
     return get_embedder("use")
 
 
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A local S3 server (moto, tests/s3_server.py), one per run, started on first use."""
+    from tests.s3_server import moto_s3
+
+    with moto_s3(tmp_path_factory.mktemp("s3")) as server:
+        yield server
+
+
 @pytest.fixture
-def store(tmp_path: Path, use: Any) -> Any:
-    """An empty :class:`hermes.memory.store.MemoryStore` on ``use``, in this test's directory."""
+def store(request: pytest.FixtureRequest, tmp_path: Path, use: Any) -> Any:
+    """An empty :class:`hermes.memory.store.MemoryStore` on ``use``, in this test's directory;
+    ``@on_local_and_s3`` (tests/s3_server.py; indirect ``"s3"``): under a fresh prefix of the local S3 server."""
     from hermes.memory.store import MemoryStore
 
+    if getattr(request, "param", "local") == "s3":
+        server = request.getfixturevalue("s3_server")
+        return MemoryStore(server.fresh_uri(), use, storage_options=server.storage_options())
     return MemoryStore(tmp_path / "m", use)
+
 
 
 @pytest.fixture

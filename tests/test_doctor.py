@@ -5,6 +5,7 @@ Redis, as a subprocess."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from temporalio.client import Client
@@ -75,3 +76,18 @@ async def test_doctor_fails_the_memory_store_of_a_remote_temporal_naming_the_sco
     assert lines["Memory store"].startswith("FAIL") and "HERMES_MEMORY_STORE_SCOPE" in lines["Memory store"]
     run = await hermes_cli("doctor", env={**env, "HERMES_MEMORY_STORE_SCOPE": "shared"}, cwd=tmp_path)
     assert _lines(run.stdout)["Memory store"].startswith("ok ") and "shared" in _lines(run.stdout)["Memory store"]
+
+
+@pytest.mark.timeout(120)
+async def test_doctor_opens_an_s3_memory_store_with_the_settings_credentials_and_shows_the_uri_not_the_secret(
+    doctor_env: dict[str, str], tmp_path: Path, s3_server: Any
+) -> None:
+    uri, secret = s3_server.fresh_uri(), "s3cr3t-never-shown"
+    env = {
+        **doctor_env, "HERMES_MEMORY_URI": uri, "HERMES_S3_ENDPOINT_URL": s3_server.endpoint,
+        "HERMES_S3_REGION": "us-east-1", "HERMES_S3_ACCESS_KEY_ID": "testing", "HERMES_S3_SECRET_ACCESS_KEY": secret,
+    }
+    run = await hermes_cli("doctor", env=env, cwd=tmp_path)
+    line = _lines(run.stdout)["Memory store"]
+    assert line.startswith("ok ") and uri in line and "opens, 0 tables" in line, run.stdout + run.stderr
+    assert secret not in run.stdout + run.stderr

@@ -1,5 +1,5 @@
-"""The long-term memory store (hermes/memory/store.py) on a real LanceDB in ``tmp_path`` with
-the real offline embedders: conflicts, dedupe, idempotent writes, filter injection, a
+"""The long-term memory store (hermes/memory/store.py) on a real LanceDB in ``tmp_path`` (and,
+for the tests marked ``on_local_and_s3``, on a local S3 server too) with the real offline embedders: conflicts, dedupe, idempotent writes, filter injection, a
 change of embedding model, the read path, consolidation and concurrent use. No Temporal.
 """
 
@@ -25,6 +25,7 @@ from hermes.memory.store import (
     MemoryStoreError,
     reembed,
 )
+from tests.s3_server import on_local_and_s3
 from tests.support import raw_insert
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
@@ -59,6 +60,7 @@ def snapshot(store: MemoryStore, user_id: str) -> tuple[list[dict[str, Any]], li
 # ---------------------------------------------------------------- conflicts
 
 
+@on_local_and_s3
 def test_a_user_who_moved_is_found_in_the_new_city_and_the_old_city_is_kept_superseded(store: MemoryStore) -> None:
     bern = cand("u1", "The user lives in Bern.", subject="home_city", value="Bern", confidence=0.9)
     zurich = cand("u1", "The user moved to Zurich.", subject="home_city", value="Zurich", confidence=0.9,
@@ -175,6 +177,7 @@ def test_birthdays_of_two_people_on_the_same_day_are_not_merged(store: MemorySto
 # ------------------------------------------------------------- idempotency
 
 
+@on_local_and_s3
 def test_a_retried_batch_changes_nothing_the_second_time(store: MemoryStore) -> None:
     batch = [
         cand("u1", "The user lives in Bern.", subject="home_city", value="Bern"),
@@ -439,6 +442,7 @@ def test_with_equal_similarity_the_more_important_and_the_more_recent_memory_ran
     assert [m.memory_id for m in found] == [old.candidate_id, new.candidate_id]
 
 
+@on_local_and_s3
 def test_record_hits_counts_each_use_and_its_time(store: MemoryStore) -> None:
     a, b = cand("u1", "The user's cat is called Miso."), cand("u1", "The user works at ACME.", turn=2)
     store.write([a, b], now=T0)
@@ -467,6 +471,7 @@ def test_a_keyword_query_finds_its_row_by_full_text_when_the_vectors_disagree(st
 # ------------------------------------------------------------ consolidation
 
 
+@on_local_and_s3
 def test_consolidation_merges_resolves_expires_and_archives_and_a_second_run_changes_nothing(
     store: MemoryStore,
 ) -> None:
@@ -541,6 +546,7 @@ def test_consolidation_merges_rows_of_the_same_subject_and_value_however_differe
     assert store.consolidate_user("u1", now=T0 + DAY, archive_after_days=180).changed() == 0
 
 
+@on_local_and_s3
 def test_forget_user_deletes_their_rows_in_both_tables(store: MemoryStore) -> None:
     store.write([cand("u1", "The user's cat is called Miso."), cand("u1", "The user works at ACME.", turn=2)], now=T0)
     store.write([cand("u2", "The user's cat is called Miso.")], now=T0)

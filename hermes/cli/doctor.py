@@ -106,9 +106,13 @@ def _memory_store(settings: Settings) -> str:
         if not _writable(parent):
             raise CheckFailed(f"does not exist, and {parent} is not writable: it cannot be made")
         return "not made yet: the first worker makes it"
-    import lancedb
+    from hermes import lance
 
-    tables = lancedb.connect(location.uri).table_names()
+    try:
+        options = settings.resolved_memory_storage_options()  # secrets: never printed
+    except ConfigError as err:
+        raise CheckFailed(str(err)) from None
+    tables = lance.connect(location.uri, options if lance.is_remote(location.uri) else None).table_names()
     return f"opens, {len(tables)} tables"
 
 

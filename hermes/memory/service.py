@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from hermes import lance
 from hermes.memory.embeddings import Embedder, get_embedder
 from hermes.memory.schedule import ensure_consolidation_schedule
 from hermes.memory.store import MemoryStore
@@ -29,5 +30,16 @@ def embedder_from_settings(settings: Settings) -> Embedder:
 
 
 def open_store(settings: Settings, embedder: Embedder | None = None) -> MemoryStore:
-    """The memory store at ``settings.resolved_memory_uri``."""
-    return MemoryStore(settings.resolved_memory_uri, embedder or embedder_from_settings(settings))
+    """The memory store at ``settings.resolved_memory_uri`` (with its storage options and
+    version retention).
+
+    Raises:
+        ConfigError: ``HERMES_MEMORY_STORAGE_OPTIONS`` is not a JSON object.
+    """
+    uri = settings.resolved_memory_uri
+    return MemoryStore(
+        uri,
+        embedder or embedder_from_settings(settings),
+        storage_options=settings.resolved_memory_storage_options() if lance.is_remote(uri) else None,
+        keep_versions_seconds=settings.memory_keep_versions_seconds,
+    )

@@ -300,12 +300,16 @@ class MemoryStore:
         uri: a local directory or any LanceDB URI (``s3://...``, ``db://...``).
         embedder: the embedding model; rows of another model are refused, not mixed.
         vector_index_min_rows: rows from which the ANN index is built.
+        storage_options: LanceDB's object store options (:func:`hermes.lance.connect`;
+            None: the settings').
+        keep_versions_seconds: :meth:`optimize` deletes table versions older than this.
 
     Raises:
         MemoryStoreError: the URI cannot be opened.
     """
 
-    def __init__(self, uri: str | Path, embedder: Embedder, *, vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS):
+    def __init__(self, uri: str | Path, embedder: Embedder, *, vector_index_min_rows: int = VECTOR_INDEX_MIN_ROWS,
+                 storage_options: dict[str, str] | None = None, keep_versions_seconds: float = 3600.0):
         self.uri = str(uri)
         self.embedder = embedder
         self.thresholds = embedder.thresholds
@@ -313,7 +317,9 @@ class MemoryStore:
         if "://" not in self.uri:
             Path(self.uri).mkdir(parents=True, exist_ok=True)
         # Strong consistency: other workers and the CLI write to the same tables.
-        self._db = lance.connect(self.uri)
+        self._db = lance.connect(self.uri, storage_options)
+        self.keep_versions_seconds = keep_versions_seconds
+        self.commits = 0  # made by writes and hits: a benchmark's lance_commits_per_write
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
         self._judged_table: Any = None
@@ -342,11 +348,7 @@ class MemoryStore:
             names = self._table_names()
         if name in names:
             return self._db.open_table(name)
-        try:
-            return self._db.create_table(name, schema=_schema(self.embedder.dim, self.embedder.model_id))
-        except (ValueError, OSError, RuntimeError):
-            # Created by another process in the meantime.
-            return self._db.open_table(name)
+        return lance.open_table(self._db, name, _schema(self.embedder.dim, self.embedder.model_id))
 
     def stored_model(self, table: Any = None) -> tuple[str, int]:
         """The embedding model id and dimension the table was created for."""
@@ -377,33 +379,24 @@ class MemoryStore:
             rows = self.table.count_rows()
         except Exception:  # noqa: BLE001 - a table being rewritten by reembed
             return
-        have = {i.name for i in self.table.list_indices()}
-        for column, config in (
-            ("user_id", BTree()),
-            ("memory_id", BTree()),
-            ("kind", Bitmap()),
-            ("status", Bitmap()),
-            ("subject", BTree()),
-        ):
-            if f"{column}_idx" not in have:
-                self.table.create_index(column, config=config, replace=True)
-        if rows >= self.vector_index_min_rows and "vector_idx" not in have:
+        # Idempotent and retried (lance.ensure_index): workers opening a fresh shared store at once.
+        for column, config in (("user_id", BTree()), ("memory_id", BTree()), ("kind", Bitmap()),
+                               ("status", Bitmap()), ("subject", BTree())):
+            lance.ensure_index(self.table, column, config)
+        if rows >= self.vector_index_min_rows:
             from lancedb.index import IvfHnswSq
 
             # IvfHnswSq, not IvfPq: PQ lost recall under a per-user prefilter (bench/memory_search.py).
             partitions = max(1, int(math.sqrt(rows)))
-            self.table.create_index("vector", config=IvfHnswSq(distance_type="cosine", num_partitions=partitions))
-        archive_have = {i.name for i in self.archive.list_indices()}
-        if "user_id_idx" not in archive_have:
-            self.archive.create_index("user_id", config=BTree(), replace=True)
+            lance.ensure_index(self.table, "vector", IvfHnswSq(distance_type="cosine", num_partitions=partitions))
+        lance.ensure_index(self.archive, "user_id", BTree())
 
     def optimize(self) -> None:
-        """Fold new rows into the indexes and compact small fragments (consolidation runs it)."""
-        for table in (self.table, self.archive):
-            try:
-                table.optimize()
-            except Exception:  # noqa: BLE001 - optimisation is best effort; a concurrent commit wins
-                pass
+        """Fold new rows into the indexes, compact small fragments and delete versions
+        older than ``keep_versions_seconds`` (consolidation runs it)."""
+        judged = [self._judged()] if JUDGED_TABLE in self._table_names() else []
+        for table in (self.table, self.archive, self._forgotten(), *judged):
+            lance.optimize(table, self.keep_versions_seconds)
         self.ensure_indexes()
 
     # ----------------------------------------------------------- helpers
@@ -505,13 +498,17 @@ class MemoryStore:
         keep = [(c, t) for c, t in keep if c.candidate_id not in taken]
         dropped = len(candidates) - len(keep)
         vectors = self.embedder.embed_passages([t for _, t in keep]) if keep else np.zeros((0, self.embedder.dim))
+        landed: set[str] = set()
         for attempt in range(attempts):
-            plan = self._plan(user_id, keep, vectors, now, judge=judge)
+            plan = self._plan(user_id, keep, vectors, now, judge=judge, landed=landed)
             plan.report.dropped += dropped
             plan.report.refused = refused + plan.report.refused
             if self._apply(plan):
                 self._confirm_inserts(user_id, plan.report)
                 return plan.report
+            # The inserts of a conflicted plan landed (one commit): the next plan inserts
+            # them again (a no-op) and redoes the changes to old rows they call for.
+            landed.update(plan.inserts)
             # Jittered: writers that lost the same race must not retry in lockstep.
             time.sleep(random.uniform(0.01, 0.05 * 2**attempt))
         raise WriteConflict(f"memories of {user_id!r} kept changing during {attempts} write attempts")
@@ -547,9 +544,11 @@ class MemoryStore:
             report.refused += [f"memory_id {m!r} was taken by another user during the write: not stored" for m in lost]
 
     def _plan(self, user_id: str, items: list[tuple[MemoryCandidate, str]], vectors: np.ndarray, now: datetime,
-              *, judge: bool = False) -> _Plan:
+              *, judge: bool = False, landed: set[str] = frozenset()) -> _Plan:
+        """``landed``: candidate ids whose rows a conflicted attempt of this write inserted:
+        planned as new rows again (not as restatements of themselves)."""
         report = WriteReport()
-        applied = self._already_applied(user_id, [c.candidate_id for c, _ in items])
+        applied = self._already_applied(user_id, [c.candidate_id for c, _ in items]) - landed
         inserts: dict[str, dict[str, Any]] = {}
         updates: dict[str, dict[str, Any]] = {}
         base = self._where(user_id, now=now)
@@ -564,6 +563,8 @@ class MemoryStore:
             if subject:
                 for r in self._rows(self.table, base + f" AND subject = {sql_str(subject)}", vectors=True):
                     pool.setdefault(r["memory_id"], r)
+            if cand.candidate_id in landed:
+                pool.pop(cand.candidate_id, None)
             # What this batch already changed takes precedence over what was read.
             for mid in list(pool):
                 if mid in updates:
@@ -587,9 +588,11 @@ class MemoryStore:
                     and identifiers(r["text"]) == identifiers(text)
                 ):
                     same, best = r, sim
+            if cand.candidate_id in landed:
+                same = None  # it was an insert: redo the supersedes, do not refresh another row
             pairs = [] if same is not None else self._neighbours(text, vector, active, subject)
             for r, sim, verdict in pairs:
-                if verdict.verdict == "same" and (verdict.certain or not judge):
+                if verdict.verdict == "same" and (verdict.certain or not judge) and cand.candidate_id not in landed:
                     same = r
                     break
             if same is not None:
@@ -706,27 +709,22 @@ class MemoryStore:
             updates[mid] = row
 
     def _apply(self, plan: _Plan) -> bool:
-        """Apply ``plan``: conditional updates first (each at the version it was read),
-        then the inserts. False when a row changed since it was read (nothing of the
-        plan's inserts is written then; updates already made are harmless restatements
-        that the next attempt sees)."""
+        """Apply ``plan`` in one commit (a reader never sees a new value without its
+        supersede): each update conditional on the version it was read at, each insert
+        only where the id is free (a retry's own row stays). False when a row changed
+        since it was read: the plan's inserts and its other updates landed anyway; the
+        caller plans again (``landed``)."""
+        rows = [dict(row, version=int(row["version"]) + 1) for row in plan.updates.values()]
+        rows += [dict(row, version=1) for row in plan.inserts.values()]
+        if not rows:
+            return True
         with self._lock:
-            for mid, row in plan.updates.items():
-                seen = int(row["version"])
-                new = dict(row, version=seen + 1)
-                result = (
-                    self.table.merge_insert("memory_id")
-                    .when_matched_update_all(where=f"target.version = {seen}")
-                    .execute(self._table_rows([new]))
-                )
-                if result.num_updated_rows != 1:
-                    return False
-            if plan.inserts:
-                # Insert only: a row with the id exists already when this is a retry.
-                self.table.merge_insert("memory_id").when_not_matched_insert_all().execute(
-                    self._table_rows(list(plan.inserts.values()))
-                )
-        return True
+            # An insert's source version 1 never matches an existing row (version >= 1).
+            merge = (self.table.merge_insert("memory_id").when_matched_update_all(
+                where="target.version = source.version - 1").when_not_matched_insert_all())
+            result = lance.retry_conflicts(lambda: merge.execute(self._table_rows(rows)))  # idempotent: conditional
+            self.commits += 1
+        return int(result.num_updated_rows) == len(plan.updates)
 
     def _table_rows(self, rows: list[dict[str, Any]]) -> pa.Table:
         schema = self.table.schema
@@ -961,6 +959,7 @@ class MemoryStore:
             where="memory_id IN (" + ", ".join(sql_str(m) for m in ids) + ")",
             values_sql={"hit_count": "hit_count + 1", "last_hit_at": sql_time(now), "version": "version + 1"},
         )
+        self.commits += 1
         return int(getattr(result, "rows_updated", 0) or 0)
 
     # ------------------------------------------------------ list, forget
@@ -1002,12 +1001,12 @@ class MemoryStore:
 
     def _judged(self) -> Any:
         if self._judged_table is None:
-            self._judged_table = self._db.create_table(JUDGED_TABLE, schema=_JUDGED_SCHEMA, exist_ok=True)
+            self._judged_table = lance.open_table(self._db, JUDGED_TABLE, _JUDGED_SCHEMA)
         return self._judged_table
 
     def _forgotten(self) -> Any:
         if self._forgotten_table is None:
-            self._forgotten_table = self._db.create_table(FORGOTTEN_TABLE, schema=_FORGOTTEN_SCHEMA, exist_ok=True)
+            self._forgotten_table = lance.open_table(self._db, FORGOTTEN_TABLE, _FORGOTTEN_SCHEMA)
         return self._forgotten_table
 
     def count(self, user_id: str | None = None, *, archived: bool = False) -> int:
