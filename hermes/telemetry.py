@@ -291,6 +291,13 @@ def count_refused_command(command: str) -> None:
         _current.commands_refused.add(1, {"hermes.command": command})
 
 
+def count_degradation(kind: str) -> None:
+    """A turn a session ran degraded (also a notice in its state), by kind (``tokenizer``,
+    ``memory``, ``events``, ``mcp``): ``hermes.degradations``, attribute ``hermes.degradation.kind``."""
+    if _current is not None:
+        _current.degradations.add(1, {"hermes.degradation.kind": kind})
+
+
 # --------------------------------------------------------------- attributes
 # GenAI semantic conventions (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-spans/)
 # plus hermes.*; built only when telemetry is on (callers pass them to span()).

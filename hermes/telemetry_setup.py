@@ -125,6 +125,10 @@ class Telemetry:
             "hermes.commands.refused", unit="{command}",
             description="Commands a session refused for want of a valid proof of their sender, by command",
         )
+        self.degradations = meter.create_counter(
+            "hermes.degradations", unit="{turn}",
+            description="Turns a session ran degraded (fallback tokenizer, memory not searched, events not published, MCP server unavailable), by kind",
+        )
         self._exporter: MetricsExporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
 

@@ -147,6 +147,9 @@ class McpToolset:
         self.manager = manager
         self.reserved = set(reserved or ())
         self._tools: dict[str, McpTool] = {}
+        self.unavailable: dict[str, str] = {}
+        """Servers that could not list their tools at the last :meth:`discover`, with why
+        (reported to sessions as ``mcp`` degradations)."""
 
     @property
     def groups(self) -> list[ToolGroup]:
@@ -171,12 +174,16 @@ class McpToolset:
             try:
                 tools, resources, prompts = await asyncio.wait_for(lists(name), budget)
             except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
-                log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
+                why = _redacted(self.manager, name, err)
+                log.warning("MCP server %s: no tool list this turn (%s)", name, why)
+                unavailable[name] = str(why) or type(err).__name__
                 return []
             extra = [t for t in _resource_and_prompt_tools(name, resources, prompts) if servers[name].allows(t.name)]
             return list(tools) + extra
 
+        unavailable: dict[str, str] = {}
         lists = await asyncio.gather(*(listing(name) for name in servers))
+        self.unavailable = unavailable
         listed = {name: {t.name: t for t in tools} for name, tools in zip(servers, lists)}
         names, collisions = merge_tool_names({name: list(tools) for name, tools in listed.items()})
         for line in collisions:

@@ -47,6 +47,8 @@ class ModelSteps:
         bounded = core.patched(patches.BOUNDED_CONTEXT)
         specs, groups = core.planner.take_listing(result, bounded=bounded)
         core.memory_served = result.memory
+        for degradation in result.degraded:
+            core.degraded(degradation.kind, degradation.detail, workflow.now())
         if not core.encoding and result.encoding and bounded:
             core.encoding = result.encoding  # fixed for the session's life: counts stay comparable
             core.transcript.count_all(core.counter().message)

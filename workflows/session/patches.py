@@ -48,8 +48,14 @@ their sender (:mod:`hermes.command_auth`), each proof once; a decision's proof m
 its approver; a run started without a valid proof (not continued as new) ends failed at
 once (issue 26). Messages are checked in the update's validator, which needs no patch."""
 
+DEGRADATION_NOTICES = "degradation-notices"
+"""What a worker or an activity reports as degraded (a fallback tokenizer, memories not
+searched, an MCP server unavailable) becomes a notice in the state, one per kind with a
+count, and the ``hermes.degradations`` metric (issue 27). Runs recorded before it keep
+their notices as they were (a continue-as-new carries the notices)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
-    IDENTITY, COMMAND_AUTH,
+    IDENTITY, COMMAND_AUTH, DEGRADATION_NOTICES,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""
