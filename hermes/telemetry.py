@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "configure",
+    "count_degradation",
     "count_memory_writes",
     "count_tokens",
     "count_tool_result",
