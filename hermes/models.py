@@ -11,7 +11,7 @@ from datetime import datetime
 from enum import IntEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.proof import CommandProof
@@ -458,15 +458,12 @@ def _default_policies() -> dict[str, ApprovalPolicy]:
     }
 
 
-MIN_CONTEXT_TOKENS = 256
-"""Smallest context a session takes (window minus reserve): a system prompt, a message and
-an answer do not fit in less, and every turn would fail."""
-
-
 class SessionConfig(BaseModel):
-    """Per-session settings, fixed at creation (defaults from DESIGN.md). Values that would
-    fail every turn are refused naming the field (pydantic ``ValidationError``); the model
-    name is checked where the session starts (:func:`hermes.session_checks.check_session_config`)."""
+    """Per-session settings, fixed at creation (defaults from DESIGN.md). A value that can
+    never work (a zero window, no attempts) is refused here, naming the field (pydantic
+    ``ValidationError``); maxima, cross-field checks and the model name only where a session
+    starts (:func:`hermes.session_checks.check_session_config`), so a running session's
+    config, carried in its history, always decodes."""
 
     system_prompt: str = (
         "You are Hermes, a helpful assistant. Use the tools when they help; "
@@ -477,7 +474,7 @@ class SessionConfig(BaseModel):
     """Provider profile for this session's model calls (``openai``, ``openai-reasoning``,
     ``deepseek``, ``qwen``, ``moonshot``, ``ollama``, ``vllm``, ``llamacpp``); None: the
     worker's ``HERMES_MODEL_PROFILE``, or the one its base URL names."""
-    max_iterations: int = Field(default=10, ge=1, le=1000)
+    max_iterations: int = Field(default=10, ge=1)
     """Model/tool iterations per turn (seed 000 §2.2: 10)."""
     token_budget: int | None = Field(default=None, ge=1)
     """Tokens (prompt + completion, as providers report them) the session's model calls may
@@ -487,10 +484,9 @@ class SessionConfig(BaseModel):
     """Tokens one user's model calls may use per UTC day across all their sessions
     (counted in Redis by the model activities, summaries included); None: no limit. The
     turn that finds it used ends ``budget_exceeded``; the next UTC day it works again."""
-    context_window_tokens: int = Field(default=128_000, ge=MIN_CONTEXT_TOKENS, le=100_000_000)
-    """The model's context window, in tokens (at least :data:`MIN_CONTEXT_TOKENS`, and
-    at least that many left once ``context_reserve_ratio`` is kept free)."""
-    context_reserve_ratio: float = Field(default=0.2, ge=0.0, lt=1.0, validate_default=True)
+    context_window_tokens: int = Field(default=128_000, ge=1)
+    """The model's context window, in tokens."""
+    context_reserve_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Share of the window kept free for the model's output and tool results (seed 000
     §1.2: 15-20%): the context sent is at most ``window * (1 - reserve)`` tokens."""
     context_recent_messages: int = Field(default=10, ge=1)
@@ -505,33 +501,33 @@ class SessionConfig(BaseModel):
     """A summary is made at most once every this-many turns (DESIGN.md)."""
     summary_retry_turns: int = Field(default=3, ge=1)
     """After a failed or empty summary, wait this many turns before trying again."""
-    model_timeout_seconds: float = Field(default=120.0, gt=0, le=86400)
+    model_timeout_seconds: float = Field(default=120.0, gt=0)
     """Start-to-close timeout of one model call attempt."""
-    model_max_attempts: int = Field(default=5, ge=1, le=100)
+    model_max_attempts: int = Field(default=5, ge=1)
     """Attempts of one model call (retried with backoff on provider errors worth retrying)."""
     model_heartbeat_seconds: float = Field(default=1.0, ge=0)
     """Heartbeat timeout of model calls, summaries and memory extraction: an attempt on a
     worker that died is retried after at most this long (``HERMES_MODEL_HEARTBEAT_SECONDS``);
     0: none, only ``model_timeout_seconds``."""
-    approval_timeout_seconds: float = Field(default=600.0, gt=0, le=365 * 86400)
+    approval_timeout_seconds: float = Field(default=600.0, gt=0)
     """How long a tool call waits for a human decision before it is denied."""
-    max_message_bytes: int = Field(default=256 * 1024, ge=1, le=1_000_000)
+    max_message_bytes: int = Field(default=256 * 1024, ge=1)
     """Largest user message taken inline, in UTF-8 bytes (Temporal's payload cap is 2 MB).
     A larger one is stored by reference (a preview goes into the session) when the
     client has the content store, else refused with ``MessageRejectedError``."""
-    max_history_bytes: int = Field(default=8_000_000, ge=1, le=50_000_000)
+    max_history_bytes: int = Field(default=8_000_000, ge=1)
     """Continue as new once a run's history passes this size (well under Temporal's
     50 MB hard limit; Temporal itself suggests it at about 4 MiB)."""
     idle_after_seconds: float = Field(default=1800.0, gt=0)
     """A session without a message for this long is ``idle`` (seed 000 §1.3: 30 min)."""
-    archive_after_seconds: float = Field(default=7 * 86400.0, gt=0, validate_default=True)
+    archive_after_seconds: float = Field(default=7 * 86400.0, gt=0)
     """An idle session writes a snapshot and completes after this long without a message
     (seed 000 §1.3: 7 days); its next message resumes it from the snapshot."""
     replay_budget_events: int = Field(default=1000, ge=0)
     """Continue-as-new (between turns) once a run's history has this many events, so a
     worker that takes the session over replays at most about this many, however long
     the session is (issue 12: a 146-turn run took 6.6 s to replay); 0: no budget."""
-    max_updates_per_run: int = Field(default=500, ge=1, le=2000)
+    max_updates_per_run: int = Field(default=500, ge=1)
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
     max_completed_ids: int = Field(default=32, ge=0)
     """How many replies are remembered for resends (returned as they were); older ids
@@ -541,7 +537,7 @@ class SessionConfig(BaseModel):
     max_answered_ids: int = Field(default=2000, ge=0)
     """How many client message ids (with their turn) are remembered beyond the replies:
     a resend of one of them is answered "already answered in turn N", never run again."""
-    max_system_prompt_bytes: int = Field(default=100_000, ge=1, le=1_000_000)
+    max_system_prompt_bytes: int = Field(default=100_000, ge=1)
     """Larger system prompts sent by signal are refused (listed in the state's notices)."""
     approval_policies: dict[Permission, ApprovalPolicy] = Field(default_factory=_default_policies)
     """Per permission: ``read`` runs, ``write`` needs the user's confirmation, ``admin`` an
@@ -552,7 +548,7 @@ class SessionConfig(BaseModel):
     @classmethod
     def _keep_default_policies(cls, value: dict[str, ApprovalPolicy]) -> dict[str, ApprovalPolicy]:
         return {**_default_policies(), **value}
-    max_argument_retries: int = Field(default=3, ge=0, le=100)
+    max_argument_retries: int = Field(default=3, ge=0)
     """A tool call whose arguments fail validation goes back to the model this many
     times per tool and turn; after that the user is told (seed 004 §4.2: 3)."""
     tool_routing: Literal["all", "keywords"] = "keywords"
@@ -560,7 +556,7 @@ class SessionConfig(BaseModel):
     (plus ungrouped tools); ``all``: offer every tool."""
     max_routed_groups: int = Field(default=2, ge=1)
     """At most this many groups are offered per turn by routing."""
-    max_carry_bytes: int = Field(default=400_000, ge=1, le=1_900_000)
+    max_carry_bytes: int = Field(default=400_000, ge=1)
     """Byte budget of the state carried across continue-as-new (it enters history twice
     per continue-as-new, and Temporal warns above 512 KB per payload); older turns beyond
     it are archived (the durable store, table ``hermes_transcript``, with a copy in Redis) first."""
@@ -577,26 +573,6 @@ class SessionConfig(BaseModel):
     """Candidates below this confidence are dropped (seed 000 §5.2: 0.75)."""
     memory_promote_after_refs: int = Field(default=3, ge=1)
     """A working-memory item referenced this many times becomes long-term (seed 004 §7.2)."""
-
-    # Cross-field checks sit on the later field (validated in field order), so the error names it.
-    @field_validator("context_reserve_ratio")
-    @classmethod
-    def _usable_window(cls, value: float, info: ValidationInfo) -> float:
-        window = info.data.get("context_window_tokens")
-        if window is not None and int(window * (1 - value)) < MIN_CONTEXT_TOKENS:
-            raise ValueError(
-                f"leaves {int(window * (1 - value))} of context_window_tokens={window} for the prompt; "
-                f"at least {MIN_CONTEXT_TOKENS} are needed (a larger window or a smaller reserve)"
-            )
-        return value
-
-    @field_validator("archive_after_seconds")
-    @classmethod
-    def _archived_after_idle(cls, value: float, info: ValidationInfo) -> float:
-        idle = info.data.get("idle_after_seconds")
-        if idle is not None and value < idle:
-            raise ValueError(f"must not be less than idle_after_seconds={idle:g} (a session is idle before it is archived)")
-        return value
 
 
 class SendMessageInput(BaseModel):
