@@ -263,6 +263,16 @@ class CallModelInput(BaseModel):
     (``Message.tokens`` of the result), so workflow code never encodes a reply."""
 
 
+class Degradation(BaseModel):
+    """What a worker does less well than it should: a notice in the state and ``hermes.degradations``."""
+
+    kind: str
+    """``tokenizer`` (a fallback encoding), ``memory`` (not searched), ``events`` (not
+    published), ``mcp`` (a server unavailable); any other kind is kept alike."""
+    detail: str
+    """What happened and what it costs, for a human."""
+
+
 class CallModelResult(BaseModel):
     message: Message
     usage: Usage = Field(default_factory=Usage)
@@ -271,6 +281,8 @@ class CallModelResult(BaseModel):
     user_day_tokens: int | None = None
     """The user's tokens that UTC day after this call (``CallModelInput.usage_day`` set and
     Redis reachable; None otherwise)."""
+    degraded: list[Degradation] = Field(default_factory=list)
+    """What this call did less well (its turn events not all published)."""
 
 
 class ArchiveMessagesInput(BaseModel):
@@ -297,16 +309,6 @@ class CountTokensInput(BaseModel):
 
     text: str
     encoding: str
-
-
-class Degradation(BaseModel):
-    """What a worker does less well than it should: a notice in the state and ``hermes.degradations``."""
-
-    kind: str
-    """``tokenizer`` (a fallback encoding), ``memory`` (not searched), ``events`` (not
-    published), ``mcp`` (a server unavailable); any other kind is kept alike."""
-    detail: str
-    """What happened and what it costs, for a human."""
 
 
 class ListToolsResult(BaseModel):

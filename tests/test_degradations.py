@@ -1,6 +1,6 @@
 """Every degradation shows in the session's state and in a metric (issue 27, "Degraded
-without a word"): tokens counted with a fallback encoding, memories not searched, an MCP
-server unavailable: one notice per kind, counted, never a flood; the session still answers."""
+without a word"): tokens counted with a fallback encoding, memories not searched, turn
+events not published, an MCP server unavailable: one notice per kind, counted, never a flood; the session still answers."""
 
 from __future__ import annotations
 
@@ -8,15 +8,20 @@ import os
 import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from activities.model import ModelActivities
 from activities.tools import ToolActivities
+from hermes.blobs import BlobStore
+from hermes.events import EventLog
 from hermes.mcp.config import parse_mcp_config
 from hermes.mcp.manager import McpManager
 from hermes.mcp.tools import McpToolset
 from hermes.memory.store import MemoryStoreError
-from hermes.models import ListToolsInput
+from hermes.models import CallModelInput, ListToolsInput, Message
+from hermes.providers.scripted import ScriptedModel
 from hermes.tools.registry import ToolRegistry
 from workflows.session.commands import MAX_NOTICES
 from workflows.session.degradations import note_degradation
@@ -89,3 +94,28 @@ async def test_an_mcp_server_that_cannot_list_its_tools_is_reported_with_every_t
     assert listed.tools == []
     [degraded] = listed.degraded
     assert degraded.kind == "mcp" and "MCP server 'broken' is unavailable" in degraded.detail, degraded
+
+
+class _EventsNotLanding(EventLog):
+    """Turn events over a real Redis whose writes report they did not land, as
+    :meth:`EventLog.publish_quietly` answers ``False`` once Redis writes are reported."""
+
+    async def publish_quietly(self, events: Any) -> bool:  # type: ignore[override]
+        return False
+
+    async def begin_turn(self, session_id: str, turn: int) -> bool:  # type: ignore[override]
+        return False
+
+    async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> bool:  # type: ignore[override]
+        return False
+
+
+async def test_a_model_call_whose_turn_events_did_not_land_says_so_in_its_result(redis, session_id):
+    activities = ModelActivities(ScriptedModel.from_dict(NOTED), store=BlobStore(None))
+    request = CallModelInput(session_id=session_id, turn=1, step=0, messages=[Message(role="user", content="I live in Bern.")])
+    assert (await activities.call_model(request)).degraded == []  # no events published: nothing to miss
+    activities.events = _EventsNotLanding(redis)
+    result = await activities.call_model(request)
+    assert result.message.content == "Noted."
+    [degraded] = result.degraded
+    assert degraded.kind == "events" and "were not published" in degraded.detail and "turn 1 step 0" in degraded.detail
