@@ -38,7 +38,7 @@ from hermes.events import EventLog
 from hermes.providers import ModelProvider, make_provider
 from hermes.run_cache import MovedRunEviction
 from hermes.settings import Settings, get_settings
-from hermes.tokens import TokenCounter, encoding_name_for_model
+from hermes.tokens import TokenCounter, encoding_fallback, encoding_name_for_model
 from hermes.tools.builtin import register_builtins
 from hermes.tools.files import register_tool_file
 from hermes.tools.registry import ToolRegistry, default_registry
@@ -176,6 +176,7 @@ def build_worker(
         max_result_bytes=settings.tool_result_max_bytes,
         mcp=mcp,
         encoding=encoding,
+        encoding_fallback=encoding_fallback(settings.model),
         durable=durable,
     )
     index = SessionIndexActivities(redis)

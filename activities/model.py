@@ -38,7 +38,16 @@ from hermes.errors import (
     failed_to_replay,
 )
 from hermes import usage
-from hermes.models import CallModelInput, CallModelResult, CountTokensInput, Message, SummarizeInput, Summary, ToolSpec
+from hermes.models import (
+    CallModelInput,
+    CallModelResult,
+    CountTokensInput,
+    Degradation,
+    Message,
+    SummarizeInput,
+    Summary,
+    ToolSpec,
+)
 from hermes.previews import head_and_tail
 from hermes.providers.base import ModelProvider
 from hermes.redis_writes import report_skipped
@@ -404,10 +413,23 @@ class ModelActivities:
             return result
 
     async def _call_model(self, request: CallModelInput) -> CallModelResult:
-        """:meth:`call_model` without its span."""
+        """:meth:`call_model` without its span; its result says when turn events of the
+        call did not all reach Redis (a ``events`` degradation, issue 27)."""
+        events = self._text_events(request)
+        result = await self._call_model_with(request, events)
+        text = events.text
+        if text is not None and text.unpublished:
+            detail = (
+                f"{text.unpublished} turn event(s) of turn {request.turn} step {request.step} were not published "
+                "(Redis): live views missed part of the turn; its result and transcript have it whole"
+            )
+            result = result.model_copy(update={"degraded": [*result.degraded, Degradation(kind="events", detail=detail)]})
+        return result
+
+    async def _call_model_with(self, request: CallModelInput, events: model_call_events) -> CallModelResult:
         # Heartbeats while waiting on the store and the provider: a dead worker's call
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
-        async with heartbeating(), self._text_events(request) as text:
+        async with heartbeating(), events as text:
             resolved = await self.resolve_context(request)
             result = await self._complete(resolved)
             if text is not None and not text.published and result.message.content:

@@ -39,6 +39,7 @@ from hermes.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.models import (
+    Degradation,
     ListToolsInput,
     ListToolsResult,
     RunToolInput,
@@ -355,6 +356,8 @@ class ToolActivities:
         heartbeat_timeout_seconds: heartbeat timeout the workflow sets on tool calls.
         durable: the durable store (tools' notes, results kept by reference, the
             exactly-once ledger's second copy); ``None``: Redis alone.
+        encoding, encoding_fallback, memory: reported with each tool list (the session's
+            encoding, why it is a fallback, whether memory is served).
     """
 
     def __init__(
@@ -367,9 +370,13 @@ class ToolActivities:
         max_result_bytes: int = 64_000,
         mcp: Any = None,
         encoding: str = "",
+        encoding_fallback: str | None = None,
         memory: bool = False,
         durable: DurableStore | None = None,
     ):
+        self.encoding_fallback = encoding_fallback
+        """Why ``encoding`` is a fallback (:func:`hermes.tokens.encoding_fallback`), or None;
+        reported with each tool list as a ``tokenizer`` degradation."""
         self.memory = memory
         """Whether this worker serves long-term memory (reported with the tool list)."""
         self.encoding = encoding
@@ -428,8 +435,15 @@ class ToolActivities:
             specs = [s.model_copy(update={"tokens": schema_tokens(request.encoding, s)}) for s in specs]
         ref = value_ref([[s.model_dump(mode="json") for s in specs], [g.model_dump(mode="json") for g in groups]])
         if request is not None and request.known_ref == ref:
-            return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding, memory=self.memory)
-        return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding, memory=self.memory)
+            return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding, memory=self.memory, degraded=self._degraded())
+        return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding, memory=self.memory, degraded=self._degraded())
+
+    def _degraded(self) -> list[Degradation]:
+        """What this worker does less well for the turn listing its tools (issue 27)."""
+        found = [Degradation(kind="tokenizer", detail=self.encoding_fallback)] if self.encoding_fallback else []
+        for server, why in sorted((self.mcp.unavailable if self.mcp is not None else {}).items()):
+            found.append(Degradation(kind="mcp", detail=f"MCP server {server!r} is unavailable, its tools are not offered: {why}"))
+        return found
 
     async def _lookup(self, request: RunToolInput) -> Tool | ToolResult:
         call = request.tool_call

@@ -93,6 +93,7 @@ from hermes.models import (
     TraceStep,
     TurnResult,
 )
+from hermes.session_checks import ModelNames, check_session_config
 from hermes.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -470,6 +471,10 @@ class HermesClient:
             :class:`hermes.memory.store.MemoryStore`, or a function of no arguments that
             opens one (called on first use: opening loads the embedding model, seconds
             and about 250 MB). :meth:`connect` gives the settings' store this way.
+        model_names: the model names the workers serve
+            (:class:`hermes.session_checks.ModelNames`): a new session asking for another
+            is refused. None: only the config's bounds are checked. :meth:`connect` gives
+            the settings' names.
 
     Raises:
         ValueError: ``retry_timeout_seconds`` is not positive, or ``max_in_flight_per_session`` below 1.
@@ -486,6 +491,7 @@ class HermesClient:
         durable: DurableStore | None = None,
         max_in_flight_per_session: int = DEFAULT_MAX_IN_FLIGHT_PER_SESSION,
         memory_store: Any = None,
+        model_names: ModelNames | None = None,
     ):
         if not retry_timeout_seconds > 0:
             raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
@@ -495,6 +501,7 @@ class HermesClient:
         self.task_queue = task_queue
         self.redis = redis
         self.config = config or SessionConfig()
+        self.model_names = model_names
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
         self.command_keys: command_auth.CommandKeyRing | None = None
@@ -503,6 +510,15 @@ class HermesClient:
         self._slots = _SessionSlots(max_in_flight_per_session)
         self._memory_store = memory_store
         self._memory_store_lock = asyncio.Lock()
+
+    def check_config(self, config: SessionConfig | None = None) -> SessionConfig:
+        """``config`` (default: the client's) as a new session would be started with it.
+
+        Raises:
+            SessionConfigError: a value out of bounds, or a model the workers do not
+                serve (:func:`hermes.session_checks.check_session_config`).
+        """
+        return check_session_config(config or self.config, self.model_names)
 
     @property
     def max_in_flight_per_session(self) -> int:
@@ -560,6 +576,7 @@ class HermesClient:
                 user_daily_token_budget=settings.user_daily_token_budget,
             ),
             retry_timeout_seconds=settings.client_retry_seconds,
+            model_names=ModelNames.from_settings(settings),
             memory_store=kwargs.pop("memory_store", None) or _store_opener(settings),
         )
 
@@ -645,11 +662,13 @@ class HermesClient:
                 another than ``user_id`` needs the ``admin`` role (:mod:`hermes.command_auth`).
 
         Raises:
+            SessionConfigError: ``config`` has a value out of bounds or a model the workers
+                do not serve (:func:`hermes.session_checks.check_session_config`); nothing started.
             SessionExistsError: a session with this id exists (running, closed or archived).
             SessionUnavailableError: Temporal did not answer within ``retry_timeout_seconds``.
             TemporalRequestError: Temporal refused the request itself.
         """
-        config = config or self.config
+        config = self.check_config(config)
 
         async def start() -> None:
             await self.client.start_workflow(
@@ -721,6 +740,8 @@ class HermesClient:
         Raises:
             MessageRejectedError: empty, not valid text, too large (or too large to send
                 inline and it could not be stored); not taken.
+            SessionConfigError: ``config`` (for a new session) has a value out of bounds or a
+                model the workers do not serve; not sent.
             SessionClosedError: the session is closed; not taken.
             SessionHaltedError: the session waits for a human's decision; not taken.
             SessionForbiddenError: the session belongs to another user than ``user_id``,
@@ -735,7 +756,7 @@ class HermesClient:
             TemporalRequestError: Temporal refused the request itself; not taken.
             MessageFailedError: the session failed the message unexpectedly.
         """
-        config = config or self.config
+        config = self.check_config(config)
         size = check_message_text(text, max_message_bytes=config.max_message_bytes, can_store=self._content.can_keep)
         stored: StoredContent | None = None
         if size > config.max_message_bytes or (self._content.can_keep and _too_many_tokens(text, size, config)):
@@ -1342,6 +1363,10 @@ class HermesClient:
 
         Returns:
             The :class:`~hermes.memory.models.WriteReport`.
+
+        Raises:
+            pydantic.ValidationError: a candidate with a field a memory does not have
+                (``metadata``...), named in the error; nothing was written.
         """
         from hermes.memory.models import MemoryBatch, WriteReport
 

@@ -333,9 +333,10 @@ async def send_watched(
         The turn's result.
 
     Raises:
-        MessageRejectedError, SessionClosedError, SessionBusyError, SessionHaltedError,
-            SessionUnavailableError...: as :meth:`HermesClient.send_message`.
+        MessageRejectedError, SessionConfigError, SessionClosedError, SessionBusyError,
+            SessionHaltedError, SessionUnavailableError...: as :meth:`HermesClient.send_message`.
     """
+    hermes.check_config()  # refused before anything is followed (a SessionConfigError names the field)
     known = await _known_tool_call_ids(hermes, session_id)
     shown_calls: set[str] = set()
     shown_results: set[str] = set()

@@ -4,6 +4,7 @@ Exception tree::
 
     HermesError
     ├── ConfigError            a mistake found at start-up (file, key, what was expected)
+    │   └── SessionConfigError     a session's config refused at its start (the field)
     ├── ToolError
     │   ├── ToolRegistrationError   a tool definition that cannot be used
     │   ├── ToolArgumentsError      arguments that fail validation (fields, expected, received)
@@ -57,6 +58,21 @@ class ConfigError(HermesError):
         self.key = key
         where = ": ".join(p for p in (source, key) if p)
         super().__init__(f"{where}: {message}" if where else message)
+
+
+class SessionConfigError(ConfigError, ValueError):
+    """A session's config refused where the session is started (client, API, CLI): a
+    value out of bounds, or a model no provider of the worker knows. Nothing was started.
+
+    Attributes:
+        field: the :class:`~hermes.models.SessionConfig` field at fault (``model``,
+            ``context_window_tokens``...; ``""`` for a check of several fields, which
+            the message names).
+    """
+
+    def __init__(self, message: str, *, field: str):
+        self.field = field
+        super().__init__(message, source="session config", key=field or None)
 
 
 class ToolError(HermesError):

@@ -377,6 +377,9 @@ class TextEvents:
         self.log, self.session_id, self.turn, self.step, self.attempt = log_, session_id, turn, step, attempt
         self.published = False
         """Whether any text was handed over (so a whole reply is not published twice)."""
+        self.unpublished = 0
+        """Events of this call whose publication reported it did not land (``False`` from
+        :meth:`EventLog.publish_quietly`), for the call's result to say so (issue 27)."""
         self._buffer: list[str] = []
         self._size = 0
         self._total = 0
@@ -418,7 +421,8 @@ class TextEvents:
     async def _publish_after(self, previous: list[asyncio.Task[None]], event: TurnEvent) -> None:
         if previous:
             await asyncio.gather(*previous, return_exceptions=True)
-        await self.log.publish_quietly([event])
+        if await self.log.publish_quietly([event]) is False:
+            self.unpublished += 1
 
     async def close(self) -> None:
         self._flush()
@@ -456,11 +460,18 @@ class model_call_events:  # noqa: N801 - used as a context manager, like context
     async def __aenter__(self) -> TextEvents | None:
         text = self._text
         if text is not None:
-            if text.step == 0:
-                await text.log.begin_turn(text.session_id, text.turn)
-            await text.log.begin_attempt(text.session_id, text.turn, text.step, text.attempt)
+            # A publication that reports it did not land (False) is counted; None: not told.
+            if text.step == 0 and await text.log.begin_turn(text.session_id, text.turn) is False:
+                text.unpublished += 1
+            if await text.log.begin_attempt(text.session_id, text.turn, text.step, text.attempt) is False:
+                text.unpublished += 1
             self._token = _current_text.set(text)
         return text
+
+    @property
+    def text(self) -> TextEvents | None:
+        """The call's text events (None: nothing is published)."""
+        return self._text
 
     async def __aexit__(self, *exc: object) -> None:
         if self._text is not None and self._token is not None:

@@ -263,6 +263,16 @@ class CallModelInput(BaseModel):
     (``Message.tokens`` of the result), so workflow code never encodes a reply."""
 
 
+class Degradation(BaseModel):
+    """What a worker does less well than it should: a notice in the state and ``hermes.degradations``."""
+
+    kind: str
+    """``tokenizer`` (a fallback encoding), ``memory`` (not searched), ``events`` (not
+    published), ``mcp`` (a server unavailable); any other kind is kept alike."""
+    detail: str
+    """What happened and what it costs, for a human."""
+
+
 class CallModelResult(BaseModel):
     message: Message
     usage: Usage = Field(default_factory=Usage)
@@ -271,6 +281,8 @@ class CallModelResult(BaseModel):
     user_day_tokens: int | None = None
     """The user's tokens that UTC day after this call (``CallModelInput.usage_day`` set and
     Redis reachable; None otherwise)."""
+    degraded: list[Degradation] = Field(default_factory=list)
+    """What this call did less well (its turn events not all published)."""
 
 
 class ArchiveMessagesInput(BaseModel):
@@ -311,6 +323,8 @@ class ListToolsResult(BaseModel):
     so every replay counts with the same one)."""
     memory: bool = False
     """The worker serves long-term memory (its activities are registered)."""
+    degraded: list[Degradation] = Field(default_factory=list)
+    """What the worker does less well for this turn (a fallback tokenizer, an MCP server down)."""
 
 
 class SummarizeInput(BaseModel):
@@ -447,7 +461,11 @@ def _default_policies() -> dict[str, ApprovalPolicy]:
 
 
 class SessionConfig(BaseModel):
-    """Per-session settings, fixed at creation (defaults from DESIGN.md)."""
+    """Per-session settings, fixed at creation (defaults from DESIGN.md). A value that can
+    never work (a zero window, no attempts) is refused here, naming the field (pydantic
+    ``ValidationError``); maxima, cross-field checks and the model name only where a session
+    starts (:func:`hermes.session_checks.check_session_config`), so a running session's
+    config, carried in its history, always decodes."""
 
     system_prompt: str = (
         "You are Hermes, a helpful assistant. Use the tools when they help; "
@@ -458,7 +476,7 @@ class SessionConfig(BaseModel):
     """Provider profile for this session's model calls (``openai``, ``openai-reasoning``,
     ``deepseek``, ``qwen``, ``moonshot``, ``ollama``, ``vllm``, ``llamacpp``); None: the
     worker's ``HERMES_MODEL_PROFILE``, or the one its base URL names."""
-    max_iterations: int = 10
+    max_iterations: int = Field(default=10, ge=1)
     """Model/tool iterations per turn (seed 000 §2.2: 10)."""
     token_budget: int | None = Field(default=None, ge=1)
     """Tokens (prompt + completion, as providers report them) the session's model calls may
@@ -468,7 +486,7 @@ class SessionConfig(BaseModel):
     """Tokens one user's model calls may use per UTC day across all their sessions
     (counted in Redis by the model activities, summaries included); None: no limit. The
     turn that finds it used ends ``budget_exceeded``; the next UTC day it works again."""
-    context_window_tokens: int = 128_000
+    context_window_tokens: int = Field(default=128_000, ge=1)
     """The model's context window, in tokens."""
     context_reserve_ratio: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Share of the window kept free for the model's output and tool results (seed 000
@@ -485,21 +503,21 @@ class SessionConfig(BaseModel):
     """A summary is made at most once every this-many turns (DESIGN.md)."""
     summary_retry_turns: int = Field(default=3, ge=1)
     """After a failed or empty summary, wait this many turns before trying again."""
-    model_timeout_seconds: float = 120.0
+    model_timeout_seconds: float = Field(default=120.0, gt=0)
     """Start-to-close timeout of one model call attempt."""
-    model_max_attempts: int = 5
+    model_max_attempts: int = Field(default=5, ge=1)
     """Attempts of one model call (retried with backoff on provider errors worth retrying)."""
     model_heartbeat_seconds: float = Field(default=1.0, ge=0)
     """Heartbeat timeout of model calls, summaries and memory extraction: an attempt on a
     worker that died is retried after at most this long (``HERMES_MODEL_HEARTBEAT_SECONDS``);
     0: none, only ``model_timeout_seconds``."""
-    approval_timeout_seconds: float = 600.0
+    approval_timeout_seconds: float = Field(default=600.0, gt=0)
     """How long a tool call waits for a human decision before it is denied."""
-    max_message_bytes: int = 256 * 1024
+    max_message_bytes: int = Field(default=256 * 1024, ge=1)
     """Largest user message taken inline, in UTF-8 bytes (Temporal's payload cap is 2 MB).
     A larger one is stored by reference (a preview goes into the session) when the
     client has the content store, else refused with ``MessageRejectedError``."""
-    max_history_bytes: int = 8_000_000
+    max_history_bytes: int = Field(default=8_000_000, ge=1)
     """Continue as new once a run's history passes this size (well under Temporal's
     50 MB hard limit; Temporal itself suggests it at about 4 MiB)."""
     idle_after_seconds: float = Field(default=1800.0, gt=0)
@@ -511,9 +529,9 @@ class SessionConfig(BaseModel):
     """Continue-as-new (between turns) once a run's history has this many events, so a
     worker that takes the session over replays at most about this many, however long
     the session is (issue 12: a 146-turn run took 6.6 s to replay); 0: no budget."""
-    max_updates_per_run: int = 500
+    max_updates_per_run: int = Field(default=500, ge=1)
     """Continue-as-new after this many messages, well below Temporal's 2,000 updates per run."""
-    max_completed_ids: int = 32
+    max_completed_ids: int = Field(default=32, ge=0)
     """How many replies are remembered for resends (returned as they were); older ids
     within ``max_answered_ids`` are answered "already answered in turn N". Every cached
     session holds these in the worker's memory (issue 12), so the default covers the
@@ -521,7 +539,7 @@ class SessionConfig(BaseModel):
     max_answered_ids: int = Field(default=2000, ge=0)
     """How many client message ids (with their turn) are remembered beyond the replies:
     a resend of one of them is answered "already answered in turn N", never run again."""
-    max_system_prompt_bytes: int = 100_000
+    max_system_prompt_bytes: int = Field(default=100_000, ge=1)
     """Larger system prompts sent by signal are refused (listed in the state's notices)."""
     approval_policies: dict[Permission, ApprovalPolicy] = Field(default_factory=_default_policies)
     """Per permission: ``read`` runs, ``write`` needs the user's confirmation, ``admin`` an
@@ -532,15 +550,15 @@ class SessionConfig(BaseModel):
     @classmethod
     def _keep_default_policies(cls, value: dict[str, ApprovalPolicy]) -> dict[str, ApprovalPolicy]:
         return {**_default_policies(), **value}
-    max_argument_retries: int = 3
+    max_argument_retries: int = Field(default=3, ge=0)
     """A tool call whose arguments fail validation goes back to the model this many
     times per tool and turn; after that the user is told (seed 004 §4.2: 3)."""
     tool_routing: Literal["all", "keywords"] = "keywords"
     """``keywords``: when tools declare groups, offer only the groups the message is about
     (plus ungrouped tools); ``all``: offer every tool."""
-    max_routed_groups: int = 2
+    max_routed_groups: int = Field(default=2, ge=1)
     """At most this many groups are offered per turn by routing."""
-    max_carry_bytes: int = 400_000
+    max_carry_bytes: int = Field(default=400_000, ge=1)
     """Byte budget of the state carried across continue-as-new (it enters history twice
     per continue-as-new, and Temporal warns above 512 KB per payload); older turns beyond
     it are archived (the durable store, table ``hermes_transcript``, with a copy in Redis) first."""

@@ -138,6 +138,12 @@ class Settings(BaseSettings):
     openai_base_url: str | None = Field(default=None, validation_alias=_env("openai_base_url"))
     openai_api_key: SecretStr | None = Field(default=None, validation_alias=_env("openai_api_key"))
     model: str = "gpt-4o-mini"
+    allowed_models: str | None = None
+    """Model names a session may ask for (``SessionConfig.model``), comma-separated,
+    ``fnmatch`` patterns allowed (``gpt-4o*,my-finetune``); checked where a session is
+    started, the worker's own ``model`` included. Unset: a name the provider at the base
+    URL does not serve is refused (``hermes.providers.profiles.known_model``); any name
+    with the scripted provider."""
     model_profile: Literal["auto"] | ProviderProfileName = "auto"
     """The provider's dialect (:mod:`hermes.providers.profiles`): output-limit parameter,
     reasoning fields kept and sent back, null content, parallel tool calls, stream usage.

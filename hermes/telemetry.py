@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "configure",
+    "count_degradation",
     "count_memory_writes",
     "count_skipped_redis_write",
     "count_tokens",
@@ -297,6 +298,13 @@ def count_skipped_redis_write(kind: str, items: int = 1) -> None:
     kind (``content_store``, ``turn_events``, ``session_index``)."""
     if _current is not None:
         _current.redis_writes_skipped.add(items, {"hermes.redis.write": kind})
+
+
+def count_degradation(kind: str) -> None:
+    """A turn a session ran degraded (also a notice in its state), by kind (``tokenizer``,
+    ``memory``, ``events``, ``mcp``): ``hermes.degradations``, attribute ``hermes.degradation.kind``."""
+    if _current is not None:
+        _current.degradations.add(1, {"hermes.degradation.kind": kind})
 
 
 # --------------------------------------------------------------- attributes

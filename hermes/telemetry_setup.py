@@ -129,6 +129,10 @@ class Telemetry:
             "hermes.redis.writes_skipped", unit="{item}",
             description="Items of promised Redis writes (content store, turn events, session index) not written, by kind",
         )
+        self.degradations = meter.create_counter(
+            "hermes.degradations", unit="{turn}",
+            description="Turns a session ran degraded (fallback tokenizer, memory not searched, events not published, MCP server unavailable), by kind",
+        )
         self._exporter: MetricsExporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
 

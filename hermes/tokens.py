@@ -180,6 +180,36 @@ def encoding_name_for_model(model: str | None) -> str:
     return DEFAULT_ENCODING
 
 
+def encoding_fallback(model: str | None) -> str | None:
+    """Why :func:`encoding_name_for_model` counts ``model``'s tokens with
+    :data:`DEFAULT_ENCODING` instead of the model's own encoding, or None when it does not.
+
+    Args:
+        model: the model name, e.g. ``"gpt-4o-mini"``.
+
+    Returns:
+        A sentence naming the model, its own encoding (when tiktoken knows one) and the
+        fallback; None when the model's own encoding is used, or no model is named.
+    """
+    if not model:
+        return None
+    own = None
+    for candidate in (model, model.rsplit("/", 1)[-1]):
+        try:
+            own = _OFFLINE_ALIASES.get(name := tiktoken.model.encoding_name_for_model(candidate), name)
+            break
+        except KeyError:
+            continue
+    if own is None:
+        return f"tiktoken knows no encoding for model {model!r}: its tokens are estimated with {DEFAULT_ENCODING}"
+    if own == DEFAULT_ENCODING or loadable_offline(own):
+        return None
+    return (
+        f"model {model!r} counts tokens with {own}, which is not available offline (put it in TIKTOKEN_CACHE_DIR): "
+        f"its tokens are estimated with {DEFAULT_ENCODING}"
+    )
+
+
 def message_tokens(m: Message, text: Callable[[str], int]) -> int:
     """The cookbook's chat-format count of ``m`` (see :meth:`TokenCounter.message`), with
     ``text`` counting each string: one formula for the exact and the bounded counter."""

@@ -160,8 +160,8 @@ async def test_a_listed_approver_may_confirm_a_write_call_and_others_may_not(run
 
 
 def test_the_identity_patch_comes_just_before_command_auth():
-    at = patches.ALL.index(patches.IDENTITY)
-    assert patches.ALL[at : at + 2] == (patches.IDENTITY, patches.COMMAND_AUTH) == ("session-identity", "command-auth")
+    at = patches.ALL.index(patches.IDENTITY)  # later patches come after both
+    assert patches.ALL[at:at + 2] == (patches.IDENTITY, patches.COMMAND_AUTH) == ("session-identity", "command-auth")
 
 
 async def test_a_run_recorded_before_the_patch_replays_as_it_ran():

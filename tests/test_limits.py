@@ -306,7 +306,8 @@ async def test_a_system_prompt_over_the_limit_is_refused_and_said_so_in_the_stat
         await hermes.set_system_prompt(session_id, "be brief")
         state = await hermes.get_state(session_id)
         assert state.system_prompt == "be brief"
-        assert len(state.notices) == 1 and "200000 bytes refused" in state.notices[0]
+        refused = [n for n in state.notices if "degraded (" not in n]  # a fallback tokenizer is a notice too
+        assert len(refused) == 1 and "200000 bytes refused" in refused[0]
 
 
 async def test_a_run_whose_transcript_outgrows_the_budget_continues_as_new_and_archives(run_worker, session_id):

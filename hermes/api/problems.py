@@ -28,6 +28,7 @@ from hermes.errors import (
     MessageRejectedError,
     SessionBusyError,
     SessionClosedError,
+    SessionConfigError,
     SessionExistsError,
     SessionForbiddenError,
     SessionHaltedError,
@@ -132,6 +133,9 @@ def problem_for(err: HermesError) -> Problem:
         return Problem("internal", f"{err} (this API server's HERMES_COMMAND_KEYS must be the workers')")
     if isinstance(err, SessionForbiddenError):
         return Problem("forbidden", str(err))
+    if isinstance(err, SessionConfigError):
+        loc = ["config", *err.field.split(".")] if err.field else ["config"]
+        return Problem("validation-failed", str(err), errors=[{"loc": loc, "msg": str(err), "type": "session_config"}])
     if isinstance(err, MessageRejectedError):
         return Problem("message-rejected", str(err))
     if isinstance(err, SessionUnavailableError):

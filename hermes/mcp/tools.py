@@ -158,6 +158,9 @@ class McpToolset:
         self.manager = manager
         self.reserved = set(reserved or ())
         self._tools: dict[str, McpTool] = {}
+        self.unavailable: dict[str, str] = {}
+        """Servers that could not list their tools at the last :meth:`discover`, with why
+        (reported to sessions as ``mcp`` degradations)."""
 
     @property
     def groups(self) -> list[ToolGroup]:
@@ -171,7 +174,7 @@ class McpToolset:
         fresh). A server that cannot list in time is left out, with a warning; calls
         recorded with its tools still find them (:meth:`tool_for`)."""
         servers = self.config.enabled_servers()
-        unlisted: set[str] = set()
+        unavailable: dict[str, str] = {}
 
         async def lists(name: str) -> tuple[list[Any], list[Any], list[Any]]:
             tools = await self.manager.list_tools(name)
@@ -184,13 +187,15 @@ class McpToolset:
             try:
                 tools, resources, prompts = await asyncio.wait_for(lists(name), budget)
             except Exception as err:  # noqa: BLE001 - one broken server must not hide the others
-                log.warning("MCP server %s: no tool list this turn (%s)", name, _redacted(self.manager, name, err))
-                unlisted.add(name)
+                why = _redacted(self.manager, name, err)
+                log.warning("MCP server %s: no tool list this turn (%s)", name, why)
+                unavailable[name] = str(why) or type(err).__name__
                 return []
             extra = [t for t in _resource_and_prompt_tools(name, resources, prompts) if servers[name].allows(t.name)]
             return list(tools) + extra
 
         lists = await asyncio.gather(*(listing(name) for name in servers))
+        self.unavailable = unavailable
         listed = {name: {t.name: t for t in tools} for name, tools in zip(servers, lists)}
         names, collisions = merge_tool_names({name: list(tools) for name, tools in listed.items()})
         for line in collisions:
@@ -204,7 +209,7 @@ class McpToolset:
         # A server that cannot list now (down, in its restart backoff) keeps its known tools
         # for calls already recorded with them: such a call waits for the relaunch or says
         # the server is unavailable, rather than that its tool is no longer offered.
-        kept = {name: tool for name, tool in self._tools.items() if tool.origin.server in unlisted and name not in found}
+        kept = {name: tool for name, tool in self._tools.items() if tool.origin.server in unavailable and name not in found}
         self._tools = {**kept, **found}
         return list(found.values())
 

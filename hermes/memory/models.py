@@ -9,7 +9,7 @@ import hashlib
 from datetime import datetime, timezone
 from typing import Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hermes.memory.judge import JudgePair
 from hermes.proof import CommandProof
@@ -40,7 +40,13 @@ def memory_id_for(user_id: str, text: str, source_session: str = "", source_turn
 
 class MemoryCandidate(BaseModel):
     """A memory the write path wants to store (from the rules, a model extraction, a
-    promotion of working memory, or the CLI)."""
+    promotion of working memory, or the CLI).
+
+    Unknown fields are refused (pydantic ``ValidationError`` naming the field), never
+    dropped: a caller's ``metadata`` or misspelt ``importnce`` would otherwise vanish
+    without a word. Stored rows are :class:`MemoryRecord`, which this does not touch."""
+
+    model_config = ConfigDict(extra="forbid")
 
     candidate_id: str = ""
     """Stable id of this candidate (defaults to its future ``memory_id``); a candidate

@@ -48,13 +48,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from fnmatch import fnmatchcase
 from typing import Literal
 from urllib.parse import urlsplit
 
 from hermes.errors import ConfigError
 from hermes.models import ProviderProfileName
 
-__all__ = ["PROFILES", "ProviderProfile", "ProviderProfileName", "detect_profile", "resolve_profile"]
+__all__ = ["PROFILES", "ProviderProfile", "ProviderProfileName", "detect_profile", "known_model", "resolve_profile"]
 
 
 @dataclass(frozen=True)
@@ -83,16 +84,24 @@ class ProviderProfile:
     stream_usage_option: bool = True
     """Send ``stream_options: {include_usage: true}``: without it the stream reports no
     usage. False for providers that report usage in the final chunk on their own."""
+    models: tuple[str, ...] = ()
+    """Model names the provider serves, as case-insensitive ``fnmatch`` patterns, checked
+    when a session starts on the provider's own host (:func:`known_model`); empty: any
+    name (a local server serves whatever was loaded)."""
     docs: str = ""
 
+
+_OPENAI_MODELS = ("gpt-*", "chatgpt-*", "o1*", "o3*", "o4*", "codex-*", "computer-use-*", "ft:*")
+"""OpenAI's chat model families (https://platform.openai.com/docs/models)."""
 
 PROFILES: dict[str, ProviderProfile] = {
     p.name: p
     for p in (
-        ProviderProfile(name="openai", docs="https://platform.openai.com/docs/api-reference/chat"),
+        ProviderProfile(name="openai", models=_OPENAI_MODELS, docs="https://platform.openai.com/docs/api-reference/chat"),
         ProviderProfile(
             name="openai-reasoning",
             output_limit_parameter="max_completion_tokens",
+            models=_OPENAI_MODELS,
             docs="https://platform.openai.com/docs/guides/reasoning",
         ),
         ProviderProfile(
@@ -100,6 +109,7 @@ PROFILES: dict[str, ProviderProfile] = {
             reasoning_fields=("reasoning_content",),
             reasoning_sent_back="reasoning_content",
             tool_choice=("auto", "none", "required", "function"),
+            models=("deepseek-*",),
             docs="https://api-docs.deepseek.com/guides/thinking_mode",
         ),
         ProviderProfile(
@@ -107,6 +117,8 @@ PROFILES: dict[str, ProviderProfile] = {
             reasoning_fields=("reasoning_content",),
             ask_parallel_tool_calls=True,
             tool_choice=("auto", "none", "function"),
+            # DashScope serves other families too (https://help.aliyun.com/en/model-studio/models).
+            models=("qwen*", "qwq*", "qvq*", "deepseek-*", "kimi-*", "moonshot-*", "glm-*", "llama*"),
             docs="https://help.aliyun.com/en/model-studio/deep-thinking",
         ),
         ProviderProfile(
@@ -115,6 +127,7 @@ PROFILES: dict[str, ProviderProfile] = {
             reasoning_sent_back="reasoning_content",
             tool_choice=("auto", "none"),
             stream_usage_option=False,
+            models=("kimi-*", "moonshot-*"),
             docs="https://platform.moonshot.ai/docs/guide/use-kimi-k2-thinking-model",
         ),
         ProviderProfile(
@@ -187,3 +200,25 @@ def resolve_profile(name: str | None, base_url: str | None, model: str | None) -
             source="settings",
             key="model_profile",
         ) from None
+
+
+def known_model(base_url: str | None, model: str) -> bool:
+    """Whether the provider at ``base_url`` serves a model called ``model``, as far as its
+    profile's :attr:`ProviderProfile.models` tell.
+
+    Args:
+        base_url: the endpoint (None: OpenAI's own).
+        model: the model name a session asks for.
+
+    Returns:
+        False only when the base URL names a provider without doubt (api.openai.com,
+        api.deepseek.com, DashScope, Moonshot) and no pattern of its profile matches;
+        True for any other endpoint (an OpenAI-compatible proxy or a local server
+        serves names of its own: list them in ``HERMES_ALLOWED_MODELS`` to check them).
+    """
+    host = (urlsplit(base_url or "https://api.openai.com/v1").hostname or "").lower()
+    name = detect_profile(base_url, model)
+    if name == "openai" and host != "api.openai.com":
+        return True
+    patterns = PROFILES[name].models
+    return not patterns or any(fnmatchcase(model.lower(), p) for p in patterns)

@@ -73,9 +73,11 @@ class MemoryPath:
             )
         except FailureError as err:
             core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
+            core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
             return
         if result.error:
             core.warnings.append(f"Long-term memory was not searched: {result.error}")
+            core.degraded("memory", f"memories were not searched for turn {turn}: {result.error}", workflow.now())
         core.memories = [m.line() for m in result.memories]
         if result.memories or result.error:
             status = "error" if result.error else f"{len(result.memories)} memories"

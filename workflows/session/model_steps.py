@@ -47,6 +47,8 @@ class ModelSteps:
         bounded = core.patched(patches.BOUNDED_CONTEXT)
         specs, groups = core.planner.take_listing(result, bounded=bounded)
         core.memory_served = result.memory
+        for degradation in result.degraded:
+            core.degraded(degradation.kind, degradation.detail, workflow.now())
         if not core.encoding and result.encoding and bounded:
             core.encoding = result.encoding  # fixed for the session's life: counts stay comparable
             core.transcript.count_all(core.counter().message)
@@ -113,6 +115,8 @@ class ModelSteps:
             core.token_correction = usage_correction(core.token_correction, request.context_tokens, result.usage.prompt_tokens)
         self._trace(turn, "model", started, provider=result.provider, tokens=core.token_estimate)
         telemetry.count_tokens(result.model or request.model, core.inp.user_id, result.usage.prompt_tokens, result.usage.completion_tokens)
+        for degradation in result.degraded:
+            core.degraded(degradation.kind, degradation.detail, workflow.now())
         return result
 
     async def _call(self, request: CallModelInput, turn: int, step: int) -> CallModelResult:

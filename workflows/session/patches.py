@@ -52,8 +52,14 @@ PREVIEW_HEAD_TAIL = "preview-head-and-tail"
 """A tool result too long for the model (over ``MAX_RESULT_CHARS``) keeps the head and the
 tail of its data around a marker saying what was cut, not the head alone (issue 27)."""
 
+DEGRADATION_NOTICES = "degradation-notices"
+"""What a worker or an activity reports as degraded (a fallback tokenizer, memories not
+searched, an MCP server unavailable) becomes a notice in the state, one per kind with a
+count, and the ``hermes.degradations`` metric (issue 27). Runs recorded before it keep
+their notices as they were (a continue-as-new carries the notices)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
-    IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL,
+    IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
+from hermes import telemetry
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.memory.rules import Triggers
 from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, TakenMessage, ToolSpec, TraceStep
@@ -21,6 +22,7 @@ from workflows.session import patches
 from workflows.session.approvals import ApprovalBook
 from workflows.session.commands import CommandGate
 from workflows.session.context_plan import ContextPlanner
+from workflows.session.degradations import note_degradation
 from workflows.session.payloads import MAX_DECISIONS, MAX_SETTLED, MAX_TRACE
 from workflows.session.replies import ReplyBook, taken_messages
 from workflows.session.transcript import Transcript
@@ -90,6 +92,14 @@ class SessionCore:
         self.warnings: list[str] = []
 
     # ---------------------------------------------------------------- counting
+
+    def degraded(self, kind: str, detail: str, now: datetime) -> None:
+        """Record a degradation of this turn: a notice (one per kind, counted:
+        :func:`workflows.session.degradations.note_degradation`) and the
+        ``hermes.degradations`` metric; nothing in runs without the patch."""
+        if self.patched(patches.DEGRADATION_NOTICES):
+            note_degradation(self.notices, kind, detail, now)
+            telemetry.count_degradation(kind)
 
     def counter(self) -> Any:
         """The session's token counter (:meth:`ContextPlanner.counter`)."""
