@@ -188,7 +188,9 @@ def build_worker(
     if settings.events_enabled:
         # Turn events (hermes.events): published by the activities that do the work, to
         # Redis Streams, never into the session's history.
-        events = EventLog(redis, max_events=settings.events_max_per_session)
+        events = EventLog(
+            redis, max_events=settings.events_max_per_session, marker_ttl_seconds=settings.events_marker_ttl_seconds
+        )
         model.events = tools.events = audit.events = index.events = events
         if memory_activities is not None:
             memory_activities.events = events
