@@ -1,5 +1,6 @@
 """The lifecycle of content in Redis (issue 28, item 4): archived sessions' blobs leave
-Redis when a durable copy is confirmed, and a TTL that reads refresh bounds the rest."""
+Redis when a durable copy is confirmed, a TTL that reads refresh bounds the rest, and a
+turn's event markers expire after a day (README "What Redis holds")."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from temporalio.testing import ActivityEnvironment
 from activities.transcript import SNAPSHOT_KEY, TranscriptActivities, read_snapshot
 from hermes.blobs import BLOB_KEY, BlobStore, message_ref, stored_preview, value_ref
 from hermes.durable import DurableStore
+from hermes.events import DEFAULT_TTL_SECONDS, MARKER_TTL_SECONDS, EventLog, stream_key
 from hermes.models import Message, SessionCarry, SnapshotInput
 
 pytestmark = pytest.mark.timeout(60)
@@ -87,3 +89,14 @@ async def test_content_that_only_redis_holds_never_expires(redis):
     ref = value_ref(text)
     await store.keep_many({ref: text})
     assert await redis.ttl(BLOB_KEY.format(ref=ref)) == -1
+
+
+@pytest.mark.timeout(60)
+async def test_a_turns_event_markers_expire_after_a_day_while_its_stream_lives_a_week(redis):
+    events = EventLog(redis)
+    session_id = "markers-" + uuid.uuid4().hex
+    assert await events.begin_turn(session_id, 1)
+    assert await events.begin_attempt(session_id, 1, 0, "attempt-1")
+    for marker in (f"{stream_key(session_id)}:turn:1", f"{stream_key(session_id)}:step:1.0"):
+        assert 0 < await redis.ttl(marker) <= MARKER_TTL_SECONDS
+    assert MARKER_TTL_SECONDS < await redis.ttl(stream_key(session_id)) <= DEFAULT_TTL_SECONDS
