@@ -8,13 +8,15 @@ import uuid
 from pathlib import Path
 
 import pytest
+from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import ActivityEnvironment
 
 from activities.transcript import SNAPSHOT_KEY, TranscriptActivities, read_snapshot
 from hermes.blobs import BLOB_KEY, BlobStore, message_ref, stored_preview, value_ref
 from hermes.durable import DurableStore
 from hermes.events import DEFAULT_TTL_SECONDS, MARKER_TTL_SECONDS, EventLog, stream_key
-from hermes.models import Message, SessionCarry, SnapshotInput
+from hermes.models import Message, SessionCarry, SessionConfig, SessionState, SnapshotInput
+from tests.support import eventually
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,3 +102,30 @@ async def test_a_turns_event_markers_expire_after_a_day_while_its_stream_lives_a
     for marker in (f"{stream_key(session_id)}:turn:1", f"{stream_key(session_id)}:step:1.0"):
         assert 0 < await redis.ttl(marker) <= MARKER_TTL_SECONDS
     assert MARKER_TTL_SECONDS < await redis.ttl(stream_key(session_id)) <= DEFAULT_TTL_SECONDS
+
+
+@pytest.mark.timeout(120)
+async def test_an_archived_sessions_content_leaves_redis_and_stays_readable_from_the_durable_store(
+    run_worker, session_id, temporal_client, redis
+):
+    config = SessionConfig(idle_after_seconds=1, archive_after_seconds=2, max_message_bytes=2048)
+    large = "a long note " + "x" * 5000 + uuid.uuid4().hex
+    async with run_worker({"turns": [], "fallback": "noted"}, config=config) as hermes:
+        assert (await hermes.send_message(session_id, "hello " + uuid.uuid4().hex)).reply == "noted"
+        sent = await hermes.send_message(session_id, large)
+        assert sent.reply == "noted"
+        ref = value_ref(large)
+        assert 0 < await redis.ttl(BLOB_KEY.format(ref=ref)) <= 7 * 24 * 3600  # kept by reference, with a TTL
+
+        async def archived() -> bool:
+            return (await hermes.handle(session_id).describe()).status == WorkflowExecutionStatus.COMPLETED
+
+        await eventually(archived, what="the session archiving itself")
+        final = await temporal_client.get_workflow_handle(session_id, result_type=SessionState).result()
+        assert final.status == "archived" and final.snapshot is not None
+        body_keys = [BLOB_KEY.format(ref=message_ref(m)) for m in final.snapshot.messages]
+        assert len(body_keys) >= 4 and await redis.exists(*body_keys) == 0
+        assert await redis.exists(BLOB_KEY.format(ref=ref)) == 0
+
+        assert await hermes.get_stored_content(ref) == large  # from the durable store
+        assert 0 < await redis.ttl(BLOB_KEY.format(ref=ref)) <= 7 * 24 * 3600  # cached again, with a TTL
