@@ -59,7 +59,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import command_auth, names
-from hermes.blobs import BlobStore, stored_preview, value_ref
+from hermes.blobs import CONTENT_TTL_SECONDS, BlobStore, stored_preview, value_ref
 from hermes.durable import DurableStore
 from hermes.events import EventLog, TurnEvent, check_offset
 from hermes.errors import (
@@ -470,6 +470,8 @@ class HermesClient:
             :class:`hermes.memory.store.MemoryStore`, or a function of no arguments that
             opens one (called on first use: opening loads the embedding model, seconds
             and about 250 MB). :meth:`connect` gives the settings' store this way.
+        content_ttl_seconds: how long content this client writes or reads stays in Redis
+            after that (seconds; ``HERMES_REDIS_CONTENT_TTL_SECONDS``, default 7 days).
 
     Raises:
         ValueError: ``retry_timeout_seconds`` is not positive, or ``max_in_flight_per_session`` below 1.
@@ -486,6 +488,7 @@ class HermesClient:
         durable: DurableStore | None = None,
         max_in_flight_per_session: int = DEFAULT_MAX_IN_FLIGHT_PER_SESSION,
         memory_store: Any = None,
+        content_ttl_seconds: int = CONTENT_TTL_SECONDS,
     ):
         if not retry_timeout_seconds > 0:
             raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
@@ -497,6 +500,7 @@ class HermesClient:
         self.config = config or SessionConfig()
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
+        self.content_ttl_seconds = content_ttl_seconds
         self.command_keys: command_auth.CommandKeyRing | None = None
         """The key ring this client signs commands with (:mod:`hermes.command_auth`);
         None: this process' (``HERMES_COMMAND_KEYS`` / ``_KEY_FILE`` / ``<data_dir>/command-keys``)."""
@@ -560,6 +564,7 @@ class HermesClient:
                 user_daily_token_budget=settings.user_daily_token_budget,
             ),
             retry_timeout_seconds=settings.client_retry_seconds,
+            content_ttl_seconds=settings.redis_content_ttl_seconds,
             memory_store=kwargs.pop("memory_store", None) or _store_opener(settings),
         )
 
@@ -1071,7 +1076,7 @@ class HermesClient:
     @property
     def _content(self) -> BlobStore:
         """Content kept by reference: the durable store, with Redis as the fast path."""
-        return BlobStore(self.redis, durable=self.durable)
+        return BlobStore(self.redis, durable=self.durable, ttl_seconds=self.content_ttl_seconds)
 
     # ----------------------------------------------------------- signals
     #
