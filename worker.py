@@ -165,7 +165,8 @@ def build_worker(
         registry.check_references()
     redis = redis if redis is not None else connect_redis(settings=settings)
     durable = durable if durable is not None else DurableStore(settings.resolved_memory_uri)
-    model = ModelActivities(provider, store=BlobStore(redis, durable=durable), client=client)
+    content_ttl = settings.redis_content_ttl_seconds
+    model = ModelActivities(provider, store=BlobStore(redis, durable=durable, ttl_seconds=content_ttl), client=client)
     encoding = encoding_name_for_model(settings.model)
     TokenCounter.get(encoding)  # loaded now, outside the workflow sandbox
     tools = ToolActivities(
@@ -180,14 +181,17 @@ def build_worker(
         durable=durable,
     )
     index = SessionIndexActivities(redis)
-    transcript = TranscriptActivities(redis, durable)
+    tools.store.ttl_seconds = content_ttl
+    transcript = TranscriptActivities(redis, durable, content_ttl_seconds=content_ttl)
     audit = AuditActivities(redis, durable)
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
     if settings.events_enabled:
         # Turn events (hermes.events): published by the activities that do the work, to
         # Redis Streams, never into the session's history.
-        events = EventLog(redis, max_events=settings.events_max_per_session)
+        events = EventLog(
+            redis, max_events=settings.events_max_per_session, marker_ttl_seconds=settings.events_marker_ttl_seconds
+        )
         model.events = tools.events = audit.events = index.events = events
         if memory_activities is not None:
             memory_activities.events = events

@@ -11,6 +11,12 @@ durable store (:mod:`hermes.durable`, LanceDB: tables ``hermes_transcript`` and
   position in the whole transcript) to the message's JSON;
 - ``hermes:snapshot:{session_id}``: the snapshot's JSON.
 
+With a durable store, Redis' copies expire ``content_ttl_seconds`` after their last write
+(``HERMES_REDIS_CONTENT_TTL_SECONDS``; the durable copy answers after that), and archiving
+a session drops from Redis the content blobs its snapshot and the durable store hold
+(:meth:`hermes.blobs.BlobStore.evict_kept`). Without one, Redis' copies are the only ones
+and never expire.
+
 Redis' copies are sealed (:func:`hermes.encryption.seal`) when encryption is on: they hold
 messages. One this process cannot open is read as missing, with a warning (the durable
 copy answers if there is one).
@@ -23,11 +29,13 @@ written before the durable store existed are still read.
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from temporalio import activity
 
 from hermes import encryption, names
+from hermes.blobs import BlobStore, message_ref
 from hermes.durable import SNAPSHOTS, TRANSCRIPT, DurableStore, DurableStoreError, Record, composite_key
 from hermes.models import ArchiveMessagesInput, Message, SessionCarry, SnapshotInput
 
@@ -36,6 +44,9 @@ log = logging.getLogger("hermes.transcript")
 ARCHIVE_KEY = "hermes:transcript_archive:{session_id}:{chain_id}"
 SNAPSHOT_KEY = "hermes:snapshot:{session_id}"
 """The final snapshot of an archived session (its state, as carried across continue-as-new)."""
+_CONTENT_REF = re.compile(r"\bb:[0-9a-f]{32}\b")
+"""A content reference (:func:`hermes.blobs.value_ref`) anywhere in a snapshot's JSON: in a
+stand-in's header, ``arguments_ref``, ``tools_ref``."""
 
 
 class TranscriptActivities:
@@ -44,11 +55,14 @@ class TranscriptActivities:
     Args:
         redis: a ``redis.asyncio.Redis`` (the fast copy), or None.
         durable: the durable store (the copy that must survive), or None: Redis alone.
+        content_ttl_seconds: how long Redis' copies live after their last write when a
+            durable copy exists; None: forever.
     """
 
-    def __init__(self, redis: Any, durable: DurableStore | None = None):
+    def __init__(self, redis: Any, durable: DurableStore | None = None, *, content_ttl_seconds: int | None = None):
         self.redis = redis
         self.durable = durable
+        self.ttl_seconds = content_ttl_seconds if durable is not None else None
 
     async def _redis_copy(self, what: str, write: Any) -> None:
         """Write Redis' copy; with a durable copy written, a Redis failure is only logged."""
@@ -88,7 +102,7 @@ class TranscriptActivities:
         if self.redis is not None:
             key = ARCHIVE_KEY.format(session_id=request.session_id, chain_id=request.chain_id)
             mapping = {str(index): encryption.seal(text) for index, text in texts.items()}
-            await self._redis_copy("transcript archive", lambda: self.redis.hset(key, mapping=mapping))
+            await self._redis_copy("transcript archive", lambda: self._hset(key, mapping))
         return len(texts)
 
     @activity.defn(name=names.SAVE_SNAPSHOT)
@@ -107,7 +121,29 @@ class TranscriptActivities:
             await self.durable.upsert(SNAPSHOTS, [Record(key=request.session_id, owner=request.session_id, value=text)])
         if self.redis is not None:
             key = SNAPSHOT_KEY.format(session_id=request.session_id)
-            await self._redis_copy("session snapshot", lambda: self.redis.set(key, encryption.seal(text)))
+            await self._redis_copy("session snapshot", lambda: self.redis.set(key, encryption.seal(text), ex=self.ttl_seconds))
+        if self.durable is not None and self.redis is not None:
+            await self._evict_content(request.carry, text)
+
+    async def _hset(self, key: str, mapping: dict[str, str]) -> None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping=mapping)
+        if self.ttl_seconds is not None:
+            pipe.expire(key, self.ttl_seconds)
+        await pipe.execute()
+
+    async def _evict_content(self, carry: SessionCarry, text: str) -> None:
+        """Drop the archived session's blobs from Redis: its messages' bodies (the snapshot
+        just written durably holds them) and the content kept by reference that it names,
+        if the durable store confirms it. Best effort: what stays expires with the TTL."""
+        try:
+            evicted = await BlobStore(self.redis, durable=self.durable).evict_kept(
+                [message_ref(m) for m in carry.messages], _CONTENT_REF.findall(text)
+            )
+        except Exception as err:  # noqa: BLE001 - the snapshot is kept; eviction only saves memory
+            log.warning("archived session's content left in Redis (it expires with the TTL): %s", err)
+            return
+        log.debug("archived session: %d content blob(s) dropped from Redis", evicted)
 
 
 async def read_snapshot(redis: Any, session_id: str, durable: DurableStore | None = None) -> SessionCarry | None:

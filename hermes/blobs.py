@@ -43,6 +43,10 @@ CACHE_WRITE_TIMEOUT_SECONDS = 5.0
 """Longest time a Redis copy of content takes, both tries and any wait for a free pool
 connection included (:meth:`BlobStore.cache_or_report`): one socket timeout, as a single
 try took before, so a hung Redis delays a model call no longer than it did."""
+CONTENT_TTL_SECONDS = 7 * 24 * 3600
+"""How long a blob lives in Redis after its last write or read unless told otherwise (the
+default of ``HERMES_REDIS_CONTENT_TTL_SECONDS``): a bound on Redis per session; an expired
+blob is read from where it is kept for good (README "What Redis holds")."""
 BODY_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
 """What a model sees of a message; the rest (turn, time, ids) is session bookkeeping."""
 
@@ -132,12 +136,16 @@ class BlobStore:
 
     Args:
         redis: the client; ``None`` makes every Redis read a miss and every write a no-op.
-        ttl_seconds: how long an entry lives after its last write; ``None``: forever.
+        ttl_seconds: how long an entry lives after its last write or read (seconds);
+            ``None``: forever. Content that only Redis holds (:meth:`keep_many` with no
+            durable store) never expires.
         durable: where content kept by reference survives Redis (:meth:`keep_many`,
             :meth:`read_many`); ``None``: Redis alone.
     """
 
-    def __init__(self, redis: Any, *, ttl_seconds: int | None = None, durable: DurableStore | None = None):
+    def __init__(
+        self, redis: Any, *, ttl_seconds: int | None = CONTENT_TTL_SECONDS, durable: DurableStore | None = None
+    ):
         self.redis = redis
         self.ttl_seconds = ttl_seconds
         self.durable = durable
@@ -163,7 +171,7 @@ class BlobStore:
         if not self.can_keep:
             raise RuntimeError("no content store (durable store or Redis) is configured")
         if self.durable is None:
-            await self.put_many(items)
+            await self.put_many(items, expire=False)  # the only copy: it must not expire
             return
         await self.durable.insert(CONTENT, [Record(key=ref, value=text) for ref, text in items.items()])
         # The durable copy is written; Redis is the fast path: retried once, then reported.
@@ -215,14 +223,20 @@ class BlobStore:
                     log.debug("content not cached again in Redis: %s", err)
         return found
 
-    async def put_many(self, items: dict[str, str]) -> None:
-        """Store ``ref -> text``; writing the same reference twice is harmless."""
+    async def put_many(self, items: dict[str, str], *, expire: bool = True) -> None:
+        """Store ``ref -> text``; writing the same reference twice is harmless.
+
+        Args:
+            items: ``ref -> text``.
+            expire: False: no TTL (the only copy of content kept by reference).
+        """
         if self.redis is None or not items:
             return
+        ttl = self.ttl_seconds if expire else None
         pipe = self.redis.pipeline(transaction=False)
         for ref, text in items.items():
             # With encryption on, Redis holds the bodies sealed like history does (issue 17).
-            pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=self.ttl_seconds)
+            pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=ttl)
         await pipe.execute()
 
     async def get_many(self, refs: list[str]) -> dict[str, str]:
@@ -236,9 +250,46 @@ class BlobStore:
             for ref, value in zip(unique, values)
             if value is not None
         }
+        if found and self.ttl_seconds is not None:
+            # A read of a hot blob keeps it: an active session never loses it to the TTL.
+            pipe = self.redis.pipeline(transaction=False)
+            for ref in found:
+                pipe.expire(BLOB_KEY.format(ref=ref), self.ttl_seconds)
+            await pipe.execute()
         if any(v.startswith(encryption.SEALED_PREFIX) for v in found.values()):
             found = _opened(found)
         return found
+
+    async def evict_kept(self, message_refs: list[str], content_refs: list[str]) -> int:
+        """Drop from Redis the blobs of a session that has just been archived, but only
+        those with a confirmed copy elsewhere: ``message_refs`` (bodies of messages the
+        caller has written durably, e.g. in the session's snapshot) and the ``content_refs``
+        the durable store confirms it holds. A blob whose durable copy is not confirmed
+        stays (the TTL bounds it). Another session sharing a body reads it from its own
+        history or the durable store on its next miss: a cost in speed, never a message.
+
+        Args:
+            message_refs: ``m:`` references whose bodies the caller has kept durably.
+            content_refs: ``b:`` references to drop if the durable store has them.
+
+        Returns:
+            How many Redis keys were deleted.
+
+        Raises:
+            DurableStoreError: the durable store cannot be read (nothing is deleted).
+            redis.RedisError: Redis did not take the deletion.
+        """
+        if self.redis is None or self.durable is None:
+            return 0
+        confirmed = list((await self.durable.get(CONTENT, list(dict.fromkeys(content_refs)))).keys()) if content_refs else []
+        keys = [BLOB_KEY.format(ref=r) for r in dict.fromkeys([*message_refs, *confirmed])]
+        if not keys:
+            return 0
+        pipe = self.redis.pipeline(transaction=False)
+        for key in keys:
+            # One key per command: no multi-key operation (Redis Cluster slots).
+            pipe.delete(key)
+        return sum(int(n) for n in await pipe.execute())
 
 
 def _opened(values: dict[str, str]) -> dict[str, str]:

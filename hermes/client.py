@@ -59,7 +59,7 @@ from temporalio.exceptions import ApplicationError, WorkflowAlreadyStartedError
 from temporalio.service import RPCError, RPCStatusCode
 
 from hermes import command_auth, names
-from hermes.blobs import BlobStore, stored_preview, value_ref
+from hermes.blobs import CONTENT_TTL_SECONDS, BlobStore, stored_preview, value_ref
 from hermes.durable import DurableStore
 from hermes.events import EventLog, TurnEvent, check_offset
 from hermes.errors import (
@@ -475,6 +475,8 @@ class HermesClient:
             (:class:`hermes.session_checks.ModelNames`): a new session asking for another
             is refused. None: only the config's bounds are checked. :meth:`connect` gives
             the settings' names.
+        content_ttl_seconds: how long content this client writes or reads stays in Redis
+            after that (seconds; ``HERMES_REDIS_CONTENT_TTL_SECONDS``, default 7 days).
 
     Raises:
         ValueError: ``retry_timeout_seconds`` is not positive, or ``max_in_flight_per_session`` below 1.
@@ -492,6 +494,7 @@ class HermesClient:
         max_in_flight_per_session: int = DEFAULT_MAX_IN_FLIGHT_PER_SESSION,
         memory_store: Any = None,
         model_names: ModelNames | None = None,
+        content_ttl_seconds: int = CONTENT_TTL_SECONDS,
     ):
         if not retry_timeout_seconds > 0:
             raise ValueError(f"retry_timeout_seconds must be positive, got {retry_timeout_seconds!r}")
@@ -504,6 +507,7 @@ class HermesClient:
         self.model_names = model_names
         self.retry_timeout_seconds = retry_timeout_seconds
         self.durable = durable
+        self.content_ttl_seconds = content_ttl_seconds
         self.command_keys: command_auth.CommandKeyRing | None = None
         """The key ring this client signs commands with (:mod:`hermes.command_auth`);
         None: this process' (``HERMES_COMMAND_KEYS`` / ``_KEY_FILE`` / ``<data_dir>/command-keys``)."""
@@ -577,6 +581,7 @@ class HermesClient:
             ),
             retry_timeout_seconds=settings.client_retry_seconds,
             model_names=ModelNames.from_settings(settings),
+            content_ttl_seconds=settings.redis_content_ttl_seconds,
             memory_store=kwargs.pop("memory_store", None) or _store_opener(settings),
         )
 
@@ -1092,7 +1097,7 @@ class HermesClient:
     @property
     def _content(self) -> BlobStore:
         """Content kept by reference: the durable store, with Redis as the fast path."""
-        return BlobStore(self.redis, durable=self.durable)
+        return BlobStore(self.redis, durable=self.durable, ttl_seconds=self.content_ttl_seconds)
 
     # ----------------------------------------------------------- signals
     #

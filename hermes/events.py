@@ -68,6 +68,11 @@ DEFAULT_MAX_EVENTS = 10_000
 turns with streamed text. Older ones are truncated."""
 DEFAULT_TTL_SECONDS = 7 * 24 * 3600
 """A session's stream expires this long (7 days) after its last event."""
+MARKER_TTL_SECONDS = 24 * 3600
+"""The once-per-turn and once-per-step markers (``...:turn:<n>``, ``...:step:<n>.<k>``)
+expire this long (a day) after they are set: two keys a turn, needed only while that turn
+runs, so they bound Redis by a day of turns rather than a week (issue 28). A turn that
+runs longer (waiting on an approval) may publish ``turn_started`` a second time."""
 TEXT_FLUSH_SECONDS = 0.1
 """Text deltas are published in batches: at most every 0.1 s per model call (and when the
 call ends), so a fast stream costs a few Redis writes a second, not one per token."""
@@ -165,12 +170,18 @@ class EventLog:
         redis: a ``redis.asyncio.Redis``.
         max_events: events kept per session (:data:`DEFAULT_MAX_EVENTS`).
         ttl_seconds: a stream's lifetime after its last event (:data:`DEFAULT_TTL_SECONDS`).
+        marker_ttl_seconds: a turn's or step's marker's lifetime (:data:`MARKER_TTL_SECONDS`,
+            at most ``ttl_seconds``).
     """
 
-    def __init__(self, redis: Any, *, max_events: int = DEFAULT_MAX_EVENTS, ttl_seconds: int = DEFAULT_TTL_SECONDS):
+    def __init__(
+        self, redis: Any, *, max_events: int = DEFAULT_MAX_EVENTS, ttl_seconds: int = DEFAULT_TTL_SECONDS,
+        marker_ttl_seconds: int = MARKER_TTL_SECONDS,
+    ):
         self.redis = redis
         self.max_events = max_events
         self.ttl_seconds = ttl_seconds
+        self.marker_ttl_seconds = min(marker_ttl_seconds, ttl_seconds)
 
     async def publish(self, events: Iterable[TurnEvent]) -> list[str]:
         """Append ``events`` (any sessions) in order; returns their offsets.
@@ -228,7 +239,7 @@ class EventLog:
 
         async def work() -> None:
             marker = f"{stream_key(session_id)}:turn:{turn}"
-            if await self.redis.set(marker, "1", nx=True, ex=self.ttl_seconds):
+            if await self.redis.set(marker, "1", nx=True, ex=self.marker_ttl_seconds):
                 await self.publish([TurnEvent(type="turn_started", session_id=session_id, turn=turn)])
 
         return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}", session_id=session_id)
@@ -246,7 +257,7 @@ class EventLog:
             marker = f"{stream_key(session_id)}:step:{turn}.{step}"
             pipe = self.redis.pipeline(transaction=False)
             pipe.getset(marker, attempt)
-            pipe.expire(marker, self.ttl_seconds)
+            pipe.expire(marker, self.marker_ttl_seconds)
             previous, _ = await pipe.execute()
             if previous is not None and _text(previous) != attempt:
                 discarded = TurnEvent(

@@ -85,6 +85,12 @@ class Settings(BaseSettings):
     """Longest wait for a free Redis connection when all ``redis_max_connections`` are in
     use; then the command fails with ``redis.ConnectionError("No connection available.")``
     (and a write the README promises is retried or reported, never skipped silently)."""
+    redis_content_ttl_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    """How long a content blob (``hermes:blob:<ref>``: a message body, content kept by
+    reference) and a session snapshot's Redis copy stay in Redis after their last write or
+    read (default 7 days). Reads and writes refresh it, so an active
+    session keeps its hot blobs; an expired one is read from where it is kept for good (the
+    session's history or the durable store). README "What Redis holds"."""
     # ---------------------------------------------------------------------------------
 
     data_dir: Path = Path(".hermes")
@@ -309,6 +315,9 @@ class Settings(BaseSettings):
     Off (``HERMES_EVENTS_ENABLED=0``): nothing is published; turns are unchanged."""
     events_max_per_session: int = Field(default=10_000, ge=100)
     """Events kept per session; older ones are truncated (about a hundred turns)."""
+    events_marker_ttl_seconds: int = Field(default=24 * 3600, ge=1)
+    """How long a turn's once-only event markers (two Redis keys a turn) live: a day; a
+    turn running longer may publish ``turn_started`` twice (README "What Redis holds")."""
 
     api_keys_file: Path | None = None
     """``hermes serve``'s API keys (``HERMES_API_KEYS_FILE``): a YAML or JSON file
