@@ -48,8 +48,13 @@ their sender (:mod:`hermes.command_auth`), each proof once; a decision's proof m
 its approver; a run started without a valid proof (not continued as new) ends failed at
 once (issue 26). Messages are checked in the update's validator, which needs no patch."""
 
+FREE_CALLS_MEANWHILE = "free-calls-meanwhile"
+"""In a model step, calls that need nobody run while the step's gated calls wait for
+their verdicts (before it, a free call after a gated one waited for its verdict); the
+results still reach the model in the order of its calls (issue 27)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
-    IDENTITY, COMMAND_AUTH,
+    IDENTITY, COMMAND_AUTH, FREE_CALLS_MEANWHILE,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""
