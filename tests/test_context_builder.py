@@ -91,6 +91,19 @@ def sent_transcript(ctx: BuiltContext, transcript: list[Message]) -> list[Messag
     return [m for m in ctx.messages if id(m) in ids]
 
 
+def assert_no_orphans(sent: list[Message]) -> None:
+    """Each tool call's results follow it, before any other message; no result without its call."""
+    open_ids: set[str] = set()
+    for m in sent:
+        if m.role == "tool":
+            assert m.tool_call_id in open_ids
+            open_ids.discard(m.tool_call_id)
+        else:
+            assert not open_ids
+            open_ids = {c.tool_call_id for c in m.tool_calls}
+    assert not open_ids
+
+
 def recount(ctx: BuiltContext, tool_tokens: int) -> int:
     """Tokens of the output, counted again from the messages."""
     return sum(m.tokens if m.tokens is not None else COUNTER.message(m) for m in ctx.messages) + tool_tokens + 3
@@ -626,15 +639,7 @@ def test_random_transcripts_keep_every_invariant(s):
         assert not covered[i]
 
     # never an orphan: each call's results follow it, before any other message
-    open_ids: set[str] = set()
-    for m in sent:
-        if m.role == "tool":
-            assert m.tool_call_id in open_ids
-            open_ids.discard(m.tool_call_id)
-        else:
-            assert not open_ids
-            open_ids = {c.tool_call_id for c in m.tool_calls}
-    assert not open_ids
+    assert_no_orphans(sent)
 
     # tool traffic only from the current turn (after the newest user message) or the recent layer
     sendable = [i for i, lab in enumerate(g.labels) if lab in ("user", "answer", "call", "result") and not covered[i]]
@@ -762,15 +767,7 @@ def test_random_budgets_never_start_the_conversation_without_its_user_and_always
     if has_user and conversation:
         assert conversation[0].role == "user", "the prompt starts with an assistant or tool message"
     # every tool message follows its call, every call has all its results
-    open_ids: set[str] = set()
-    for m in conversation:
-        if m.role == "tool":
-            assert m.tool_call_id in open_ids
-            open_ids.discard(m.tool_call_id)
-        else:
-            assert not open_ids
-            open_ids = {c.tool_call_id for c in m.tool_calls}
-    assert not open_ids
+    assert_no_orphans(conversation)
 
     sent = {id(m) for m in conversation}
     sent_turns = {m.turn for m in conversation}

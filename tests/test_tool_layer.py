@@ -629,7 +629,10 @@ async def test_approval_flows_are_deterministic_when_every_workflow_task_replays
     assert sum(e.event == "verdict" for e in audit) == 6
 
 
-async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep_the_models_order(run_worker, session_id):
+@pytest.mark.parametrize("max_cached_workflows", [1000, 0], ids=["cached", "replayed"])
+async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep_the_models_order(
+    run_worker, session_id, max_cached_workflows
+):
     runs: list[str] = []
     registry = _registry_with_admin_tool(runs)
 
@@ -652,7 +655,9 @@ async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep
         return tool_results(request)
 
     model = Steps([("mark", {"label": "A"}), ("delete_account", {"account_id": "acc-7"}), ("mark", {"label": "B"})], order)
-    async with run_worker(model, registry=registry) as hermes:
+    # With no workflow cache every workflow task replays the history, the concurrent
+    # free calls and approval wait included.
+    async with run_worker(model, registry=registry, max_cached_workflows=max_cached_workflows) as hermes:
         reply = asyncio.create_task(hermes.send_message(session_id, "mark and delete", user_id="alice"))
         pending = await hermes.wait_for_approval(session_id)
         # B, after the gated call in the step, runs before anyone decides on it.
