@@ -674,3 +674,32 @@ async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep
 
 async def _ran(runs: list[str], expected: list[str]) -> bool | None:
     return True if runs == expected else None
+
+
+async def test_a_turn_cancelled_while_a_gated_call_waits_answers_every_call_in_the_models_order(run_worker, session_id):
+    runs: list[str] = []
+    registry = _registry_with_admin_tool(runs)
+
+    def mark(label: str) -> str:
+        """Record that this call ran.
+
+        Args:
+            label: what to record.
+        """
+        runs.append(label)
+        return label
+
+    registry.register(mark)
+    model = Steps([("mark", {"label": "A"}), ("delete_account", {"account_id": "acc-8"}), ("mark", {"label": "B"})], tool_results)
+    async with run_worker(model, registry=registry) as hermes:
+        reply = asyncio.create_task(hermes.send_message(session_id, "mark and delete", user_id="alice"))
+        await hermes.wait_for_approval(session_id)
+        await eventually(lambda: _ran(runs, ["A", "B"]), what="B ran", timeout_seconds=20)
+        await hermes.cancel_turn(session_id, sender="alice")
+        result = await reply
+        transcript = await hermes.get_transcript(session_id)
+    assert result.status == "cancelled" and runs == ["A", "B"]
+    [asked] = [m for m in transcript if m.tool_calls]
+    answers = [m for m in transcript if m.role == "tool"]
+    assert [m.tool_call_id for m in answers] == [c.tool_call_id for c in asked.tool_calls]
+    assert "was not run" in (answers[1].content or "")

@@ -133,9 +133,8 @@ class ToolRunner:
         free calls run in the model's order in one task while the gated calls' verdicts
         are awaited (and each approved call run) in the model's order; once all are done
         (or the turn stops), the results are recorded in the model's order. A call that
-        was running when the turn was cancelled gets an unknown outcome; one that never
-        started is left to :meth:`Transcript.close_open_tool_calls`, which answers it after
-        these.
+        was running when the turn was cancelled gets an unknown outcome, one that never
+        ran is answered as not run (:meth:`Transcript.not_run`).
 
         Raises:
             TurnCancelled: the turn was cancelled meanwhile.
@@ -197,6 +196,8 @@ class ToolRunner:
                     core.transcript.tool_result(turn, call, done[call.tool_call_id].result, workflow.now(), core.count_fn())
                 elif call.tool_call_id in running:
                     core.transcript.tool_result(turn, call, cancelled_while_running(), workflow.now(), core.count_fn())
+                else:  # the turn stopped first
+                    core.transcript.not_run(turn, call, records, workflow.now(), core.count_fn())
 
     async def run_with_fallback(
         self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec], *, note_cancel: bool = True
