@@ -634,18 +634,7 @@ async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep
     run_worker, session_id, max_cached_workflows
 ):
     runs: list[str] = []
-    registry = _registry_with_admin_tool(runs)
-
-    def mark(label: str) -> str:
-        """Record that this call ran.
-
-        Args:
-            label: what to record.
-        """
-        runs.append(label)
-        return label
-
-    registry.register(mark)
+    registry = _registry_with_marks(runs)
     seen: list[tuple[list[str], list[str]]] = []
 
     def order(request: CallModelInput) -> str:
@@ -672,12 +661,9 @@ async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep
     assert [r.tool_call_id for r in result.tool_calls] == asked
 
 
-async def _ran(runs: list[str], expected: list[str]) -> bool | None:
-    return True if runs == expected else None
-
-
-async def test_a_turn_cancelled_while_a_gated_call_waits_answers_every_call_in_the_models_order(run_worker, session_id):
-    runs: list[str] = []
+def _registry_with_marks(runs: list[str]) -> ToolRegistry:
+    """The admin tool of :func:`_registry_with_admin_tool` and ``mark``, a free tool
+    that appends its label to ``runs``."""
     registry = _registry_with_admin_tool(runs)
 
     def mark(label: str) -> str:
@@ -690,6 +676,16 @@ async def test_a_turn_cancelled_while_a_gated_call_waits_answers_every_call_in_t
         return label
 
     registry.register(mark)
+    return registry
+
+
+async def _ran(runs: list[str], expected: list[str]) -> bool | None:
+    return True if runs == expected else None
+
+
+async def test_a_turn_cancelled_while_a_gated_call_waits_answers_every_call_in_the_models_order(run_worker, session_id):
+    runs: list[str] = []
+    registry = _registry_with_marks(runs)
     model = Steps([("mark", {"label": "A"}), ("delete_account", {"account_id": "acc-8"}), ("mark", {"label": "B"})], tool_results)
     async with run_worker(model, registry=registry) as hermes:
         reply = asyncio.create_task(hermes.send_message(session_id, "mark and delete", user_id="alice"))
