@@ -435,7 +435,9 @@ class MemoryActivities:
 
     @activity.defn(name=names.WRITE_MEMORIES)
     async def write_memories(self, inp: WriteMemoriesInput) -> WriteReport:
-        """Write one batch (see :meth:`MemoryStore.write`); idempotent.
+        """Write one batch (see :meth:`MemoryStore.write`); idempotent. A retried attempt
+        reports what the batch's write did (inserted, updated, superseded), also when an
+        earlier attempt applied it and failed before returning (issue 27).
 
         Raises:
             ApplicationError: ``EmbeddingModelMismatch`` (not retried: the writer keeps the
@@ -444,7 +446,11 @@ class MemoryActivities:
         try:
             with telemetry.span("hermes.memory.write", {"hermes.memory.candidates": len(inp.candidates)} if telemetry.enabled() else None) as span:
                 async with self._changing(inp.user_id):
-                    report: WriteReport = await self._run(lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None))
+                    # A retry may follow an attempt whose write landed: it reports what that did.
+                    retried = activity.info().attempt > 1
+                    report: WriteReport = await self._run(
+                        lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None, retried=retried)
+                    )
                 counts = (len(report.inserted), len(report.updated), len(report.superseded), report.unchanged, report.dropped)
                 telemetry.set_attributes(span, dict(zip(_WRITE_OUTCOMES, counts)))
                 telemetry.count_memory_writes(*counts)

@@ -30,12 +30,20 @@ first, the summary, the memories, the recent units newest first, the middle-laye
 newest first. Each layer stops at its first item that does not fit, so what is kept of a
 layer is contiguous back from its newest item; the middle layer is tried only when the
 whole recent layer fitted, so no older turn is sent across a gap.
+
+**Cuts** (``mark_cuts``, issue 27). The conversation sent starts with a user message: a
+kept answer or tool step whose turn's user message did not fit is left out too. Messages
+left out that the model could not tell are missing (:attr:`BuiltContext.cut`: all but the
+tool traffic of middle-layer turns) are named in a cut note, a system message after the
+summary (:data:`CUT_NOTE_TEMPLATE`); to make room for it the oldest kept units are left
+out, and with nothing left to leave out but the newest user message the context is over
+budget.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from hermes.models import Message, SessionConfig, Summary
@@ -48,6 +56,12 @@ MEMORIES_HEADER = (
 """First line of the memories system message; each memory follows on a ``- `` line."""
 SUMMARY_TEMPLATE = "Summary of the conversation before turn {next_turn}: {text}"
 """The summary system message; ``next_turn`` is ``upto_turn + 1``."""
+CUT_NOTE_TEMPLATE = (
+    "Note: {messages} earlier message(s) of this conversation ({turns}) were left out of this context "
+    "to fit the context window{summary}; do not assume they said nothing."
+)
+"""The cut note (a system message): ``messages`` left out, ``turns`` (``turn 3`` or
+``turns 2-5``), ``summary`` (empty, or a pointer to the summary when one is sent)."""
 
 
 @dataclass(frozen=True)
@@ -100,6 +114,10 @@ class BuiltContext:
             stray results, and what did not fit).
         oldest_turn: the oldest transcript turn with a message in the context; ``None``
             when no transcript message is in it.
+        cut: messages left out whose turn is otherwise unseen or that are a user message
+            or a final answer (what the model cannot tell is missing: not the tool traffic
+            of a middle turn whose messages are sent); with ``mark_cuts``, the cut note
+            says how many.
     """
 
     messages: list[Message]
@@ -107,6 +125,7 @@ class BuiltContext:
     budget: int
     dropped: int
     oldest_turn: int | None
+    cut: int = 0
 
 
 class ContextOverBudget(Exception):
@@ -197,6 +216,7 @@ def build_context(
     memories: Sequence[str] = (),
     tool_tokens: int = 0,
     correction: float = 1.0,
+    mark_cuts: bool = False,
 ) -> BuiltContext:
     """Build the context for a model call (pure: same inputs, equal output).
 
@@ -215,13 +235,19 @@ def build_context(
         tool_tokens: tokens of the offered tool schemas (``TokenCounter.tools``).
         correction: factor from ``hermes.tokens.usage_correction`` applied to the estimate
             when checking the budget.
+        mark_cuts: the conversation starts with a user message (a kept assistant
+            message or tool step whose user message is left out is left out too), and
+            messages cut (:attr:`BuiltContext.cut`) are named in a cut note
+            (:data:`CUT_NOTE_TEMPLATE`) after the summary; the oldest kept messages make
+            room for it. False: contexts as built before issue 27 (runs recorded then).
 
     Returns:
         The context, its uncorrected token estimate and what was left out.
 
     Raises:
         ContextOverBudget: the system prompt and the newest user message (with the tool
-            schemas, reply primer and correction) exceed ``policy.budget``.
+            schemas, reply primer and correction) exceed ``policy.budget``; with
+            ``mark_cuts``, also when they and the cut note do.
     """
     budget = policy.budget
     if summary is not None and not summary.text.strip():
@@ -317,10 +343,19 @@ def build_context(
             for j in members:
                 keep[j] = True
 
+    note: Message | None = None
+    middle_end = min(recent_start, before_user)
+    if mark_cuts:
+        total, note = _mark_cuts(
+            units, keep, total, tokens_of, lambda t: math.ceil(t * correction), budget, counter,
+            summary if summary_kept else None, newest_user, middle_end,
+        )
     if memories_kept and memories_msg is not None:
         extra.append(memories_msg)
     if summary_kept and summary_msg is not None:
         extra.append(summary_msg)
+    if note is not None:
+        extra.append(note)
     sent: list[Message] = []
     for i, unit in enumerate(units):
         if keep[i]:
@@ -331,4 +366,77 @@ def build_context(
         budget=budget,
         dropped=eligible - len(sent),
         oldest_turn=min((m.turn for m in sent), default=None),
+        cut=sum(len(u.messages) for u in _cut_units(units, keep, middle_end)),
     )
+
+
+def _cut_units(units: Sequence[_Unit], keep: Sequence[bool], middle_end: int) -> list[_Unit]:
+    """The units left out that the model cannot tell are missing: all but the tool
+    steps (and transcript system messages) of middle-layer turns (units before
+    ``middle_end``) of which something is sent."""
+    seen = {u.turn for u, k in zip(units, keep) if k}
+    return [
+        u for i, (u, k) in enumerate(zip(units, keep))
+        if not k and (u.kind in ("user", "answer") or i >= middle_end or u.turn not in seen)
+    ]
+
+
+def _cut_note(units_cut: Sequence[_Unit], summary: Summary | None) -> Message:
+    """The cut note naming ``units_cut`` (their messages and turns)."""
+    turns = sorted({u.turn for u in units_cut})
+    span = f"turn {turns[0]}" if turns[0] == turns[-1] else f"turns {turns[0]}-{turns[-1]}"
+    pointer = f"; the summary above covers turns up to {summary.upto_turn}" if summary is not None else ""
+    count = sum(len(u.messages) for u in units_cut)
+    return Message(role="system", content=CUT_NOTE_TEMPLATE.format(messages=count, turns=span, summary=pointer))
+
+
+def _mark_cuts(
+    units: Sequence[_Unit],
+    keep: list[bool],
+    total: int,
+    tokens_of: Callable[[int], int],
+    needed: Callable[[int], int],
+    budget: int,
+    counter: TokenCounter | BoundedCounter,
+    summary: Summary | None,
+    newest_user: int | None,
+    middle_end: int,
+) -> tuple[int, Message | None]:
+    """Make the kept units start with a user message and add the cut note (see
+    ``mark_cuts`` of :func:`build_context`), un-keeping the oldest kept units while the
+    note does not fit.
+
+    Args:
+        units: the transcript's units; ``keep`` (changed here): which are sent.
+        total: tokens of what is sent so far; ``tokens_of(i)``: tokens of unit ``i``;
+            ``needed(tokens)``: corrected tokens, checked against ``budget``.
+        counter: counts the note; ``summary``: the summary sent, if any;
+            ``newest_user``: index of the newest user message (always kept);
+            ``middle_end``: index of the first unit after the middle layer.
+
+    Returns:
+        The new total (with the note) and the note (None: nothing cut).
+
+    Raises:
+        ContextOverBudget: the note does not fit with only the newest user message kept.
+    """
+    while True:
+        for i, unit in enumerate(units):  # the conversation starts with a user message
+            if not keep[i] or unit.kind == "other":
+                continue
+            if unit.kind == "user":
+                break
+            keep[i] = False
+            total -= tokens_of(i)
+        cut = _cut_units(units, keep, middle_end)
+        if not cut:
+            return total, None
+        note = _cut_note(cut, summary)
+        t = counter.message(note)
+        if needed(total + t) <= budget:
+            return total + t, note
+        optional = [i for i, k in enumerate(keep) if k and i != newest_user]
+        if not optional:
+            raise ContextOverBudget(needed(total + t), budget)
+        keep[optional[0]] = False
+        total -= tokens_of(optional[0])

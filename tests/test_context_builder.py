@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 import hermes.tokens as tokens_module
 from hermes.context import (
+    CUT_NOTE_TEMPLATE,
     MEMORIES_HEADER,
     BuiltContext,
     ContextOverBudget,
@@ -88,6 +89,19 @@ def sent_transcript(ctx: BuiltContext, transcript: list[Message]) -> list[Messag
     """The output's transcript messages (identity with the input's), in order."""
     ids = {id(m) for m in transcript}
     return [m for m in ctx.messages if id(m) in ids]
+
+
+def assert_no_orphans(sent: list[Message]) -> None:
+    """Each tool call's results follow it, before any other message; no result without its call."""
+    open_ids: set[str] = set()
+    for m in sent:
+        if m.role == "tool":
+            assert m.tool_call_id in open_ids
+            open_ids.discard(m.tool_call_id)
+        else:
+            assert not open_ids
+            open_ids = {c.tool_call_id for c in m.tool_calls}
+    assert not open_ids
 
 
 def recount(ctx: BuiltContext, tool_tokens: int) -> int:
@@ -625,15 +639,7 @@ def test_random_transcripts_keep_every_invariant(s):
         assert not covered[i]
 
     # never an orphan: each call's results follow it, before any other message
-    open_ids: set[str] = set()
-    for m in sent:
-        if m.role == "tool":
-            assert m.tool_call_id in open_ids
-            open_ids.discard(m.tool_call_id)
-        else:
-            assert not open_ids
-            open_ids = {c.tool_call_id for c in m.tool_calls}
-    assert not open_ids
+    assert_no_orphans(sent)
 
     # tool traffic only from the current turn (after the newest user message) or the recent layer
     sendable = [i for i, lab in enumerate(g.labels) if lab in ("user", "answer", "call", "result") and not covered[i]]
@@ -710,3 +716,69 @@ def test_counting_any_text_never_raises(text):
     n = COUNTER.text(text)
     assert n >= (1 if text else 0)
     assert COUNTER.message(Message(role="user", content=text, name=text or None)) >= 3 + n
+
+
+# ---------------------------------------------------------------------------------------
+# cuts (issue 27): the conversation starts with a user message; a cut is said
+
+
+def test_at_a_tight_budget_the_conversation_starts_with_the_user_and_a_note_names_the_cut():
+    transcript = [user("first", 1, 30), calls(1, "a", tokens=30), result("a", 1, 30), answer("one", 1, 30), user("second", 2)]
+    # Room for the newest user message and one older 30-token message: before, the answer.
+    legacy = build(transcript, 2, budget=base_tokens() + 10 + 30)
+    assert [m.role for m in legacy.messages] == ["system", "assistant", "user"]
+
+    note = CUT_NOTE_TEMPLATE.format(messages=4, turns="turn 1", summary="")
+    budget = base_tokens() + 10 + COUNTER.message(Message(role="system", content=note)) + 5
+    out = build(transcript, 2, budget=budget, mark_cuts=True)
+    assert [m.role for m in out.messages] == ["system", "system", "user"]
+    assert out.messages[1].content == note
+    assert out.cut == 4 and out.dropped == 4
+    assert out.tokens == recount(out, 0)
+
+
+def test_without_a_cut_there_is_no_note():
+    transcript = [user("first", 1), calls(1, "a"), result("a", 1), answer("one", 1), user("second", 2)]
+    out = build(transcript, 2, mark_cuts=True)
+    assert sent_transcript(out, transcript) == transcript and out.cut == 0
+    assert [m.role for m in out.messages][:2] == ["system", "user"]
+
+
+@PROPERTY_SETTINGS
+@given(scenarios())
+def test_random_budgets_never_start_the_conversation_without_its_user_and_always_say_what_was_cut(s):
+    g, summary, memories, policy, tool_tokens, correction, system_prompt = s
+    try:
+        out = build_context(
+            g.transcript, turn=g.turn, system_prompt=system_prompt, policy=policy, counter=COUNTER, summary=summary,
+            memories=memories, tool_tokens=tool_tokens, correction=correction, mark_cuts=True,
+        )
+    except ContextOverBudget as e:
+        assert e.needed > e.budget == policy.budget
+        return
+    upto = effective_upto(g, summary)
+    covered = [upto is not None and m.turn <= upto for m in g.transcript]
+    sendable = [i for i, lab in enumerate(g.labels) if lab in ("user", "answer", "call", "result") and not covered[i]]
+    has_user = any(g.labels[i] == "user" for i in sendable)
+    assert out.tokens == recount(out, tool_tokens)
+    assert math.ceil(out.tokens * correction) <= policy.budget
+
+    conversation = [m for m in out.messages if m.role != "system"]
+    if has_user and conversation:
+        assert conversation[0].role == "user", "the prompt starts with an assistant or tool message"
+    # every tool message follows its call, every call has all its results
+    assert_no_orphans(conversation)
+
+    sent = {id(m) for m in conversation}
+    sent_turns = {m.turn for m in conversation}
+    cut = [
+        i for i in sendable
+        if id(g.transcript[i]) not in sent and (g.labels[i] in ("user", "answer") or g.transcript[i].turn not in sent_turns)
+    ]
+    notes = [m for m in out.messages if m.role == "system" and (m.content or "").startswith("Note: ")]
+    if cut:
+        assert len(notes) == 1, "messages were cut and the prompt does not say so"
+        assert out.cut >= len(cut)
+    assert len(notes) == (1 if out.cut else 0) and out.cut <= out.dropped
+    if notes:
+        assert notes[0].content.startswith(f"Note: {out.cut} earlier message(s)")

@@ -469,6 +469,31 @@ async def test_client_forget_user_deletes_the_rows_and_refuses_what_was_said_bef
     assert late.candidate_id not in {c.candidate_id for _, w in writes for c in w.candidates}
 
 
+async def test_a_write_retried_after_it_landed_reports_the_fact_it_superseded(
+    run_worker: Any, settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Issue 27: the first attempt of write_memories commits, then fails before returning;
+    # Temporal retries it, and the retry must not report the write as "unchanged".
+    user = new_user()
+    confirm = MemoryStore._confirm_inserts
+    failed: list[str] = []
+
+    def lost_after_commit(self: MemoryStore, user_id: str, report: WriteReport) -> None:
+        if user_id == user and report.superseded and not failed:
+            failed.append(user_id)
+            raise ConnectionError("connection lost after the commit")
+        confirm(self, user_id, report)
+
+    monkeypatch.setattr(MemoryStore, "_confirm_inserts", lost_after_commit)
+    async with run_worker(NOTED) as hermes:
+        bern = await hermes.add_memories(user, [candidate(user, "The user lives in Bern.", subject="home_city", value="Bern")])
+        zurich = candidate(user, "The user lives in Zurich.", subject="home_city", value="Zurich")
+        report = await hermes.add_memories(user, [zurich])
+    assert failed == [user]  # the first attempt landed and failed
+    assert report.superseded == bern.inserted
+    assert report.inserted == [zurich.candidate_id] and report.unchanged == 0
+
+
 async def test_memory_commands_without_a_proof_are_refused_and_change_no_memory(
     run_worker: Any, temporal_client: Client, settings: Settings
 ) -> None:

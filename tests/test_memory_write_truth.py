@@ -112,3 +112,42 @@ def test_every_id_a_report_names_as_written_is_stored_for_its_user(store):
             owners = {r["user_id"] for t in (store.table, store.archive) for r in t.search().where(
                 f"memory_id = '{mid}'").to_list()}
             assert owners and user not in owners
+
+
+# A retried write (issue 27): the report says what the write did, not "unchanged".
+
+
+def _fail_once_after_commit(store: MemoryStore, monkeypatch: Any) -> None:
+    """The next write applies its rows, then fails before returning (a lost connection
+    after the commit, a worker killed there)."""
+    confirm = store._confirm_inserts
+
+    def lost(*args: Any, **kwargs: Any) -> None:
+        monkeypatch.setattr(store, "_confirm_inserts", confirm)
+        raise ConnectionError("connection lost after the commit")
+
+    monkeypatch.setattr(store, "_confirm_inserts", lost)
+
+
+def test_a_retry_of_a_write_that_landed_reports_the_fact_it_superseded(store, monkeypatch):
+    bern = store.write([cand("alice", "The user lives in Bern.", subject="home_city", value="Bern")], now=T0)
+    zurich = cand("alice", "The user lives in Zurich.", subject="home_city", value="Zurich")
+    _fail_once_after_commit(store, monkeypatch)
+    with pytest.raises(ConnectionError):
+        store.write([zurich], now=T0 + DAY)
+    retry = store.write([zurich], now=T0 + DAY, retried=True)
+    assert retry.superseded == bern.inserted
+    assert retry.inserted == [zurich.candidate_id] and retry.unchanged == 0
+    # The same candidate sent again later (not a retry) changed nothing that time.
+    again = store.write([zurich], now=T0 + 2 * DAY)
+    assert again.unchanged == 1 and again.inserted == again.superseded == []
+
+
+def test_a_retry_of_a_write_folded_into_a_known_memory_reports_it_updated(store, monkeypatch):
+    first = store.write([cand("alice", "The user likes green tea.")], now=T0)
+    restated = cand("alice", "The user likes green tea.", candidate_id="restated-1")
+    _fail_once_after_commit(store, monkeypatch)
+    with pytest.raises(ConnectionError):
+        store.write([restated], now=T0 + DAY)
+    retry = store.write([restated], now=T0 + DAY, retried=True)
+    assert retry.updated == first.inserted and retry.inserted == [] and retry.unchanged == 0

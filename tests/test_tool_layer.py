@@ -627,3 +627,75 @@ async def test_approval_flows_are_deterministic_when_every_workflow_task_replays
     assert rejected.reply == "codes=5,0,5,5"
     assert sum(e.event == "requested" for e in audit) == 6
     assert sum(e.event == "verdict" for e in audit) == 6
+
+
+@pytest.mark.parametrize("max_cached_workflows", [1000, 0], ids=["cached", "replayed"])
+async def test_free_calls_after_a_gated_call_run_while_it_waits_and_results_keep_the_models_order(
+    run_worker, session_id, max_cached_workflows
+):
+    runs: list[str] = []
+    registry = _registry_with_marks(runs)
+    seen: list[tuple[list[str], list[str]]] = []
+
+    def order(request: CallModelInput) -> str:
+        asked = next(m for m in reversed(request.messages) if m.role == "assistant" and m.tool_calls)
+        answered = [m.tool_call_id for m in request.messages if m.role == "tool"]
+        seen.append(([c.tool_call_id for c in asked.tool_calls], answered))
+        return tool_results(request)
+
+    model = Steps([("mark", {"label": "A"}), ("delete_account", {"account_id": "acc-7"}), ("mark", {"label": "B"})], order)
+    # With no workflow cache every workflow task replays the history, the concurrent
+    # free calls and approval wait included.
+    async with run_worker(model, registry=registry, max_cached_workflows=max_cached_workflows) as hermes:
+        reply = asyncio.create_task(hermes.send_message(session_id, "mark and delete", user_id="alice"))
+        pending = await hermes.wait_for_approval(session_id)
+        # B, after the gated call in the step, runs before anyone decides on it.
+        await eventually(lambda: _ran(runs, ["A", "B"]), what="B ran", timeout_seconds=20)
+        assert not reply.done()
+        await hermes.approve(session_id, pending.tool_call_id, approver="bob")
+        result = await reply
+    assert runs == ["A", "B", "acc-7"]
+    assert result.reply == "codes=0,0,0"
+    [(asked, answered)] = seen
+    assert answered == asked  # tool messages in the order of the assistant's tool_calls: A, G, B
+    assert [r.tool_call_id for r in result.tool_calls] == asked
+
+
+def _registry_with_marks(runs: list[str]) -> ToolRegistry:
+    """The admin tool of :func:`_registry_with_admin_tool` and ``mark``, a free tool
+    that appends its label to ``runs``."""
+    registry = _registry_with_admin_tool(runs)
+
+    def mark(label: str) -> str:
+        """Record that this call ran.
+
+        Args:
+            label: what to record.
+        """
+        runs.append(label)
+        return label
+
+    registry.register(mark)
+    return registry
+
+
+async def _ran(runs: list[str], expected: list[str]) -> bool | None:
+    return True if runs == expected else None
+
+
+async def test_a_turn_cancelled_while_a_gated_call_waits_answers_every_call_in_the_models_order(run_worker, session_id):
+    runs: list[str] = []
+    registry = _registry_with_marks(runs)
+    model = Steps([("mark", {"label": "A"}), ("delete_account", {"account_id": "acc-8"}), ("mark", {"label": "B"})], tool_results)
+    async with run_worker(model, registry=registry) as hermes:
+        reply = asyncio.create_task(hermes.send_message(session_id, "mark and delete", user_id="alice"))
+        await hermes.wait_for_approval(session_id)
+        await eventually(lambda: _ran(runs, ["A", "B"]), what="B ran", timeout_seconds=20)
+        await hermes.cancel_turn(session_id, sender="alice")
+        result = await reply
+        transcript = await hermes.get_transcript(session_id)
+    assert result.status == "cancelled" and runs == ["A", "B"]
+    [asked] = [m for m in transcript if m.tool_calls]
+    answers = [m for m in transcript if m.role == "tool"]
+    assert [m.tool_call_id for m in answers] == [c.tool_call_id for c in asked.tool_calls]
+    assert "was not run" in (answers[1].content or "")

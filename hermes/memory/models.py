@@ -241,7 +241,9 @@ class WriteReport(BaseModel):
     """Rows a near-duplicate candidate refreshed instead of inserting (dedupe)."""
     superseded: list[str] = Field(default_factory=list)
     unchanged: int = 0
-    """Candidates already applied (a retried batch)."""
+    """Candidates already applied by an earlier write (a batch sent again). A retried
+    ``write_memories`` activity reports instead what its earlier attempt's write did
+    (``inserted``, ``updated``, ``superseded``), read back from the rows it wrote."""
     dropped: int = 0
     """Candidates not stored: empty after cleaning, for a forgotten user, or ``refused``."""
     refused: list[str] = Field(default_factory=list)

@@ -37,7 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -291,6 +291,8 @@ class _Plan:
     updates: dict[str, dict[str, Any]]
     """Rows to replace, keyed by memory_id; each carries the version it was read at."""
     report: WriteReport
+    applied: list[str] = field(default_factory=list)
+    """Candidate ids found already applied (counted ``unchanged``)."""
 
 
 class MemoryStore:
@@ -456,7 +458,7 @@ class MemoryStore:
         return found & set(candidate_ids)
 
     def write(self, candidates: Sequence[MemoryCandidate], *, now: datetime | None = None, attempts: int = 8,
-              judge: bool = False) -> WriteReport:
+              judge: bool = False, retried: bool = False) -> WriteReport:
         """Store ``candidates`` (all of one user): insert, refresh a near-duplicate, or
         supersede an older value of the same subject.
 
@@ -465,6 +467,10 @@ class MemoryStore:
         change word about the same topic: the older superseded; a negation: superseded).
         ``judge``: the rest are left to the model (``WriteReport.judge_pairs``, both rows
         stored); without it the rules' verdict is applied to them too.
+
+        ``retried``: this is a retry of a write that may have landed (a retried activity):
+        a candidate already applied is reported with what its write did, read back from
+        the rows it wrote (:meth:`_applied_outcomes`), not as ``unchanged``.
 
         Returns:
             What changed. ``inserted`` and ``updated`` name only rows stored for this user
@@ -505,6 +511,8 @@ class MemoryStore:
             plan.report.refused = refused + plan.report.refused
             if self._apply(plan):
                 self._confirm_inserts(user_id, plan.report)
+                if retried and plan.applied:
+                    self._applied_outcomes(user_id, plan.applied, plan.report)
                 return plan.report
             # The inserts of a conflicted plan landed (one commit): the next plan inserts
             # them again (a no-op) and redoes the changes to old rows they call for.
@@ -525,6 +533,32 @@ class MemoryStore:
         ids = ", ".join(sql_str(c) for c in sorted(set(candidate_ids)))
         where = f"memory_id IN ({ids}) AND user_id != {sql_str(user_id)}"
         return {r["memory_id"] for table in (self.table, self.archive) for r in self._rows(table, where)}
+
+    def _applied_outcomes(self, user_id: str, candidate_ids: list[str], report: WriteReport) -> None:
+        """Report in ``report`` what the earlier write of each of ``candidate_ids`` (already
+        applied) did, from the rows it wrote, which are its record keyed by the candidate id
+        (written in the same commit, so nothing lands without it): a row with the id was
+        inserted (and rows it superseded name it in ``superseded_by``); an id among a row's
+        ``sources`` was folded into that row (``updated``). Each one reported is no longer
+        counted ``unchanged``.
+        """
+        ids = ", ".join(sql_str(c) for c in sorted(set(candidate_ids)))
+        where = (f"user_id = {sql_str(user_id)} AND (memory_id IN ({ids}) OR superseded_by IN ({ids}) "
+                 f"OR array_has_any(sources, [{ids}]))")
+        rows = [r for table in (self.table, self.archive) for r in self._rows(table, where)]
+        by_id = {r["memory_id"]: r for r in rows}
+        for cid in dict.fromkeys(candidate_ids):
+            if cid in by_id:
+                found = [cid]
+                report.inserted += [cid] if cid not in report.inserted else []
+                report.superseded += sorted(
+                    r["memory_id"] for r in by_id.values() if r.get("superseded_by") == cid and r["memory_id"] not in report.superseded
+                )
+            else:
+                found = sorted(r["memory_id"] for r in by_id.values() if cid in (r.get("sources") or []))[:1]
+                report.updated += [m for m in found if m not in report.updated]
+            if found:
+                report.unchanged -= 1
 
     def _confirm_inserts(self, user_id: str, report: WriteReport) -> None:
         """Keep in ``report.inserted`` only the ids now stored for ``user_id``.
@@ -549,6 +583,7 @@ class MemoryStore:
         planned as new rows again (not as restatements of themselves)."""
         report = WriteReport()
         applied = self._already_applied(user_id, [c.candidate_id for c, _ in items]) - landed
+        applied_now: list[str] = []
         inserts: dict[str, dict[str, Any]] = {}
         updates: dict[str, dict[str, Any]] = {}
         base = self._where(user_id, now=now)
@@ -556,6 +591,8 @@ class MemoryStore:
             # One candidate id is one candidate: a second one in the batch is a repeat.
             if cand.candidate_id in applied or cand.candidate_id in inserts:
                 report.unchanged += 1
+                if cand.candidate_id in applied:
+                    applied_now.append(cand.candidate_id)
                 continue
             subject = _norm_key(cand.subject)
             value = _norm_value(cand.value)
@@ -646,7 +683,7 @@ class MemoryStore:
                         older_id=r["memory_id"], newer_id=new_id, similarity=round(sim, 4), fallback=verdict.verdict,
                         never_same=verdict.never_same, reason=verdict.reason,
                     ))
-        return _Plan(inserts=inserts, updates=updates, report=report)
+        return _Plan(inserts=inserts, updates=updates, report=report, applied=applied_now)
 
     def _neighbours(self, text: str, vector: np.ndarray, active: list[dict[str, Any]], subject: str
                     ) -> list[tuple[dict[str, Any], float, Any]]:

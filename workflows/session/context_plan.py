@@ -103,9 +103,11 @@ class ContextPlanner:
         tools: list[ToolSpec],
         tool_tokens: int | None,
         correction: float,
+        mark_cuts: bool = False,
     ) -> BuiltContext:
         """System prompt, memories, summary and the recent turns that fit the token budget
-        (:func:`hermes.context.build_context`).
+        (:func:`hermes.context.build_context`; ``mark_cuts``: the conversation starts with
+        a user message and a note names what was cut: runs with the context-cut-note patch).
 
         Raises:
             ContextTooLarge: the system prompt and the newest user message alone do not
@@ -124,6 +126,7 @@ class ContextPlanner:
                 memories=memories,
                 tool_tokens=counter.tools(tools) if tool_tokens is None else tool_tokens,
                 correction=correction,
+                mark_cuts=mark_cuts,
             )
         except ContextOverBudget as err:
             raise ContextTooLarge(str(err)) from None

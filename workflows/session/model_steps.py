@@ -184,7 +184,7 @@ class ModelSteps:
         built = core.planner.build(
             core.transcript, core.cfg, turn=turn, system_prompt=core.system_prompt, counter=counter,
             summary=core.summary, memories=core.memories, tools=tools, tool_tokens=tool_tokens,
-            correction=core.token_correction,
+            correction=core.token_correction, mark_cuts=core.patched(patches.CONTEXT_CUT_NOTE),
         )
         core.context_tokens = built.tokens
         return CallModelInput(

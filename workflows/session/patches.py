@@ -58,8 +58,19 @@ searched, an MCP server unavailable) becomes a notice in the state, one per kind
 count, and the ``hermes.degradations`` metric (issue 27). Runs recorded before it keep
 their notices as they were (a continue-as-new carries the notices)."""
 
+FREE_CALLS_MEANWHILE = "free-calls-meanwhile"
+"""In a model step, calls that need nobody run while the step's gated calls wait for
+their verdicts (before it, a free call after a gated one waited for its verdict); the
+results still reach the model in the order of its calls (issue 27)."""
+
+CONTEXT_CUT_NOTE = "context-cut-note"
+"""A context's conversation starts with a user message (never an assistant message or a
+tool step whose user message did not fit), and messages cut to fit the budget are named
+in a cut note (:func:`hermes.context.build_context`, ``mark_cuts``; issue 27). A patch:
+the note may make a context over budget (``ContextTooLarge``) that fitted before."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
-    IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES,
+    IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

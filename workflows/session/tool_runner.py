@@ -10,6 +10,7 @@ the plain parts: :func:`tool_step.screen`, :class:`ApprovalBook`,
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -62,9 +63,12 @@ class ToolRunner:
 
         Calls that need a human are checked first and all put up for decision at once
         (the approver sees the whole step); calls that need nobody run in order
-        meanwhile; a denied call is reported, never run. Runs recorded before
-        tool-layer-v2 replay its command order: no check before an approval, and
-        approvals requested one at a time (:data:`tool_step.Screen`)."""
+        meanwhile (:meth:`_run_meanwhile`); a denied call is reported, never run. The
+        results go to ``records`` and the transcript in the model's order. Runs recorded
+        before tool-layer-v2 replay its command order: no check before an approval, and
+        approvals requested one at a time (:data:`tool_step.Screen`); runs recorded
+        before free-calls-meanwhile run every call in the model's order, a free call
+        after a gated one waiting for its verdict."""
         core = self.core
         early: dict[str, ToolResult] = {}
         gated: dict[str, PendingApproval] = {}
@@ -88,6 +92,10 @@ class ToolRunner:
                     prepared[call.tool_call_id] = checked_call(call, checked.arguments, checked.arguments_ref)
                     if policy.action != "run":
                         gated[call.tool_call_id] = self.request_approval(turn, prepared[call.tool_call_id], spec, policy, reason)
+            await self.flush_audit()
+            if core.patched(patches.FREE_CALLS_MEANWHILE):
+                await self._run_meanwhile(turn, step, specs, records, early, gated, prepared)
+                return
             await self.flush_audit()
             for call in step:
                 tcid = call.tool_call_id
@@ -117,18 +125,93 @@ class ToolRunner:
                     core.book.audit("verdict", waiting, now=workflow.now(), outcome="cancelled", detail="the turn ended before a decision")
             await self.flush_audit()
 
+    async def _run_meanwhile(
+        self, turn: int, step: list[ToolCall], specs: dict[str, ToolSpec], records: list[ToolCallRecord],
+        early: dict[str, ToolResult], gated: dict[str, PendingApproval], prepared: dict[str, ToolCall],
+    ) -> None:
+        """The second half of :meth:`run_step` with the free-calls-meanwhile patch: the
+        free calls run in the model's order in one task while the gated calls' verdicts
+        are awaited (and each approved call run) in the model's order; once all are done
+        (or the turn stops), the results are recorded in the model's order. A call that
+        was running when the turn was cancelled gets an unknown outcome, one that never
+        ran is answered as not run (:meth:`Transcript.not_run`).
+
+        Raises:
+            TurnCancelled: the turn was cancelled meanwhile.
+        """
+        core = self.core
+        done: dict[str, ToolCallRecord] = {}
+        running: set[str] = set()
+
+        def record_of(call: ToolCall) -> ToolCallRecord:
+            return ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=ToolResult())
+
+        async def run(call: ToolCall, record: ToolCallRecord) -> None:
+            running.add(call.tool_call_id)
+            record.result, record.fallback = await self.run_with_fallback(
+                turn, prepared.get(call.tool_call_id, call), specs[call.name], specs, note_cancel=False
+            )
+            running.discard(call.tool_call_id)
+
+        async def run_free() -> None:
+            for call in step:
+                if call.tool_call_id in early or call.tool_call_id in gated:
+                    continue
+                record = record_of(call)
+                if self.closed_mid_turn():
+                    record.approval, record.result = "cancelled", closed_before_run()
+                    self._trace(turn, "tool", workflow.now(), tool_name=call.name, status=f"code_{int(record.result.code)}")
+                else:
+                    await run(call, record)
+                done[call.tool_call_id] = record
+
+        free = asyncio.create_task(run_free())
+        try:
+            for call in step:
+                tcid = call.tool_call_id
+                if tcid in early:
+                    done[tcid] = record_of(call)
+                    done[tcid].result = early[tcid]
+                elif tcid in gated:
+                    record = record_of(call)
+                    verdict, decision = await self.wait_verdict(turn, gated[tcid])
+                    record.approval = verdict  # type: ignore[assignment]
+                    record.approver = decision.approver if decision else None
+                    if verdict == "approved":
+                        await run(call, record)
+                    else:
+                        record.result = denial(verdict, decision)
+                    done[tcid] = record
+            await free
+        finally:
+            if not free.done() and not core.cancel_requested:
+                free.cancel()  # the turn stopped while free calls ran: they stop with it
+            # A cancelled turn's free calls stop by themselves (``calls.cancellable``); their
+            # error is the turn's, already on its way.
+            with contextlib.suppress(BaseException):
+                await free
+            for call in step:
+                if call.tool_call_id in done:
+                    records.append(done[call.tool_call_id])
+                    core.transcript.tool_result(turn, call, done[call.tool_call_id].result, workflow.now(), core.count_fn())
+                elif call.tool_call_id in running:
+                    core.transcript.tool_result(turn, call, cancelled_while_running(), workflow.now(), core.count_fn())
+                else:  # the turn stopped first
+                    core.transcript.not_run(turn, call, records, workflow.now(), core.count_fn())
+
     async def run_with_fallback(
-        self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec]
+        self, turn: int, call: ToolCall, spec: ToolSpec, specs: dict[str, ToolSpec], *, note_cancel: bool = True
     ) -> tuple[ToolResult, str | None]:
-        """Run ``call``; then its fallback tool if the failure allows (the result says so)."""
-        result = await self.run_tool(turn, call, spec)
+        """Run ``call``; then its fallback tool if the failure allows (the result says so).
+        ``note_cancel``: as in :meth:`run_tool`."""
+        result = await self.run_tool(turn, call, spec, note_cancel=note_cancel)
         warning = self.core.book.note_result(call, spec, result)
         if warning is not None:
             self.core.warnings.append(warning)
         fallback = fallback_for(result, spec, specs)
         if fallback is None:
             return result, None
-        fb_result = await self.run_tool(turn, fallback_call(call, fallback), fallback)
+        fb_result = await self.run_tool(turn, fallback_call(call, fallback), fallback, note_cancel=note_cancel)
         return fallback_result(spec, fallback, result, fb_result), fallback.name
 
     def request_approval(self, turn: int, call: ToolCall, spec: ToolSpec, policy: ApprovalPolicy, reason: str) -> PendingApproval:
@@ -249,8 +332,10 @@ class ToolRunner:
             chain_id=core.chain_id,
         )
 
-    async def run_tool(self, turn: int, call: ToolCall, spec: ToolSpec) -> ToolResult:
+    async def run_tool(self, turn: int, call: ToolCall, spec: ToolSpec, *, note_cancel: bool = True) -> ToolResult:
         """One tool call (a composite one as a child workflow), cancellable with the turn.
+        ``note_cancel``: a cancelled call's unknown outcome goes to the transcript here
+        (False: the caller puts it there, in the step's order).
 
         Raises:
             TurnCancelled: its result is then recorded as an unknown outcome.
@@ -266,7 +351,8 @@ class ToolRunner:
             result: ToolResult = await calls.cancellable(task, lambda: core.cancel_requested)
         except TurnCancelled:
             self._trace(turn, "tool", started, tool_name=call.name, status="cancelled")
-            core.transcript.tool_result(turn, call, cancelled_while_running(), workflow.now(), core.count_fn())
+            if note_cancel:
+                core.transcript.tool_result(turn, call, cancelled_while_running(), workflow.now(), core.count_fn())
             raise
         except ActivityError as err:
             result = result_from_failure(err, spec)

@@ -101,18 +101,17 @@ class Transcript:
             return
         answered = {m.tool_call_id for m in self.messages if m.role == "tool" and m.turn == turn}
         for call in last.tool_calls:
-            if call.tool_call_id in answered:
-                continue
-            result = ToolResult(
-                code=ToolResultCode.DENIED_BY_HUMAN,
-                message="the turn ended before this tool call ran; it was not run",
-            )
-            records.append(
-                ToolCallRecord(
-                    tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=result, approval="cancelled"
-                )
-            )
-            self.tool_result(turn, call, result, now, count)
+            if call.tool_call_id not in answered:
+                self.not_run(turn, call, records, now, count)
+
+    def not_run(self, turn: int, call: ToolCall, records: list[ToolCallRecord], now: datetime, count: TokenCount | None) -> None:
+        """Record ``call`` as not run, its turn ended first (in ``records`` and as its result
+        message)."""
+        result = ToolResult(code=ToolResultCode.DENIED_BY_HUMAN, message="the turn ended before this tool call ran; it was not run")
+        records.append(
+            ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=result, approval="cancelled")
+        )
+        self.tool_result(turn, call, result, now, count)
 
     def unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int, settled: Iterable[str]) -> list[ToolCall]:
         """The model's tool calls, each with an id unique in this session.
