@@ -15,9 +15,11 @@ import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import pytest
 import pytest_asyncio
 import redis.asyncio as aioredis
@@ -28,7 +30,9 @@ from hermes.blobs import BlobStore
 from hermes.codec_server import default_ui_origins, running_codec_server
 from hermes.connections import redis_client
 from hermes.redis_keys import MULTI_KEY_OPERATIONS, index_row_key, index_user_key
-from hermes.session_index import list_entries
+from hermes.errors import ConfigError
+from hermes.models import CallModelInput, SessionIndexEntry
+from hermes.session_index import list_entries, write_entry
 from hermes.settings import Settings
 from hermes.stack import find_binary, free_port
 from tests.support import eventually
@@ -198,3 +202,71 @@ async def test_a_session_with_approvals_and_large_content_runs_on_a_three_master
     audit = await read_audit(redis, session_id=session_id)
     assert {(e.event, e.tool_call_id) for e in audit} >= {("requested", pending.tool_call_id)}
     assert [e.session_id for e in await read_audit(redis, limit=1000) if e.session_id == session_id]
+
+
+@pytest.mark.timeout(60)
+async def test_the_codec_server_fills_bodies_from_many_slots_of_the_cluster(redis):
+    store = BlobStore(redis)
+    context = messages(*(f"message {i}" for i in range(12)))
+    refs = await store_messages(store, context)
+    assert len({key_slot(f"hermes:blob:{r}".encode()) for r in refs}) > 1
+    call = CallModelInput(session_id="s-1", turn=2, message_refs=refs, step=0)
+    async with running_codec_server(store, host="127.0.0.1", port=free_port(), ui_origins=default_ui_origins(8233)) as url:
+        async with httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+            (decoded,) = await decode(client, [wire(call)])
+    assert [m["content"] for m in data_of(decoded)["messages"]] == [m.content for m in context]
+
+
+@pytest.mark.timeout(60)
+async def test_the_session_index_writes_and_lists_a_users_sessions_on_the_cluster(redis):
+    user_id = f"user-{uuid.uuid4()}"
+    now = datetime.now(timezone.utc)
+    entries = [
+        SessionIndexEntry(session_id=f"s-{i}-{uuid.uuid4().hex[:6]}", user_id=user_id, created_at=now,
+                          last_active_at=now + timedelta(seconds=i))
+        for i in range(20)
+    ]
+    for entry in entries:
+        await write_entry(redis, entry)
+    assert await list_entries(redis, user_id, limit=50) == entries[::-1]
+    # The rows sit in the user's slot, next to the user's set.
+    assert {key_slot(index_row_key(user_id, e.session_id).encode()) for e in entries} == {key_slot(index_user_key(user_id).encode())}
+
+
+# ------------------------------------------------------------------- Sentinel
+
+
+@pytest.mark.timeout(60)
+async def test_a_sentinel_setting_reaches_the_master_the_sentinel_reports(tmp_path, redis_url):
+    master_port = int(redis_url.rsplit(":", 1)[1].split("/")[0])
+    port = free_port()
+    config = tmp_path / "sentinel.conf"
+    config.write_text(f"port {port}\nbind 127.0.0.1\nsentinel monitor hermes-test 127.0.0.1 {master_port} 1\n")
+    sentinel = _start_server(tmp_path, str(config), "--sentinel")
+    try:
+        settings = Settings(redis_url="redis:///0", redis_mode="sentinel", redis_sentinels=f"127.0.0.1:{port}",
+                            redis_sentinel_master="hermes-test")
+        client = redis_client(settings)
+        key = f"sentinel-test-{uuid.uuid4()}"
+
+        async def written() -> bool:
+            try:
+                return bool(await client.set(key, "via sentinel"))
+            except (aioredis.ConnectionError, OSError):  # the sentinel is still starting
+                return False
+
+        await eventually(written, what="a write through the sentinel's master", timeout_seconds=30)
+        direct = aioredis.Redis.from_url(redis_url)
+        assert await direct.get(key) == b"via sentinel"
+        await direct.aclose()
+        await client.aclose()
+    finally:
+        sentinel.terminate()
+        sentinel.wait(timeout=10)
+
+
+def test_sentinel_mode_without_sentinels_is_a_config_error_naming_the_setting():
+    with pytest.raises(ConfigError, match="HERMES_REDIS_SENTINELS"):
+        redis_client(Settings(redis_url="redis:///0", redis_mode="sentinel"))
+    with pytest.raises(ConfigError, match="host:port"):
+        redis_client(Settings(redis_url="redis:///0", redis_mode="sentinel", redis_sentinels="nohost"))
