@@ -261,6 +261,8 @@ def check_connection_settings(settings: Settings) -> None:
     """
     temporal_connect_args(settings)
     _redis_tls_args(settings, settings.resolved_redis_url)
+    if settings.redis_mode == "sentinel":
+        _sentinel_addresses(settings)
 
 
 def redis_client(settings: Settings, url: str | None = None) -> Any:
@@ -270,10 +272,12 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
     of ``HERMES_REDIS_TLS_CERT_FILE`` / ``_KEY_FILE`` when set. Its pool is bounded
     (``redis_max_connections``) and a command that finds every connection in use waits
     for one up to ``redis_pool_timeout_seconds`` (``redis.asyncio.BlockingConnectionPool``).
+    With ``redis_mode`` ``cluster`` a ``redis.asyncio.RedisCluster`` (pools per node, that
+    fail at once when full), with ``sentinel`` the master the Sentinels report.
 
     Args:
-        settings: ``redis_url``, ``redis_max_connections``, ``redis_pool_timeout_seconds``
-            and the ``redis_tls_*`` settings.
+        settings: ``redis_url``, ``redis_mode``, ``redis_sentinel*``, ``redis_max_connections``,
+            ``redis_pool_timeout_seconds`` and the ``redis_tls_*`` settings.
         url: the URL to use instead of ``settings.resolved_redis_url`` (e.g. the embedded
             Redis ``hermes dev`` started).
 
@@ -282,7 +286,8 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
 
     Raises:
         ConfigError: a TLS file that cannot be read or is not PEM, a client certificate
-            without its key (or the reverse), or TLS files with a plain ``redis://`` URL.
+            without its key (or the reverse), TLS files with a plain ``redis://`` URL, or
+            ``sentinel`` mode without ``host:port`` sentinels.
     """
     import redis.asyncio as aioredis
 
@@ -327,16 +332,7 @@ def _sentinel_client(settings: Settings, url: str) -> Any:
     after a failover; ``url`` gives its password, database and scheme."""
     from redis.asyncio.sentinel import Sentinel
 
-    if not settings.redis_sentinels:
-        raise ConfigError(
-            "HERMES_REDIS_MODE=sentinel needs HERMES_REDIS_SENTINELS (host:port,...)", source="HERMES_REDIS_SENTINELS"
-        )
-    sentinels = []
-    for item in settings.redis_sentinels:
-        host, _, port = item.rpartition(":")
-        if not host or not port.isdigit():
-            raise ConfigError(f"a Sentinel must be host:port, got {item!r}", source="HERMES_REDIS_SENTINELS")
-        sentinels.append((host.strip("[]"), int(port)))
+    sentinels = _sentinel_addresses(settings)
     parts = urlsplit(url)
     password = settings.redis_sentinel_password
     sentinel_kwargs = {
@@ -355,3 +351,22 @@ def _sentinel_client(settings: Settings, url: str) -> Any:
         **({"ssl": True} if parts.scheme == "rediss" else {}),
         **_common_redis_args(settings, url),
     )
+
+
+def _sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:
+    """``redis_sentinels`` as ``(host, port)`` pairs.
+
+    Raises:
+        ConfigError: none set, or one that is not ``host:port``.
+    """
+    if not settings.redis_sentinels:
+        raise ConfigError(
+            "HERMES_REDIS_MODE=sentinel needs HERMES_REDIS_SENTINELS (host:port,...)", source="HERMES_REDIS_SENTINELS"
+        )
+    sentinels = []
+    for item in settings.redis_sentinels:
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"a Sentinel must be host:port, got {item!r}", source="HERMES_REDIS_SENTINELS")
+        sentinels.append((host.strip("[]"), int(port)))
+    return sentinels
