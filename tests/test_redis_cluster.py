@@ -270,3 +270,25 @@ def test_sentinel_mode_without_sentinels_is_a_config_error_naming_the_setting():
         redis_client(Settings(redis_url="redis:///0", redis_mode="sentinel"))
     with pytest.raises(ConfigError, match="host:port"):
         redis_client(Settings(redis_url="redis:///0", redis_mode="sentinel", redis_sentinels="nohost"))
+
+
+@pytest.mark.timeout(60)
+async def test_audit_entries_written_under_the_old_key_names_are_still_read(redis):
+    from activities.audit import write_audit
+    from hermes.models import ApprovalAuditEntry
+    from hermes.redis_keys import LEGACY_AUDIT_INDEX_KEY, legacy_audit_session_key
+
+    session_id = f"s-{uuid.uuid4()}"
+    now = datetime.now(timezone.utc)
+    old, new = (
+        ApprovalAuditEntry(entry_id=f"e{i}", session_id=session_id, tool_call_id=f"c{i}", tool_name="save_note",
+                           event="requested", at=now + timedelta(seconds=i))
+        for i in range(2)
+    )
+    # As a version before hash tags wrote it (each key alone: they lie in different slots).
+    await redis.hset(legacy_audit_session_key(session_id), old.entry_id, old.model_dump_json())
+    await redis.zadd(LEGACY_AUDIT_INDEX_KEY, {f"{session_id}|{old.entry_id}": old.at.timestamp()})
+    await write_audit(redis, new)
+
+    assert await read_audit(redis, session_id=session_id) == [old, new]
+    assert [e for e in await read_audit(redis, limit=10_000) if e.session_id == session_id] == [old, new]
