@@ -292,3 +292,11 @@ async def test_audit_entries_written_under_the_old_key_names_are_still_read(redi
 
     assert await read_audit(redis, session_id=session_id) == [old, new]
     assert [e for e in await read_audit(redis, limit=10_000) if e.session_id == session_id] == [old, new]
+
+
+@pytest.mark.timeout(60)
+async def test_doctor_pings_the_cluster_and_says_it_is_one(settings):
+    from hermes.cli.doctor import _redis, _redis_mode
+
+    assert (await _redis(settings)).startswith("answers PING (Redis 6.")
+    assert _redis_mode(settings) == " (cluster)"
