@@ -41,6 +41,7 @@ __all__ = [
     "hash_tag",
     "index_row_key",
     "index_user_key",
+    "is_cluster",
     "legacy_audit_session_key",
     "mget",
     "MULTI_KEY_OPERATIONS",

@@ -10,6 +10,7 @@ way a worker, the API and the codec server make theirs with ``HERMES_REDIS_MODE=
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import socket
 import subprocess
@@ -300,3 +301,32 @@ async def test_doctor_pings_the_cluster_and_says_it_is_one(settings):
 
     assert (await _redis(settings)).startswith("answers PING (Redis 6.")
     assert _redis_mode(settings) == " (cluster)"
+
+
+@pytest.mark.timeout(120)
+async def test_a_run_another_worker_announces_on_the_cluster_leaves_this_workers_cache(
+    temporal_client, settings, redis, session_id, caplog
+):
+    from hermes.run_cache import CHANNEL
+
+    caplog.set_level(logging.DEBUG, logger="hermes.run_cache")
+    from tests.test_run_cache import _cached, _hermes, _worker
+
+    worker = _worker(temporal_client, settings, redis)
+    eviction = worker.hermes_run_eviction
+    async with worker:
+        first = await _hermes(temporal_client, settings, redis).send_message(session_id, "What is (17 + 25) * 3?")
+        assert first.status == "completed"
+        run_id = (await temporal_client.get_workflow_handle(session_id).describe()).run_id
+        assert run_id in _cached(worker)
+
+        async def gone() -> bool:
+            # PUBLISH reaches every node's subscribers; sent until the listener (subscribed on
+            # some node, once the client knows the cluster's slots) hears it.
+            await redis.publish(CHANNEL, f"other-worker {run_id}")
+            return run_id not in _cached(worker)
+
+        await eventually(gone, what="the run evicted", timeout_seconds=30, poll_seconds=0.2)
+        assert eviction.evicted >= 1
+    # Subscribed at the first try: no failure and backoff before it.
+    assert not [r for r in caplog.records if "run-taken channel" in r.getMessage()]
