@@ -330,3 +330,20 @@ async def test_a_run_another_worker_announces_on_the_cluster_leaves_this_workers
         assert eviction.evicted >= 1
     # Subscribed at the first try: no failure and backoff before it.
     assert not [r for r in caplog.records if "run-taken channel" in r.getMessage()]
+
+
+def test_cluster_and_sentinel_clients_take_the_redis_tls_settings(tmp_path):
+    from tests.tls_endpoints import make_pki
+
+    pki = make_pki(tmp_path / "pki")
+    common = {"redis_url": "rediss://:pw@node-1.internal:6379/0", "redis_tls_ca_file": pki.ca}
+    cluster = redis_client(Settings(redis_mode="cluster", **common))
+    # Checked before any connection: the node pools are made with these arguments.
+    kwargs = cluster.connection_kwargs
+    assert (kwargs["ssl_ca_certs"], kwargs["ssl_cert_reqs"], kwargs["ssl_check_hostname"]) == (str(pki.ca), "required", True)
+    sentinel = redis_client(Settings(redis_mode="sentinel", redis_sentinels="s1:26379", **common))
+    pool_kwargs = sentinel.connection_pool.connection_kwargs
+    assert pool_kwargs["ssl_ca_certs"] == str(pki.ca) and pool_kwargs["password"] == "pw"
+    assert sentinel.connection_pool.connection_class.__name__ == "SentinelManagedSSLConnection"
+    with pytest.raises(ConfigError, match="rediss"):
+        redis_client(Settings(redis_mode="cluster", redis_url="redis://node-1:6379/0", redis_tls_ca_file=pki.ca))
