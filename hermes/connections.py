@@ -261,8 +261,7 @@ def check_connection_settings(settings: Settings) -> None:
     """
     temporal_connect_args(settings)
     _redis_tls_args(settings, settings.resolved_redis_url)
-    if settings.redis_mode == "sentinel":
-        _sentinel_addresses(settings)
+    _check_mode(settings)
 
 
 def redis_client(settings: Settings, url: str | None = None) -> Any:
@@ -292,6 +291,7 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
     import redis.asyncio as aioredis
 
     url = url or settings.resolved_redis_url
+    _check_mode(settings)
     if settings.redis_mode == "cluster":
         return _cluster_client(settings, url)
     if settings.redis_mode == "sentinel":
@@ -370,3 +370,15 @@ def _sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:
             raise ConfigError(f"a Sentinel must be host:port, got {item!r}", source="HERMES_REDIS_SENTINELS")
         sentinels.append((host.strip("[]"), int(port)))
     return sentinels
+
+
+def _check_mode(settings: Settings) -> None:
+    """Refuse a cluster or Sentinel mode without ``REDIS_URL`` (the embedded Redis of
+    ``hermes dev`` is one server) and Sentinel mode without its sentinels."""
+    if settings.redis_mode != "standalone" and settings.redis_url is None:
+        raise ConfigError(
+            f"HERMES_REDIS_MODE={settings.redis_mode} needs REDIS_URL (the embedded Redis is one server)",
+            source="HERMES_REDIS_MODE",
+        )
+    if settings.redis_mode == "sentinel":
+        _sentinel_addresses(settings)

@@ -29,7 +29,7 @@ from redis.crc import key_slot
 from activities.audit import read_audit
 from hermes.blobs import BlobStore
 from hermes.codec_server import default_ui_origins, running_codec_server
-from hermes.connections import redis_client
+from hermes.connections import check_connection_settings, redis_client
 from hermes.redis_keys import MULTI_KEY_OPERATIONS, index_row_key, index_user_key
 from hermes.errors import ConfigError
 from hermes.models import CallModelInput, SessionIndexEntry
@@ -266,11 +266,13 @@ async def test_a_sentinel_setting_reaches_the_master_the_sentinel_reports(tmp_pa
         sentinel.wait(timeout=10)
 
 
-def test_sentinel_mode_without_sentinels_is_a_config_error_naming_the_setting():
+def test_sentinel_mode_without_sentinels_and_cluster_mode_without_a_url_are_config_errors():
     with pytest.raises(ConfigError, match="HERMES_REDIS_SENTINELS"):
         redis_client(Settings(redis_url="redis:///0", redis_mode="sentinel"))
     with pytest.raises(ConfigError, match="host:port"):
         redis_client(Settings(redis_url="redis:///0", redis_mode="sentinel", redis_sentinels="nohost"))
+    with pytest.raises(ConfigError, match="needs REDIS_URL"):
+        check_connection_settings(Settings(redis_mode="cluster"))
 
 
 @pytest.mark.timeout(60)
