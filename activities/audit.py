@@ -27,14 +27,10 @@ from hermes import encryption, names
 from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.durable import AUDIT, DurableStore, Record, composite_key
 from hermes.models import ApprovalAuditBatch, ApprovalAuditEntry
+from hermes.redis_keys import AUDIT_INDEX_KEY, LEGACY_AUDIT_INDEX_KEY, audit_session_key, legacy_audit_session_key
 
 log = logging.getLogger("hermes.audit")
 
-AUDIT_INDEX_KEY = "hermes:audit:approvals"
-
-
-def audit_session_key(session_id: str) -> str:
-    return f"hermes:audit:approval:{session_id}"
 
 
 async def write_audit(redis: Any, entry: ApprovalAuditEntry) -> None:
@@ -66,18 +62,19 @@ async def read_audit(
         entries = sorted((ApprovalAuditEntry.model_validate_json(r.value) for r in records), key=lambda e: (e.at, e.entry_id))
         return entries[-limit:]
     if session_id is not None:
-        raw = await redis.hgetall(audit_session_key(session_id))
+        # Entries written before the keys were hash-tagged stay readable under their old name.
+        raw = {**await redis.hgetall(legacy_audit_session_key(session_id)), **await redis.hgetall(audit_session_key(session_id))}
         opened = (_opened(session_id, entry_id, value) for entry_id, value in raw.items())
         entries = sorted((e for e in opened if e is not None), key=lambda e: (e.at, e.entry_id))
         return entries[-limit:]
-    members = await redis.zrange(AUDIT_INDEX_KEY, -limit, -1)
     entries: list[ApprovalAuditEntry] = []
-    for member in members:
-        sid, _, entry_id = (member.decode() if isinstance(member, bytes) else member).partition("|")
-        entry = _opened(sid, entry_id, await redis.hget(audit_session_key(sid), entry_id))
-        if entry is not None:
-            entries.append(entry)
-    return entries
+    for index, session_key in ((LEGACY_AUDIT_INDEX_KEY, legacy_audit_session_key), (AUDIT_INDEX_KEY, audit_session_key)):
+        for member in await redis.zrange(index, -limit, -1):
+            sid, _, entry_id = (member.decode() if isinstance(member, bytes) else member).partition("|")
+            entry = _opened(sid, entry_id, await redis.hget(session_key(sid), entry_id))
+            if entry is not None:
+                entries.append(entry)
+    return sorted(entries, key=lambda e: (e.at, e.entry_id))[-limit:]
 
 
 def _opened(session_id: str, entry_id: Any, raw: Any) -> ApprovalAuditEntry | None:

@@ -88,8 +88,10 @@ class SessionIndexActivities:
 
 def _pool_busy(err: BaseException) -> bool:
     """Whether ``err`` is redis-py's "every pool connection is in use" (a busy worker,
-    not an unreachable Redis)."""
-    return "No connection available" in str(err) or "Too many connections" in str(err)
+    not an unreachable Redis); a cluster node's full pool raises ``MaxConnectionsError``."""
+    from redis.exceptions import MaxConnectionsError
+
+    return isinstance(err, MaxConnectionsError) or "No connection available" in str(err) or "Too many connections" in str(err)
 
 
 def _pool_full(redis: Any) -> bool:

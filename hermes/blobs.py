@@ -28,6 +28,7 @@ from hermes import encryption
 from hermes.durable import CONTENT, DurableStore, Record
 from hermes.models import Message
 from hermes.previews import head_and_tail
+from hermes.redis_keys import mget
 from hermes.redis_writes import write_or_report
 
 log = logging.getLogger("hermes.blobs")
@@ -244,7 +245,7 @@ class BlobStore:
         if self.redis is None or not refs:
             return {}
         unique = list(dict.fromkeys(refs))
-        values = await self.redis.mget([BLOB_KEY.format(ref=r) for r in unique])
+        values = await mget(self.redis, [BLOB_KEY.format(ref=r) for r in unique])
         found = {
             ref: value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
             for ref, value in zip(unique, values)

@@ -446,18 +446,20 @@ class _Answer:
                 self._read_left -= CONTENT_CAP_BYTES
         if not whole and not parts:
             return
+        # One GET per body, not an MGET: bodies are keyed by content hash, so on a Redis
+        # Cluster they lie in many slots, and a pipeline routes each GET to its node.
         pipe = redis.pipeline(transaction=False)
-        if whole:
-            pipe.mget([keys[ref] for ref in whole])
+        for ref in whole:
+            pipe.get(keys[ref])
         for ref in parts:
             pipe.getrange(keys[ref], 0, CONTENT_CAP_BYTES - 1)
         results = await pipe.execute()
-        for ref, text in zip(whole, results.pop(0) if whole else []):
+        for ref, text in zip(whole, results[: len(whole)]):
             if text is None:  # gone since it was measured
                 self._sizes[ref] = 0
             else:
                 self._texts[ref] = _as_text(text)
-        for ref, prefix in zip(parts, results):
+        for ref, prefix in zip(parts, results[len(whole) :]):
             self._prefixes[ref] = prefix.decode("utf-8", "ignore") if isinstance(prefix, bytes) else prefix
 
     async def read_contexts(self, refs: list[str]) -> None:

@@ -16,6 +16,9 @@ TLS cluster or Temporal Cloud works everywhere once the settings say so:
   ``HERMES_TEMPORAL_TLS=false``.
 - **Redis over TLS**: a ``rediss://`` URL, with ``HERMES_REDIS_TLS_CA_FILE`` (unset: the
   system's roots) and optionally a client certificate and key.
+- **Redis Cluster and Sentinel**: ``HERMES_REDIS_MODE=cluster`` (``REDIS_URL`` names any
+  node) or ``sentinel`` (``HERMES_REDIS_SENTINELS``, ``HERMES_REDIS_SENTINEL_MASTER``);
+  the keys that one command touches together share a hash tag (:mod:`hermes.redis_keys`).
 
 Files are read when a connection is made (each start-up); a missing or unreadable one, a
 key without its certificate, TLS files for the embedded plain servers, are a
@@ -258,6 +261,7 @@ def check_connection_settings(settings: Settings) -> None:
     """
     temporal_connect_args(settings)
     _redis_tls_args(settings, settings.resolved_redis_url)
+    _check_mode(settings)
 
 
 def redis_client(settings: Settings, url: str | None = None) -> Any:
@@ -267,10 +271,12 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
     of ``HERMES_REDIS_TLS_CERT_FILE`` / ``_KEY_FILE`` when set. Its pool is bounded
     (``redis_max_connections``) and a command that finds every connection in use waits
     for one up to ``redis_pool_timeout_seconds`` (``redis.asyncio.BlockingConnectionPool``).
+    With ``redis_mode`` ``cluster`` a ``redis.asyncio.RedisCluster`` (pools per node, that
+    fail at once when full), with ``sentinel`` the master the Sentinels report.
 
     Args:
-        settings: ``redis_url``, ``redis_max_connections``, ``redis_pool_timeout_seconds``
-            and the ``redis_tls_*`` settings.
+        settings: ``redis_url``, ``redis_mode``, ``redis_sentinel*``, ``redis_max_connections``,
+            ``redis_pool_timeout_seconds`` and the ``redis_tls_*`` settings.
         url: the URL to use instead of ``settings.resolved_redis_url`` (e.g. the embedded
             Redis ``hermes dev`` started).
 
@@ -279,11 +285,17 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
 
     Raises:
         ConfigError: a TLS file that cannot be read or is not PEM, a client certificate
-            without its key (or the reverse), or TLS files with a plain ``redis://`` URL.
+            without its key (or the reverse), TLS files with a plain ``redis://`` URL, or
+            ``sentinel`` mode without ``host:port`` sentinels.
     """
     import redis.asyncio as aioredis
 
     url = url or settings.resolved_redis_url
+    _check_mode(settings)
+    if settings.redis_mode == "cluster":
+        return _cluster_client(settings, url)
+    if settings.redis_mode == "sentinel":
+        return _sentinel_client(settings, url)
     # A bounded pool whose callers wait for a free connection: redis-py's default pool
     # either grows without bound or, bounded, raises "Too many connections" at once.
     pool = aioredis.BlockingConnectionPool.from_url(
@@ -295,3 +307,78 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
         **_redis_tls_args(settings, url),
     )
     return aioredis.Redis.from_pool(pool)
+
+
+def _common_redis_args(settings: Settings, url: str) -> dict[str, Any]:
+    return {
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+        **_redis_tls_args(settings, url),
+    }
+
+
+def _cluster_client(settings: Settings, url: str) -> Any:
+    """A ``redis.asyncio.RedisCluster`` from any node's URL. redis-py keeps one pool per
+    node, bounded by ``max_connections``; a node whose connections are all in use fails
+    the command at once (``MaxConnectionsError``) rather than waiting, so a cluster needs
+    ``redis_max_connections`` sized for the process' peak concurrency per node."""
+    from redis.asyncio.cluster import RedisCluster
+
+    return RedisCluster.from_url(url, max_connections=settings.redis_max_connections, **_common_redis_args(settings, url))
+
+
+def _sentinel_client(settings: Settings, url: str) -> Any:
+    """The master that the Sentinels report for ``redis_sentinel_master``, found again
+    after a failover; ``url`` gives its password, database and scheme."""
+    from redis.asyncio.sentinel import Sentinel
+
+    sentinels = _sentinel_addresses(settings)
+    parts = urlsplit(url)
+    password = settings.redis_sentinel_password
+    sentinel_kwargs = {
+        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+        "socket_timeout": REDIS_SOCKET_TIMEOUT_SECONDS,
+        **({"password": password.get_secret_value()} if password is not None else {}),
+    }
+    db = parts.path.lstrip("/")
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_kwargs)
+    return sentinel.master_for(
+        settings.redis_sentinel_master,
+        max_connections=settings.redis_max_connections,
+        username=parts.username or None,
+        password=parts.password or None,
+        db=int(db) if db.isdigit() else 0,
+        **({"ssl": True} if parts.scheme == "rediss" else {}),
+        **_common_redis_args(settings, url),
+    )
+
+
+def _sentinel_addresses(settings: Settings) -> list[tuple[str, int]]:
+    """``redis_sentinels`` as ``(host, port)`` pairs.
+
+    Raises:
+        ConfigError: none set, or one that is not ``host:port``.
+    """
+    if not settings.redis_sentinels:
+        raise ConfigError(
+            "HERMES_REDIS_MODE=sentinel needs HERMES_REDIS_SENTINELS (host:port,...)", source="HERMES_REDIS_SENTINELS"
+        )
+    sentinels = []
+    for item in settings.redis_sentinels:
+        host, _, port = item.rpartition(":")
+        if not host or not port.isdigit():
+            raise ConfigError(f"a Sentinel must be host:port, got {item!r}", source="HERMES_REDIS_SENTINELS")
+        sentinels.append((host.strip("[]"), int(port)))
+    return sentinels
+
+
+def _check_mode(settings: Settings) -> None:
+    """Refuse a cluster or Sentinel mode without ``REDIS_URL`` (the embedded Redis of
+    ``hermes dev`` is one server) and Sentinel mode without its sentinels."""
+    if settings.redis_mode != "standalone" and settings.redis_url is None:
+        raise ConfigError(
+            f"HERMES_REDIS_MODE={settings.redis_mode} needs REDIS_URL (the embedded Redis is one server)",
+            source="HERMES_REDIS_MODE",
+        )
+    if settings.redis_mode == "sentinel":
+        _sentinel_addresses(settings)

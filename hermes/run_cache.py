@@ -32,6 +32,8 @@ import logging
 import uuid
 from typing import Any
 
+from hermes.redis_keys import is_cluster
+
 log = logging.getLogger("hermes.run_cache")
 
 CHANNEL = "hermes:workflow-runs-taken"
@@ -169,6 +171,10 @@ class MovedRunEviction:
         while not self._stopping:
             pubsub = self._redis.pubsub()
             try:
+                if is_cluster(self._redis):
+                    # A cluster client learns the slots at its first command; a subscribe
+                    # before that fails (KeyError of the channel's slot).
+                    await self._redis.initialize()
                 await pubsub.subscribe(CHANNEL)
                 delay = RECONNECT_SECONDS[0]
                 while not self._stopping:

@@ -1,7 +1,8 @@
 """The Redis session index: read and write sides, and the rebuild from Temporal.
 
-Layout: ``hermes:session:{session_id}`` a JSON row; ``hermes:user_sessions:{user_id}``
-a sorted set of session ids scored by last activity (epoch seconds). Temporal stays
+Layout (:mod:`hermes.redis_keys`): ``hermes:session:{<user>}:<session>`` a JSON row;
+``hermes:user_sessions:{<user>}`` a sorted set of session ids scored by last activity
+(epoch seconds); both in the user's Redis Cluster slot. Temporal stays
 the source of truth: with Redis flushed, :func:`rebuild_index` lists the session
 workflows by their ``HermesUserId`` search attribute and writes the rows again.
 """
@@ -13,9 +14,7 @@ from typing import Any
 
 from hermes import encryption, names
 from hermes.models import SessionIndexEntry, SessionState
-
-_ROW = "hermes:session:{session_id}"
-_USER = "hermes:user_sessions:{user_id}"
+from hermes.redis_keys import index_row_key, index_user_key, mget
 
 
 async def write_entry(redis: Any, entry: SessionIndexEntry) -> None:
@@ -23,17 +22,17 @@ async def write_entry(redis: Any, entry: SessionIndexEntry) -> None:
     (:func:`hermes.encryption.active`) the row is sealed: its title is the session's first
     message."""
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(_ROW.format(session_id=entry.session_id), encryption.seal(entry.model_dump_json()))
-        pipe.zadd(_USER.format(user_id=entry.user_id), {entry.session_id: entry.last_active_at.timestamp()})
+        pipe.set(index_row_key(entry.user_id, entry.session_id), encryption.seal(entry.model_dump_json()))
+        pipe.zadd(index_user_key(entry.user_id), {entry.session_id: entry.last_active_at.timestamp()})
         await pipe.execute()
 
 
 async def list_entries(redis: Any, user_id: str, *, limit: int = 50) -> list[SessionIndexEntry]:
     """The user's sessions, most recently active first."""
-    ids = await redis.zrevrange(_USER.format(user_id=user_id), 0, limit - 1)
+    ids = await redis.zrevrange(index_user_key(user_id), 0, limit - 1)
     if not ids:
         return []
-    rows = await redis.mget([_ROW.format(session_id=i.decode() if isinstance(i, bytes) else i) for i in ids])
+    rows = await mget(redis, [index_row_key(user_id, i.decode() if isinstance(i, bytes) else i) for i in ids])
     return [SessionIndexEntry.model_validate_json(r) for r in _opened_rows(rows)]
 
 
@@ -93,11 +92,9 @@ async def rebuild_index(client: Any, redis: Any, user_id: str | None = None, *, 
         if wf.id in seen:
             continue  # runs of one session (continue-as-new); the newest comes first
         seen.add(wf.id)
-        if await redis.exists(_ROW.format(session_id=wf.id)):
-            continue
         sa = wf.typed_search_attributes
         uid = sa.get(names.SA_USER_ID)
-        if uid is None:
+        if uid is None or await redis.exists(index_row_key(uid, wf.id)):
             continue
         running = wf.status is not None and wf.status.name == "RUNNING"
         if running:

@@ -91,6 +91,18 @@ class Settings(BaseSettings):
     read (default 7 days). Reads and writes refresh it, so an active
     session keeps its hot blobs; an expired one is read from where it is kept for good (the
     session's history or the durable store). README "What Redis holds"."""
+    redis_mode: Literal["standalone", "cluster", "sentinel"] = "standalone"
+    """How ``REDIS_URL`` is reached (README "Redis Cluster, Sentinel and TLS"):
+    ``standalone`` one server; ``cluster`` a Redis Cluster, ``REDIS_URL`` naming any of
+    its nodes (the others are discovered), ``redis_max_connections`` per node;
+    ``sentinel``: the master that ``redis_sentinels`` report for ``redis_sentinel_master``,
+    ``REDIS_URL`` giving only its password, database and scheme (``rediss://``: TLS)."""
+    redis_sentinels: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """``host:port`` of each Sentinel (comma-separated); ``redis_mode=sentinel`` only."""
+    redis_sentinel_master: str = "mymaster"
+    """The master's service name the Sentinels watch (``sentinel monitor <name> ...``)."""
+    redis_sentinel_password: SecretStr | None = None
+    """The Sentinels' own password (``requirepass`` in sentinel.conf), if they have one."""
     # ---------------------------------------------------------------------------------
 
     data_dir: Path = Path(".hermes")
@@ -442,7 +454,7 @@ class Settings(BaseSettings):
             return self.memory_archive_after_days
         return 7.0 if self.memory_profile == "personal" else 180.0
 
-    @field_validator("tool_modules", "tool_files", mode="before")
+    @field_validator("tool_modules", "tool_files", "redis_sentinels", mode="before")
     @classmethod
     def _split(cls, value: object) -> object:
         if isinstance(value, str):

@@ -262,6 +262,7 @@ async def test_the_session_index_row_holding_the_title_is_sealed_too(redis: Any,
     from datetime import datetime, timezone
 
     from hermes.models import SessionIndexEntry
+    from hermes.redis_keys import index_row_key
     from hermes.session_index import list_entries, write_entry
 
     user = f"u-{uuid.uuid4().hex[:8]}"
@@ -270,7 +271,7 @@ async def test_the_session_index_row_holding_the_title_is_sealed_too(redis: Any,
                               last_active_at=now)
     encryption.activate(parse_keys(f"old:{OLD}", source="test", separator=","))
     await write_entry(redis, entry)
-    raw = (await redis.get(f"hermes:session:s-{user}")).decode()
+    raw = (await redis.get(index_row_key(user, f"s-{user}"))).decode()
     assert raw.startswith("enc:v1:old:") and "银行卡" not in raw
     assert await list_entries(redis, user) == [entry]
     encryption.activate(parse_keys(f"new:{NEW}", source="test", separator=","))

@@ -81,6 +81,13 @@ async def _temporal(settings: Settings) -> str:
     return f"reachable, namespace {settings.temporal_namespace!r} found"
 
 
+def _redis_mode(settings: Settings) -> str:
+    """`` (cluster)`` or `` (sentinel <master> via <sentinels>)``; nothing for one server."""
+    if settings.redis_mode == "sentinel":
+        return f" (sentinel {settings.redis_sentinel_master!r} via {', '.join(settings.redis_sentinels) or 'no sentinels'})"
+    return " (cluster)" if settings.redis_mode == "cluster" else ""
+
+
 async def _redis(settings: Settings) -> str:
     from worker import connect_redis
 
@@ -193,7 +200,7 @@ def _where(settings: Settings) -> dict[str, str]:
     return {
         "Temporal": f"{hide_password(settings.resolved_temporal_address)} "
         f"({'yours' if settings.temporal_address else 'embedded, hermes dev'}, {describe_temporal_security(settings)})",
-        "Redis": hide_password(settings.resolved_redis_url),
+        "Redis": hide_password(settings.resolved_redis_url) + _redis_mode(settings),
         "Memory store": memory_location(settings).describe(),
         "Model": settings.model_provider
         + ("" if settings.model_provider == "scripted" else f" via {hide_password(settings.openai_base_url or 'https://api.openai.com/v1')}"),
