@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-import socket
 import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +35,7 @@ from hermes.models import CallModelInput, SessionIndexEntry
 from hermes.session_index import list_entries, write_entry
 from hermes.settings import Settings
 from hermes.stack import find_binary, free_port
+from tests.local_servers import redis_cluster
 from tests.support import eventually
 from tests.test_approvals import NOTE_SCRIPT
 from tests.test_codec_server import data_of, decode, messages, store_messages, wire
@@ -53,68 +53,12 @@ def _start_server(directory: Path, *args: str) -> subprocess.Popen[bytes]:
     )
 
 
-def _cluster_port() -> int:
-    """A free port whose cluster bus port (itself + 10000, below 65536) is free too."""
-    while True:
-        port = free_port()
-        if port + 10000 < 65536:
-            with socket.socket() as probe:
-                try:
-                    probe.bind(("127.0.0.1", port + 10000))
-                except OSError:
-                    continue
-            return port
-
-
 @pytest.fixture(scope="session")
 def cluster_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``redis://`` of one node of a three-master Redis Cluster (no replicas), all 16384
-    slots assigned and ``cluster_state:ok`` on every node."""
-    base = tmp_path_factory.mktemp("cluster")
-    ports = [_cluster_port() for _ in range(3)]
-    servers = [
-        _start_server(base / str(port), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                      "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000")
-        for port in ports
-    ]
-    try:
-        async def answers(port: int) -> bool:
-            node = aioredis.Redis(port=port, socket_connect_timeout=1)
-            try:
-                return bool(await node.ping())
-            except OSError:
-                return False
-            except aioredis.ConnectionError:
-                return False
-            finally:
-                await node.aclose()
-
-        for port in ports:
-            asyncio.run(eventually(lambda: answers(port), what=f"redis-server on {port}", timeout_seconds=30))
-        cli = find_binary("redis-server").with_name("redis-cli")
-        created = subprocess.run(
-            [str(cli), "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports), "--cluster-replicas", "0", "--cluster-yes"],
-            timeout=60, capture_output=True, text=True,
-        )
-        assert created.returncode == 0, created.stdout + created.stderr
-
-        async def all_ok() -> bool:
-            for port in ports:
-                node = aioredis.Redis(port=port)
-                try:
-                    if "cluster_state:ok" not in (await node.execute_command("CLUSTER", "INFO")).decode():
-                        return False
-                finally:
-                    await node.aclose()
-            return True
-
-        asyncio.run(eventually(all_ok, what="cluster_state:ok on all three nodes", timeout_seconds=60))
-        yield f"redis://127.0.0.1:{ports[0]}/0"
-    finally:
-        for server in servers:
-            server.terminate()
-        for server in servers:
-            server.wait(timeout=10)
+    slots assigned and ``cluster_state:ok`` on every node (:func:`tests.local_servers.redis_cluster`)."""
+    with redis_cluster(tmp_path_factory.mktemp("cluster")) as url:
+        yield url
 
 
 @pytest.fixture
