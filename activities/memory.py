@@ -9,6 +9,7 @@ loop never waits on them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -136,6 +137,22 @@ def consolidate_and_judge(store: MemoryStore, inp: ConsolidateInput, *, judge: b
     return report
 
 
+
+READ_THREADS = 4
+"""Threads of a worker's memory searches (:meth:`MemoryActivities._run` with ``read``),
+apart from the default executor the writes, consolidations and other blocking calls share."""
+_read_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_read_pool_lock = threading.Lock()
+
+
+def _read_executor() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's executor for memory searches (made on first use)."""
+    global _read_pool
+    with _read_pool_lock:
+        if _read_pool is None:
+            _read_pool = concurrent.futures.ThreadPoolExecutor(READ_THREADS, thread_name_prefix="hermes-memory-read")
+        return _read_pool
+
 class MemoryActivities:
     """The memory activities of one worker.
 
@@ -224,14 +241,22 @@ class MemoryActivities:
         self.open_in_background()
         return await asyncio.to_thread(self._opened.wait, timeout_seconds)
 
-    async def _run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    async def _run(self, fn: Callable[..., Any], *args: Any, read: bool = False, **kwargs: Any) -> Any:
         """``fn(store, *args, **kwargs)`` in a thread, heartbeating meanwhile (writes and
-        consolidations can take minutes; a dead worker's are retried in seconds)."""
+        consolidations can take minutes; a dead worker's are retried in seconds).
+
+        ``read``: a turn's search, run on the reads' own threads (:data:`READ_THREADS`),
+        never queued behind writes and consolidations in the loop's default executor: on
+        object storage a write takes seconds, and with three workers at load a search
+        waited out its 15 s timeout behind them (``bench/scale.py``, 236 timed-out
+        searches in one run), so turns went on without their memories."""
 
         def call() -> Any:
             return fn(self.store(), *args, **kwargs)
 
         async with heartbeating():
+            if read:
+                return await asyncio.get_running_loop().run_in_executor(_read_executor(), call)
             return await asyncio.to_thread(call)
 
     # -------------------------------------------------------------- read
@@ -279,7 +304,8 @@ class MemoryActivities:
                 lambda s: s.search(
                     inp.user_id, inp.query, limit=inp.limit, kinds=inp.kinds, now=now, max_chars=inp.max_chars,
                     generation=generation,
-                )
+                ),
+                read=True,
             )
         except (EmbeddingModelMismatch, MemoryStoreError) as err:
             return SearchMemoriesResult(error=str(err))
