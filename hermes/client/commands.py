@@ -52,7 +52,7 @@ class Commands(ClientPart):
                 passed the namespace's retention).
             SessionClosedError: the session is closed (or archived): nothing was
                 delivered; raised at once, not retried.
-            SessionUnavailableError, TemporalRequestError: as :meth:`get_state`.
+            SessionUnavailableError, TemporalRequestError: as :meth:`hermes.client.HermesClient.get_state`.
         """
         decision = ApprovalDecision(tool_call_id=tool_call_id, approved=True, approver=approver, reason=reason)
         await self.signal(session_id, names.APPROVE_TOOL_CALL, self.signed(names.APPROVE_TOOL_CALL, session_id, decision, approver))

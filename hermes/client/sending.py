@@ -217,7 +217,7 @@ class Sender(ClientPart):
                 the fast path) and the session gets a preview naming the reference (the
                 model reads the rest with ``read_stored_content``); with neither store it
                 is refused. At most
-                :data:`MAX_STORED_MESSAGE_BYTES` in any case.
+                :data:`~hermes.client.messages.MAX_STORED_MESSAGE_BYTES` in any case.
             user_id: who sends it: the owner of a new session; an existing session
                 takes messages only from its own user.
             channel: where the conversation happens, e.g. ``cli``, ``web``.
