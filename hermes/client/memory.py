@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
@@ -13,6 +13,9 @@ from temporalio.common import WorkflowIDConflictPolicy
 from hermes import command_auth, names
 from hermes.client.part import ClientPart
 from hermes.client.retry import start_answered
+
+if TYPE_CHECKING:
+    from hermes.client import HermesClient
 
 
 class MemoryAccess(ClientPart):
@@ -24,7 +27,7 @@ class MemoryAccess(ClientPart):
             arguments that opens one (called on first use), or None (reads raise).
     """
 
-    def __init__(self, hermes: Any, memory_store: Any):
+    def __init__(self, hermes: HermesClient, memory_store: Any):
         super().__init__(hermes)
         self._memory_store = memory_store
         self._memory_store_lock = asyncio.Lock()

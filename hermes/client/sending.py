@@ -15,7 +15,7 @@ import contextlib
 import uuid
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from temporalio.client import (
     WithStartWorkflowOperation,
@@ -60,6 +60,10 @@ from hermes.models import (
     StoredContent,
     TurnResult,
 )
+
+if TYPE_CHECKING:
+    from hermes.client import HermesClient
+
 
 DEFAULT_MAX_IN_FLIGHT_PER_SESSION = 8
 """Messages of one session a client keeps in flight at once. Temporal admits at most 10
@@ -126,7 +130,7 @@ class Sender(ClientPart):
         max_in_flight_per_session: see :class:`SessionSlots`.
     """
 
-    def __init__(self, hermes: Any, max_in_flight_per_session: int):
+    def __init__(self, hermes: HermesClient, max_in_flight_per_session: int):
         super().__init__(hermes)
         self.slots = SessionSlots(max_in_flight_per_session)
 
