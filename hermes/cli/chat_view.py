@@ -160,10 +160,12 @@ class ConsoleTurnView(TurnView):
 
 
 def print_user(console: Console, text: str, who: str = "you") -> None:
+    """A user's message, as ``<who> › text``."""
     console.print(Text.assemble((f"{who} › ", "bold cyan"), text))
 
 
 def print_reply(console: Console, result: TurnResult) -> None:
+    """A turn's reply (with its status when not completed) and its warnings."""
     style = "bold green" if result.status == "completed" else "bold red"
     status = "" if result.status == "completed" else f" [{result.status}]"
     console.print(Text.assemble((f"hermes{status} › ", style), result.reply))
