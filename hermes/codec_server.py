@@ -869,7 +869,7 @@ async def serve(
         ConfigError: payloads are encrypted and no ``HERMES_CODEC_TOKEN`` is set, or a key setting is bad.
         redis.exceptions.ConnectionError: Redis does not answer at start.
     """
-    from hermes.demo import wait_until_interrupted
+    from hermes.process import wait_until_interrupted
     from worker import connect_redis
 
     keyring, token = codec_keys(settings)

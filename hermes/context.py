@@ -257,99 +257,46 @@ def build_context(
         summary = summary.model_copy(update={"upto_turn": upto_turn})
 
     units, eligible = _units(transcript, upto_turn)
-
-    unit_tokens: dict[int, int] = {}
-
-    def tokens_of(index: int) -> int:
-        t = unit_tokens.get(index)
-        if t is None:
-            t = sum(m.tokens if m.tokens is not None else counter.message(m) for m in units[index].messages)
-            unit_tokens[index] = t
-        return t
-
     system = Message(role="system", content=system_prompt)
-    total = counter.message(system) + tool_tokens + REPLY_PRIMER_TOKENS
-
-    def fits(extra: int) -> bool:
-        return math.ceil((total + extra) * correction) <= budget
+    packer = _Packer(units, counter, counter.message(system) + tool_tokens + REPLY_PRIMER_TOKENS, correction, budget)
 
     newest_user = next((i for i in range(len(units) - 1, -1, -1) if units[i].kind == "user"), None)
-    keep = [False] * len(units)
     if newest_user is not None:
-        total += tokens_of(newest_user)
-        keep[newest_user] = True
-    if not fits(0):
-        raise ContextOverBudget(math.ceil(total * correction), budget)
+        packer.total += packer.tokens_of(newest_user)
+        packer.keep[newest_user] = True
+    if not packer.fits(0):
+        raise ContextOverBudget(math.ceil(packer.total * correction), budget)
 
-    # Recent layer: the units holding the last `recent_messages` messages, whole.
-    recent_start = len(units)
-    count = 0
-    while recent_start > 0 and count < policy.recent_messages:
-        recent_start -= 1
-        count += len(units[recent_start].messages)
+    recent_start = _recent_start(units, policy.recent_messages)
     before_user = newest_user if newest_user is not None else len(units)
 
     # 1. The current turn's units, newest first.
     if newest_user is not None:
-        for i in range(len(units) - 1, newest_user, -1):
-            t = tokens_of(i)
-            if not fits(t):
-                break
-            total += t
-            keep[i] = True
+        packer.add_units_from(len(units) - 1, newest_user)
 
     # 2. Summary, 3. memories.
-    extra: list[Message] = []
     summary_msg = summary_message(summary) if summary is not None else None
     memories_msg = memories_message(memories) if memories else None
-    summary_kept = memories_kept = False
-    if summary_msg is not None:
-        t = counter.message(summary_msg)
-        if fits(t):
-            total += t
-            summary_kept = True
-    if memories_msg is not None:
-        t = counter.message(memories_msg)
-        if fits(t):
-            total += t
-            memories_kept = True
+    summary_kept = summary_msg is not None and packer.add_message(summary_msg)
+    memories_kept = memories_msg is not None and packer.add_message(memories_msg)
 
     # 4. Recent units before the newest user message, newest first.
-    recent_complete = True
-    for i in range(before_user - 1, recent_start - 1, -1):
-        t = tokens_of(i)
-        if not fits(t):
-            recent_complete = False
-            break
-        total += t
-        keep[i] = True
+    recent_complete = packer.add_units_from(before_user - 1, recent_start - 1)
 
     # 5. Middle layer: whole turns (user messages and final answers only), newest first.
     if recent_complete:
-        i = min(recent_start, before_user) - 1
-        while i >= 0:
-            group_turn = units[i].turn
-            members: list[int] = []
-            while i >= 0 and units[i].turn == group_turn:
-                if units[i].kind in ("user", "answer"):
-                    members.append(i)
-                i -= 1
-            if not members:
-                continue
-            t = sum(tokens_of(j) for j in members)
-            if not fits(t):
-                break
-            total += t
-            for j in members:
-                keep[j] = True
+        packer.add_middle_turns(min(recent_start, before_user) - 1)
 
+    total = packer.total
+    keep = packer.keep
     note: Message | None = None
     middle_end = min(recent_start, before_user)
     if mark_cuts:
         total, note = _mark_cuts(
-            units, keep, total, tokens_of, lambda t: math.ceil(t * correction), budget, counter,
+            units, keep, total, packer.tokens_of, lambda t: math.ceil(t * correction), budget, counter,
             summary if summary_kept else None, newest_user, middle_end,
         )
+    extra: list[Message] = []
     if memories_kept and memories_msg is not None:
         extra.append(memories_msg)
     if summary_kept and summary_msg is not None:
@@ -368,6 +315,85 @@ def build_context(
         oldest_turn=min((m.turn for m in sent), default=None),
         cut=sum(len(u.messages) for u in _cut_units(units, keep, middle_end)),
     )
+
+
+def _recent_start(units: Sequence[_Unit], recent_messages: int) -> int:
+    """Index of the first unit of the recent layer: the units holding the last
+    ``recent_messages`` messages, whole."""
+    recent_start = len(units)
+    count = 0
+    while recent_start > 0 and count < recent_messages:
+        recent_start -= 1
+        count += len(units[recent_start].messages)
+    return recent_start
+
+
+class _Packer:
+    """Which units :func:`build_context` sends so far, and their tokens against the budget.
+
+    Args:
+        units: the transcript's units, oldest first.
+        counter: counts messages without precounted ``Message.tokens``.
+        total: tokens already taken (the system prompt, tool schemas, reply primer).
+        correction: factor applied to the total when checking ``budget``.
+    """
+
+    def __init__(
+        self, units: Sequence[_Unit], counter: TokenCounter | BoundedCounter, total: int, correction: float, budget: int
+    ):
+        self.units, self.counter, self.total, self.correction, self.budget = units, counter, total, correction, budget
+        self.keep = [False] * len(units)
+        self._unit_tokens: dict[int, int] = {}
+
+    def tokens_of(self, index: int) -> int:
+        t = self._unit_tokens.get(index)
+        if t is None:
+            t = sum(m.tokens if m.tokens is not None else self.counter.message(m) for m in self.units[index].messages)
+            self._unit_tokens[index] = t
+        return t
+
+    def fits(self, extra: int) -> bool:
+        return math.ceil((self.total + extra) * self.correction) <= self.budget
+
+    def add_message(self, message: Message) -> bool:
+        """Take ``message`` (a synthetic system message) if it fits; whether it did."""
+        t = self.counter.message(message)
+        if not self.fits(t):
+            return False
+        self.total += t
+        return True
+
+    def add_units_from(self, first: int, stop: int) -> bool:
+        """Take units ``first``, ``first - 1``, ... down to (not including) ``stop`` while
+        each fits; True if all did."""
+        for i in range(first, stop, -1):
+            t = self.tokens_of(i)
+            if not self.fits(t):
+                return False
+            self.total += t
+            self.keep[i] = True
+        return True
+
+    def add_middle_turns(self, last: int) -> None:
+        """Take whole turns (their user messages and final answers only) from unit ``last``
+        back, newest first, until one does not fit."""
+        units = self.units
+        i = last
+        while i >= 0:
+            group_turn = units[i].turn
+            members: list[int] = []
+            while i >= 0 and units[i].turn == group_turn:
+                if units[i].kind in ("user", "answer"):
+                    members.append(i)
+                i -= 1
+            if not members:
+                continue
+            t = sum(self.tokens_of(j) for j in members)
+            if not self.fits(t):
+                break
+            self.total += t
+            for j in members:
+                self.keep[j] = True
 
 
 def _cut_units(units: Sequence[_Unit], keep: Sequence[bool], middle_end: int) -> list[_Unit]:

@@ -1,14 +1,27 @@
-"""Process-level settings of a long-running Hermes process: its allocator, and leaving a
-process that has a Temporal client without CPython's finalization."""
+"""Process-level settings of a long-running Hermes process: its allocator, waiting for its
+stop signal, and leaving a process that has a Temporal client without CPython's
+finalization."""
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import contextlib
 import ctypes
 import os
 import sys
 from typing import Any, NoReturn
+
+
+async def wait_until_interrupted() -> None:
+    """Wait until this task is cancelled (the CLI cancels it on Ctrl-C or SIGTERM), then
+    return normally, so the caller's cleanup runs as on a normal exit."""
+    try:
+        await asyncio.Event().wait()
+    except asyncio.CancelledError:
+        task = asyncio.current_task()
+        if task is not None:
+            task.uncancel()
 
 
 def exit_now(code: Any) -> NoReturn:

@@ -30,6 +30,10 @@ HEAVY_MODULES = (
     "hermes.settings",
     "hermes.client",
     "hermes.demo",
+    "hermes.approvals",
+    "hermes.live_view",
+    "hermes.local_servers",
+    "hermes.cli.chat_view",
     "hermes.stack",
     "worker",
 )

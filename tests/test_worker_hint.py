@@ -14,7 +14,7 @@ import pytest
 from hermes.cli.errors import CliError
 from hermes.cli.running import answer
 from hermes.client import HermesClient
-from hermes.demo import TurnView, send_watched
+from hermes.live_view import TurnView, send_watched
 from hermes.providers.scripted import ScriptedModel
 
 

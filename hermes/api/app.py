@@ -444,7 +444,7 @@ async def list_approvals(request: Request) -> Response:
 
 
 async def _decide(request: Request, approved: bool) -> Response:
-    from hermes.demo import decide
+    from hermes.approvals import decide
 
     identity = _identity(request)
     session_id, tool_call_id = request.path_params["session_id"], request.path_params["tool_call_id"]

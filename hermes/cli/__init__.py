@@ -38,7 +38,8 @@ One module per command group; what they share has one home each:
     errors.py        exit codes and the one error path (explain, fail, reported_errors)
     output.py        the consoles and the one table renderer (print_table, print_fields)
     running.py       one event loop per command, Ctrl-C, a quiet client connection
-    stack.py         dev, worker, codec-server, demo
+    stack.py         dev, worker, codec-server
+    demo.py          demo (the one importer of hermes.demo)
     conversation.py  chat, send
     sessions.py      sessions, show, close
     approvals.py     approve, reject, approvals
@@ -56,6 +57,7 @@ from __future__ import annotations
 
 # The command modules register on `app` when imported; this order is `hermes --help`'s.
 from hermes.cli import stack as _stack  # noqa: F401
+from hermes.cli import demo as _demo  # noqa: F401
 from hermes.cli import conversation as _conversation  # noqa: F401
 from hermes.cli import sessions as _sessions  # noqa: F401
 from hermes.cli import approvals as _approvals  # noqa: F401

@@ -140,9 +140,9 @@ def _keep_undecodable_input() -> None:
 def _chat_loop(
     runner: asyncio.Runner, hermes: HermesClient, settings: Settings, session: str | None, user: str
 ) -> None:
-    from hermes.cli.chat_view import ChatView
+    from hermes.cli.chat_view import ChatView, ConsoleTurnView, print_message
     from hermes.client import check_message_text
-    from hermes.demo import ConsoleTurnView, print_message, send_watched
+    from hermes.live_view import send_watched
 
     session_id = session or f"chat-{uuid.uuid4().hex[:12]}"
     existing = False
@@ -241,8 +241,9 @@ def send(
     client_message_id = message_id or f"msg-{uuid.uuid4()}"
 
     async def main() -> TurnResult:
+        from hermes.cli.chat_view import ConsoleTurnView
         from hermes.client import check_message_text
-        from hermes.demo import ConsoleTurnView, send_watched
+        from hermes.live_view import send_watched
 
         check_message_text(text)
         hermes = await connect(settings)

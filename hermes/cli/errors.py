@@ -121,7 +121,6 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
     )
     from temporalio.service import RPCError, RPCStatusCode
 
-    from hermes.demo import DemoFailed
     from hermes.stack import StackAlreadyRunning, StackError
 
     temporal = settings.resolved_temporal_address
@@ -145,8 +144,6 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
         return str(err), EXIT_REFUSED
     if isinstance(err, MessageFailedError):
         return f"the session failed the message: {err.reason}", EXIT_REFUSED
-    if isinstance(err, DemoFailed):
-        return f"demo failed: {err}", EXIT_REFUSED
     if isinstance(err, StackAlreadyRunning):
         return (
             f"{err}. Stop it first (Ctrl-C in its terminal), use it (it serves the same addresses), "

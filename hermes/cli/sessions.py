@@ -151,7 +151,7 @@ def show(
             title="decisions",
         )
 
-    from hermes.demo import print_message
+    from hermes.cli.chat_view import print_message
 
     out.rule("transcript")
     for message in transcript:

@@ -1,4 +1,4 @@
-"""Commands that run servers: ``hermes dev``, ``worker``, ``codec-server``, ``demo``.
+"""Commands that run servers: ``hermes dev``, ``worker``, ``codec-server`` (``demo`` is in :mod:`hermes.cli.demo`).
 
 ``hermes dev``, ``hermes worker``, ``hermes codec-server`` and ``hermes demo --keep``
 run until Ctrl-C / SIGTERM, which is their normal stop (exit 0). ``hermes dev
@@ -13,7 +13,6 @@ import contextlib
 import errno
 import logging
 import re
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -29,7 +28,7 @@ from hermes.cli.running import load_settings, run_command
 if TYPE_CHECKING:
     from hermes.settings import Settings
 
-__all__ = ["codec_server_command", "demo", "describe_worker", "dev", "worker_command", "worker_env"]
+__all__ = ["codec_server_command", "describe_worker", "dev", "worker_command", "worker_env"]
 
 log = logging.getLogger("hermes.cli")
 
@@ -93,7 +92,8 @@ async def _dev(settings: Settings) -> None:
 async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
     from hermes import names
     from hermes.codec_server import endpoint_url
-    from hermes.demo import local_servers, wait_until_interrupted
+    from hermes.local_servers import local_servers
+    from hermes.process import wait_until_interrupted
     from hermes.stack import ensure_search_attributes
     from worker import build_worker, connect_client, connect_redis
 
@@ -124,7 +124,8 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
 async def _dev_servers_only(settings: Settings) -> None:
     from hermes import names
     from hermes.codec_server import endpoint_url
-    from hermes.demo import local_servers, wait_until_interrupted
+    from hermes.local_servers import local_servers
+    from hermes.process import wait_until_interrupted
     from hermes.stack import ensure_search_attributes
     from worker import connect_client, connect_redis
 
@@ -455,27 +456,3 @@ def codec_server_command(
         out.print("Stopped.")
 
     run_command(main, settings)
-
-
-@app.command()
-def demo(
-    keep: Annotated[
-        bool | None,
-        typer.Option(
-            "--keep/--no-keep",
-            help="Keep the stack and worker running until Ctrl-C, so the Web UI link works. "
-            "Default: keep when run in a terminal, stop when not (CI, scripts).",
-        ),
-    ] = None,
-) -> None:
-    """Play a checked multi-turn conversation on the embedded stack, offline, no API key.
-
-    Uses the packaged scripted model (a stand-in that understands nothing); exits
-    non-zero if any reply or tool result is not the expected one.
-    """
-    if keep is None:
-        keep = sys.stdin.isatty() and sys.stdout.isatty()
-    settings = load_settings()
-    from hermes.demo import run_demo
-
-    run_command(lambda: run_demo(settings, console=out, keep=keep), settings, log_file=Path(settings.data_dir) / "hermes.log")

@@ -101,7 +101,7 @@ import os
 import re
 import typing
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -558,6 +558,18 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
     except ValidationError as err:
         raise _from_validation(err, source, key) from None
 
+    transport = _transport_of(decl, refuse)
+    _check_fields(decl, refuse)
+    return _server_config(name, decl, transport, source)
+
+
+def _transport_of(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> Transport:
+    """The server's transport: stdio from ``command``, HTTP from ``url`` (``type`` or
+    ``transport`` say which HTTP one), refusing a declaration that says both or neither.
+
+    Raises:
+        ConfigError: made by ``refuse(message, *key_parts)``.
+    """
     kinds = {
         field_name: "streamable-http" if value == "http" else value
         for field_name, value in (("type", decl.type), ("transport", decl.transport))
@@ -606,6 +618,15 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
                 )
         transport = typing.cast(Transport, stated or "streamable-http")
         _check_url(decl.url, refuse)
+    return transport
+
+
+def _check_fields(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> None:
+    """Refuse an empty or malformed value of the fields a transport does not decide.
+
+    Raises:
+        ConfigError: made by ``refuse(message, *key_parts)``.
+    """
     if decl.cwd is not None and not decl.cwd.strip():
         raise refuse("expected a directory to start the server in; found an empty string", "cwd")
     for variable in decl.env:
@@ -632,6 +653,10 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
         if problem:
             raise refuse(problem, *parts)
 
+
+def _server_config(name: str, decl: _ServerDecl, transport: Transport, source: str) -> ServerConfig:
+    """The checked declaration as a :class:`ServerConfig` (suffixes stripped, ``group``
+    defaulting to the server's name)."""
     suffix = (decl.description_suffix or "").strip() or None
     tools = {
         tool: override.model_copy(update={"description_suffix": override.description_suffix.strip()})
