@@ -150,7 +150,7 @@ DEFAULT_STARTUP_TIMEOUT_SECONDS = 60.0
 timeout, as Codex's ``startup_timeout_sec`` is: ``npx -y`` fetching a package, or a Python
 server importing its SDK on a loaded machine, takes longer than a request should. A caller
 still waits no longer than its own request's deadline; the start goes on in the background
-for the next caller (see :mod:`hermes.mcp.manager`)."""
+for the next caller (see :mod:`hermes.mcp.calls`)."""
 DEFAULT_LIST_TTL_SECONDS = 300.0
 """How long a server's tool list is used before it is asked again (seed 004 §5.3)."""
 DEFAULT_IDLE_SECONDS = 300.0
