@@ -101,7 +101,7 @@ import os
 import re
 import typing
 import urllib.parse
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -606,31 +606,7 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
                 )
         transport = typing.cast(Transport, stated or "streamable-http")
         _check_url(decl.url, refuse)
-    if decl.cwd is not None and not decl.cwd.strip():
-        raise refuse("expected a directory to start the server in; found an empty string", "cwd")
-    for variable in decl.env:
-        if not variable or "=" in variable or "\0" in variable:
-            raise refuse(
-                f"expected an environment variable name (no '=', not empty); found {variable!r}", "env", variable
-            )
-    for header, value in decl.headers.items():
-        if not _HEADER_NAME_RE.match(header):
-            raise refuse(f"expected a header name (letters, digits, '-'); found {header!r}", "headers", header)
-        if "\r" in value or "\n" in value:
-            raise refuse("expected a header value on one line; found a line break", "headers", header)
-    for list_key in ("allow", "deny"):
-        for i, pattern in enumerate(getattr(decl, list_key) or []):
-            if not pattern:
-                raise refuse("expected a glob over the server's tool names such as 'read_*'; found ''", list_key, i)
-    for tool in decl.tools:
-        if not tool:
-            raise refuse("expected a tool name as the server lists it; found ''", "tools", tool)
-    if decl.group is not None and not decl.group.strip():
-        raise refuse("expected a tool group name (or no `group`: the server's name); found an empty string", "group")
-    for parts, text in _templated(decl):
-        _, problem = _substitute(text, {}, check_only=True)
-        if problem:
-            raise refuse(problem, *parts)
+    _check_fields(decl, refuse)
 
     suffix = (decl.description_suffix or "").strip() or None
     tools = {
@@ -662,6 +638,40 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
         group=(decl.group or name).strip(),
         source=source,
     )
+
+
+def _check_fields(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> None:
+    """The checks of one server's fields that do not depend on its transport.
+
+    Raises:
+        ConfigError: from ``refuse`` (the server's key, then the field's), naming what was
+            expected and found.
+    """
+    if decl.cwd is not None and not decl.cwd.strip():
+        raise refuse("expected a directory to start the server in; found an empty string", "cwd")
+    for variable in decl.env:
+        if not variable or "=" in variable or "\0" in variable:
+            raise refuse(
+                f"expected an environment variable name (no '=', not empty); found {variable!r}", "env", variable
+            )
+    for header, value in decl.headers.items():
+        if not _HEADER_NAME_RE.match(header):
+            raise refuse(f"expected a header name (letters, digits, '-'); found {header!r}", "headers", header)
+        if "\r" in value or "\n" in value:
+            raise refuse("expected a header value on one line; found a line break", "headers", header)
+    for list_key in ("allow", "deny"):
+        for i, pattern in enumerate(getattr(decl, list_key) or []):
+            if not pattern:
+                raise refuse("expected a glob over the server's tool names such as 'read_*'; found ''", list_key, i)
+    for tool in decl.tools:
+        if not tool:
+            raise refuse("expected a tool name as the server lists it; found ''", "tools", tool)
+    if decl.group is not None and not decl.group.strip():
+        raise refuse("expected a tool group name (or no `group`: the server's name); found an empty string", "group")
+    for parts, text in _templated(decl):
+        _, problem = _substitute(text, {}, check_only=True)
+        if problem:
+            raise refuse(problem, *parts)
 
 
 def _check_url(url: str, refuse: Any) -> None:
