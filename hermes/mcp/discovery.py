@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
 import mcp.types as types
 from mcp import ClientSession
@@ -75,24 +75,23 @@ async def list_tools(sup: Supervisor, srv: Server, *, refresh: bool) -> list[typ
 
 async def list_resources(sup: Supervisor, srv: Server) -> list[types.Resource]:
     """The server's resources, or ``[]`` when it offers none (see ``McpManager.list_resources``)."""
-
-    async def listing(session: ClientSession) -> list[types.Resource]:
-        if capabilities(session).resources is None:
-            return []
-        return await all_pages(session.list_resources, "resources", srv.name)
-
-    return await cached_list(sup, srv, "resources", listing)
+    return await _offered_list(sup, srv, "resources")
 
 
 async def list_prompts(sup: Supervisor, srv: Server) -> list[types.Prompt]:
     """The server's prompts, or ``[]`` when it offers none (see ``McpManager.list_prompts``)."""
+    return await _offered_list(sup, srv, "prompts")
 
-    async def listing(session: ClientSession) -> list[types.Prompt]:
-        if capabilities(session).prompts is None:
+
+async def _offered_list(sup: Supervisor, srv: Server, kind: Literal["resources", "prompts"]) -> list[Any]:
+    """A cached list of ``kind``; ``[]`` when the server's capabilities do not offer it."""
+
+    async def listing(session: ClientSession) -> list[Any]:
+        if getattr(capabilities(session), kind) is None:
             return []
-        return await all_pages(session.list_prompts, "prompts", srv.name)
+        return await all_pages(getattr(session, f"list_{kind}"), kind, srv.name)
 
-    return await cached_list(sup, srv, "prompts", listing)
+    return await cached_list(sup, srv, kind, listing)
 
 
 async def all_pages(fetch: Callable[..., Awaitable[Any]], field: str, server: str) -> list[Any]:
