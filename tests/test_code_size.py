@@ -37,7 +37,6 @@ MARKER = "Long because:"
 BEING_SPLIT: frozenset[str] = frozenset(
     {
         "hermes/memory/store.py::MemoryStore",  # being split (issue 29)
-        "hermes/mcp/manager.py::McpManager",  # being split (issue 29)
         "hermes/memory/rules.py::_extract_sentence",  # being split (issue 29)
     }
 )

@@ -150,7 +150,7 @@ DEFAULT_STARTUP_TIMEOUT_SECONDS = 60.0
 timeout, as Codex's ``startup_timeout_sec`` is: ``npx -y`` fetching a package, or a Python
 server importing its SDK on a loaded machine, takes longer than a request should. A caller
 still waits no longer than its own request's deadline; the start goes on in the background
-for the next caller (see :mod:`hermes.mcp.manager`)."""
+for the next caller (see :mod:`hermes.mcp.calls`)."""
 DEFAULT_LIST_TTL_SECONDS = 300.0
 """How long a server's tool list is used before it is asked again (seed 004 §5.3)."""
 DEFAULT_IDLE_SECONDS = 300.0
@@ -558,18 +558,6 @@ def _server(name: Any, raw: Any, source: str) -> ServerConfig:
     except ValidationError as err:
         raise _from_validation(err, source, key) from None
 
-    transport = _transport_of(decl, refuse)
-    _check_fields(decl, refuse)
-    return _server_config(name, decl, transport, source)
-
-
-def _transport_of(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> Transport:
-    """The server's transport: stdio from ``command``, HTTP from ``url`` (``type`` or
-    ``transport`` say which HTTP one), refusing a declaration that says both or neither.
-
-    Raises:
-        ConfigError: made by ``refuse(message, *key_parts)``.
-    """
     kinds = {
         field_name: "streamable-http" if value == "http" else value
         for field_name, value in (("type", decl.type), ("transport", decl.transport))
@@ -618,45 +606,8 @@ def _transport_of(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> Tran
                 )
         transport = typing.cast(Transport, stated or "streamable-http")
         _check_url(decl.url, refuse)
-    return transport
+    _check_fields(decl, refuse)
 
-
-def _check_fields(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> None:
-    """Refuse an empty or malformed value of the fields a transport does not decide.
-
-    Raises:
-        ConfigError: made by ``refuse(message, *key_parts)``.
-    """
-    if decl.cwd is not None and not decl.cwd.strip():
-        raise refuse("expected a directory to start the server in; found an empty string", "cwd")
-    for variable in decl.env:
-        if not variable or "=" in variable or "\0" in variable:
-            raise refuse(
-                f"expected an environment variable name (no '=', not empty); found {variable!r}", "env", variable
-            )
-    for header, value in decl.headers.items():
-        if not _HEADER_NAME_RE.match(header):
-            raise refuse(f"expected a header name (letters, digits, '-'); found {header!r}", "headers", header)
-        if "\r" in value or "\n" in value:
-            raise refuse("expected a header value on one line; found a line break", "headers", header)
-    for list_key in ("allow", "deny"):
-        for i, pattern in enumerate(getattr(decl, list_key) or []):
-            if not pattern:
-                raise refuse("expected a glob over the server's tool names such as 'read_*'; found ''", list_key, i)
-    for tool in decl.tools:
-        if not tool:
-            raise refuse("expected a tool name as the server lists it; found ''", "tools", tool)
-    if decl.group is not None and not decl.group.strip():
-        raise refuse("expected a tool group name (or no `group`: the server's name); found an empty string", "group")
-    for parts, text in _templated(decl):
-        _, problem = _substitute(text, {}, check_only=True)
-        if problem:
-            raise refuse(problem, *parts)
-
-
-def _server_config(name: str, decl: _ServerDecl, transport: Transport, source: str) -> ServerConfig:
-    """The checked declaration as a :class:`ServerConfig` (suffixes stripped, ``group``
-    defaulting to the server's name)."""
     suffix = (decl.description_suffix or "").strip() or None
     tools = {
         tool: override.model_copy(update={"description_suffix": override.description_suffix.strip()})
@@ -687,6 +638,40 @@ def _server_config(name: str, decl: _ServerDecl, transport: Transport, source: s
         group=(decl.group or name).strip(),
         source=source,
     )
+
+
+def _check_fields(decl: _ServerDecl, refuse: Callable[..., ConfigError]) -> None:
+    """The checks of one server's fields that do not depend on its transport.
+
+    Raises:
+        ConfigError: from ``refuse`` (the server's key, then the field's), naming what was
+            expected and found.
+    """
+    if decl.cwd is not None and not decl.cwd.strip():
+        raise refuse("expected a directory to start the server in; found an empty string", "cwd")
+    for variable in decl.env:
+        if not variable or "=" in variable or "\0" in variable:
+            raise refuse(
+                f"expected an environment variable name (no '=', not empty); found {variable!r}", "env", variable
+            )
+    for header, value in decl.headers.items():
+        if not _HEADER_NAME_RE.match(header):
+            raise refuse(f"expected a header name (letters, digits, '-'); found {header!r}", "headers", header)
+        if "\r" in value or "\n" in value:
+            raise refuse("expected a header value on one line; found a line break", "headers", header)
+    for list_key in ("allow", "deny"):
+        for i, pattern in enumerate(getattr(decl, list_key) or []):
+            if not pattern:
+                raise refuse("expected a glob over the server's tool names such as 'read_*'; found ''", list_key, i)
+    for tool in decl.tools:
+        if not tool:
+            raise refuse("expected a tool name as the server lists it; found ''", "tools", tool)
+    if decl.group is not None and not decl.group.strip():
+        raise refuse("expected a tool group name (or no `group`: the server's name); found an empty string", "group")
+    for parts, text in _templated(decl):
+        _, problem = _substitute(text, {}, check_only=True)
+        if problem:
+            raise refuse(problem, *parts)
 
 
 def _check_url(url: str, refuse: Any) -> None:

@@ -6,7 +6,8 @@ transport ("unhandled errors in a TaskGroup"), and over SSE an error status stop
 writer, the request then waiting out its deadline. :class:`ReportingTransport` answers
 the SDK instead with a JSON-RPC error for the request that failed, carrying the status
 and body (or the connection error), and records what the HTTP layer saw in an
-:class:`HttpState` that :mod:`hermes.mcp.manager` reads for its messages.
+:class:`HttpState` that :mod:`hermes.mcp.calls` and :mod:`hermes.mcp.supervision` read
+for their messages.
 """
 
 from __future__ import annotations
