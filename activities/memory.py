@@ -473,7 +473,7 @@ class MemoryActivities:
             with telemetry.span("hermes.memory.write", {"hermes.memory.candidates": len(inp.candidates)} if telemetry.enabled() else None) as span:
                 async with self._changing(inp.user_id):
                     # A retry may follow an attempt whose write landed: it reports what that did.
-                    retried = activity.info().attempt > 1
+                    retried = activity.in_activity() and activity.info().attempt > 1
                     report: WriteReport = await self._run(
                         lambda s: s.write(inp.candidates, judge=inp.judge and self.provider is not None, retried=retried)
                     )
