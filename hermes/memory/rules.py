@@ -34,8 +34,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Callable
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel
 
