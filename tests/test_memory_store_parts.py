@@ -14,7 +14,7 @@ from hermes.memory.consolidation import age_out, duplicate_clusters, subject_con
 from hermes.memory.models import ConsolidationReport, MemoryCandidate
 from hermes.memory.reads import rerank_score
 from hermes.memory.schema import MAX_SOURCES, superseded_row
-from hermes.memory.writes import restated_row
+from hermes.memory.writes import restated_match, restated_row
 
 T0 = datetime(2026, 1, 10, 12, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
@@ -79,6 +79,19 @@ def test_the_same_subject_and_value_is_one_memory_however_differently_worded() -
 
 def test_fewer_than_two_rows_make_no_cluster() -> None:
     assert duplicate_clusters([row("a")], dedupe=0.5) == []
+
+
+def test_a_candidate_restates_the_closest_row_of_its_subject_and_value_or_a_near_identical_one() -> None:
+    v = np.asarray(unit(0), dtype=np.float32)
+    bern = row("bern", subject="home_city", value="bern", vector=unit(60))
+    bern_closer = row("bern2", subject="home_city", value="bern", vector=unit(30))
+    zurich = row("zurich", subject="home_city", value="zurich", vector=unit(0))
+    assert restated_match([bern, zurich, bern_closer], v, "Lives in Bern.", "home_city", "bern", 0.99) is bern_closer
+    assert restated_match([zurich], v, "Lives in Bern.", "home_city", "bern", 0.5) is None  # a new value: a supersede
+    locker = row("l7", "Locker L-1007.", vector=unit(0))
+    assert restated_match([locker], v, "Locker L-1007!", "", "", 0.99) is locker
+    assert restated_match([locker], v, "Locker L-1009.", "", "", 0.99) is None  # other identifiers
+    assert restated_match([row("far", vector=unit(30))], v, "far", "", "", 0.99) is None  # under the threshold
 
 
 def test_a_restatement_counts_a_mention_keeps_the_higher_scores_and_the_later_validity() -> None:

@@ -45,6 +45,41 @@ class _Plan:
     """Candidate ids found already applied (counted ``unchanged``)."""
 
 
+def restated_match(active: list[dict[str, Any]], vector: np.ndarray, text: str, subject: str, value: str,
+                   dedupe: float) -> dict[str, Any] | None:
+    """The active row a new memory restates, or None: the closest row of the same subject
+    with the same value; else the closest at or above ``dedupe`` whose subject does not
+    differ and whose identifiers (numbers, ids) are the same. A row of the same subject
+    with another value is never restated (the new value supersedes it).
+
+    Args:
+        active: the user's active rows near the candidate, with their ``vector``.
+        vector: the candidate's embedding (unit length).
+        text: the candidate's cleaned text.
+        subject: its normalised subject (``""``: none).
+        value: its normalised value (``""``: none).
+        dedupe: the embedding model's dedupe threshold (cosine).
+    """
+    same: dict[str, Any] | None = None
+    best = -1.0
+    for r in active:
+        sim = float(np.dot(np.asarray(r["vector"], dtype=np.float32), vector))
+        if subject and r.get("subject") == subject:
+            # Same single-valued subject: the same value restated, or a new value.
+            if value and r.get("value"):
+                if r["value"] == value and sim > best:
+                    same, best = r, sim
+                continue
+        if (
+            sim >= dedupe
+            and sim > best
+            and (not subject or not r.get("subject") or r.get("subject") == subject)
+            and identifiers(r["text"]) == identifiers(text)
+        ):
+            same, best = r, sim
+    return same
+
+
 def restated_row(row: dict[str, Any], cand: MemoryCandidate, subject: str, value: str, now: datetime) -> dict[str, Any]:
     """A copy of the stored ``row`` refreshed by ``cand``, which restates it: stated again
     at ``now``, one more mention, the higher importance and confidence, ``cand``'s id among
@@ -239,23 +274,7 @@ class MemoryWrites:
                     pool[mid] = updates[mid]
             pool.update({mid: r for mid, r in inserts.items()})
             active = [r for r in pool.values() if r["status"] == "active"]
-            same: dict[str, Any] | None = None
-            best = -1.0
-            for r in active:
-                sim = self._similarity(r, vector)
-                if subject and r.get("subject") == subject:
-                    # Same single-valued subject: the same value restated, or a new value.
-                    if value and r.get("value"):
-                        if r["value"] == value and sim > best:
-                            same, best = r, sim
-                        continue
-                if (
-                    sim >= self.thresholds.dedupe
-                    and sim > best
-                    and (not subject or not r.get("subject") or r.get("subject") == subject)
-                    and identifiers(r["text"]) == identifiers(text)
-                ):
-                    same, best = r, sim
+            same = restated_match(active, vector, text, subject, value, self.thresholds.dedupe)
             if cand.candidate_id in landed:
                 same = None  # it was an insert: redo the supersedes, do not refresh another row
             pairs = [] if same is not None else self._neighbours(text, vector, active, subject)
