@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from typing import Literal
+from typing import Callable, Literal
 
 from pydantic import BaseModel
 
@@ -816,7 +816,12 @@ def _zh_name(value: str) -> str:
 
 
 def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: float = 0.0) -> None:
-    """Apply the statement rules to one non-question sentence; appends (position, candidate)."""
+    """Apply the statement rules to one non-question sentence; appends (position, candidate).
+
+    The rules run in a fixed order (contacts, name, dates, home and work, jobs, temporary
+    location, answer style and language, favorites, then likes and habits); a sentence that
+    states an answer style, a language or a favorite gives no generic "likes" candidate.
+    """
     zh = _is_zh(s)
     c = min(0.99, 0.9 + conf_boost)
 
@@ -824,7 +829,21 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         if cand is not None and not _reported(s, pos):
             out.append((pos, cand))
 
-    # Contacts.
+    _contact_rules(s, zh, conf_boost, add)
+    _name_rules(s, conf_boost, add)
+    _date_rules(s, c, add)
+    _home_and_work_rules(s, c, add)
+    _job_rules(s, c, add)
+    _temporary_location_rules(s, c, add)
+    style_found = _style_and_language_rules(s, zh, conf_boost, add)
+    favorite_found = _favorite_rules(s, c, add)
+    if style_found or favorite_found:
+        return
+    _like_rules(s, c, add)
+
+
+def _contact_rules(s: str, zh: bool, conf_boost: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """E-mail addresses and phone numbers the user gives as their own (not a third party's)."""
     before_third = _THIRD_PARTY_ZH if zh else _THIRD_PARTY_EN
     for pos, addr in _emails(s):
         if before_third.search(s[_clause_start(s, pos) : pos]):
@@ -837,7 +856,9 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         add(pos, _cand("fact", "phone", f"用户的电话号码是{num}" if zh else f"The user's phone number is {num}",
                        min(0.99, 0.95 + conf_boost), 0.9, value=re.sub(r"[^\d+]", "", num)))
 
-    # Name.
+
+def _name_rules(s: str, conf_boost: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """The user's name ("my name is ...", "我叫...")."""
     for m in _EN_NAME.finditer(s):
         if _negated(s, m, False):
             continue
@@ -851,7 +872,9 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         if name:
             add(m.start(), _cand("fact", "name", f"用户的名字是{name}", min(0.99, 0.95 + conf_boost), 0.9, value=name))
 
-    # Dates.
+
+def _date_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """The user's birthday and deadlines."""
     for m in _EN_BIRTHDAY.finditer(s):
         if not _negated(s, m, False):
             add(m.start(), _cand("fact", "birthday", f"The user's birthday is {m.group('v').strip()}", c, 0.8, value=m.group('v')))
@@ -865,7 +888,9 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         if not _negated(s, m, True):
             add(m.start(), _cand("fact", "", f"用户的截止日期是{m.group('v')}", c, 0.7))
 
-    # Home, employer, job, temporary location.
+
+def _home_and_work_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """Where the user lives and works, and what they are a fan of."""
     for m in _EN_HOME.finditer(s):
         if _negated(s, m, False):
             continue
@@ -899,6 +924,10 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         v = _cut_words(m.group("v"), _CUT_PREF, max_words=8)
         if v:
             add(m.start(), _cand("preference", "", f"The user is a fan of {_en_to_third_person(v)}", c, 0.6))
+
+
+def _job_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """The user's job title (with an employer after it), and Chinese "我是..." statements."""
     for m in _EN_JOB.finditer(s):
         if _negated(s, m, False):
             continue
@@ -928,6 +957,10 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         else:
             subject = ""
         add(m.start(), _cand("fact", subject, f"用户是{v}", c, 0.75 if subject else 0.6, value=v))
+
+
+def _temporary_location_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """Where the user is for a while ("in Rome this week"): valid for that period."""
     for m in _EN_TEMP.finditer(s):
         period = m.group("p1") or m.group("p2")
         place = m.group("v")
@@ -945,6 +978,9 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
             continue
         add(m.start(), _cand("fact", "current_location", f"用户{period}在{place}", c, 0.5, _zh_days(period), value=place))
 
+
+def _style_and_language_rules(s: str, zh: bool, conf_boost: float, add: Callable[[int, RuleCandidate | None], None]) -> bool:
+    """Answer style (short or detailed) and answer language; True when one was found."""
     # Preferences: answer style and language first; they win over the generic "I like".
     style_found = False
     for rx, is_zh_rx, short in ((_EN_SHORT, False, True), (_ZH_SHORT, True, True),
@@ -973,7 +1009,10 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
         style_found = True
         add(m.start(), _cand("preference", "preferred_language", f"用户希望用{_LANGS_ZH[m.group('lang')]}交流",
                              min(0.99, 0.92 + conf_boost), 0.7, value=_LANGS_ZH[m.group('lang')]))
+    return style_found
 
+def _favorite_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> bool:
+    """"My favorite X is Y"; True when one was found."""
     favorite_found = False
     for m in _EN_FAVORITE.finditer(s):
         if _negated(s, m, False):
@@ -991,9 +1030,10 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
             key = _ZH_FAVORITE_KEYS.get(m.group("x"), "")
             add(m.start(), _cand("preference", f"favorite_{key}" if key else "",
                                  f"用户最喜欢的{m.group('x')}是{v}", c, 0.6, value=v))
-    if style_found or favorite_found:
-        return
+    return favorite_found
 
+def _like_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """Generic likes, dislikes and habits ("I love ...", "I usually ...", "我喜欢...")."""
     for m in _EN_PREF.finditer(s):
         if _negated(s, m, False):
             continue
