@@ -36,8 +36,6 @@ MARKER = "Long because:"
 # longer needed fails the test, so the list only shrinks: remove it when the split merges.
 BEING_SPLIT: frozenset[str] = frozenset(
     {
-        "hermes/memory/store.py::MemoryStore",  # being split (issue 29)
-        "hermes/memory/rules.py::_extract_sentence",  # being split (issue 29)
     }
 )
 
