@@ -143,16 +143,51 @@ def correct(turn: Turn, reply: str) -> bool:
     return turn.expected in reply
 
 
-async def home_written(store: Any, user_id: str, city: str, timeout_seconds: float) -> bool:
-    """Wait until the shared store shows ``user_id`` living in ``city`` (active) and no other home active."""
-    deadline = time.monotonic() + timeout_seconds
-    while time.monotonic() < deadline:
-        rows = await asyncio.to_thread(store.list, user_id, statuses=("active",))
-        homes = {r["text"] for r in rows if r["text"].startswith("The user lives in ")}
-        if homes == {f"The user lives in {city}."}:
+class HomeWatcher:
+    """Where every user of the run lives, as the shared store shows it: one scan of the
+    active rows for all sessions at a time (a scan on object storage reads every fragment;
+    a poll per session would load the store more than the workers do)."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.homes: dict[str, set[str]] = {}
+        self.waiting = 0
+        self._changed = asyncio.Event()
+
+    def _scan(self) -> dict[str, set[str]]:
+        rows = self.store.table.search().where("status = 'active'").select(["user_id", "text"]).to_list()
+        homes: dict[str, set[str]] = {}
+        for row in rows:
+            if row["text"].startswith("The user lives in "):
+                homes.setdefault(row["user_id"], set()).add(row["text"])
+        return homes
+
+    async def run(self) -> None:
+        """Scan while someone waits (a scan every 0.5 s at most); until cancelled."""
+        while True:
+            if self.waiting:
+                self.homes = await asyncio.to_thread(self._scan)
+                self._changed.set()
+                self._changed = asyncio.Event()
+            await asyncio.sleep(0.5)  # the store on S3 has no change feed: poll it
+
+    async def written(self, user_id: str, city: str, timeout_seconds: float) -> bool:
+        """Wait until the store shows ``user_id`` living in ``city`` (active) and no other home active."""
+        want = {f"The user lives in {city}."}
+        deadline = time.monotonic() + timeout_seconds
+        self.waiting += 1
+        try:
+            while self.homes.get(user_id) != want:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                try:
+                    await asyncio.wait_for(self._changed.wait(), timeout=left)
+                except asyncio.TimeoutError:
+                    return False
             return True
-        await asyncio.sleep(0.3)  # the store on S3 has no change feed: poll it
-    return False
+        finally:
+            self.waiting -= 1
 
 
 def worker_env(base: dict[str, str], home: Path, script: Path) -> dict[str, str]:
@@ -174,12 +209,12 @@ def table_versions(settings: Settings) -> int:
     return int(store.table.version) + int(store.archive.version)
 
 
-async def run_session(hermes: HermesClient, store: Any, index: int, turns: list[Turn], tally: Tally,
+async def run_session(hermes: HermesClient, homes: HomeWatcher, index: int, turns: list[Turn], tally: Tally,
                       args: Any, on_reply: Any) -> None:
     user_id, session_id = f"scale-user-{index}-{uuid.uuid4().hex[:8]}", f"scale-{index}-{uuid.uuid4().hex[:8]}"
     for n, turn in enumerate(turns):
         label = f"session {index} turn {n + 1} ({turn.text!r})"
-        if turn.question and not await home_written(store, user_id, turn.city or "", args.write_timeout):
+        if turn.question and not await homes.written(user_id, turn.city or "", args.write_timeout):
             print(f"  {label}: the write of {turn.city} was not in the store within {args.write_timeout:.0f} s", flush=True)
         reply = await send(hermes, session_id, user_id, turn.text, args.turn_timeout)
         tally.done += 1
@@ -261,11 +296,16 @@ async def scale(args: Any) -> Tally:
 
                 measured = time.monotonic()
                 cities = list(CITIES)
-                await asyncio.gather(*(
-                    run_session(hermes, store, i, plan(i, args.turns, cities[i % len(cities):] + cities[: i % len(cities)]),
-                                tally, args, on_reply)
-                    for i in range(args.sessions)
-                ))
+                homes = HomeWatcher(store)
+                watching = asyncio.create_task(homes.run())
+                try:
+                    await asyncio.gather(*(
+                        run_session(hermes, homes, i, plan(i, args.turns, cities[i % len(cities):] + cities[: i % len(cities)]),
+                                    tally, args, on_reply)
+                        for i in range(args.sessions)
+                    ))
+                finally:
+                    watching.cancel()
                 seconds = time.monotonic() - measured
                 usage = await redis_usage(hermes.redis)
                 versions = table_versions(settings) - versions_before

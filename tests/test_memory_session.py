@@ -56,3 +56,43 @@ async def test_facts_stated_in_one_session_are_in_the_next_sessions_model_contex
 
 async def _async(value: Any) -> Any:
     return value
+
+
+async def test_a_recall_whose_local_search_fails_is_searched_again_on_the_task_queue_not_answered_from_nothing(
+    run_worker: Any, settings: Settings, temporal_client: Any, monkeypatch: Any,
+) -> None:
+    """Issue 28: on a starved survivor of a SIGKILL both local attempts of a recall timed
+    out, and the moved session answered "Where do I live?" as if it knew nothing."""
+    from temporalio import activity
+    from temporalio.api.enums.v1 import EventType
+
+    from activities.memory import MemoryActivities
+    from hermes import names
+
+    user = f"user-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True) as hermes:
+        await hermes.send_message(f"s1-{uuid.uuid4()}", "I live in Bern.", user_id=user)
+        store = open_store(settings)
+        await eventually(lambda: _async(any("Bern" in r["text"] for r in store.list(user))),
+                         what="the home written", timeout_seconds=30)
+        real_search = MemoryActivities._search
+        local_attempts: list[int] = []
+
+        async def starved(self: MemoryActivities, inp: Any) -> Any:
+            if activity.info().is_local:
+                local_attempts.append(activity.info().attempt)
+                raise RuntimeError("local search timed out (a starved worker)")
+            return await real_search(self, inp)
+
+        monkeypatch.setattr(MemoryActivities, "_search", starved)
+        second = f"s2-{uuid.uuid4()}"
+        result = await hermes.send_message(second, "Where do I live?", user_id=user)
+    assert local_attempts == [1, 2]
+    assert any("Bern" in m for m in result.memories), result.memories
+    assert "The user lives in Bern." in model.contexts()[-1]
+    assert not any("memory" in w.lower() for w in result.warnings), result.warnings
+    history = await temporal_client.get_workflow_handle(second).fetch_history()
+    again = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+             and e.activity_task_scheduled_event_attributes.activity_type.name == names.SEARCH_MEMORIES]
+    assert len(again) == 1, "searched again once, as a normal activity"

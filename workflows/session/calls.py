@@ -163,6 +163,27 @@ async def search_memories(inp: SearchMemoriesInput) -> SearchMemoriesResult:
     )
 
 
+RECALL_RETRY_TIMEOUT = timedelta(seconds=60)
+"""How long a recall searched again after its local search failed may take in all (three
+attempts of at most 30 s each): the turn waits that long at most before it goes on without
+memories, which a user sees as the agent forgetting."""
+
+
+async def search_memories_again(inp: SearchMemoriesInput) -> SearchMemoriesResult:
+    """The same search as a normal activity (any worker of the task queue may take it):
+    at most ``RECALL_RETRY_TIMEOUT`` in all, attempts of 30 s. A search only reads, so it
+    is safe to run again."""
+    return await workflow.execute_activity(
+        names.SEARCH_MEMORIES,
+        inp,
+        result_type=SearchMemoriesResult,
+        start_to_close_timeout=timedelta(seconds=30),
+        schedule_to_close_timeout=RECALL_RETRY_TIMEOUT,
+        retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1), maximum_attempts=3),
+        summary="recall memories (again)",
+    )
+
+
 async def forget_user(cfg: SessionConfig, user_id: str) -> ForgetReport:
     """Delete every memory of ``user_id`` (and what still waits to be written)."""
     return await workflow.execute_activity(

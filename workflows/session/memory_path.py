@@ -64,13 +64,20 @@ class MemoryPath:
         if core.cfg.memory_max_injected == 0:
             return
         started = workflow.now()
+        search = SearchMemoriesInput(
+            user_id=core.inp.user_id, query=text[:2000], session_id=core.inp.session_id, turn=turn,
+            limit=core.cfg.memory_max_injected, max_chars=core.cfg.memory_max_chars,
+        )
         try:
-            result = await calls.search_memories(
-                SearchMemoriesInput(
-                    user_id=core.inp.user_id, query=text[:2000], session_id=core.inp.session_id, turn=turn,
-                    limit=core.cfg.memory_max_injected, max_chars=core.cfg.memory_max_chars,
-                )
-            )
+            try:
+                result = await calls.search_memories(search)
+            except FailureError:
+                if not core.patched(patches.RECALL_RETRY):
+                    raise
+                # A starved or lost worker: search again where any worker may take it,
+                # rather than answer this message as if the user had no memories.
+                workflow.logger.warning("the recall of turn %d failed locally; searching again", turn)
+                result = await calls.search_memories_again(search)
         except FailureError as err:
             core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
             core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())

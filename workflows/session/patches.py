@@ -69,8 +69,15 @@ tool step whose user message did not fit), and messages cut to fit the budget ar
 in a cut note (:func:`hermes.context.build_context`, ``mark_cuts``; issue 27). A patch:
 the note may make a context over budget (``ContextTooLarge``) that fitted before."""
 
+RECALL_RETRY = "recall-retry"
+"""A recall whose local search failed (both attempts timed out on a starved worker, or the
+worker was lost) is searched again as a normal activity, which any worker of the task
+queue may run, before the turn goes on without memories (issue 28: sessions moved off a
+killed worker answered "nothing" on the survivor)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
+    RECALL_RETRY,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""
