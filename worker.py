@@ -29,16 +29,16 @@ from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
-from hermes import command_auth
-from hermes.blobs import BlobStore
-from hermes.deploy import deployment_config
-from hermes.durable import DurableStore
+from hermes.security import command_auth
+from hermes.content.blobs import BlobStore
+from hermes.infra.deploy import deployment_config
+from hermes.infra.durable import DurableStore
 from hermes.errors import ConfigError
-from hermes.events import EventLog
+from hermes.content.events import EventLog
 from hermes.providers import ModelProvider, make_provider
-from hermes.run_cache import MovedRunEviction
+from hermes.infra.run_cache import MovedRunEviction
 from hermes.settings import Settings, get_settings
-from hermes.tokens import TokenCounter, encoding_fallback, encoding_name_for_model
+from hermes.content.tokens import TokenCounter, encoding_fallback, encoding_name_for_model
 from hermes.tools.builtin import register_builtins
 from hermes.tools.files import register_tool_file
 from hermes.tools.registry import ToolRegistry, default_registry
@@ -77,12 +77,12 @@ def load_registry(settings: Settings, registry: ToolRegistry | None = None) -> T
 
 async def connect_client(settings: Settings) -> Client:
     """A Temporal client with the pydantic data converter (encrypting payloads when
-    ``HERMES_ENCRYPTION_KEYS`` / ``_KEY_FILE`` are set, :mod:`hermes.encryption`); with telemetry on
-    (``HERMES_TELEMETRY_ENABLED``, :mod:`hermes.telemetry`) also the OpenTelemetry plugin
+    ``HERMES_ENCRYPTION_KEYS`` / ``_KEY_FILE`` are set, :mod:`hermes.security.encryption`); with telemetry on
+    (``HERMES_TELEMETRY_ENABLED``, :mod:`hermes.infra.telemetry`) also the OpenTelemetry plugin
     (workers made with it trace too) and the runtime whose SDK metrics go to OpenTelemetry.
 
     Where and how it connects (address, namespace, mTLS, a Temporal Cloud API key) is
-    :func:`hermes.connections.temporal_connect_args`.
+    :func:`hermes.infra.connections.temporal_connect_args`.
 
     Raises:
         ConfigError: an ``OTEL_*`` value Hermes cannot honour, a bad encryption key
@@ -90,8 +90,9 @@ async def connect_client(settings: Settings) -> Client:
             certificate, ...).
         TemporalTlsError: the TLS handshake with Temporal failed (which side, which setting).
     """
-    from hermes import command_auth, encryption, telemetry
-    from hermes.connections import connect_temporal
+    from hermes.infra import telemetry
+    from hermes.security import command_auth, encryption
+    from hermes.infra.connections import connect_temporal
 
     command_auth.ensure(settings)  # the key ring commands are signed and checked with
     plugins = telemetry.plugins(settings)
@@ -109,7 +110,7 @@ async def connect_client(settings: Settings) -> Client:
 
 def connect_redis(url: str | None = None, settings: Settings | None = None) -> Any:
     """A ``redis.asyncio.Redis`` with timeouts, so an unreachable Redis fails fast, and TLS
-    for a ``rediss://`` URL (:func:`hermes.connections.redis_client`).
+    for a ``rediss://`` URL (:func:`hermes.infra.connections.redis_client`).
 
     Args:
         url: default: ``settings.resolved_redis_url``.
@@ -118,7 +119,7 @@ def connect_redis(url: str | None = None, settings: Settings | None = None) -> A
     Raises:
         ConfigError: a bad Redis TLS setting.
     """
-    from hermes.connections import redis_client
+    from hermes.infra.connections import redis_client
 
     return redis_client(settings or get_settings(), url)
 
@@ -187,7 +188,7 @@ def build_worker(
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
     if settings.events_enabled:
-        # Turn events (hermes.events): published by the activities that do the work, to
+        # Turn events (hermes.content.events): published by the activities that do the work, to
         # Redis Streams, never into the session's history.
         events = EventLog(
             redis, max_events=settings.events_max_per_session, marker_ttl_seconds=settings.events_marker_ttl_seconds
@@ -229,7 +230,7 @@ def build_worker(
     )
     set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)
     # Runs this worker takes are announced on Redis, and this worker's stale copies of runs
-    # taken elsewhere leave its cache (hermes.run_cache).
+    # taken elsewhere leave its cache (hermes.infra.run_cache).
     eviction = MovedRunEviction(worker, redis)
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
     worker.hermes_memory = memory_activities  # type: ignore[attr-defined]
@@ -416,9 +417,9 @@ async def run_worker(
     """
     from hermes.memory.location import check_memory_location
     from hermes.names import SEARCH_ATTRIBUTES
-    from hermes.stack import ensure_search_attributes
+    from hermes.infra.stack import ensure_search_attributes
 
-    from hermes import telemetry
+    from hermes.infra import telemetry
 
     settings = settings or get_settings()
     location = check_memory_location(settings)  # before anything connects: one memory for every worker
@@ -460,7 +461,7 @@ async def run_worker(
 
 
 def main() -> None:
-    from hermes.process import tune_allocator
+    from hermes.infra.process import tune_allocator
 
     tune_allocator()  # before any thread: the worker's memory stays flat (issue 12)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

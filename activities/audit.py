@@ -1,12 +1,12 @@
 """The approval audit log: every approval request, decision and verdict, across sessions.
 
-Kept in the durable store (:mod:`hermes.durable`, LanceDB table ``hermes_approval_audit``:
+Kept in the durable store (:mod:`hermes.infra.durable`, LanceDB table ``hermes_approval_audit``:
 it must outlive a Redis loss) and in Redis, append-only and idempotent (an activity
 retried after a crash writes the same entry again, not a second one):
 
 - ``hermes:audit:approvals`` (sorted set): ``<session_id>|<entry_id>`` scored by time;
 - ``hermes:audit:approval:<session_id>`` (hash): ``entry_id`` -> the entry as JSON, sealed
-  (:func:`hermes.encryption.seal`) when encryption is on: an entry holds the tool call's
+  (:func:`hermes.security.encryption.seal`) when encryption is on: an entry holds the tool call's
   arguments and the reason of its decision. An entry this process cannot open is left
   out of what is read, with a warning.
 
@@ -23,11 +23,12 @@ from typing import Any
 
 from temporalio import activity
 
-from hermes import encryption, names
-from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
-from hermes.durable import AUDIT, DurableStore, Record, composite_key
+from hermes import names
+from hermes.security import encryption
+from hermes.content.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
+from hermes.infra.durable import AUDIT, DurableStore, Record, composite_key
 from hermes.models import ApprovalAuditBatch, ApprovalAuditEntry
-from hermes.redis_keys import AUDIT_INDEX_KEY, LEGACY_AUDIT_INDEX_KEY, audit_session_key, legacy_audit_session_key
+from hermes.infra.redis_keys import AUDIT_INDEX_KEY, LEGACY_AUDIT_INDEX_KEY, audit_session_key, legacy_audit_session_key
 
 log = logging.getLogger("hermes.audit")
 

@@ -24,8 +24,11 @@ from temporalio.common import WorkflowIDConflictPolicy
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating
-from hermes import command_auth, names, telemetry, usage
-from hermes.events import EventLog, TurnEvent
+from hermes import names
+from hermes.content import usage
+from hermes.infra import telemetry
+from hermes.security import command_auth
+from hermes.content.events import EventLog, TurnEvent
 from hermes.errors import ContextTooLongError, ModelRequestError, ModelUnavailableError, ScriptExhaustedError
 from hermes.memory.extraction import EXTRACTION_INSTRUCTION, extraction_prompt, parse_extraction
 from hermes.memory.judge import (
@@ -438,7 +441,7 @@ class MemoryActivities:
     async def _deliver(self, user_id: str, batch: MemoryBatch) -> None:
         if self.client is None:
             raise ApplicationError("no Temporal client to deliver memories with", non_retryable=True)
-        # Signed as the session's user by this worker's command key (hermes.command_auth):
+        # Signed as the session's user by this worker's command key (hermes.security.command_auth):
         # the writer takes no batch and no start without a proof.
         writer_id = names.memory_writer_id(user_id)
         await self.client.start_workflow(

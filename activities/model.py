@@ -20,8 +20,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import beat, heartbeating
-from hermes import names, telemetry
-from hermes.blobs import (
+from hermes import names
+from hermes.infra import telemetry
+from hermes.content.blobs import (
     MAX_INLINE_ARGUMENTS_BYTES,
     BlobStore,
     arguments_stand_in,
@@ -29,7 +30,7 @@ from hermes.blobs import (
     stored_preview,
     value_ref,
 )
-from hermes.events import EventLog, model_call_events
+from hermes.content.events import EventLog, model_call_events
 from hermes.errors import (
     ContextTooLongError,
     ModelRequestError,
@@ -37,7 +38,7 @@ from hermes.errors import (
     ScriptExhaustedError,
     failed_to_replay,
 )
-from hermes import usage
+from hermes.content import usage
 from hermes.models import (
     CallModelInput,
     CallModelResult,
@@ -48,10 +49,10 @@ from hermes.models import (
     Summary,
     ToolSpec,
 )
-from hermes.previews import head_and_tail
+from hermes.content.previews import head_and_tail
 from hermes.providers.base import ModelProvider
-from hermes.redis_writes import report_skipped
-from hermes.tokens import DEFAULT_ENCODING, TokenCounter
+from hermes.infra.redis_writes import report_skipped
+from hermes.content.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
 
 log = logging.getLogger("hermes.activities.model")
@@ -448,7 +449,7 @@ class ModelActivities:
 
     def _text_events(self, request: CallModelInput) -> model_call_events:
         """Where the reply text of ``request`` is published as it arrives: a session's
-        reply steps, when this worker publishes turn events (:mod:`hermes.events`)."""
+        reply steps, when this worker publishes turn events (:mod:`hermes.content.events`)."""
         if self.events is None or request.purpose != "reply" or request.step is None:
             return model_call_events(None, request.session_id, request.turn, 0, "")
         info = activity.info() if activity.in_activity() else None

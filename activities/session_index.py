@@ -10,10 +10,10 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
-from hermes.events import EventLog, TurnEvent
+from hermes.content.events import EventLog, TurnEvent
+from hermes.infra.redis_writes import report_skipped, write_or_report
 from hermes.models import SessionIndexEntry
-from hermes.redis_writes import report_skipped, write_or_report
-from hermes.session_index import write_entry
+from hermes.sessions.index import write_entry
 
 log = logging.getLogger("hermes.session_index")
 
@@ -26,7 +26,7 @@ class SessionIndexActivities:
     it), and the write runs as a local activity before a reply is delivered: so an outage
     must cost a reply at most ``timeout_seconds`` once per ``backoff_seconds``, not a
     wait on every turn, and never a failed session. A row not written (failed, or skipped
-    during the backoff) is reported (:func:`hermes.redis_writes.report_skipped`: a
+    during the backoff) is reported (:func:`hermes.infra.redis_writes.report_skipped`: a
     warning naming the session, the ``hermes.redis.writes_skipped`` metric) and the
     activity returns False (issue 27). A wait for a free pool connection is not an
     outage: it fails only this write (retried once), and starts no backoff.

@@ -6,13 +6,13 @@ it runs, with heartbeats. Whatever happens becomes a ``{code, message, data}`` r
 
 A non-idempotent tool runs at most once per ``session_id:tool_call_id``: before it
 runs, a record is set in Redis with ``SET NX`` (the fast, atomic claim) and in the durable
-store (:mod:`hermes.durable`, table ``hermes_tool_calls``: the copy that survives a
+store (:mod:`hermes.infra.durable`, table ``hermes_tool_calls``: the copy that survives a
 Redis loss); a later attempt that finds either record returns the stored result, or, if
 the first attempt never finished, reports the outcome as unknown instead of running the
 tool again. Losing Redis therefore never re-runs a side effect.
 
 A result whose JSON is larger than ``max_result_bytes`` never enters history whole: the
-whole result is kept by reference (:meth:`hermes.blobs.BlobStore.keep_many`: the durable
+whole result is kept by reference (:meth:`hermes.content.blobs.BlobStore.keep_many`: the durable
 store, and Redis as the fast path) and the session gets a preview naming the reference,
 which the model reads with the built-in ``read_stored_content`` tool; with no store, or
 if keeping it fails, only the preview is kept (and it says so).
@@ -33,11 +33,13 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating, with_heartbeat
-from hermes import encryption, names, telemetry
-from hermes.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
-from hermes.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
+from hermes import names
+from hermes.infra import telemetry
+from hermes.security import encryption
+from hermes.content.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
+from hermes.infra.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
-from hermes.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
+from hermes.content.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.models import (
     Degradation,
     ListToolsInput,
@@ -48,11 +50,11 @@ from hermes.models import (
     ToolSpec,
     ValidateToolCallResult,
 )
-from hermes.previews import head_and_tail
-from hermes.redis_writes import report_skipped
+from hermes.content.previews import head_and_tail
+from hermes.infra.redis_writes import report_skipped
 from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
-from hermes.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
+from hermes.content.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
 
 log = logging.getLogger("hermes.tools")
 
@@ -112,7 +114,7 @@ def cap_result(result: ToolResult, max_bytes: int, *, ref: str | None = None, wh
         ``{"truncated": true, "preview": ...}`` (plus ``ref``, ``size_bytes`` and
         ``size_chars`` of the stored JSON when ``ref`` is given) and whose message says
         so and, with a reference, how to read the rest. The preview is the head and the
-        tail of the data's JSON (:func:`hermes.previews.head_and_tail`: errors and totals
+        tail of the data's JSON (:func:`hermes.content.previews.head_and_tail`: errors and totals
         are usually at the end) around a marker line saying how many characters, lines
         and bytes were cut, and, with a reference, the ``read_stored_content`` call that
         reads them (offsets into the stored result).
@@ -330,7 +332,7 @@ def _scrub_surrogates(value: Any) -> Any:
 
 
 def schema_tokens(encoding: str, spec: ToolSpec) -> int:
-    """Tokens ``spec``'s schema takes in a prompt (:meth:`hermes.tokens.TokenCounter.tools`)
+    """Tokens ``spec``'s schema takes in a prompt (:meth:`hermes.content.tokens.TokenCounter.tools`)
     in ``encoding`` (the default one when this worker cannot load it offline); remembered
     per encoding and schema, since a session lists the same tools every turn."""
     return _schema_tokens(encoding, schema_json(spec))
@@ -375,7 +377,7 @@ class ToolActivities:
         durable: DurableStore | None = None,
     ):
         self.encoding_fallback = encoding_fallback
-        """Why ``encoding`` is a fallback (:func:`hermes.tokens.encoding_fallback`), or None;
+        """Why ``encoding`` is a fallback (:func:`hermes.content.tokens.encoding_fallback`), or None;
         reported with each tool list as a ``tokenizer`` degradation."""
         self.memory = memory
         """Whether this worker serves long-term memory (reported with the tool list)."""
@@ -393,7 +395,7 @@ class ToolActivities:
         self.tier_seconds = tier_seconds
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.events: EventLog | None = None
-        """Where tool calls are published as turn events (:mod:`hermes.events`), if anywhere."""
+        """Where tool calls are published as turn events (:mod:`hermes.content.events`), if anywhere."""
 
     async def bounded(self, result: ToolResult) -> ToolResult:
         """``result``, or, when its JSON exceeds ``max_result_bytes``, a preview of it

@@ -4,7 +4,7 @@ The transcript archive holds the oldest messages of a long session, so that the 
 carried across continue-as-new stays under Temporal's payload limit; it has no other copy.
 A snapshot is the final state of a session archived after a long idle time (its first copy
 is the final run's result, gone after the namespace's retention). Both are written to the
-durable store (:mod:`hermes.durable`, LanceDB: tables ``hermes_transcript`` and
+durable store (:mod:`hermes.infra.durable`, LanceDB: tables ``hermes_transcript`` and
 ``hermes_snapshots``) first, so they outlive a Redis loss, and to Redis too:
 
 - ``hermes:transcript_archive:{session_id}:{chain_id}``: a hash from message index (its
@@ -14,10 +14,10 @@ durable store (:mod:`hermes.durable`, LanceDB: tables ``hermes_transcript`` and
 With a durable store, Redis' copies expire ``content_ttl_seconds`` after their last write
 (``HERMES_REDIS_CONTENT_TTL_SECONDS``; the durable copy answers after that), and archiving
 a session drops from Redis the content blobs its snapshot and the durable store hold
-(:meth:`hermes.blobs.BlobStore.evict_kept`). Without one, Redis' copies are the only ones
+(:meth:`hermes.content.blobs.BlobStore.evict_kept`). Without one, Redis' copies are the only ones
 and never expire.
 
-Redis' copies are sealed (:func:`hermes.encryption.seal`) when encryption is on: they hold
+Redis' copies are sealed (:func:`hermes.security.encryption.seal`) when encryption is on: they hold
 messages. One this process cannot open is read as missing, with a warning (the durable
 copy answers if there is one).
 
@@ -34,9 +34,10 @@ from typing import Any
 
 from temporalio import activity
 
-from hermes import encryption, names
-from hermes.blobs import BlobStore, message_ref
-from hermes.durable import SNAPSHOTS, TRANSCRIPT, DurableStore, DurableStoreError, Record, composite_key
+from hermes import names
+from hermes.security import encryption
+from hermes.content.blobs import BlobStore, message_ref
+from hermes.infra.durable import SNAPSHOTS, TRANSCRIPT, DurableStore, DurableStoreError, Record, composite_key
 from hermes.models import ArchiveMessagesInput, Message, SessionCarry, SnapshotInput
 
 log = logging.getLogger("hermes.transcript")
@@ -45,7 +46,7 @@ ARCHIVE_KEY = "hermes:transcript_archive:{session_id}:{chain_id}"
 SNAPSHOT_KEY = "hermes:snapshot:{session_id}"
 """The final snapshot of an archived session (its state, as carried across continue-as-new)."""
 _CONTENT_REF = re.compile(r"\bb:[0-9a-f]{32}\b")
-"""A content reference (:func:`hermes.blobs.value_ref`) anywhere in a snapshot's JSON: in a
+"""A content reference (:func:`hermes.content.blobs.value_ref`) anywhere in a snapshot's JSON: in a
 stand-in's header, ``arguments_ref``, ``tools_ref``."""
 
 

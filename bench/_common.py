@@ -34,8 +34,8 @@ import redis.asyncio as aioredis  # noqa: E402
 from temporalio.client import Client  # noqa: E402
 from temporalio.testing import WorkflowEnvironment  # noqa: E402
 
-from hermes.process import exit_now  # noqa: E402
-from hermes.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
+from hermes.infra.process import exit_now  # noqa: E402
+from hermes.infra.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
 
 
 
@@ -53,10 +53,10 @@ class BenchStack:
 @asynccontextmanager
 async def bench_stack(*, dynamic_config: dict[str, str] | None = None) -> AsyncIterator[BenchStack]:
     """Start a Temporal dev server (with ``dynamic_config``, see
-    :func:`hermes.stack.start_dev_environment`) and a Redis, yield them, stop both.
+    :func:`hermes.infra.stack.start_dev_environment`) and a Redis, yield them, stop both.
 
     Raises:
-        hermes.stack.StackError: a binary is missing or a server did not start.
+        hermes.infra.stack.StackError: a binary is missing or a server did not start.
     """
     env = await start_dev_environment(dynamic_config=dynamic_config)
     try:

@@ -8,7 +8,7 @@ model steps with one or two tool calls each, tool results of about 5 KB of JSON,
 answer; every third turn in Chinese), every message counted once as the workflow does
 when it enters the transcript (``Message.tokens``). Printed:
 
-- per size, the time of one ``hermes.context.build_context`` call (the default policy:
+- per size, the time of one ``hermes.content.context.build_context`` call (the default policy:
   128k window, 20% reserve, 10 recent messages; a summary, three memories and five tool
   schemas), median / p95 / min / max over the runs, with what was sent and left out; and
   the time of a build when no message is precounted (a worst case the workflow avoids);
@@ -37,9 +37,9 @@ import _common  # noqa: E402  (also puts the repository root on sys.path)
 
 import tiktoken  # noqa: E402
 
-from hermes.context import ContextPolicy, build_context  # noqa: E402
+from hermes.content.context import ContextPolicy, build_context  # noqa: E402
 from hermes.models import Message, Summary, ToolCall, ToolSpec  # noqa: E402
-from hermes.tokens import DEFAULT_ENCODING, TokenCounter  # noqa: E402
+from hermes.content.tokens import DEFAULT_ENCODING, TokenCounter  # noqa: E402
 
 SIZES = (100, 1_000, 10_000)
 SYSTEM_PROMPT = (

@@ -1,6 +1,6 @@
 """What keeping notes durably costs: ``save_note`` and ``list_notes`` on the durable store.
 
-The built-in note tools write to and read from the durable store (LanceDB, ``hermes.durable``)
+The built-in note tools write to and read from the durable store (LanceDB, ``hermes.infra.durable``)
 instead of a Redis list, so that a note confirmed as saved outlives a Redis loss. This
 measures both tools as a worker runs them (one store object per process, opened once),
 on a store that already holds notes of other users, including the background compaction
@@ -20,7 +20,7 @@ import time
 
 from _common import describe_ms, headline, parser, percentile, run
 
-from hermes.durable import DurableStore
+from hermes.infra.durable import DurableStore
 from hermes.tools.builtin import list_notes, save_note
 from hermes.tools.registry import ToolContext
 

@@ -56,7 +56,7 @@ from hermes.mcp.config import parse_mcp_config  # noqa: E402
 from hermes.mcp.manager import McpManager  # noqa: E402
 from hermes.mcp.tools import McpToolset  # noqa: E402
 from hermes.models import McpOrigin, RunToolInput, ToolCall  # noqa: E402
-from hermes.stack import free_port  # noqa: E402
+from hermes.infra.stack import free_port  # noqa: E402
 from hermes.tools.registry import ToolRegistry  # noqa: E402
 
 SERVER = Path(__file__).resolve().parent.parent / "tests" / "mcp_servers" / "normal.py"

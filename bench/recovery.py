@@ -815,7 +815,7 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
     shift = args.timer_shift
     print(
         "  server history.timerProcessorMaxTimeShift: "
-        + ("100 ms (Hermes' dev servers, hermes.stack.DEV_SERVER_DYNAMIC_CONFIG)" if shift is None else f"{shift:g} s")
+        + ("100 ms (Hermes' dev servers, hermes.infra.stack.DEV_SERVER_DYNAMIC_CONFIG)" if shift is None else f"{shift:g} s")
     )
     print(
         f"  slow call: {WORK_SECONDS:g} s per attempt; repetitions {repetitions}; case timeout {case_timeout:g} s; "
@@ -823,8 +823,8 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
         flush=True,
     )
 
-    from hermes import command_auth
     from hermes.client import HermesClient
+    from hermes.security import command_auth
     from hermes.settings import Settings
 
     started = time.monotonic()

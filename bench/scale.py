@@ -59,10 +59,10 @@ except ImportError:  # run as a file: bench/ is on the path, not the repository 
     from _redis_usage import redis_usage  # type: ignore[no-redef]
     from recovery import Workers, wait_polling  # type: ignore[no-redef]
 
-from hermes import command_auth  # noqa: E402
 from hermes.client import HermesClient  # noqa: E402
-from hermes.connections import redis_client  # noqa: E402
+from hermes.infra.connections import redis_client  # noqa: E402
 from hermes.memory.service import open_store  # noqa: E402
+from hermes.security import command_auth  # noqa: E402
 from hermes.settings import Settings  # noqa: E402
 from tests.local_servers import moto_s3, redis_cluster  # noqa: E402
 

@@ -72,12 +72,12 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # `python -m bench.soak` too
 from _common import headline, parser, run  # noqa: E402, I001 - also puts the repository on sys.path
 
-from hermes import command_auth  # noqa: E402
+from hermes.security import command_auth  # noqa: E402
 from hermes.client import HermesClient  # noqa: E402
-from hermes.durable import DurableStore  # noqa: E402
+from hermes.infra.durable import DurableStore  # noqa: E402
 from hermes.models import SessionConfig  # noqa: E402
 from hermes.errors import MessageRejectedError, SessionClosedError  # noqa: E402
-from hermes.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
+from hermes.infra.stack import EmbeddedStack, free_port, start_dev_environment  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 

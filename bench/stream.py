@@ -64,7 +64,7 @@ SCRIPT: dict[str, Any] = {
 @activity.defn(name="bench_stream_generate")
 async def generate(streaming: bool) -> str:
     """The scripted reply, word by word; published to the parent workflow's stream when
-    ``streaming`` (batched every 0.1 s, as hermes.events batches text)."""
+    ``streaming`` (batched every 0.1 s, as hermes.content.events batches text)."""
     if not streaming:
         for _ in range(WORDS):
             await asyncio.sleep(CHUNK_SECONDS)
@@ -174,9 +174,9 @@ async def main() -> None:
 
     from hermes.api import KeyRing, add_key, create_app
     from hermes.client import HermesClient
+    from hermes.infra.stack import free_port
     from hermes.providers.scripted import ScriptedModel
     from hermes.settings import Settings
-    from hermes.stack import free_port
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
     from worker import build_worker

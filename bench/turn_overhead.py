@@ -63,7 +63,8 @@ with workflow.unsafe.imports_passed_through():
     import _common  # also puts the repository root on sys.path
     from pydantic import BaseModel
 
-    from hermes import command_auth, names
+    from hermes import names
+    from hermes.security import command_auth
     from hermes.models import (
         CallModelInput,
         CallModelResult,
@@ -402,7 +403,7 @@ async def main() -> None:
             plain = client.get_workflow_handle(plain_id)
 
             async def plain_turn(_: int) -> str:
-                # Signed as every client's message is (hermes.command_auth): sessions refuse others.
+                # Signed as every client's message is (hermes.security.command_auth): sessions refuse others.
                 message = command_auth.signed(
                     SendMessageInput(text=text, client_message_id=f"msg-{uuid.uuid4()}"), names.SEND_MESSAGE, plain_id,
                     sender="bench",
@@ -477,7 +478,7 @@ async def main() -> None:
                 if isinstance(s, VariantSeries):
                     await s.close()
             if traced is not None:
-                from hermes import telemetry
+                from hermes.infra import telemetry
 
                 telemetry.shutdown()
 
@@ -489,7 +490,7 @@ class VariantSeries(Series):
     client with the OpenTelemetry plugin and/or the encryption codec, on its own task
     queue; spans to an in-memory exporter through the batch processor production uses,
     metrics to an in-memory reader. Telemetry and the content store's key ring are
-    process-wide (:mod:`hermes.telemetry`, :func:`hermes.encryption.activate`), so they
+    process-wide (:mod:`hermes.infra.telemetry`, :func:`hermes.security.encryption.activate`), so they
     are switched on for this series' turns only: the other series run with them off.
     (Background work a turn leaves, the session-index write, may run in the next series'
     turn either way.)"""
@@ -499,7 +500,8 @@ class VariantSeries(Series):
         self.worker, self.on, self.spans, self.keyring = worker, on, spans, keyring
 
     async def turns(self, count: int, *, record: bool, server_pids: Sequence[int] = ()) -> None:
-        from hermes import encryption, telemetry
+        from hermes.infra import telemetry
+        from hermes.security import encryption
 
         telemetry._current = self.on  # noqa: SLF001 - the bench switches it per series
         encryption.activate(self.keyring)
@@ -523,7 +525,7 @@ def _start_tracing() -> tuple[Any, Any, list[Any]]:
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from hermes import telemetry
+    from hermes.infra import telemetry
 
     spans = InMemorySpanExporter()
     on = telemetry.start(span_exporters=[spans], metric_readers=[InMemoryMetricReader()])
@@ -543,9 +545,9 @@ async def _variant_series(
 
     from temporalio.client import Client
 
-    from hermes import encryption
+    from hermes.security import encryption
     from hermes.client import HermesClient
-    from hermes.keyfiles import new_key
+    from hermes.security.keyfiles import new_key
 
     on, spans, plugins = tracing or (None, None, [])
     keyring = None

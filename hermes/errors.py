@@ -201,7 +201,7 @@ class SessionForbiddenError(HermesError, PermissionError):
 
 class CommandRefusedError(SessionForbiddenError):
     """The session could not verify the proof of who sent the command
-    (:mod:`hermes.command_auth`): this client's command key is not one the workers hold
+    (:mod:`hermes.security.command_auth`): this client's command key is not one the workers hold
     (``HERMES_COMMAND_KEYS`` / ``HERMES_COMMAND_KEY_FILE`` differ, or each process made
     its own ``<data_dir>/command-keys``), or its clock is off by more than five minutes.
     Not taken, nothing recorded; the session stays usable by a client with the right key.

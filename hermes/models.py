@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
-from hermes.proof import CommandProof
+from hermes.security.proof import CommandProof
 
 Role = Literal["system", "user", "assistant", "tool"]
 ProviderProfileName = Literal["openai", "openai-reasoning", "deepseek", "qwen", "moonshot", "ollama", "vllm", "llamacpp"]
@@ -77,7 +77,7 @@ class ToolCall(BaseModel):
     arguments_error: str | None = None
     """Set when the model's raw arguments were not a JSON object; the call is then not run."""
     arguments_ref: str | None = None
-    """Set when the arguments were larger than :data:`hermes.blobs.MAX_INLINE_ARGUMENTS_BYTES`:
+    """Set when the arguments were larger than :data:`hermes.content.blobs.MAX_INLINE_ARGUMENTS_BYTES`:
     they are kept whole in the content store under this reference, and ``arguments`` is a
     stand-in (``kept_by_reference``, ``size_bytes``, ``preview``) that shows what they are.
     The tool activities and the provider request read the whole arguments; the session
@@ -106,9 +106,9 @@ class Message(BaseModel):
     user and kept in the transcript, never sent to the model as if it had said it."""
     tokens: int | None = None
     """Tokens this message takes in a model's context (text plus chat-format overhead,
-    :meth:`hermes.tokens.TokenCounter.message`), counted once when it enters the transcript."""
+    :meth:`hermes.content.tokens.TokenCounter.message`), counted once when it enters the transcript."""
     ref: str | None = None
-    """Content hash of the message body (:func:`hermes.blobs.message_ref`): model calls
+    """Content hash of the message body (:func:`hermes.content.blobs.message_ref`): model calls
     carry this reference instead of the body, which enters workflow history only once."""
     reasoning: str | None = None
     """For ``role="assistant"``: the model's reasoning, as its provider returned it
@@ -193,7 +193,7 @@ class ToolSpec(BaseModel):
     idempotency_source: PolicySource | None = None
     """The same for ``idempotency``."""
     tokens: int | None = None
-    """Tokens its schema takes in a model's prompt (:meth:`hermes.tokens.TokenCounter.tools`),
+    """Tokens its schema takes in a model's prompt (:meth:`hermes.content.tokens.TokenCounter.tools`),
     counted by the tool-listing activity with the session's encoding, so workflow code
     never encodes schemas (None: count it where needed)."""
 
@@ -237,7 +237,7 @@ class CallModelInput(BaseModel):
     """Provider profile (:data:`hermes.providers.profiles.PROFILES`) for this call, from the
     session's config; None: the worker's ``HERMES_MODEL_PROFILE`` or the one its base URL names."""
     message_refs: list[str] = Field(default_factory=list)
-    """Content hashes of the context's messages, in order (see :mod:`hermes.blobs`)."""
+    """Content hashes of the context's messages, in order (see :mod:`hermes.content.blobs`)."""
     context_ref: str | None = None
     """Content hash of the list of ``message_refs`` itself: what a session's model call
     carries, so that its input has the same size however long the conversation is."""
@@ -305,7 +305,7 @@ class ListToolsInput(BaseModel):
 
 class CountTokensInput(BaseModel):
     """A text whose tokens a session needs exactly but may not count in workflow code
-    (longer than :data:`hermes.tokens.BOUNDED_COUNT_CHARS`)."""
+    (longer than :data:`hermes.content.tokens.BOUNDED_COUNT_CHARS`)."""
 
     text: str
     encoding: str
@@ -464,7 +464,7 @@ class SessionConfig(BaseModel):
     """Per-session settings, fixed at creation (defaults from DESIGN.md). A value that can
     never work (a zero window, no attempts) is refused here, naming the field (pydantic
     ``ValidationError``); maxima, cross-field checks and the model name only where a session
-    starts (:func:`hermes.session_checks.check_session_config`), so a running session's
+    starts (:func:`hermes.sessions.checks.check_session_config`), so a running session's
     config, carried in its history, always decodes."""
 
     system_prompt: str = (
@@ -589,7 +589,7 @@ class SendMessageInput(BaseModel):
     (its ``SessionInput.user_id``) and refuses others' as ``SessionForbiddenError``, not
     taken. ``None`` (clients before issue 16): not checked."""
     proof: CommandProof | None = None
-    """Who sent it (:mod:`hermes.command_auth`): the session's user, or a sender with the
+    """Who sent it (:mod:`hermes.security.command_auth`): the session's user, or a sender with the
     ``admin`` role, recorded as the message's ``sender``. Without a valid proof the
     message is refused (``CommandRefusedError``), not taken."""
 
@@ -690,7 +690,7 @@ class ApprovalDecision(BaseModel, frozen=True):
     approver: str = "user"
     reason: str | None = None
     proof: CommandProof | None = None
-    """Proof that ``approver`` sent it (:mod:`hermes.command_auth`); a decision without a
+    """Proof that ``approver`` sent it (:mod:`hermes.security.command_auth`); a decision without a
     valid one, or whose proof names another sender, is recorded ``not_allowed``."""
 
 
@@ -785,7 +785,7 @@ class SessionCarry(BaseModel):
     chain_id: str = ""
     """The session's first run id (kept when it resumes from a snapshot)."""
     seen_proofs: dict[str, datetime] = Field(default_factory=dict)
-    """Signal proofs already taken (MAC -> issue time, :mod:`hermes.command_auth`): the
+    """Signal proofs already taken (MAC -> issue time, :mod:`hermes.security.command_auth`): the
     same proof sent again changes nothing."""
     summary: Summary | None = None
     summary_retry_turn: int = 0
@@ -824,7 +824,7 @@ class SessionInput(BaseModel):
     config: SessionConfig = Field(default_factory=SessionConfig)
     carry: SessionCarry | None = None
     proof: CommandProof | None = None
-    """Proof of who started the session (:mod:`hermes.command_auth`, command
+    """Proof of who started the session (:mod:`hermes.security.command_auth`, command
     ``start_session``); a run started without a valid one (not continued as new) ends
     failed at once and takes no message, so its id can be started again properly."""
 

@@ -41,7 +41,7 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, validation_alias=_env("redis_url"))
     """Unset means the embedded Redis from `hermes dev`."""
 
-    # ---- TLS and Temporal Cloud (hermes/connections.py) ----------------------------
+    # ---- TLS and Temporal Cloud (hermes/infra/connections.py) ----------------------------
     # Also under the names of Temporal's own client environment configuration
     # (TEMPORAL_TLS, TEMPORAL_TLS_CLIENT_CERT_PATH, ..., TEMPORAL_API_KEY).
     temporal_tls: bool | None = Field(default=None, validation_alias=AliasChoices("HERMES_TEMPORAL_TLS", "TEMPORAL_TLS"))
@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     ui_port: int = 8233
     redis_port: int = 6379
     codec_port: int = 8081
-    """Port of the codec server `hermes dev` runs for its Web UI (``hermes.codec_server``:
+    """Port of the codec server `hermes dev` runs for its Web UI (``hermes.security.codec_server``:
     the UI shows the messages behind the content references of model calls)."""
     codec_token: SecretStr | None = None
     """Bearer token ``hermes codec-server`` requires of every request (the Web UI's codec
@@ -121,16 +121,16 @@ class Settings(BaseSettings):
     """Keys encrypting Temporal payloads and Redis copies of message bodies,
     ``"<id>:<base64 key>,..."``: the first encrypts, every one decrypts (rotation: put the
     new key first). Unset, and no ``encryption_key_file``: payloads are stored in clear
-    (:mod:`hermes.encryption`)."""
+    (:mod:`hermes.security.encryption`)."""
     encryption_key_file: Path | None = None
     """The same keys in a file, one ``<id> <base64 key>`` per line, the first encrypting."""
     encryption_refuse_clear: bool = False
     """With keys set, payloads that arrive in clear (a command from a client without the
-    encryption key) are refused instead of read (:class:`hermes.encryption.EncryptionCodec`).
+    encryption key) are refused instead of read (:class:`hermes.security.encryption.EncryptionCodec`).
     Turn it on after the cut-over: when no open session's current run holds a payload
     written before encryption was on (README 'Encryption at rest')."""
     command_keys: SecretStr | None = None
-    """Keys proving who sent each command to a session (:mod:`hermes.command_auth`),
+    """Keys proving who sent each command to a session (:mod:`hermes.security.command_auth`),
     ``"<id>:<base64 key>,..."``: the first signs, every one verifies. The API, the CLI, the
     Python client and every worker need the same ring. Unset, and no ``command_key_file``:
     ``<data_dir>/command-keys``, made on first use (one machine)."""
@@ -228,7 +228,7 @@ class Settings(BaseSettings):
     a worker's memory is its base (about 180 MB, 430 MB with long-term memory loaded)
     plus that times the sessions it serves, bounded by this. A run another worker took
     over (a crash, or a sticky timeout on a busy machine) leaves this cache at once,
-    announced over Redis (``hermes.run_cache``), so the sessions counted are the ones
+    announced over Redis (``hermes.infra.run_cache``), so the sessions counted are the ones
     this worker serves now, not every one it ever served."""
     workflow_deadlock_seconds: float = Field(default=8.0, gt=0)
     """How long one activation of workflow code may run before the SDK calls it a deadlock
@@ -323,7 +323,7 @@ class Settings(BaseSettings):
     events_enabled: bool = True
     """Workers publish turn events (text as the model streams it, tool calls, approvals,
     recalled memories, a turn's start and end) to a Redis Stream per session
-    (:mod:`hermes.events`; ``hermes chat``, ``hermes serve``'s event streams read them).
+    (:mod:`hermes.content.events`; ``hermes chat``, ``hermes serve``'s event streams read them).
     Off (``HERMES_EVENTS_ENABLED=0``): nothing is published; turns are unchanged."""
     events_max_per_session: int = Field(default=10_000, ge=100)
     """Events kept per session; older ones are truncated (about a hundred turns)."""
@@ -350,7 +350,7 @@ class Settings(BaseSettings):
     of a request still running always attaches to it; 0: never, every request without a
     key is a new message). :mod:`hermes.api.retries`."""
     # --- hermes serve's edge: rates, stream cap, read deadlines, proxies (hermes.api.limits,
-    # hermes.http_security, hermes.api.serving)
+    # hermes.security.http_security, hermes.api.serving)
     api_rate_per_minute: int = Field(default=600, ge=0)
     """Requests per user (all of its keys together) in any minute ``hermes serve``
     answers; more get 429 with ``Retry-After`` (``HERMES_API_RATE_PER_MINUTE``; 0: no limit)."""
@@ -376,7 +376,7 @@ class Settings(BaseSettings):
     TCP peer's, so a client cannot choose the address its failed keys count against."""
 
     telemetry_enabled: bool = False
-    """OpenTelemetry traces and metrics (``HERMES_TELEMETRY_ENABLED=1``; ``hermes.telemetry``):
+    """OpenTelemetry traces and metrics (``HERMES_TELEMETRY_ENABLED=1``; ``hermes.infra.telemetry``):
     a trace per turn, spans for model, tool, MCP and memory calls, approval waits and
     summaries, Hermes' and Temporal's metrics. Where they go is set by the standard
     ``OTEL_*`` variables (``OTEL_TRACES_EXPORTER``, ``OTEL_METRICS_EXPORTER``,

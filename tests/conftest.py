@@ -24,13 +24,19 @@ from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
-from hermes import command_auth, names
+from hermes import names
 from hermes.client import HermesClient
-from hermes.durable import DurableStore
+from hermes.infra.durable import DurableStore
+from hermes.infra.stack import (
+    EmbeddedStack,
+    find_binary,
+    free_port,
+    start_dev_environment,
+)
 from hermes.models import SessionConfig, TurnResult
 from hermes.providers.scripted import ScriptedModel
+from hermes.security import command_auth
 from hermes.settings import Settings
-from hermes.stack import EmbeddedStack, find_binary, free_port, start_dev_environment
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker
@@ -266,7 +272,7 @@ async def time_skipping_env() -> AsyncIterator[WorkflowEnvironment]:
             )
         )
         # Its workflow clock runs days ahead of the clients' that sign commands: proofs of
-        # any age, as HERMES_COMMAND_MAX_AGE_SECONDS=0 gives (hermes.command_auth).
+        # any age, as HERMES_COMMAND_MAX_AGE_SECONDS=0 gives (hermes.security.command_auth).
         ring = command_auth.active()
         command_auth.activate(dataclasses.replace(ring, max_age=None))
         try:

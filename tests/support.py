@@ -81,9 +81,9 @@ def decoded_history(history_json: str) -> str:
 
 
 def signed(command: str, session_id: str, payload: Any, sender: str = "anonymous", roles: tuple[str, ...] = ()) -> Any:
-    """``payload`` with a proof (:mod:`hermes.command_auth`) by this process' command key
+    """``payload`` with a proof (:mod:`hermes.security.command_auth`) by this process' command key
     that ``sender`` sends ``command``: what a Hermes client attaches to each command."""
-    from hermes import command_auth
+    from hermes.security import command_auth
 
     return command_auth.signed(payload, command, session_id, sender=sender, roles=roles)
 

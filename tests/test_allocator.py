@@ -13,7 +13,7 @@ import pytest
 PROBE = textwrap.dedent(
     """
     import ctypes, sys
-    from hermes.process import tune_allocator
+    from hermes.infra.process import tune_allocator
 
     class Mallinfo2(ctypes.Structure):
         _fields_ = [(n, ctypes.c_size_t) for n in
@@ -48,7 +48,7 @@ def test_after_tuning_a_large_block_freed_and_asked_again_is_mapped_and_so_retur
 
 
 def test_the_environment_wins_over_the_tuning(monkeypatch):
-    from hermes import process
+    from hermes.infra import process
 
     calls = []
 

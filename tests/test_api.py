@@ -27,9 +27,9 @@ from hermes.api import OPERATIONS, KeyRing, add_key, create_app
 from hermes.api.keys import hash_key
 from hermes.api.serving import uvicorn_config
 from hermes.client import HermesClient
+from hermes.infra.stack import free_port
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.stack import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PROBLEM = "application/problem+json"

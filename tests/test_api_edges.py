@@ -21,10 +21,10 @@ import pytest
 
 from hermes.api import add_key
 from hermes.api.openai_compat import openai_session_id
-from hermes.http_security import PAGE_CSP, bearer_token
+from hermes.infra.stack import free_port
 from hermes.providers.scripted import ScriptedModel
+from hermes.security.http_security import PAGE_CSP, bearer_token
 from hermes.settings import Settings
-from hermes.stack import free_port
 from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
 from tests.test_events import STREAMING_SCRIPT
 

@@ -11,9 +11,9 @@ import uuid
 import openai
 import pytest
 
+from hermes.infra.stack import free_port
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.stack import free_port
 from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
 from tests.test_cli import NOTE_MESSAGE
 from tests.test_events import STREAMING_SCRIPT

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hermes.events import START
+from hermes.content.events import START
 from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
 from tests.test_events import STREAMING_SCRIPT
 

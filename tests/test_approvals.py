@@ -27,7 +27,7 @@ from temporalio.client import WorkflowExecutionStatus
 
 from hermes import names
 from hermes.client import HermesClient
-from hermes.durable import NOTES, DurableStore
+from hermes.infra.durable import NOTES, DurableStore
 from hermes.errors import SessionClosedError
 from hermes.models import SessionConfig, SessionState, ToolResultCode
 from hermes.providers.scripted import ScriptedModel

@@ -1,4 +1,4 @@
-"""Tests for the ``hermes`` command line (hermes/cli.py) and the demo (hermes/demo.py).
+"""Tests for the ``hermes`` command line (hermes/cli.py) and the demo (hermes/cli/offline_demo.py).
 
 The CLI runs as a real subprocess (``python -m hermes.cli``, the same ``app`` as the
 ``hermes`` entry point) against the fixtures' Temporal dev server and Redis, with a
@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from temporalio.client import Client
 
-from hermes import command_auth
+from hermes.infra.stack import free_port
 from hermes.models import ToolResultCode, TurnResult
 from hermes.providers.scripted import ScriptedModel
-from hermes.session_index import list_entries
-from hermes.stack import free_port
+from hermes.security import command_auth
+from hermes.sessions.index import list_entries
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NOTE_MESSAGE = "请帮我记一条笔记：明天上午十点和 Alice 开会"
@@ -54,7 +54,7 @@ def clean_env(**extra: str) -> dict[str, str]:
     env["COLUMNS"] = "200"
     env["PYTHONUNBUFFERED"] = "1"
     # The command key ring of this process (its workers'), as an operator gives every
-    # process of a deployment the same one (hermes.command_auth).
+    # process of a deployment the same one (hermes.security.command_auth).
     env["HERMES_COMMAND_KEYS"] = command_auth.format_keys(command_auth.active())
     env.update(extra)
     return env

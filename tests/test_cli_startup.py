@@ -29,12 +29,12 @@ HEAVY_MODULES = (
     "hermes.models",
     "hermes.settings",
     "hermes.client",
-    "hermes.demo",
-    "hermes.approvals",
-    "hermes.live_view",
-    "hermes.local_servers",
+    "hermes.cli.offline_demo",
+    "hermes.sessions.approvals",
+    "hermes.sessions.live_view",
+    "hermes.infra.local_servers",
     "hermes.cli.chat_view",
-    "hermes.stack",
+    "hermes.infra.stack",
     "worker",
 )
 """Modules no help text needs (the SDKs, and the Hermes modules that import them)."""

@@ -52,7 +52,7 @@ from hermes.errors import (
 )
 from hermes.models import CallModelInput, CallModelResult, Message, SendMessageInput, SessionConfig, TurnResult
 from hermes.settings import Settings
-from hermes.stack import EmbeddedStack, free_port
+from hermes.infra.stack import EmbeddedStack, free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from tests.support import eventually, signed

@@ -23,8 +23,10 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.contrib.pydantic import pydantic_data_converter
 
 from hermes import names
-from hermes.blobs import BLOB_KEY, BlobStore, body_json, message_ref, value_ref
-from hermes.codec_server import (
+from hermes.content.blobs import BLOB_KEY, BlobStore, body_json, message_ref, value_ref
+from hermes.infra.stack import EmbeddedStack, free_port
+from hermes.models import CallModelInput, Message, ToolSpec
+from hermes.security.codec_server import (
     ANSWER_CAP_BYTES,
     BODY_CAP_BYTES,
     CONTENT_CAP_BYTES,
@@ -33,8 +35,6 @@ from hermes.codec_server import (
     default_ui_origins,
     running_codec_server,
 )
-from hermes.models import CallModelInput, Message, ToolSpec
-from hermes.stack import EmbeddedStack, free_port
 from worker import connect_redis
 
 UI_ORIGIN = "http://localhost:8233"
@@ -412,7 +412,7 @@ async def test_the_codec_server_takes_the_bearer_scheme_in_any_case_as_the_api_d
 
 
 async def test_every_codec_answer_carries_the_security_headers_and_cors_still_serves_the_web_ui(codec):
-    from hermes.http_security import CODEC_CSP
+    from hermes.security.http_security import CODEC_CSP
 
     preflight = await codec.options("/decode", headers={
         "Origin": UI_ORIGIN, "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "content-type",

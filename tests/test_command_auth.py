@@ -22,8 +22,9 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.common import WorkflowIDReusePolicy
 from temporalio.exceptions import ApplicationError
 
-from hermes import command_auth, names
-from hermes.command_auth import CommandKeyRing
+from hermes import names
+from hermes.security import command_auth
+from hermes.security.command_auth import CommandKeyRing
 from hermes.errors import CommandRefusedError, ConfigError, SessionForbiddenError
 from hermes.models import ApprovalDecision, CommandProof, SendMessageInput, SessionConfig, SessionInput, ToolResultCode
 from hermes.settings import Settings

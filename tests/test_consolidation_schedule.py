@@ -19,7 +19,8 @@ from temporalio import activity
 from temporalio.client import Client, ScheduleActionStartWorkflow, WorkflowExecutionStatus
 from temporalio.worker import Worker
 
-from hermes import command_auth, names
+from hermes import names
+from hermes.security import command_auth
 from hermes.memory.schedule import ScheduleStamp, consolidation_stamp, ensure_consolidation_schedule, schedule_decision
 from hermes.settings import Settings
 from tests.support import eventually

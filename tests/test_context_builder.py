@@ -1,4 +1,4 @@
-"""The context builder (hermes/context.py) and token counting (hermes/tokens.py).
+"""The context builder (hermes/content/context.py) and token counting (hermes/content/tokens.py).
 
 Exact outputs on small transcripts, then property-based tests (hypothesis) over random
 transcripts: CJK, emoji and special-token text; several tool calls per step, missing and
@@ -18,8 +18,8 @@ import tiktoken.registry
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import hermes.tokens as tokens_module
-from hermes.context import (
+import hermes.content.tokens as tokens_module
+from hermes.content.context import (
     CUT_NOTE_TEMPLATE,
     MEMORIES_HEADER,
     BuiltContext,
@@ -27,14 +27,14 @@ from hermes.context import (
     ContextPolicy,
     build_context,
 )
-from hermes.models import Message, SessionConfig, Summary, ToolCall, ToolSpec
-from hermes.tokens import (
+from hermes.content.tokens import (
     DEFAULT_ENCODING,
     TokenCounter,
     corrected,
     encoding_name_for_model,
     usage_correction,
 )
+from hermes.models import Message, SessionConfig, Summary, ToolCall, ToolSpec
 
 COUNTER = TokenCounter.get(DEFAULT_ENCODING)
 SYSTEM = "You are Hermes. 你好 <|endoftext|>"

@@ -28,9 +28,9 @@ from typing import Any
 import pytest
 import yaml
 
-from hermes import command_auth
 from hermes.client import HermesClient
 from hermes.models import ToolResultCode
+from hermes.security import command_auth
 
 MAIN_DIR = Path(__file__).resolve().parent.parent
 COUNTER_FILE_ENV = "HERMES_CRASH_COUNTER_FILE"

@@ -14,8 +14,8 @@ import pytest
 
 from activities.model import ModelActivities
 from activities.tools import ToolActivities
-from hermes.blobs import BlobStore
-from hermes.events import EventLog
+from hermes.content.blobs import BlobStore
+from hermes.content.events import EventLog
 from hermes.mcp.config import parse_mcp_config
 from hermes.mcp.manager import McpManager
 from hermes.mcp.tools import McpToolset

@@ -1,9 +1,9 @@
-"""The demo is a leaf: no product module imports ``hermes.demo`` but the CLI's demo command
+"""The demo is a leaf: no product module imports ``hermes.cli.offline_demo`` but the CLI's demo command
 (issue 29; STYLE.md: "A demo or a CLI command is a leaf: product code never imports it").
 
 What the product shares with the demo lives where it belongs: deciding an approval in
-:mod:`hermes.approvals`, watching a turn in :mod:`hermes.live_view`, the servers in
-:mod:`hermes.local_servers`, waiting for Ctrl-C in :mod:`hermes.process`, the console
+:mod:`hermes.sessions.approvals`, watching a turn in :mod:`hermes.sessions.live_view`, the servers in
+:mod:`hermes.infra.local_servers`, waiting for Ctrl-C in :mod:`hermes.infra.process`, the console
 view in :mod:`hermes.cli.chat_view`. Imports are read with :mod:`ast` by the import-cycle
 check's graph (lazy imports count, ``if TYPE_CHECKING:`` ones do not).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tests.test_import_cycles import REPO_ROOT, TOP_LEVEL_MODULES, TREES, import_graph
 
-DEMO = "hermes.demo"
+DEMO = "hermes.cli.offline_demo"
 DEMO_COMMAND = "hermes.cli.demo"
 """The ``hermes demo`` command: the one module allowed to import :data:`DEMO`."""
 

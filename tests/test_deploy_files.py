@@ -26,13 +26,13 @@ from packaging.specifiers import SpecifierSet
 from pydantic import AliasChoices
 from typer.testing import CliRunner
 
-from hermes.blobs import BlobStore
 from hermes.cli import app
 from hermes.cli.health import target_of, worker_polls
-from hermes.codec_server import default_ui_origins, running_codec_server
+from hermes.content.blobs import BlobStore
+from hermes.infra.stack import free_port
 from hermes.providers.scripted import ScriptedModel
+from hermes.security.codec_server import default_ui_origins, running_codec_server
 from hermes.settings import Settings
-from hermes.stack import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE = ROOT / "docker-compose.yml"

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from tests.test_cli import clean_env, hermes_cli
 
 CHECKS = ["Temporal", "Redis", "Memory store", "Model", "MCP servers", "Encryption keys", "Command keys"]

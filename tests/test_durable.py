@@ -17,8 +17,8 @@ from temporalio.testing import ActivityEnvironment
 from activities.model import MAX_REPLY_BYTES, ModelActivities
 from activities.tools import ToolActivities, idempotency_key, to_tool_result
 from activities.transcript import TranscriptActivities, read_snapshot
-from hermes.blobs import BlobStore, value_ref
-from hermes.durable import NOTES, TOOL_CALLS, DurableStore, DurableStoreError, Record
+from hermes.content.blobs import BlobStore, value_ref
+from hermes.infra.durable import NOTES, TOOL_CALLS, DurableStore, DurableStoreError, Record
 from hermes.models import (
     CallModelInput,
     CallModelResult,

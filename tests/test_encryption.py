@@ -1,4 +1,4 @@
-"""Encryption at rest (issue 17, hermes/encryption.py): with keys configured no message text
+"""Encryption at rest (issue 17, hermes/security/encryption.py): with keys configured no message text
 is in any event of a session's history (the raw history scanned, payloads base64-decoded)
 nor in Redis's copies of message bodies; a rotated key ring (a new key first, the old one
 kept) reads and continues a session written under the old key; the codec server decrypts
@@ -21,17 +21,18 @@ from google.protobuf import json_format
 from pydantic import SecretStr
 from temporalio.client import Client, WorkflowUpdateFailedError
 
-from hermes import command_auth, encryption, names
-from hermes.blobs import BLOB_KEY, BlobStore
+from hermes import names
+from hermes.security import command_auth, encryption
+from hermes.content.blobs import BLOB_KEY, BlobStore
 from hermes.client import HermesClient
-from hermes.codec_server import create_app, default_ui_origins, running_codec_server
-from hermes.durable import DurableStore
-from hermes.encryption import EncryptionCodec, KeyRing, UnknownKeyError, keyring_from_settings, parse_keys
+from hermes.security.codec_server import create_app, default_ui_origins, running_codec_server
+from hermes.infra.durable import DurableStore
+from hermes.security.encryption import EncryptionCodec, KeyRing, UnknownKeyError, keyring_from_settings, parse_keys
 from hermes.errors import ConfigError
 from hermes.models import SendMessageInput, TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from tests.conftest import builtin_registry
 from tests.support import decoded_history, eventually, signed
 from worker import build_worker
@@ -262,8 +263,8 @@ async def test_the_session_index_row_holding_the_title_is_sealed_too(redis: Any,
     from datetime import datetime, timezone
 
     from hermes.models import SessionIndexEntry
-    from hermes.redis_keys import index_row_key
-    from hermes.session_index import list_entries, write_entry
+    from hermes.infra.redis_keys import index_row_key
+    from hermes.sessions.index import list_entries, write_entry
 
     user = f"u-{uuid.uuid4().hex[:8]}"
     now = datetime.now(timezone.utc)
@@ -280,7 +281,7 @@ async def test_the_session_index_row_holding_the_title_is_sealed_too(redis: Any,
 
 async def test_turn_events_in_redis_are_sealed_and_read_back_by_a_reader_with_the_keys(
         redis: Any, no_active_keyring: None) -> None:
-    from hermes.events import EventLog, TurnEvent, stream_key
+    from hermes.content.events import EventLog, TurnEvent, stream_key
 
     session = f"s-{uuid.uuid4().hex[:8]}"
     log = EventLog(redis)

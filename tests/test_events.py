@@ -1,4 +1,4 @@
-"""Turn events (hermes.events): the Redis Stream contract and a real turn's events.
+"""Turn events (hermes.content.events): the Redis Stream contract and a real turn's events.
 
 The log against the fixtures' real Redis: offsets in order, reading after an offset gives
 no gap and no repeat, a truncated offset is said, ``turn_started`` once per turn, a step's
@@ -15,7 +15,13 @@ from typing import Any
 import pytest
 
 from hermes.client import HermesClient
-from hermes.events import START, EventLog, TurnEvent, check_offset, model_call_events
+from hermes.content.events import (
+    START,
+    EventLog,
+    TurnEvent,
+    check_offset,
+    model_call_events,
+)
 from hermes.models import TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.tools.builtin import register_builtins

@@ -16,7 +16,7 @@ from temporalio.client import Client, WorkflowHistory
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.tools import ToolActivities, cap_result, idempotency_key, to_tool_result
-from hermes.blobs import BlobStore, value_ref
+from hermes.content.blobs import BlobStore, value_ref
 from hermes.client import MAX_STORED_MESSAGE_BYTES, HermesClient, message_by_reference
 from hermes.errors import MessageRejectedError
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, ToolResult, ToolResultCode

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from activities.transcript import read_archive
-from hermes.durable import NOTES
+from hermes.infra.durable import NOTES
 from hermes.models import (
     CallModelInput,
     CallModelResult,

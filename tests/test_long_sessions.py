@@ -27,10 +27,10 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Replayer
 
 from activities.transcript import SNAPSHOT_KEY, read_snapshot
-from hermes.durable import NOTES
+from hermes.infra.durable import NOTES
 from hermes import names
 from hermes.client import HermesClient
-from hermes.context import SUMMARY_TEMPLATE, ContextPolicy
+from hermes.content.context import SUMMARY_TEMPLATE, ContextPolicy
 from hermes.errors import ModelRequestError
 from hermes.models import (
     CallModelInput,
@@ -47,7 +47,7 @@ from hermes.models import (
 )
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
-from hermes.tokens import count_message_tokens, count_text_tokens
+from hermes.content.tokens import count_message_tokens, count_text_tokens
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker

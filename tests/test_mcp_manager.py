@@ -217,7 +217,7 @@ async def test_resources_and_prompts_are_exposed(make_manager):
 async def test_crash_mid_call_fails_within_timeout_then_restarts_with_doubling_backoff(make_manager):
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-    from hermes import telemetry
+    from hermes.infra import telemetry
 
     metrics = InMemoryMetricReader()
     telemetry.start(metric_readers=[metrics], batch=False)

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hermes import lance
+from hermes.infra import lance
 from hermes.memory.models import MemoryCandidate
 from hermes.memory.store import ARCHIVE_TABLE, FORGOTTEN_TABLE, MEMORY_TABLE, MemoryStore, sql_str
 from hermes.settings import Settings

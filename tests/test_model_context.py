@@ -115,7 +115,7 @@ async def test_a_model_call_whose_recorded_context_the_session_no_longer_knows_g
     from temporalio.exceptions import ApplicationError
 
     from activities.model import ModelActivities
-    from hermes.blobs import BlobStore, body_json, message_ref
+    from hermes.content.blobs import BlobStore, body_json, message_ref
 
     messages = [Message(role="system", content="be brief"), Message(role="user", content="question 3")]
     bodies = {message_ref(m): body_json(m) for m in messages}
@@ -141,7 +141,7 @@ async def test_a_session_query_a_worker_failed_to_replay_is_asked_again_and_othe
 
     from activities.model import ModelActivities
     from hermes import names
-    from hermes.blobs import BlobStore
+    from hermes.content.blobs import BlobStore
 
     class Flaky(_SessionAnswering):
         def __init__(self, failure: str) -> None:

@@ -48,11 +48,12 @@ from temporalio.testing import ActivityEnvironment
 from activities.heartbeat import beat_interval_seconds, heartbeating
 from activities.memory import MemoryActivities
 from activities.model import ModelActivities
-from hermes import command_auth, names
+from hermes import names
+from hermes.security import command_auth
 from hermes.client import HermesClient
 from hermes.memory.models import ConversationExcerpt, ExtractMemoriesInput
 from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, SummarizeInput
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from tests.test_replay import replayer
 from workflows.session import calls
 from tests.test_crash import kill_group, worker_log
@@ -570,7 +571,7 @@ async def test_a_model_call_asks_its_session_again_until_it_answers_and_then_get
     times in a row, used to end the turn with "The model could not answer"), and answers
     once a worker serves the session again."""
     import activities.model as model_module
-    from hermes.blobs import BlobStore
+    from hermes.content.blobs import BlobStore
     from hermes.providers.scripted import ScriptedModel
 
     script = {"turns": [{"match": ".*", "steps": [{"reply": "reply to {{ user }}"}]}]}
@@ -609,7 +610,7 @@ async def test_a_model_call_asks_its_session_again_until_it_answers_and_then_get
 
 async def test_a_model_call_does_not_wait_on_a_session_that_does_not_exist(temporal_client, monkeypatch):
     """NOT_FOUND is final: no patience is spent on a session that is gone."""
-    from hermes.blobs import BlobStore
+    from hermes.content.blobs import BlobStore
     from hermes.providers.scripted import ScriptedModel
 
     activities = ModelActivities(

@@ -29,7 +29,7 @@ from hermes.models import CallModelInput, Message, ToolResultCode
 from hermes.providers import make_provider
 from hermes.providers.openai import OpenAIProvider
 from hermes.settings import Settings
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from tests.fake_providers import Call, FakeProvider, Step, cut_before_arguments, cut_in_text

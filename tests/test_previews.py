@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from activities.tools import cap_result, to_tool_result
-from hermes.blobs import arguments_stand_in, stored_preview, value_ref
+from hermes.content.blobs import arguments_stand_in, stored_preview, value_ref
+from hermes.content.previews import head_and_tail
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, ToolResult
-from hermes.previews import head_and_tail
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from workflows.session.payloads import MAX_RESULT_CHARS

@@ -21,7 +21,7 @@ from temporalio.testing import ActivityEnvironment
 
 from activities.heartbeat import beat
 from activities.model import ModelActivities
-from hermes.blobs import body_json, message_from_body, message_ref
+from hermes.content.blobs import body_json, message_from_body, message_ref
 from hermes.errors import ConfigError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, ProviderProfileName, SessionConfig, ToolResultCode
 from hermes.providers import make_provider, openai as openai_provider

@@ -26,15 +26,15 @@ import redis.asyncio as aioredis
 from redis.crc import key_slot
 
 from activities.audit import read_audit
-from hermes.blobs import BlobStore
-from hermes.codec_server import default_ui_origins, running_codec_server
-from hermes.connections import check_connection_settings, redis_client
-from hermes.redis_keys import MULTI_KEY_OPERATIONS, index_row_key, index_user_key
+from hermes.content.blobs import BlobStore
+from hermes.security.codec_server import default_ui_origins, running_codec_server
+from hermes.infra.connections import check_connection_settings, redis_client
+from hermes.infra.redis_keys import MULTI_KEY_OPERATIONS, index_row_key, index_user_key
 from hermes.errors import ConfigError
 from hermes.models import CallModelInput, SessionIndexEntry
-from hermes.session_index import list_entries, write_entry
+from hermes.sessions.index import list_entries, write_entry
 from hermes.settings import Settings
-from hermes.stack import find_binary, free_port
+from hermes.infra.stack import find_binary, free_port
 from tests.local_servers import redis_cluster
 from tests.support import eventually
 from tests.test_approvals import NOTE_SCRIPT
@@ -96,8 +96,8 @@ def test_users_index_keys_spread_over_slots():
 MULTI_KEY_CALL = re.compile(r"\.(mget|mset|msetnx|rename|renamenx|sunionstore|sinterstore|zunionstore|zinterstore|"
                             r"smove|lmove|rpoplpush|copy|blmove)\(|transaction=True|\.pipeline\(\)|\.eval\(\w+, *[2-9]")
 KNOWN = {
-    "hermes/redis_keys.py": 1,   # mget(): split by slot on a cluster
-    "hermes/session_index.py": 1,  # MULTI over the user's row and set (MULTI_KEY_OPERATIONS)
+    "hermes/infra/redis_keys.py": 1,   # mget(): split by slot on a cluster
+    "hermes/sessions/index.py": 1,  # MULTI over the user's row and set (MULTI_KEY_OPERATIONS)
     "activities/audit.py": 1,  # MULTI over a session's hash and the index (MULTI_KEY_OPERATIONS)
 }
 
@@ -111,7 +111,7 @@ def test_no_multi_key_redis_operation_is_added_outside_the_checked_ones():
                 found[str(path.relative_to(ROOT))] = count
     found["worker.py"] = len(MULTI_KEY_CALL.findall((ROOT / "worker.py").read_text(encoding="utf-8")))
     found = {k: v for k, v in found.items() if v}
-    assert found == KNOWN, "a new multi-key Redis operation: give its keys one hash tag (hermes/redis_keys.py)"
+    assert found == KNOWN, "a new multi-key Redis operation: give its keys one hash tag (hermes/infra/redis_keys.py)"
 
 
 # ------------------------------------------------------------ on the cluster
@@ -223,7 +223,7 @@ def test_sentinel_mode_without_sentinels_and_cluster_mode_without_a_url_are_conf
 async def test_audit_entries_written_under_the_old_key_names_are_still_read(redis):
     from activities.audit import write_audit
     from hermes.models import ApprovalAuditEntry
-    from hermes.redis_keys import LEGACY_AUDIT_INDEX_KEY, legacy_audit_session_key
+    from hermes.infra.redis_keys import LEGACY_AUDIT_INDEX_KEY, legacy_audit_session_key
 
     session_id = f"s-{uuid.uuid4()}"
     now = datetime.now(timezone.utc)
@@ -253,7 +253,7 @@ async def test_doctor_pings_the_cluster_and_says_it_is_one(settings):
 async def test_a_run_another_worker_announces_on_the_cluster_leaves_this_workers_cache(
     temporal_client, settings, redis, session_id, caplog
 ):
-    from hermes.run_cache import CHANNEL
+    from hermes.infra.run_cache import CHANNEL
 
     caplog.set_level(logging.DEBUG, logger="hermes.run_cache")
     from tests.test_run_cache import _cached, _hermes, _worker

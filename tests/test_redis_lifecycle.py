@@ -12,9 +12,9 @@ from temporalio.client import WorkflowExecutionStatus
 from temporalio.testing import ActivityEnvironment
 
 from activities.transcript import SNAPSHOT_KEY, TranscriptActivities, read_snapshot
-from hermes.blobs import BLOB_KEY, BlobStore, message_ref, stored_preview, value_ref
-from hermes.durable import DurableStore
-from hermes.events import DEFAULT_TTL_SECONDS, MARKER_TTL_SECONDS, EventLog, stream_key
+from hermes.content.blobs import BLOB_KEY, BlobStore, message_ref, stored_preview, value_ref
+from hermes.infra.durable import DurableStore
+from hermes.content.events import DEFAULT_TTL_SECONDS, MARKER_TTL_SECONDS, EventLog, stream_key
 from hermes.models import Message, SessionCarry, SessionConfig, SessionState, SnapshotInput
 from tests.support import eventually
 

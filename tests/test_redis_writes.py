@@ -1,7 +1,7 @@
 """Redis writes the README promises land, or are reported; none is skipped silently (issue 27).
 
 A real Redis (``redis_url``, tests/conftest.py). The clients come from
-:func:`hermes.connections.redis_client`, as every worker, API server and client's do.
+:func:`hermes.infra.connections.redis_client`, as every worker, API server and client's do.
 """
 
 from __future__ import annotations
@@ -16,15 +16,15 @@ import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from activities.session_index import SessionIndexActivities
-from hermes import telemetry
-from hermes.blobs import BLOB_KEY, BlobStore
-from hermes.connections import redis_client
-from hermes.events import EventLog, TurnEvent
+from hermes.content.blobs import BLOB_KEY, BlobStore
+from hermes.content.events import EventLog, TurnEvent
+from hermes.infra import telemetry
+from hermes.infra.connections import redis_client
+from hermes.infra.redis_writes import skipped_writes, take_skipped
+from hermes.infra.stack import free_port
 from hermes.models import SessionIndexEntry
-from hermes.redis_writes import skipped_writes, take_skipped
-from hermes.session_index import list_entries
+from hermes.sessions.index import list_entries
 from hermes.settings import Settings
-from hermes.stack import free_port
 
 WRITERS = 60
 

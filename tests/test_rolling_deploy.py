@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from temporalio.client import Client
 
-from hermes import deploy
 from hermes.client import HermesClient
 from hermes.errors import ConfigError
+from hermes.infra import deploy
 from hermes.models import SessionConfig
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings

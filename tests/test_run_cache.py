@@ -1,5 +1,5 @@
 """What a worker does with the workflow runs it holds (issue 12): a stale copy of a
-session's run leaves its cache once another worker takes the session (hermes.run_cache;
+session's run leaves its cache once another worker takes the session (hermes.infra.run_cache;
 worker memory grew with every session of the deployment because each worker kept every
 session it had ever served), and a slow activation on a loaded machine is not called a
 deadlock (``Settings.workflow_deadlock_seconds``)."""
@@ -16,9 +16,9 @@ from temporalio.api.enums.v1 import EventType
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from hermes.client import HermesClient
-from hermes.durable import DurableStore
+from hermes.infra.durable import DurableStore
+from hermes.infra.run_cache import CHANNEL, MovedRunEviction
 from hermes.providers.scripted import ScriptedModel
-from hermes.run_cache import CHANNEL, MovedRunEviction
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from tests.support import eventually

@@ -12,7 +12,7 @@ import re
 
 import pytest
 
-from hermes.context import memories_message
+from hermes.content.context import memories_message
 from hermes.errors import ConfigError
 from hermes.models import CallModelInput, Message, ToolCall
 from hermes.providers.scripted import ScriptedModel

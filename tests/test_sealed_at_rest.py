@@ -28,15 +28,15 @@ import redis.asyncio as aioredis
 from pydantic import SecretStr
 from temporalio.client import Client
 
-from hermes import encryption
+from hermes.security import encryption
 from hermes.client import HermesClient
-from hermes.durable import DurableStore
+from hermes.infra.durable import DurableStore
 from hermes.errors import SessionNotFoundError
 from hermes.mcp.config import parse_mcp_config
 from hermes.mcp.manager import McpManager
 from hermes.mcp.tools import McpToolset
 from hermes.settings import Settings
-from hermes.stack import EmbeddedStack, free_port
+from hermes.infra.stack import EmbeddedStack, free_port
 from hermes.tools.files import register_tool_file
 from tests.conftest import builtin_registry
 from tests.support import decoded_history, eventually
@@ -234,7 +234,7 @@ async def test_each_sealed_redis_copy_is_read_back_and_one_under_a_key_no_longer
 def test_library_log_lines_keep_their_constant_words_and_lose_tool_call_content(
     caplog: pytest.LogCaptureFixture, keyring_off_after: None
 ) -> None:
-    from hermes import redaction
+    from hermes.security import redaction
 
     secret = marker("log")
     caplog.set_level(logging.DEBUG)

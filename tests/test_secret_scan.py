@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 
-from hermes import redaction
+from hermes.security import redaction
 from hermes.mcp.config import parse_mcp_config
 from hermes.mcp.manager import McpManager
 from hermes.mcp.tools import McpToolset
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.files import register_tool_file
 from hermes.tools.registry import ToolRegistry

@@ -24,7 +24,7 @@ from temporalio.client import Client
 from hermes.cli.stack import describe_worker, worker_env
 from hermes.models import TurnResult
 from hermes.settings import Settings
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from tests.test_cli import assert_one_line_error, clean_env, hermes_cli, read_until, wait_until_no_process_uses
 
 SECRETS = {

@@ -34,8 +34,8 @@ from hermes.models import (
     TurnResult,
     Usage,
 )
-from hermes.stack import free_port
-from hermes.tokens import count_message_tokens, count_text_tokens
+from hermes.infra.stack import free_port
+from hermes.content.tokens import count_message_tokens, count_text_tokens
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
 from worker import build_worker

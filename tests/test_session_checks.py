@@ -15,7 +15,7 @@ from hermes.errors import SessionConfigError
 from hermes.memory.models import MemoryBatch, MemoryCandidate, MemoryRecord
 from hermes.models import SessionConfig
 from hermes.providers.scripted import ScriptedModel
-from hermes.session_checks import ModelNames, check_session_config
+from hermes.sessions.checks import ModelNames, check_session_config
 from hermes.settings import Settings
 from tests.test_api import api_server, assert_problem, auth, keys  # noqa: F401 - the fixture
 from tests.test_cli import assert_one_line_error, cli_env, hermes_cli  # noqa: F401 - the fixture

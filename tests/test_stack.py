@@ -1,4 +1,4 @@
-"""Tests for the embedded Temporal + Redis stack (hermes/stack.py).
+"""Tests for the embedded Temporal + Redis stack (hermes/infra/stack.py).
 
 These start real ``temporal server start-dev`` and ``redis-server`` processes on free
 ports with the Web UI off; each test takes a second or two.
@@ -24,8 +24,8 @@ from temporalio.api.enums.v1 import IndexedValueType
 from temporalio.api.operatorservice.v1 import ListSearchAttributesRequest
 from temporalio.client import Client, WorkflowExecutionStatus
 
-from hermes import stack as stack_module
-from hermes.stack import (
+from hermes.infra import stack as stack_module
+from hermes.infra.stack import (
     EmbeddedStack,
     StackAlreadyRunning,
     StackError,
@@ -194,7 +194,7 @@ CHILD_SCRIPT = textwrap.dedent(
     from pathlib import Path
     import redis
     from temporalio.client import Client
-    from hermes.stack import EmbeddedStack
+    from hermes.infra.stack import EmbeddedStack
 
     async def write_state(stack):
         client = await Client.connect(stack.temporal_address)

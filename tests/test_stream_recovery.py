@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from hermes.client import HermesClient
-from hermes.events import TurnEvent
+from hermes.content.events import TurnEvent
 from hermes.models import TurnResult
 from tests.test_crash import kill_group
 from tests.test_model_recovery import MODEL, spawn_worker, until, wait_polling  # noqa: F401 - the fixture

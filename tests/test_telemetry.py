@@ -1,7 +1,7 @@
 """OpenTelemetry traces and metrics (issue 17), on a real Temporal server and Redis.
 
 Spans go to an ``InMemorySpanExporter`` and metrics to an ``InMemoryMetricReader``
-(:func:`hermes.telemetry.start`); the worker's client carries
+(:func:`hermes.infra.telemetry.start`); the worker's client carries
 ``OpenTelemetryPlugin`` as :func:`worker.connect_client` gives it with telemetry on, and
 its Temporal runtime the ``MetricBuffer`` that brings Temporal's SDK metrics along.
 The turn is the approval tests' (``save_note``, a ``write`` tool the user confirms).
@@ -24,9 +24,9 @@ from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
 from temporalio.worker import Replayer
 
-from hermes import telemetry, telemetry_setup
 from hermes.client import HermesClient
-from hermes.durable import DurableStore
+from hermes.infra import telemetry, telemetry_setup
+from hermes.infra.durable import DurableStore
 from hermes.models import ToolResultCode
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
@@ -302,7 +302,7 @@ def test_unknown_otel_exporters_and_grpc_are_refused_at_start_up():
 def test_the_worker_serves_hermes_metrics_to_prometheus_when_asked(monkeypatch):
     import urllib.request
 
-    from hermes.stack import free_port
+    from hermes.infra.stack import free_port
 
     port = free_port()
     for key, value in {"OTEL_TRACES_EXPORTER": "none", "OTEL_METRICS_EXPORTER": "prometheus", "OTEL_EXPORTER_PROMETHEUS_PORT": str(port)}.items():

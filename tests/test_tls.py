@@ -1,4 +1,4 @@
-"""TLS where users meet it (issue 26 item 6, hermes/connections.py): Temporal over mTLS
+"""TLS where users meet it (issue 26 item 6, hermes/infra/connections.py): Temporal over mTLS
 (client certificate, key, CA, server name), a Temporal Cloud API key, Redis over
 ``rediss://`` with a CA. The suite's plain Temporal dev server and Redis sit behind
 TLS-terminating proxies started in the test (tests/tls_endpoints.py) with a CA made in
@@ -18,7 +18,7 @@ from temporalio.client import Client
 from temporalio.service import TLSConfig
 
 from hermes.client import HermesClient
-from hermes.connections import TemporalTlsError, check_connection_settings, redis_client, temporal_connect_args
+from hermes.infra.connections import TemporalTlsError, check_connection_settings, redis_client, temporal_connect_args
 from hermes.errors import ConfigError
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
@@ -237,7 +237,7 @@ def test_the_worker_banner_says_how_temporal_is_secured_and_holds_no_key(setting
 def test_a_refusal_seen_as_a_broken_pipe_after_the_handshake_is_named_a_tls_refusal(settings: Settings) -> None:
     """TLS 1.3: a server refusing the client certificate after the client's handshake showed
     up on a loaded machine as a broken pipe on the first call (seen in a full run)."""
-    from hermes.connections import _tls_failure
+    from hermes.infra.connections import _tls_failure
 
     seen = (
         "Failed client connect: `get_system_info` call error after connection: Status { code: Unknown, message: "

@@ -13,12 +13,12 @@ from typing import Any
 import pytest
 
 from hermes.client import HermesClient
+from hermes.content.usage import USAGE_KEY, day_total, record
 from hermes.models import SessionConfig
 from hermes.providers.scripted import ScriptedModel
 from hermes.settings import Settings
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
-from hermes.usage import USAGE_KEY, day_total, record
 from worker import build_worker
 from workflows.session.turn import budget_stop
 

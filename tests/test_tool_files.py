@@ -20,7 +20,7 @@ import yaml
 
 from hermes.errors import ConfigError, ToolArgumentsError, ToolFailure, ToolRegistrationError
 from hermes.models import ToolResult, ToolResultCode
-from hermes.stack import free_port
+from hermes.infra.stack import free_port
 from hermes.tools.builtin import register_builtins
 from hermes.tools.files import load_tool_file, register_tool_file
 from hermes.tools.http import EndpointUnavailableError, HttpTool

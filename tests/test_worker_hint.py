@@ -14,8 +14,8 @@ import pytest
 from hermes.cli.errors import CliError
 from hermes.cli.running import answer
 from hermes.client import HermesClient
-from hermes.live_view import TurnView, send_watched
 from hermes.providers.scripted import ScriptedModel
+from hermes.sessions.live_view import TurnView, send_watched
 
 
 async def _never() -> None:

@@ -127,8 +127,8 @@ def test_the_durable_store_and_the_memory_store_share_one_capped_lancedb_session
     """The durable store writes on every turn (transcript archive, snapshots, exactly-once
     records, content by reference); with LanceDB's default session each write's version
     stayed cached (issue 12: the soak's worker grew without end)."""
-    from hermes import lance
-    from hermes.durable import NOTES, DurableStore, Record
+    from hermes.infra import lance
+    from hermes.infra.durable import NOTES, DurableStore, Record
 
     durable = DurableStore(str(tmp_path / "memory"))
     for i in range(5):

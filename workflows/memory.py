@@ -23,7 +23,8 @@ from temporalio.common import RetryPolicy
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import command_auth, names, telemetry
+    from hermes import names
+    from hermes.infra import telemetry
     from hermes.memory.judge import JudgeMemoriesInput, JudgeReport
     from hermes.memory.models import (
         ConsolidateInput,
@@ -36,12 +37,13 @@ with workflow.unsafe.imports_passed_through():
         WriteMemoriesInput,
         WriteReport,
     )
-    from hermes.proof import CommandProof
+    from hermes.security import command_auth
+    from hermes.security.proof import CommandProof
     from workflows.session.calls import MOVE_TO_CURRENT_BUILD
 
 COMMAND_AUTH_PATCH = "memory-command-auth"
 """Memory commands are applied only with a valid proof of their sender
-(:mod:`hermes.command_auth`): a batch signal, a writer's or a consolidation's start
+(:mod:`hermes.security.command_auth`): a batch signal, a writer's or a consolidation's start
 (issue 26). The updates are checked in their validators, which need no patch."""
 _MAX_SEEN = 2000
 _FLUSHES_PER_RUN = 200

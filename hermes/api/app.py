@@ -54,10 +54,10 @@ from hermes.api.schemas import (
     Transcript,
 )
 from hermes.client import HermesClient
-from hermes.codec_server import nested_deeper_than
+from hermes.security.codec_server import nested_deeper_than
 from hermes.errors import HermesError, SessionNotFoundError
-from hermes.events import TurnEvent, check_offset
-from hermes.http_security import PAGE_CSP, SecurityHeaders, bearer_token
+from hermes.content.events import TurnEvent, check_offset
+from hermes.security.http_security import PAGE_CSP, SecurityHeaders, bearer_token
 from hermes.memory.models import ForgetReport
 from hermes.models import DecisionRecord, SessionState, TurnResult
 from hermes.settings import Settings
@@ -444,7 +444,7 @@ async def list_approvals(request: Request) -> Response:
 
 
 async def _decide(request: Request, approved: bool) -> Response:
-    from hermes.approvals import decide
+    from hermes.sessions.approvals import decide
 
     identity = _identity(request)
     session_id, tool_call_id = request.path_params["session_id"], request.path_params["tool_call_id"]

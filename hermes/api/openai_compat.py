@@ -56,7 +56,7 @@ from hermes.api.schemas import SESSION_ID_PATTERN
 from hermes.api.sse import event_stream
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
-from hermes.events import TurnEvent
+from hermes.content.events import TurnEvent
 from hermes.models import TurnResult
 
 __all__ = [

@@ -7,7 +7,7 @@ from typing import Any
 
 import uvicorn
 
-from hermes.http_security import read_deadline_protocol
+from hermes.security.http_security import read_deadline_protocol
 from hermes.settings import Settings
 
 __all__ = ["uvicorn_config"]
@@ -16,7 +16,7 @@ __all__ = ["uvicorn_config"]
 def uvicorn_config(app: Any, settings: Settings, *, host: str, port: int, **options: Any) -> uvicorn.Config:
     """The uvicorn config of ``hermes serve`` for ``app``.
 
-    * HTTP/1.1 through :class:`hermes.http_security.ReadDeadlineH11Protocol`, with
+    * HTTP/1.1 through :class:`hermes.security.http_security.ReadDeadlineH11Protocol`, with
       ``api_header_timeout_seconds`` and ``api_body_timeout_seconds``;
     * proxy headers (``X-Forwarded-For``, ``X-Forwarded-Proto``) trusted only from
       ``api_forwarded_allow_ips`` (uvicorn's ``ProxyHeadersMiddleware``); empty: never,

@@ -39,7 +39,8 @@ One module per command group; what they share has one home each:
     output.py        the consoles and the one table renderer (print_table, print_fields)
     running.py       one event loop per command, Ctrl-C, a quiet client connection
     stack.py         dev, worker, codec-server
-    demo.py          demo (the one importer of hermes.demo)
+    demo.py          demo (the one importer of offline_demo.py)
+    offline_demo.py  the demo itself: plays and checks a conversation (a leaf)
     conversation.py  chat, send
     sessions.py      sessions, show, close
     approvals.py     approve, reject, approvals

@@ -22,7 +22,7 @@ def _decide_command(session_id: str, tool_call_id: str, *, approved: bool, appro
     settings = load_settings()
 
     async def main() -> tuple[Any, list[str]]:
-        from hermes.approvals import decide
+        from hermes.sessions.approvals import decide
 
         hermes = await connect(settings)
         try:

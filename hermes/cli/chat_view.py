@@ -19,7 +19,6 @@ from rich.prompt import Confirm
 from rich.text import Text
 
 from hermes import names
-from hermes.live_view import TurnView, Verdict, tool_result_of
 from hermes.models import (
     DecisionRecord,
     Message,
@@ -29,6 +28,7 @@ from hermes.models import (
     ToolResultCode,
     TurnResult,
 )
+from hermes.sessions.live_view import TurnView, Verdict, tool_result_of
 
 __all__ = ["ChatView", "ConsoleTurnView", "print_message", "print_reply", "print_user"]
 

@@ -142,7 +142,7 @@ def _chat_loop(
 ) -> None:
     from hermes.cli.chat_view import ChatView, ConsoleTurnView, print_message
     from hermes.client import check_message_text
-    from hermes.live_view import send_watched
+    from hermes.sessions.live_view import send_watched
 
     session_id = session or f"chat-{uuid.uuid4().hex[:12]}"
     existing = False
@@ -243,7 +243,7 @@ def send(
     async def main() -> TurnResult:
         from hermes.cli.chat_view import ConsoleTurnView
         from hermes.client import check_message_text
-        from hermes.live_view import send_watched
+        from hermes.sessions.live_view import send_watched
 
         check_message_text(text)
         hermes = await connect(settings)

@@ -1,4 +1,4 @@
-"""``hermes demo``: the offline demo (:mod:`hermes.demo`), the one module that imports it."""
+"""``hermes demo``: the offline demo (:mod:`hermes.cli.offline_demo`), the one module that imports it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from hermes.cli.root import app
 from hermes.cli.running import load_settings, run_command
 
 if TYPE_CHECKING:
-    from hermes.demo import DemoSummary
+    from hermes.cli.offline_demo import DemoSummary
     from hermes.settings import Settings
 
 __all__ = ["demo"]
@@ -43,8 +43,8 @@ def demo(
 
 
 async def _checked_demo(settings: Settings, keep: bool) -> DemoSummary:
-    """:func:`hermes.demo.run_demo`, with a failed check as a refusal (exit 1)."""
-    from hermes.demo import DemoFailed, run_demo
+    """:func:`hermes.cli.offline_demo.run_demo`, with a failed check as a refusal (exit 1)."""
+    from hermes.cli.offline_demo import DemoFailed, run_demo
 
     try:
         return await run_demo(settings, console=out, keep=keep)

@@ -1,4 +1,4 @@
-"""``hermes deploy``: rolling deploys with Worker Versioning (:mod:`hermes.deploy`).
+"""``hermes deploy``: rolling deploys with Worker Versioning (:mod:`hermes.infra.deploy`).
 
 ``status`` lists the builds of ``HERMES_DEPLOYMENT_NAME``; ``set-current BUILD`` makes
 BUILD the one new sessions start on (running ones move to it at continue-as-new).
@@ -54,7 +54,7 @@ async def _call(rpc: Any, deployment: str) -> Any:
 def deploy_status(deployment: DeploymentOption = None, as_json: JsonOption = False) -> None:
     """The deployment's builds, oldest first: status (current, ramping, draining, drained,
     inactive), drainage as Temporal last checked it, and the workflow runs open on each."""
-    from hermes import deploy
+    from hermes.infra import deploy
 
     name = _deployment(deployment)
     settings = load_settings()
@@ -81,7 +81,7 @@ def deploy_set_current(
 ) -> None:
     """Make BUILD current: new sessions start on it, and running ones move to it when they
     next continue as new; the previous build drains."""
-    from hermes import deploy
+    from hermes.infra import deploy
 
     name = _deployment(deployment)
     settings = load_settings()

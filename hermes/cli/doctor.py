@@ -69,7 +69,7 @@ async def _temporal(settings: Settings) -> str:
     from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
     from temporalio.service import RPCError, RPCStatusCode
 
-    from hermes.connections import connect_temporal
+    from hermes.infra.connections import connect_temporal
 
     client = await connect_temporal(settings, runtime=quiet_runtime())
     try:
@@ -113,7 +113,7 @@ def _memory_store(settings: Settings) -> str:
         if not _writable(parent):
             raise CheckFailed(f"does not exist, and {parent} is not writable: it cannot be made")
         return "not made yet: the first worker makes it"
-    from hermes import lance
+    from hermes.infra import lance
 
     try:
         options = settings.resolved_memory_storage_options()  # secrets: never printed
@@ -162,7 +162,7 @@ def _mcp(settings: Settings) -> str:
 
 
 def _encryption(settings: Settings) -> str:
-    from hermes.encryption import keyring_from_settings
+    from hermes.security.encryption import keyring_from_settings
 
     ring = keyring_from_settings(settings)
     if ring is None:
@@ -171,8 +171,8 @@ def _encryption(settings: Settings) -> str:
 
 
 def _command_keys(settings: Settings) -> str:
-    from hermes.command_auth import DEFAULT_KEY_FILE, ring_from_settings
     from hermes.memory.location import temporal_is_remote
+    from hermes.security.command_auth import DEFAULT_KEY_FILE, ring_from_settings
 
     given = settings.command_keys is not None or settings.command_key_file is not None
     default = settings.data_dir / DEFAULT_KEY_FILE
@@ -188,13 +188,13 @@ def _command_keys(settings: Settings) -> str:
 
 
 def _where(settings: Settings) -> dict[str, str]:
-    from hermes.connections import describe_temporal_security
+    from hermes.infra.connections import describe_temporal_security
     from hermes.memory.location import memory_location
 
     if settings.command_keys is not None:
         command_keys = "HERMES_COMMAND_KEYS"
     else:
-        from hermes.command_auth import DEFAULT_KEY_FILE
+        from hermes.security.command_auth import DEFAULT_KEY_FILE
 
         command_keys = str(Path(settings.command_key_file or settings.data_dir / DEFAULT_KEY_FILE).expanduser().absolute())
     return {

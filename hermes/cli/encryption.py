@@ -42,7 +42,7 @@ def command_key(
 def _print_key(key_id: str, where: str) -> None:
     """Print ``<key_id>:<new 32-byte key>`` on stdout and where to put it on stderr; a bad
     id exits 1."""
-    from hermes.keyfiles import KEY_ID_RE, new_key
+    from hermes.security.keyfiles import KEY_ID_RE, new_key
 
     if not KEY_ID_RE.match(key_id):
         raise fail(f"--id {key_id!r}: expected 1-64 letters, digits, '.', '_' or '-'", EXIT_REFUSED)

@@ -121,7 +121,7 @@ def explain(err: BaseException, settings: Settings) -> tuple[str, int] | None:
     )
     from temporalio.service import RPCError, RPCStatusCode
 
-    from hermes.stack import StackAlreadyRunning, StackError
+    from hermes.infra.stack import StackAlreadyRunning, StackError
 
     temporal = settings.resolved_temporal_address
     if isinstance(err, CliError):

@@ -128,7 +128,7 @@ async def worker_polls(settings: Settings, host_name: str) -> str | None:
     from temporalio.api.taskqueue.v1 import TaskQueue
     from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
 
-    from hermes.connections import connect_temporal
+    from hermes.infra.connections import connect_temporal
 
     try:
         client = await connect_temporal(settings, runtime=quiet_runtime())

@@ -14,7 +14,7 @@ from typing import Annotated, Any, NoReturn
 import typer
 
 from hermes.cli.errors import EXIT_REFUSED, print_settings_error
-from hermes.process import exit_now
+from hermes.infra.process import exit_now
 
 __all__ = ["HermesTyper", "JsonOption", "UserOption", "app", "default_user"]
 

@@ -132,7 +132,7 @@ def console_logging(log_file: Path | None = None) -> None:
 def run_command(main: Callable[[], Awaitable[_T]], settings: Settings, *, log_file: Path | None = None) -> _T:
     """Run ``main()`` in a fresh event loop. SIGINT and SIGTERM cancel it (once: a second
     signal does not interrupt the clean-up); cancellation exits with 130 unless ``main``
-    handled it (see :func:`hermes.process.wait_until_interrupted`). Logging goes through
+    handled it (see :func:`hermes.infra.process.wait_until_interrupted`). Logging goes through
     :func:`console_logging` (``log_file``: where the full log of an in-process worker goes)."""
     console_logging(log_file)
     signals: list[int] = []

@@ -91,10 +91,10 @@ async def _dev(settings: Settings) -> None:
 
 async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
     from hermes import names
-    from hermes.codec_server import endpoint_url
-    from hermes.local_servers import local_servers
-    from hermes.process import wait_until_interrupted
-    from hermes.stack import ensure_search_attributes
+    from hermes.infra.local_servers import local_servers
+    from hermes.infra.process import wait_until_interrupted
+    from hermes.infra.stack import ensure_search_attributes
+    from hermes.security.codec_server import endpoint_url
     from worker import build_worker, connect_client, connect_redis
 
     codec_url = endpoint_url("127.0.0.1", settings.codec_port)
@@ -123,10 +123,10 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
 
 async def _dev_servers_only(settings: Settings) -> None:
     from hermes import names
-    from hermes.codec_server import endpoint_url
-    from hermes.local_servers import local_servers
-    from hermes.process import wait_until_interrupted
-    from hermes.stack import ensure_search_attributes
+    from hermes.infra.local_servers import local_servers
+    from hermes.infra.process import wait_until_interrupted
+    from hermes.infra.stack import ensure_search_attributes
+    from hermes.security.codec_server import endpoint_url
     from worker import connect_client, connect_redis
 
     codec_url = endpoint_url("127.0.0.1", settings.codec_port)
@@ -176,10 +176,10 @@ def worker_env(settings: Settings, temporal_address: str, redis_url: str) -> lis
     # Absolute, so a worker started from another directory shares the long-term memory,
     # the transcript archive and the audit log (default: <data dir>/memory).
     values["HERMES_MEMORY_URI"] = settings.memory_uri or str((settings.data_dir / "memory").absolute())
-    # The command keys too (hermes.command_auth): a worker elsewhere must check the proofs
+    # The command keys too (hermes.security.command_auth): a worker elsewhere must check the proofs
     # the clients here sign. Keys given in HERMES_COMMAND_KEYS are the user's to pass on.
     if settings.command_keys is None or not settings.command_keys.get_secret_value():
-        from hermes.command_auth import DEFAULT_KEY_FILE, default_key_file
+        from hermes.security.command_auth import DEFAULT_KEY_FILE, default_key_file
 
         keys_file = settings.command_key_file
         if keys_file is None:
@@ -241,9 +241,13 @@ async def _dev_codec_server(settings: Settings, redis: Any) -> AsyncIterator[str
     Yields its URL, or None when the port is taken: the worker and the stack are more
     use than the codec server, so that is a warning in the banner, not a failure.
     """
-    from hermes.blobs import BlobStore
-    from hermes.codec_server import codec_keys, default_ui_origins, running_codec_server
+    from hermes.content.blobs import BlobStore
     from hermes.errors import ConfigError
+    from hermes.security.codec_server import (
+        codec_keys,
+        default_ui_origins,
+        running_codec_server,
+    )
 
     try:
         keyring, token = codec_keys(settings)
@@ -313,7 +317,7 @@ def worker_command() -> None:
 
     Uses TEMPORAL_ADDRESS / REDIS_URL, or the embedded addresses of `hermes dev`.
     """
-    from hermes.process import tune_allocator
+    from hermes.infra.process import tune_allocator
 
     tune_allocator()
     settings = load_settings()
@@ -359,7 +363,7 @@ def describe_worker(settings: Settings, provider: Any, registry: Any, mcp: Any) 
         queue, Temporal (with how it is secured: plain, TLS, mTLS, + API key) and Redis,
         in that order.
     """
-    from hermes.connections import describe_temporal_security
+    from hermes.infra.connections import describe_temporal_security
     from hermes.memory.location import memory_location
 
     if getattr(provider, "name", "") == "scripted":
@@ -424,7 +428,7 @@ def codec_server_command(
     listen_port = settings.codec_port if port is None else port
 
     def ready(url: str) -> None:
-        from hermes.codec_server import default_ui_origins
+        from hermes.security.codec_server import default_ui_origins
 
         shown = ", ".join(origins or default_ui_origins(settings.ui_port))
         out.print(
@@ -441,7 +445,7 @@ def codec_server_command(
     async def main() -> None:
         import socket
 
-        from hermes.codec_server import serve
+        from hermes.security.codec_server import serve
 
         try:
             await serve(settings, host, listen_port, origins or None, on_ready=ready)

@@ -44,8 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from temporalio.client import Client, WorkflowHandle
 
-from hermes import command_auth, names
-from hermes.blobs import CONTENT_TTL_SECONDS
+from hermes import names
 from hermes.client.commands import Commands
 from hermes.client.connect import connect as connect_from_settings
 from hermes.client.content import content_store, read_stored
@@ -61,8 +60,9 @@ from hermes.client.queries import Queries
 from hermes.client.retry import DEFAULT_RETRY_TIMEOUT_SECONDS, backoff_seconds
 from hermes.client.sending import DEFAULT_MAX_IN_FLIGHT_PER_SESSION, Sender
 from hermes.client.streaming import STREAM_DRAIN_SECONDS, stream_message
-from hermes.durable import DurableStore
-from hermes.events import EventLog, TurnEvent
+from hermes.content.blobs import CONTENT_TTL_SECONDS
+from hermes.content.events import EventLog, TurnEvent
+from hermes.infra.durable import DurableStore
 from hermes.models import (
     ApprovalAuditEntry,
     Message,
@@ -74,7 +74,8 @@ from hermes.models import (
     TraceStep,
     TurnResult,
 )
-from hermes.session_checks import ModelNames, check_session_config
+from hermes.security import command_auth
+from hermes.sessions.checks import ModelNames, check_session_config
 from hermes.settings import Settings
 
 if TYPE_CHECKING:
@@ -111,7 +112,7 @@ class HermesClient:
             last answered; then :class:`SessionUnavailableError`. Default 120 s, long
             enough to ride out a Temporal server restart (``HERMES_CLIENT_RETRY_SECONDS``
             with :meth:`connect`).
-        durable: optional :class:`hermes.durable.DurableStore` (the workers' one, e.g. at
+        durable: optional :class:`hermes.infra.durable.DurableStore` (the workers' one, e.g. at
             ``settings.resolved_memory_uri``): large messages are kept there by reference,
             and archived transcripts, snapshots and the audit log are read from it.
         max_in_flight_per_session: messages of one session this client sends at once
@@ -123,7 +124,7 @@ class HermesClient:
             opens one (called on first use: opening loads the embedding model, seconds
             and about 250 MB). :meth:`connect` gives the settings' store this way.
         model_names: the model names the workers serve
-            (:class:`hermes.session_checks.ModelNames`): a new session asking for another
+            (:class:`hermes.sessions.checks.ModelNames`): a new session asking for another
             is refused. None: only the config's bounds are checked. :meth:`connect` gives
             the settings' names.
         content_ttl_seconds: how long content this client writes or reads stays in Redis
@@ -160,7 +161,7 @@ class HermesClient:
         self.durable = durable
         self.content_ttl_seconds = content_ttl_seconds
         self.command_keys: command_auth.CommandKeyRing | None = None
-        """The key ring this client signs commands with (:mod:`hermes.command_auth`);
+        """The key ring this client signs commands with (:mod:`hermes.security.command_auth`);
         None: this process' (``HERMES_COMMAND_KEYS`` / ``_KEY_FILE`` / ``<data_dir>/command-keys``)."""
         self._sender = Sender(self, max_in_flight_per_session)
         self._slots = self._sender.slots
@@ -174,7 +175,7 @@ class HermesClient:
 
         Raises:
             SessionConfigError: a value out of bounds, or a model the workers do not
-                serve (:func:`hermes.session_checks.check_session_config`).
+                serve (:func:`hermes.sessions.checks.check_session_config`).
         """
         return check_session_config(config or self.config, self.model_names)
 
@@ -188,7 +189,7 @@ class HermesClient:
         cls, settings: Settings | None = None, *, runtime: Runtime | None = None, **kwargs: Any
     ) -> HermesClient:
         """Connect with the settings' Temporal address, namespace and TLS or API key
-        (:func:`hermes.connections.temporal_connect_args`), task queue, Redis (``rediss://``
+        (:func:`hermes.infra.connections.temporal_connect_args`), task queue, Redis (``rediss://``
         with its CA) and retry timeout (``HERMES_CLIENT_RETRY_SECONDS``).
 
         Args:
@@ -257,7 +258,7 @@ class HermesClient:
 
     @property
     def events(self) -> EventLog | None:
-        """The sessions' turn events (:mod:`hermes.events`), when this client has Redis."""
+        """The sessions' turn events (:mod:`hermes.content.events`), when this client has Redis."""
         return EventLog(self.redis) if self.redis is not None else None
 
     def stream_message(

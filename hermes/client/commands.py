@@ -1,5 +1,5 @@
 """Commands to a session: approvals (approve, reject) and the signals that steer it
-(set_system_prompt, cancel_turn, close), each with its proof (:mod:`hermes.command_auth`).
+(set_system_prompt, cancel_turn, close), each with its proof (:mod:`hermes.security.command_auth`).
 
 Resending a signal is safe (each one is retried like a message): a decision on a tool call
 that is already decided is recorded as ``already_decided`` and changes nothing
@@ -13,9 +13,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from hermes import command_auth, names
+from hermes import names
 from hermes.client.part import ClientPart
 from hermes.models import ApprovalDecision
+from hermes.security import command_auth
 
 
 class Commands(ClientPart):

@@ -6,10 +6,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from hermes import command_auth
-from hermes.durable import DurableStore
+from hermes.infra.durable import DurableStore
 from hermes.models import SessionConfig
-from hermes.session_checks import ModelNames
+from hermes.security import command_auth
+from hermes.sessions.checks import ModelNames
 from hermes.settings import Settings, get_settings
 
 if TYPE_CHECKING:
@@ -48,7 +48,7 @@ async def connect(
 ) -> C:
     """A client made by ``make`` (the class :class:`hermes.client.HermesClient`) from the
     settings (see :meth:`hermes.client.HermesClient.connect`, which says what it raises)."""
-    from hermes import telemetry
+    from hermes.infra import telemetry
     from worker import connect_client, connect_redis
 
     settings = settings or get_settings()
@@ -56,8 +56,8 @@ async def connect(
     if runtime is None:
         client = await connect_client(settings)
     else:
-        from hermes import encryption
-        from hermes.connections import connect_temporal
+        from hermes.infra.connections import connect_temporal
+        from hermes.security import encryption
 
         client = await connect_temporal(
             settings,

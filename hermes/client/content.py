@@ -1,14 +1,14 @@
 """Content kept by reference: a large message stored before it is sent, and reading back
-what a session kept (the durable store, with Redis as the fast path; :mod:`hermes.blobs`)."""
+what a session kept (the durable store, with Redis as the fast path; :mod:`hermes.content.blobs`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hermes.blobs import BlobStore
 from hermes.client.messages import message_by_reference
-from hermes.durable import DurableStore
+from hermes.content.blobs import BlobStore
 from hermes.errors import MessageRejectedError
+from hermes.infra.durable import DurableStore
 from hermes.models import StoredContent
 
 

@@ -10,9 +10,10 @@ from typing import TYPE_CHECKING, Any
 from temporalio.client import WithStartWorkflowOperation
 from temporalio.common import WorkflowIDConflictPolicy
 
-from hermes import command_auth, names
+from hermes import names
 from hermes.client.part import ClientPart
 from hermes.client.retry import start_answered
+from hermes.security import command_auth
 
 if TYPE_CHECKING:
     from hermes.client import HermesClient

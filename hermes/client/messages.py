@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import unicodedata
 
-from hermes.blobs import stored_preview, value_ref
+from hermes.content.blobs import stored_preview, value_ref
 from hermes.errors import MessageRejectedError
 from hermes.models import SessionConfig, StoredContent
 
@@ -106,7 +106,7 @@ def too_many_tokens(text: str, size: int, config: SessionConfig) -> bool:
     half = int(config.context_window_tokens * (1 - config.context_reserve_ratio)) // 2
     if size <= half:  # a token is at least one byte
         return False
-    from hermes.tokens import TokenCounter
+    from hermes.content.tokens import TokenCounter
 
     return TokenCounter.get().text(text) > half
 

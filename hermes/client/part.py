@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel
 from temporalio.client import WorkflowHandle
 
-from hermes import command_auth
 from hermes.client.retry import call_with_retries
+from hermes.security import command_auth
 
 if TYPE_CHECKING:
     from hermes.client import HermesClient
@@ -43,5 +43,5 @@ class ClientPart:
         )
 
     def signed(self, command: str, session_id: str, payload: M, sender: str, roles: Iterable[str] = ()) -> M:
-        """``payload`` with its ``proof`` (:mod:`hermes.command_auth`) that ``sender`` sends it."""
+        """``payload`` with its ``proof`` (:mod:`hermes.security.command_auth`) that ``sender`` sends it."""
         return command_auth.signed(payload, command, session_id, sender=sender, roles=roles, ring=self.hermes.command_keys)

@@ -96,7 +96,7 @@ class Queries(ClientPart):
             user_id: only sessions of this user (the requester).
             limit: at most this many sessions are asked.
         """
-        from hermes.session_index import sessions_query
+        from hermes.sessions.index import sessions_query
 
         query = sessions_query("ExecutionStatus = 'Running'", f"{names.SA_PENDING_APPROVALS.name} > 0", user_id=user_id)
 
@@ -167,7 +167,7 @@ class Queries(ClientPart):
             rebuild: first add the sessions Temporal knows and the index lacks. Done
                 anyway when the index has none for the user (e.g. Redis was flushed).
         """
-        from hermes.session_index import list_entries, rebuild_index
+        from hermes.sessions.index import list_entries, rebuild_index
 
         if self.hermes.redis is None:
             raise RuntimeError("list_sessions needs a Redis connection")

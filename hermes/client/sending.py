@@ -159,11 +159,11 @@ class Sender(ClientPart):
             channel: where the conversation happens, e.g. ``cli``, ``api``.
             config: its settings (default: the client's).
             sender, roles: who starts it, as this client vouches (default: ``user_id``);
-                another than ``user_id`` needs the ``admin`` role (:mod:`hermes.command_auth`).
+                another than ``user_id`` needs the ``admin`` role (:mod:`hermes.security.command_auth`).
 
         Raises:
             SessionConfigError: ``config`` has a value out of bounds or a model the workers
-                do not serve (:func:`hermes.session_checks.check_session_config`); nothing started.
+                do not serve (:func:`hermes.sessions.checks.check_session_config`); nothing started.
             SessionExistsError: a session with this id exists (running, closed or archived).
             SessionUnavailableError: Temporal did not answer within ``retry_timeout_seconds``.
             TemporalRequestError: Temporal refused the request itself.
@@ -231,7 +231,7 @@ class Sender(ClientPart):
             busy_timeout_seconds: how long to keep retrying while the session refuses
                 the message as busy, in seconds from the first attempt.
             sender, roles: who sends it, as this client vouches with its command key
-                (:mod:`hermes.command_auth`; default: ``user_id``). A sender other than
+                (:mod:`hermes.security.command_auth`; default: ``user_id``). A sender other than
                 the session's user needs the ``admin`` role; the message is recorded as
                 theirs, and they never decide an approval their message caused.
 

@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-from hermes.events import TurnEvent, check_offset
+from hermes.content.events import TurnEvent, check_offset
 from hermes.models import TurnResult
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ async def stream_message(
     only the result comes.
 
     Args:
-        after: an event offset to start after (``hermes.events.check_offset``), no
+        after: an event offset to start after (``hermes.content.events.check_offset``), no
             later than the session's newest event.
         send: the keyword arguments of :meth:`~hermes.client.HermesClient.send_message`.
 

@@ -109,12 +109,12 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from hermes.errors import ConfigError
-from hermes.redaction import REDACTED, mask_value, secret_forms
+from hermes.security.redaction import REDACTED, mask_value, secret_forms
 from hermes.models import Idempotency, Permission, PolicySource
 
 # Shared with tool files (hermes.tools.files); private there, imported on purpose so both
 # formats read files, word errors and check headers the same way.
-from hermes.config_files import read_document
+from hermes.infra.config_files import read_document
 from hermes.tools.files import _HEADER_NAME_RE, _describe, _kind, _model_in, _short
 from hermes.tools.registry import PERMISSION_RANK, TOOL_NAME_RE
 

@@ -24,7 +24,7 @@ import httpx2
 import mcp.types as types
 from mcp.shared.message import SessionMessage
 
-from hermes import encryption
+from hermes.security import encryption
 
 __all__ = ["HTTP_ERROR_BODY_CHARS", "HttpState", "ReportingTransport", "first_line"]
 

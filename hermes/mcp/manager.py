@@ -24,7 +24,6 @@ from typing import Any
 
 import mcp.types as types
 
-from hermes import redaction
 from hermes.mcp import calls, discovery
 from hermes.mcp.config import McpConfig, ResolvedServer, resolve_all
 from hermes.mcp.discovery import MAX_LIST_PAGES
@@ -38,6 +37,7 @@ from hermes.mcp.supervision import (
     STABLE_SECONDS,
     Supervisor,
 )
+from hermes.security import redaction
 
 __all__ = [
     "BACKOFF_FIRST_SECONDS",

@@ -48,7 +48,7 @@ import anyio
 import mcp.types as types
 from mcp.shared.exceptions import MCPError
 
-from hermes import telemetry
+from hermes.infra import telemetry
 from hermes.mcp.config import ResolvedServer
 from hermes.mcp.http import first_line as _first_line
 from hermes.mcp.output import LenientSession

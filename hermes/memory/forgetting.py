@@ -9,7 +9,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from hermes import lance
+from hermes.infra import lance
 from hermes.memory.schema import (
     _FORGOTTEN_SCHEMA,
     FORGOTTEN_TABLE,

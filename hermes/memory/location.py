@@ -47,7 +47,7 @@ def temporal_is_remote(settings: Settings) -> bool:
         settings: ``temporal_address`` (unset: the embedded server, local) and the TLS
             settings.
     """
-    from hermes.connections import temporal_tls_requested
+    from hermes.infra.connections import temporal_tls_requested
 
     if settings.temporal_address is None:
         return False

@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hermes.memory.judge import JudgePair
-from hermes.proof import CommandProof
+from hermes.security.proof import CommandProof
 
 MemoryKind = Literal["working", "fact", "preference", "episode"]
 """``working``: a fact of the current task, promoted from a session after 3 references;
@@ -136,7 +136,7 @@ class SearchMemoriesInput(BaseModel):
     session_id: str = ""
     turn: int | None = None
     """The session's turn the search is for: what it recalled is published as that turn's
-    ``memories_recalled`` event (:mod:`hermes.events`)."""
+    ``memories_recalled`` event (:mod:`hermes.content.events`)."""
     limit: int = Field(default=3, ge=1, le=5)
     kinds: list[MemoryKind] = Field(default_factory=lambda: ["fact", "preference", "episode", "working"])
     max_chars: int = Field(default=200, ge=20, le=MAX_MEMORY_CHARS)
@@ -194,7 +194,7 @@ class MemoryBatch(BaseModel):
 
     candidates: list[MemoryCandidate]
     proof: CommandProof | None = None
-    """Who sends it (:mod:`hermes.command_auth`): the writer's user or an admin, as a
+    """Who sends it (:mod:`hermes.security.command_auth`): the writer's user or an admin, as a
     holder of the command key vouches; a batch without a valid proof is refused."""
 
 

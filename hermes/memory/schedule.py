@@ -116,8 +116,8 @@ def _schedule(settings: Settings, task_queue: str, stamp: ScheduleStamp, schedul
         ScheduleState,
     )
 
-    from hermes import command_auth
     from hermes.memory.models import ConsolidationInput
+    from hermes.security import command_auth
 
     run_timeout, execution_timeout = consolidation_timeouts(settings)
     return Schedule(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hermes import lance
+from hermes.infra import lance
 from hermes.memory.embeddings import Embedder, get_embedder
 from hermes.memory.schedule import ensure_consolidation_schedule
 from hermes.memory.store import MemoryStore

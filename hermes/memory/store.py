@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hermes import lance
+from hermes.infra import lance
 from hermes.memory.consolidation import MemoryConsolidation
 from hermes.memory.embeddings import Embedder
 from hermes.memory.forgetting import MemoryForgetting
@@ -88,7 +88,7 @@ class MemoryStore(MemoryTables, MemoryWrites, MemoryReads, MemoryConsolidation, 
         uri: a local directory or any LanceDB URI (``s3://...``, ``db://...``).
         embedder: the embedding model; rows of another model are refused, not mixed.
         vector_index_min_rows: rows from which the ANN index is built.
-        storage_options: LanceDB's object store options (:func:`hermes.lance.connect`;
+        storage_options: LanceDB's object store options (:func:`hermes.infra.lance.connect`;
             None: the settings').
         keep_versions_seconds: :meth:`optimize` deletes table versions older than this.
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from hermes import lance
+from hermes.infra import lance
 from hermes.memory.schema import (
     JUDGED_TABLE, _JUDGED_SCHEMA, _META_MODEL, _REEMBED_SUFFIX, EmbeddingModelMismatch, _schema,
     _utc, check_id, sql_str, sql_time,
@@ -27,7 +27,7 @@ at recall@20 1.0; for the 10,000-row user flat takes about 100 ms, IvfHnswSq abo
 recall 1.0, and IvfPq (nprobes 32, refine 10) reaches only 0.37-0.75 recall."""
 LANCE_INDEX_CACHE_BYTES = lance.INDEX_CACHE_BYTES
 LANCE_METADATA_CACHE_BYTES = lance.METADATA_CACHE_BYTES
-"""Caps of the process's LanceDB caches (see :mod:`hermes.lance`, shared with the durable
+"""Caps of the process's LanceDB caches (see :mod:`hermes.infra.lance`, shared with the durable
 store): measured here first, a store writing and searching 200 times grew +98 MB with
 LanceDB's defaults, +77 MB and flat from the 150th with a 16 MB metadata cache."""
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hermes import lance
+from hermes.infra import lance
 from hermes.memory.judge import JudgePair, change_marker
 from hermes.memory.judging import JUDGE_NEIGHBOURS
 from hermes.memory.models import (

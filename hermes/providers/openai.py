@@ -23,7 +23,7 @@ import httpx2
 import openai
 from openai.types.chat import ChatCompletion
 
-from hermes.events import model_text
+from hermes.content.events import model_text
 from hermes.errors import ConfigError, ContextTooLongError, ModelRequestError, ModelUnavailableError
 from hermes.models import CallModelInput, CallModelResult, Message, Usage
 from hermes.providers.base import parse_tool_call, to_openai_messages

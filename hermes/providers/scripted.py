@@ -58,10 +58,10 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
+from hermes.content.events import model_text
+from hermes.content.tokens import count_message_tokens, count_text_tokens
 from hermes.errors import ConfigError, ContextTooLongError, ScriptExhaustedError
-from hermes.events import model_text
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
-from hermes.tokens import count_message_tokens, count_text_tokens
 
 _TEMPLATE_RE = re.compile(r"\{\{\s*([\w.\[\]-]+)((?:\s*\|\s*[\w-]+)*)\s*\}\}")
 _BUILTIN_FILTERS = ("join", "short")
@@ -151,7 +151,7 @@ class Script(BaseModel):
     :class:`ContextTooLongError`, as a provider with that context window would."""
     stream_chunk_seconds: float = Field(default=0.0, ge=0, le=10)
     """When above 0, a reply's text is handed out as it would stream from a provider: word
-    by word (:func:`hermes.events.model_text`), this many seconds apart; 0: at once."""
+    by word (:func:`hermes.content.events.model_text`), this many seconds apart; 0: at once."""
     tables: dict[str, dict[str, Any]] = Field(default_factory=dict)
     """Lookup tables used as template filters: ``{{ match.city | timezone }}`` with a table
     ``timezone: {paris: Europe/Paris, ...}``."""
@@ -327,7 +327,7 @@ class ScriptedModel:
                     results.append(json.loads(m.content or "null"))
                 except json.JSONDecodeError:
                     results.append(m.content)
-        from hermes.context import MEMORIES_HEADER
+        from hermes.content.context import MEMORIES_HEADER
 
         memories = [
             line[2:]

@@ -8,7 +8,7 @@
 | list_notes    | read       | yes        | reading what a side effect wrote          |
 | read_stored_content | read | yes        | large inputs kept by reference            |
 
-Notes are kept in the durable store (:mod:`hermes.durable`, table ``hermes_notes``), not in
+Notes are kept in the durable store (:mod:`hermes.infra.durable`, table ``hermes_notes``), not in
 Redis: "note saved" is said only after that write, and the notes outlive a ``FLUSHALL``.
 """
 
@@ -22,8 +22,8 @@ import re
 from datetime import datetime, timezone as dt_timezone
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from hermes.blobs import BlobStore
-from hermes.durable import NOTES, DurableStoreError, Record
+from hermes.content.blobs import BlobStore
+from hermes.infra.durable import NOTES, DurableStoreError, Record
 from hermes.models import ToolResult, ToolResultCode
 from hermes.tools.registry import ToolContext, ToolRegistry
 
@@ -209,7 +209,7 @@ async def list_notes(context: ToolContext, limit: int = 20) -> ToolResult:
 
 
 STORED_REF_RE = re.compile(r"^b:[0-9a-f]{32}\Z")
-"""A reference to content kept by reference (:func:`hermes.blobs.value_ref`)."""
+"""A reference to content kept by reference (:func:`hermes.content.blobs.value_ref`)."""
 READ_MAX_CHARS = 12_000
 """Most characters one ``read_stored_content`` call returns: with its JSON escaping the
 result stays under what the session hands the model whole (16,000 characters) and under

@@ -70,8 +70,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from hermes import redaction
-from hermes.config_files import read_document
+from hermes.security import redaction
+from hermes.infra.config_files import read_document
 from hermes.errors import ConfigError, ToolRegistrationError
 from hermes.models import CompositeStep, Idempotency, Permission, Tier, ToolGroup
 from hermes.tools import arguments as args_layer

@@ -45,7 +45,7 @@ from temporalio import activity
 
 from hermes.errors import ToolFailure
 from hermes.models import ToolResult, ToolResultCode
-from hermes.redaction import mask_value, request_shown_as, secret_forms
+from hermes.security.redaction import mask_value, request_shown_as, secret_forms
 from hermes.tools.registry import Tool, ToolContext
 
 HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD")
@@ -385,7 +385,7 @@ class HttpTool(Tool):
 
     def redact(self, value: Any) -> Any:
         """``value`` with every secret replaced by ``***``, as it is and percent-encoded
-        (strings, nested in dicts, lists and tuples; :func:`hermes.redaction.mask_value`)."""
+        (strings, nested in dicts, lists and tuples; :func:`hermes.security.redaction.mask_value`)."""
         return mask_value(value, secret_forms(self.endpoint.secrets, min_chars=1))
 
     def _attempt_timeout_seconds(self) -> float:

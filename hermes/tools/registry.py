@@ -62,7 +62,7 @@ class ToolContext:
     anything that must survive (that goes to ``durable``)."""
     call_key: str = ""
     durable: Any = None
-    """The worker's :class:`hermes.durable.DurableStore` (LanceDB), for what tools keep."""
+    """The worker's :class:`hermes.infra.durable.DurableStore` (LanceDB), for what tools keep."""
 
     @property
     def idempotency_key(self) -> str:

@@ -153,7 +153,7 @@ class ApprovalBook:
 
         Args:
             refusal: why the decision is refused whoever it names (no valid proof of its
-                sender, :mod:`hermes.command_auth`): recorded ``not_allowed`` with it.
+                sender, :mod:`hermes.security.command_auth`): recorded ``not_allowed`` with it.
 
         Returns:
             "applied", "already_decided", "not_allowed" or "unknown_tool_call".

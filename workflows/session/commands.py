@@ -1,7 +1,7 @@
 """Which commands a session takes: the proof of each command's sender (issue 26).
 
 Every command that acts on a session carries a :class:`hermes.models.CommandProof`, an
-HMAC by a command key (:mod:`hermes.command_auth`); a client that reaches Temporal without
+HMAC by a command key (:mod:`hermes.security.command_auth`); a client that reaches Temporal without
 one can act as nobody. The :class:`CommandGate` checks the proofs with the worker's key
 ring and records what it refuses (the state's ``notices``); the shell asks it in each
 handler and applies a command only when it holds.
@@ -27,9 +27,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from hermes import command_auth, names
-from hermes.command_auth import CommandKeyRing
+from hermes import names
 from hermes.models import CommandProof, SendMessageInput, SessionInput
+from hermes.security import command_auth
+from hermes.security.command_auth import CommandKeyRing
 
 MAX_SEEN_PROOFS = 500
 """Signal proofs remembered (the newest; each also only for ``command_auth.MAX_AGE``)."""

@@ -12,10 +12,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hermes.blobs import body_json, message_ref, value_ref
-from hermes.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
+from hermes.content.blobs import body_json, message_ref, value_ref
+from hermes.content.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
 from hermes.models import ListToolsResult, SessionConfig, Summary, ToolSpec
-from hermes.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
+from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
 
 from workflows.session.transcript import Transcript
 from workflows.session.turn import ContextTooLarge
@@ -106,7 +106,7 @@ class ContextPlanner:
         mark_cuts: bool = False,
     ) -> BuiltContext:
         """System prompt, memories, summary and the recent turns that fit the token budget
-        (:func:`hermes.context.build_context`; ``mark_cuts``: the conversation starts with
+        (:func:`hermes.content.context.build_context`; ``mark_cuts``: the conversation starts with
         a user message and a note names what was cut: runs with the context-cut-note patch).
 
         Raises:
@@ -162,7 +162,7 @@ class ContextPlanner:
         return self.inflight[2]
 
     def bodies(self, refs: list[str], transcript: Transcript) -> dict[str, str]:
-        """Bodies (:func:`hermes.blobs.body_json`) of the referenced messages and tool
+        """Bodies (:func:`hermes.content.blobs.body_json`) of the referenced messages and tool
         lists; references not held are left out. Asked for a context list, the newest
         turn's bodies come too: the content store cannot have them yet, and the activity
         is saved a second query."""

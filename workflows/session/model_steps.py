@@ -15,10 +15,10 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import telemetry
-    from hermes.context import ContextPolicy
+    from hermes.infra import telemetry
+    from hermes.content.context import ContextPolicy
     from hermes.models import CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, SummarizeInput, ToolSpec
-    from hermes.tokens import BOUNDED_COUNT_CHARS, usage_correction
+    from hermes.content.tokens import BOUNDED_COUNT_CHARS, usage_correction
 
     from workflows.session import calls, lifecycle, patches
     from workflows.session.state import SessionCore

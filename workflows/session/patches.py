@@ -22,7 +22,7 @@ memory, "forget me" (issue 6)."""
 BOUNDED_WORK = "bounded-workflow-work"
 """Workflow code does only bounded work and a run replays in bounded time (issue 12):
 tokens of replies, tool schemas and long user messages are counted by activities, other
-texts by :class:`hermes.tokens.BoundedCounter`; the run continues as new on a replay
+texts by :class:`hermes.content.tokens.BoundedCounter`; the run continues as new on a replay
 budget (``SessionConfig.replay_budget_events``)."""
 ARCHIVE_SUMMARIZED = "archive-summarized-turns"
 """At continue-as-new, turns the running summary covers go to the transcript archive
@@ -44,7 +44,7 @@ validator issues no command and is not run on replay."""
 
 COMMAND_AUTH = "command-auth"
 """Signals (decisions, cancel, close, system prompt) are applied only with a valid proof of
-their sender (:mod:`hermes.command_auth`), each proof once; a decision's proof must be by
+their sender (:mod:`hermes.security.command_auth`), each proof once; a decision's proof must be by
 its approver; a run started without a valid proof (not continued as new) ends failed at
 once (issue 26). Messages are checked in the update's validator, which needs no patch."""
 
@@ -66,7 +66,7 @@ results still reach the model in the order of its calls (issue 27)."""
 CONTEXT_CUT_NOTE = "context-cut-note"
 """A context's conversation starts with a user message (never an assistant message or a
 tool step whose user message did not fit), and messages cut to fit the budget are named
-in a cut note (:func:`hermes.context.build_context`, ``mark_cuts``; issue 27). A patch:
+in a cut note (:func:`hermes.content.context.build_context`, ``mark_cuts``; issue 27). A patch:
 the note may make a context over budget (``ContextTooLarge``) that fitted before."""
 
 RECALL_RETRY = "recall-retry"

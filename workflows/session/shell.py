@@ -25,7 +25,9 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import command_auth, names, telemetry
+    from hermes import names
+    from hermes.infra import telemetry
+    from hermes.security import command_auth
     from hermes.models import (
         ApprovalDecision,
         ArchiveMessagesInput,
@@ -45,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         TraceStep,
         TurnResult,
     )
-    from hermes.tokens import DEFAULT_ENCODING, TokenCounter
+    from hermes.content.tokens import DEFAULT_ENCODING, TokenCounter
     from hermes.tools.routing import offered_tools, route_groups
 
     from workflows.session import calls, commands, lifecycle, patches
@@ -445,7 +447,7 @@ class SessionWorkflow:
 
     @workflow.query(name=names.GET_MESSAGE_BODIES)
     def get_message_bodies(self, refs: list[str]) -> dict[str, str]:
-        """Bodies (:func:`hermes.blobs.body_json`) of the referenced messages and tool
+        """Bodies (:func:`hermes.content.blobs.body_json`) of the referenced messages and tool
         lists this session holds; references it does not hold are left out."""
         return self._s.planner.bodies(refs, self._s.transcript)
 
@@ -559,7 +561,7 @@ class SessionWorkflow:
     def _schedule_index_update(self, finished: tuple[int, str] | None = None) -> None:
         # The index is a cache: Temporal stays the source of truth, `hermes sessions`
         # rebuilds it. A Redis outage must not fail a turn. At a turn's end it also
-        # publishes the turn_finished event (hermes.events).
+        # publishes the turn_finished event (hermes.content.events).
         entry = SessionIndexEntry.from_state(self._state(), finished)
         self._background = [t for t in self._background if not t.done()]
         self._background.append(
@@ -570,7 +572,7 @@ class SessionWorkflow:
 async def traced_turn(
     s: SessionCore, inp: SendMessageInput, run: Callable[[SendMessageInput], Awaitable[TurnResult]]
 ) -> TurnResult:
-    """``run(inp)`` in the turn's span (:mod:`hermes.telemetry`: replay-safe, issues no
+    """``run(inp)`` in the turn's span (:mod:`hermes.infra.telemetry`: replay-safe, issues no
     command; the turn's activities are its children through Temporal headers), the
     transcript's new messages accounted for afterwards whatever happens."""
     first_new = len(s.transcript.messages)

@@ -12,7 +12,8 @@ from typing import Any
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import command_auth, telemetry
+    from hermes.infra import telemetry
+    from hermes.security import command_auth
     from hermes.models import CommandProof, SessionInput
 
     from workflows.session import commands, patches
@@ -20,7 +21,7 @@ with workflow.unsafe.imports_passed_through():
 
 
 class SignalGuard:
-    """Checks each command's proof (:mod:`hermes.command_auth`) for a session.
+    """Checks each command's proof (:mod:`hermes.security.command_auth`) for a session.
 
     Args:
         s: the session's state (its ``gate`` keeps the refusals and the proofs taken).

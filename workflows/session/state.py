@@ -13,7 +13,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-from hermes import telemetry
+from hermes.infra import telemetry
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.memory.rules import Triggers
 from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, TakenMessage, ToolSpec, TraceStep

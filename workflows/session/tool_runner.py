@@ -19,7 +19,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ChildWorkflowError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes import names, telemetry
+    from hermes import names
+    from hermes.infra import telemetry
     from hermes.models import (
         ApprovalAuditBatch,
         ApprovalDecision,
@@ -239,7 +240,7 @@ class ToolRunner:
         """Wait for a decision on ``pending`` until it expires; then deny, or halt the
         session (policy ``on_expiry="halt"``) and keep waiting for a human. Traced as
         ``hermes.approval_wait`` and counted in ``hermes.approvals.pending`` and
-        ``hermes.approval.wait`` (:mod:`hermes.telemetry`; no command).
+        ``hermes.approval.wait`` (:mod:`hermes.infra.telemetry`; no command).
 
         Raises:
             TurnCancelled: the turn was cancelled while it waited.

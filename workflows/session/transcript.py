@@ -12,8 +12,8 @@ import json
 from collections.abc import Callable, Iterable
 from datetime import datetime
 
-from hermes import previews
-from hermes.blobs import message_ref
+from hermes.content import previews
+from hermes.content.blobs import message_ref
 from hermes.memory.models import ConversationExcerpt
 from hermes.models import Message, Summary, ToolCall, ToolCallRecord, ToolResult, ToolResultCode, TurnResult
 
@@ -304,7 +304,7 @@ def result_content(result: ToolResult, *, head_and_tail: bool = False) -> str:
     Args:
         result: the whole result.
         head_and_tail: the preview is the head and the tail of the data's JSON around a
-            marker saying what was cut (:func:`hermes.previews.head_and_tail`); False:
+            marker saying what was cut (:func:`hermes.content.previews.head_and_tail`); False:
             its head alone (runs before the ``preview-head-and-tail`` patch).
     """
     content = result.model_dump_json()

@@ -1,7 +1,7 @@
 """A Temporal codec server that shows the messages behind content references.
 
 Model calls carry the content hashes of their context's messages in workflow history,
-not the messages (:mod:`hermes.blobs`), so the Temporal Web UI would show a
+not the messages (:mod:`hermes.content.blobs`), so the Temporal Web UI would show a
 ``call_model`` input as a list of ``"m:..."`` strings. This server speaks Temporal's
 remote codec protocol (https://docs.temporal.io/codec-server): the Web UI (or
 ``temporal workflow show --codec-endpoint``) posts the payloads it is about to show to
@@ -55,9 +55,9 @@ with the headers the UI sends (``content-type``, ``x-namespace``, ``authorizatio
 including credentials (the UI's "include cross-origin credentials" setting). Every
 answer also carries ``Content-Security-Policy: default-src 'none'; frame-ancestors
 'none'``, ``X-Frame-Options: DENY``, ``X-Content-Type-Options: nosniff`` and
-``Referrer-Policy: no-referrer`` (:class:`hermes.http_security.SecurityHeaders`), and a
+``Referrer-Policy: no-referrer`` (:class:`hermes.security.http_security.SecurityHeaders`), and a
 client has 10 s to send a request's headers and 60 s its body
-(:class:`hermes.http_security.ReadDeadlineH11Protocol`).
+(:class:`hermes.security.http_security.ReadDeadlineH11Protocol`).
 
 Run it with ``hermes codec-server`` (``hermes dev`` runs one itself and points its Web
 UI at it), then give the endpoint to the UI: ``temporal server start-dev
@@ -86,11 +86,16 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 from temporalio.api.common.v1 import Payload
 
-from hermes import encryption
-from hermes.blobs import BLOB_KEY, BlobStore
-from hermes.encryption import EncryptionCodec, KeyRing
+from hermes.content.blobs import BLOB_KEY, BlobStore
 from hermes.errors import ConfigError
-from hermes.http_security import CODEC_CSP, ReadDeadlineH11Protocol, SecurityHeaders, bearer_token
+from hermes.security import encryption
+from hermes.security.encryption import EncryptionCodec, KeyRing
+from hermes.security.http_security import (
+    CODEC_CSP,
+    ReadDeadlineH11Protocol,
+    SecurityHeaders,
+    bearer_token,
+)
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -638,14 +643,14 @@ def create_app(
     """The codec server's ASGI app.
 
     Args:
-        store: where the bodies are (a :class:`hermes.blobs.BlobStore` on the workers' Redis).
+        store: where the bodies are (a :class:`hermes.content.blobs.BlobStore` on the workers' Redis).
         ui_origins: origins of the Temporal Web UI(s) allowed to call it from a browser,
             e.g. ``["http://localhost:8233"]``; others get no CORS headers (a preflight
             from them is answered 400), and a request naming another ``Origin`` is 403.
-        keyring: with payload encryption on (:mod:`hermes.encryption`), the keys: ``/decode``
+        keyring: with payload encryption on (:mod:`hermes.security.encryption`), the keys: ``/decode``
             decrypts, ``/encode`` encrypts.
         token: when set, every request needs ``Authorization: Bearer <token>`` (401 without;
-            the scheme in any case, :func:`hermes.http_security.bearer_token`).
+            the scheme in any case, :func:`hermes.security.http_security.bearer_token`).
 
     Returns:
         A Starlette app serving ``POST /decode``, ``POST /encode`` and both under
@@ -796,7 +801,7 @@ async def running_codec_server(
         ),
         lifespan="off",
         ws="none",
-        # Slow clients cannot hold connections (hermes.http_security: 10 s for headers, 60 s for a body).
+        # Slow clients cannot hold connections (hermes.security.http_security: 10 s for headers, 60 s for a body).
         http=ReadDeadlineH11Protocol,
         log_config=None,  # leave the process's logging as the host configured it
         access_log=False,
@@ -869,7 +874,7 @@ async def serve(
         ConfigError: payloads are encrypted and no ``HERMES_CODEC_TOKEN`` is set, or a key setting is bad.
         redis.exceptions.ConnectionError: Redis does not answer at start.
     """
-    from hermes.process import wait_until_interrupted
+    from hermes.infra.process import wait_until_interrupted
     from worker import connect_redis
 
     keyring, token = codec_keys(settings)

@@ -11,7 +11,7 @@ message and stack trace). Every Redis copy of a message, a tool argument or a to
 is sealed with the same keys (:func:`seal` / :func:`open_sealed`, :func:`open_quietly`):
 bodies, turn events, session index rows, the approval audit, the exactly-once ledger, the
 transcript archive and snapshots; README "Encryption at rest" lists the keys and what
-stays clear. While a key ring is active, :mod:`hermes.redaction` keeps tool-call content
+stays clear. While a key ring is active, :mod:`hermes.security.redaction` keeps tool-call content
 out of library log lines too.
 
 Keys (:func:`keyring_from_settings`): ``HERMES_ENCRYPTION_KEYS`` ("id:base64key,..."), or
@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 from temporalio.converter import PayloadCodec
 
 from hermes.errors import HermesError
-from hermes.keyfiles import key_setting, parse_key_entries
+from hermes.security.keyfiles import key_setting, parse_key_entries
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -205,7 +205,7 @@ def converter_for(settings: Settings) -> Any:
 
 def parse_keys(text: str, *, source: str, separator: str) -> KeyRing:
     """A key ring from ``id:base64`` (or ``id base64``) entries separated by ``separator``
-    (:func:`hermes.keyfiles.parse_key_entries`).
+    (:func:`hermes.security.keyfiles.parse_key_entries`).
 
     Raises:
         ConfigError: an entry is malformed, a key id repeats, a key is not base64 of 16,
@@ -244,8 +244,8 @@ _ACTIVE: KeyRing | None = None
 def activate(keyring: KeyRing | None) -> None:
     """Make ``keyring`` the one this process seals Redis copies of content with (the stores
     read :func:`active`), and keep tool-call content out of log lines while one is active
-    (:func:`hermes.redaction.withhold_content`); called where clients and workers connect."""
-    from hermes import redaction
+    (:func:`hermes.security.redaction.withhold_content`); called where clients and workers connect."""
+    from hermes.security import redaction
 
     global _ACTIVE
     _ACTIVE = keyring

@@ -9,7 +9,7 @@ cache for the bodies of live sessions (losing it costs speed, never a message).
 
 Large inputs kept by reference (a user message, a tool result or a reply too large for
 history) have no other copy: :meth:`BlobStore.keep_many` writes them to the durable store
-(:mod:`hermes.durable`, LanceDB) first and to Redis as the fast path, and
+(:mod:`hermes.infra.durable`, LanceDB) first and to Redis as the fast path, and
 :meth:`BlobStore.read_many` reads Redis first and the durable store on a miss, so they
 outlive a ``FLUSHALL``.
 
@@ -24,12 +24,12 @@ import json
 import logging
 from typing import Any
 
-from hermes import encryption
-from hermes.durable import CONTENT, DurableStore, Record
+from hermes.content.previews import head_and_tail
+from hermes.infra.durable import CONTENT, DurableStore, Record
+from hermes.infra.redis_keys import mget
+from hermes.infra.redis_writes import write_or_report
 from hermes.models import Message
-from hermes.previews import head_and_tail
-from hermes.redis_keys import mget
-from hermes.redis_writes import write_or_report
+from hermes.security import encryption
 
 log = logging.getLogger("hermes.blobs")
 
@@ -80,7 +80,7 @@ def stored_preview(text: str, ref: str, what: str, *, preview_chars: int = 4000)
     result, a model reply): a header line with its size, its reference and how to read the
     rest, then a preview of at most ``preview_chars`` characters: its head and its tail
     around a marker line saying how much was cut and the ``read_stored_content`` call that
-    reads it (:func:`hermes.previews.head_and_tail`).
+    reads it (:func:`hermes.content.previews.head_and_tail`).
 
     Args:
         text: the whole input (stored under ``ref``).
@@ -112,7 +112,7 @@ def arguments_stand_in(ref: str, text: str) -> dict[str, Any]:
     Returns:
         ``{"kept_by_reference": ref, "size_bytes": int, "preview": str}``; the preview is
         the JSON's head and tail around a marker saying what was cut
-        (:func:`hermes.previews.head_and_tail`).
+        (:func:`hermes.content.previews.head_and_tail`).
     """
     return {
         "kept_by_reference": ref,
@@ -182,7 +182,7 @@ class BlobStore:
         self, items: dict[str, str], what: str, *, timeout_seconds: float = CACHE_WRITE_TIMEOUT_SECONDS
     ) -> bool:
         """:meth:`put_many`, tried twice within ``timeout_seconds``; if it does not land,
-        reported (:func:`hermes.redis_writes.report_skipped`), never raised.
+        reported (:func:`hermes.infra.redis_writes.report_skipped`), never raised.
 
         Args:
             items: ``ref -> text``.

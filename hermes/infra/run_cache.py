@@ -32,7 +32,7 @@ import logging
 import uuid
 from typing import Any
 
-from hermes.redis_keys import is_cluster
+from hermes.infra.redis_keys import is_cluster
 
 log = logging.getLogger("hermes.run_cache")
 

@@ -81,7 +81,10 @@ async def status(client: Any, deployment_name: str, namespace: str = "default") 
     Raises:
         temporalio.service.RPCError: NOT_FOUND when no worker of that deployment has polled yet.
     """
-    from temporalio.api.enums.v1 import VersionDrainageStatus, WorkerDeploymentVersionStatus
+    from temporalio.api.enums.v1 import (
+        VersionDrainageStatus,
+        WorkerDeploymentVersionStatus,
+    )
     from temporalio.api.workflowservice.v1 import DescribeWorkerDeploymentRequest
 
     reply = await client.workflow_service.describe_worker_deployment(
@@ -120,7 +123,9 @@ async def set_current(client: Any, deployment_name: str, build_id: str, namespac
     Raises:
         temporalio.service.RPCError: the build is unknown or has no pollers (FAILED_PRECONDITION).
     """
-    from temporalio.api.workflowservice.v1 import SetWorkerDeploymentCurrentVersionRequest
+    from temporalio.api.workflowservice.v1 import (
+        SetWorkerDeploymentCurrentVersionRequest,
+    )
 
     reply = await client.workflow_service.set_worker_deployment_current_version(
         SetWorkerDeploymentCurrentVersionRequest(

@@ -18,7 +18,7 @@ TLS cluster or Temporal Cloud works everywhere once the settings say so:
   system's roots) and optionally a client certificate and key.
 - **Redis Cluster and Sentinel**: ``HERMES_REDIS_MODE=cluster`` (``REDIS_URL`` names any
   node) or ``sentinel`` (``HERMES_REDIS_SENTINELS``, ``HERMES_REDIS_SENTINEL_MASTER``);
-  the keys that one command touches together share a hash tag (:mod:`hermes.redis_keys`).
+  the keys that one command touches together share a hash tag (:mod:`hermes.infra.redis_keys`).
 
 Files are read when a connection is made (each start-up); a missing or unreadable one, a
 key without its certificate, TLS files for the embedded plain servers, are a

@@ -2,7 +2,7 @@
 
 One operation shared by the HTTP API (``POST .../approve`` and ``.../reject``), the CLI
 (``hermes approve`` / ``hermes reject``) and every console conversation that decides
-approvals while a turn runs (:func:`hermes.live_view.send_watched`).
+approvals while a turn runs (:func:`hermes.sessions.live_view.send_watched`).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ The same factory keeps tool-call content out of log lines (issue 26):
   never the url sent, whose path and query are built from the call's arguments; their
   other records (httpcore's traces: response headers) keep only their event name.
 - **With encryption at rest on** (:func:`withhold_content`, switched by
-  :func:`hermes.encryption.activate`): debug records of the libraries that log whole
+  :func:`hermes.security.encryption.activate`): debug records of the libraries that log whole
   requests and messages (``openai`` its request options, ``mcp`` its JSON-RPC messages,
   ``httpx``/``httpcore``) keep only their first words, and an exception a ``temporalio``
   logger reports (a failed activity, a failed workflow task) is shown by its type alone:
@@ -182,7 +182,7 @@ def request_shown_as(url: str) -> Iterator[None]:
 
 def withhold_content(on: bool) -> None:
     """Switch the encryption-at-rest rules of the module docstring on or off (done by
-    :func:`hermes.encryption.activate`, on when a key ring is active)."""
+    :func:`hermes.security.encryption.activate`, on when a key ring is active)."""
     global _WITHHOLD
     _WITHHOLD = on
     if on:

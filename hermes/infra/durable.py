@@ -48,8 +48,8 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from hermes import lance
 from hermes.errors import HermesError
+from hermes.infra import lance
 
 log = logging.getLogger("hermes.durable")
 

@@ -54,7 +54,10 @@ from temporalio.api.operatorservice.v1 import (
     AddSearchAttributesRequest,
     ListSearchAttributesRequest,
 )
-from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest, GetSystemInfoRequest
+from temporalio.api.workflowservice.v1 import (
+    DescribeNamespaceRequest,
+    GetSystemInfoRequest,
+)
 from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
@@ -448,7 +451,7 @@ class EmbeddedStack:
         start_redis: run the Redis server.
         ui: serve the Temporal Web UI (off is a little faster).
         ui_codec_endpoint: a codec server the Web UI decodes payloads through, e.g.
-            ``http://127.0.0.1:8081`` (:mod:`hermes.codec_server`); None: none.
+            ``http://127.0.0.1:8081`` (:mod:`hermes.security.codec_server`); None: none.
         namespace: Temporal namespace to create and check.
         temporal_timeout_seconds: how long to wait for Temporal to answer.
         redis_timeout_seconds: how long to wait for Redis to answer PING.

@@ -1,6 +1,6 @@
 """Key rings in settings: ``"<id>:<base64>,..."`` in a variable or ``<id> <base64>`` lines in a
 file, the first key the one that writes. Shared by the encryption keys
-(:mod:`hermes.encryption`) and the command keys (:mod:`hermes.command_auth`), which differ
+(:mod:`hermes.security.encryption`) and the command keys (:mod:`hermes.security.command_auth`), which differ
 only in the key sizes they take and in the names of their settings.
 
 Errors are :class:`hermes.errors.ConfigError`, naming the setting or file and the entry.

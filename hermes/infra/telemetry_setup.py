@@ -35,10 +35,19 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    SimpleSpanProcessor,
+    SpanExporter,
+)
 from opentelemetry.trace import Status, StatusCode
 from temporalio import workflow
-from temporalio.contrib.opentelemetry import MetricsExporter, ReplaySafeMeterProvider, ReplaySafeTracerProvider, create_tracer_provider
+from temporalio.contrib.opentelemetry import (
+    MetricsExporter,
+    ReplaySafeMeterProvider,
+    ReplaySafeTracerProvider,
+    create_tracer_provider,
+)
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 
 from hermes.errors import ConfigError
@@ -190,7 +199,7 @@ def build(
     resource: Resource | None = None,
     batch: bool = True,
 ) -> Telemetry:
-    """Telemetry with these exporters (:func:`hermes.telemetry.start` switches it on).
+    """Telemetry with these exporters (:func:`hermes.infra.telemetry.start` switches it on).
 
     Args:
         span_exporters: where spans go (an ``InMemorySpanExporter`` in tests).
@@ -252,7 +261,9 @@ def from_env(
             raise ConfigError("only http/protobuf is supported (opentelemetry-exporter-otlp-proto-http)", source="environment", key=key)
     span_exporters: list[SpanExporter] = []
     if "otlp" in traces:
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
+            OTLPSpanExporter,
+        )
 
         span_exporters.append(OTLPSpanExporter())
     if "console" in traces:
@@ -261,7 +272,9 @@ def from_env(
         span_exporters.append(ConsoleSpanExporter())
     readers: list[MetricReader] = []
     if "otlp" in metrics:
-        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import (
+            OTLPMetricExporter,
+        )
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter()))
     if "console" in metrics:

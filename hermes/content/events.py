@@ -44,8 +44,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hermes import encryption
-from hermes.redis_writes import write_or_report
+from hermes.infra.redis_writes import write_or_report
+from hermes.security import encryption
 
 log = logging.getLogger("hermes.events")
 
@@ -206,7 +206,7 @@ class EventLog:
         """:meth:`publish` within :data:`PUBLISH_TIMEOUT_SECONDS` (a wait for a free pool
         connection included; tried once: ``XADD`` is not idempotent, and a second try
         after a lost answer would show clients the text twice); events that do not land
-        are reported (:func:`hermes.redis_writes.report_skipped`: a
+        are reported (:func:`hermes.infra.redis_writes.report_skipped`: a
         warning naming them, the ``hermes.redis.writes_skipped`` metric) and dropped:
         events are a view of the work, never a reason for it to fail.
 

@@ -10,7 +10,7 @@ fails is tried once more while its time allows, and a write that still does not 
 * a ``WARNING`` log line of ``hermes.redis_writes`` naming the kind, what was skipped and
   why;
 * one count per item in the ``hermes.redis.writes_skipped`` metric (attribute
-  ``hermes.redis.write``: the kind), see :func:`hermes.telemetry.count_skipped_redis_write`;
+  ``hermes.redis.write``: the kind), see :func:`hermes.infra.telemetry.count_skipped_redis_write`;
 * one count in this process's tally (:func:`skipped_writes`) and, when the write served
   one session, in that session's (:func:`take_skipped`: the hook for a session's
   degradation notices: an activity serving the session can take it into its result);
@@ -27,7 +27,7 @@ from collections import Counter, OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
-from hermes import telemetry
+from hermes.infra import telemetry
 
 __all__ = ["RedisWrite", "report_skipped", "skipped_writes", "take_skipped", "write_or_report"]
 

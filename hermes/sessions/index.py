@@ -1,6 +1,6 @@
 """The Redis session index: read and write sides, and the rebuild from Temporal.
 
-Layout (:mod:`hermes.redis_keys`): ``hermes:session:{<user>}:<session>`` a JSON row;
+Layout (:mod:`hermes.infra.redis_keys`): ``hermes:session:{<user>}:<session>`` a JSON row;
 ``hermes:user_sessions:{<user>}`` a sorted set of session ids scored by last activity
 (epoch seconds); both in the user's Redis Cluster slot. Temporal stays
 the source of truth: with Redis flushed, :func:`rebuild_index` lists the session
@@ -12,14 +12,15 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from hermes import encryption, names
+from hermes import names
+from hermes.infra.redis_keys import index_row_key, index_user_key, mget
 from hermes.models import SessionIndexEntry, SessionState
-from hermes.redis_keys import index_row_key, index_user_key, mget
+from hermes.security import encryption
 
 
 async def write_entry(redis: Any, entry: SessionIndexEntry) -> None:
     """Upsert one row and its place in the user's list. With encryption on
-    (:func:`hermes.encryption.active`) the row is sealed: its title is the session's first
+    (:func:`hermes.security.encryption.active`) the row is sealed: its title is the session's first
     message."""
     async with redis.pipeline(transaction=True) as pipe:
         pipe.set(index_row_key(entry.user_id, entry.session_id), encryption.seal(entry.model_dump_json()))

@@ -2,7 +2,7 @@
 :class:`TurnView` they implement; :func:`send_watched`, which sends one message and tells
 the view about its tool calls, approvals and results while the turn runs (by polling the
 session's queries); and :class:`TurnFollower`, which feeds the view the session's turn
-events (:mod:`hermes.events`) as they come."""
+events (:mod:`hermes.content.events`) as they come."""
 
 from __future__ import annotations
 
@@ -14,7 +14,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from hermes.approvals import decide
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.models import (
@@ -25,6 +24,7 @@ from hermes.models import (
     ToolResult,
     TurnResult,
 )
+from hermes.sessions.approvals import decide
 
 __all__ = ["TurnFollower", "TurnView", "Verdict", "follow_turn", "send_watched", "tool_result_of"]
 
@@ -74,7 +74,7 @@ class TurnView:
 
 
 class TurnFollower:
-    """Hands a turn's events (:mod:`hermes.events`) to a view while
+    """Hands a turn's events (:mod:`hermes.content.events`) to a view while
     :func:`send_watched` waits: the model's text as it streams
     (``view.text`` / ``view.text_discarded``), tool calls as they start and finish
     (``view.tool_call`` / ``view.tool_result``, each once: ``shown_calls`` and

@@ -1,5 +1,5 @@
 """The proof a command carries of who sent it (issue 26): a leaf model, imported by the
-session's and the memory workflows' payloads; made and checked by :mod:`hermes.command_auth`."""
+session's and the memory workflows' payloads; made and checked by :mod:`hermes.security.command_auth`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ __all__ = ["CommandProof"]
 
 
 class CommandProof(BaseModel, frozen=True):
-    """Who sent a command, as the holder of a command key vouches (:mod:`hermes.command_auth`):
+    """Who sent a command, as the holder of a command key vouches (:mod:`hermes.security.command_auth`):
     an HMAC-SHA256 over the command's name, session, sender, roles, issue time and payload
     digest. Sessions refuse commands without a valid one (issue 26)."""
 
@@ -23,6 +23,6 @@ class CommandProof(BaseModel, frozen=True):
     """The sender's roles as the key holder knows them; ``admin`` may post into another
     user's session (the message is recorded as the admin's)."""
     issued_at: datetime
-    """UTC; a proof older than :data:`hermes.command_auth.MAX_AGE` is stale."""
+    """UTC; a proof older than :data:`hermes.security.command_auth.MAX_AGE` is stale."""
     mac: str
-    """Hex HMAC-SHA256 (:func:`hermes.command_auth.sign`)."""
+    """Hex HMAC-SHA256 (:func:`hermes.security.command_auth.sign`)."""

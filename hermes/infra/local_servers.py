@@ -2,7 +2,7 @@
 
 Used by ``hermes dev`` (with or without ``--no-worker``) and ``hermes demo``:
 :func:`local_servers` starts what ``TEMPORAL_ADDRESS`` / ``REDIS_URL`` do not
-name as an :class:`~hermes.stack.EmbeddedStack`, or reuses the one a running ``hermes
+name as an :class:`~hermes.infra.stack.EmbeddedStack`, or reuses the one a running ``hermes
 dev`` holds, and says where everything is (:class:`Servers`).
 """
 
@@ -14,8 +14,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from hermes import names
+from hermes.infra.stack import EmbeddedStack, StackError
 from hermes.settings import Settings
-from hermes.stack import EmbeddedStack, StackError
 
 __all__ = ["Servers", "local_servers"]
 
@@ -60,7 +60,7 @@ async def _start_stack(stack: EmbeddedStack) -> None:
 async def _servers_answer(settings: Settings) -> bool:
     """True if a Temporal frontend and a Redis answer at the settings' addresses (with
     their TLS settings)."""
-    from hermes.connections import connect_temporal
+    from hermes.infra.connections import connect_temporal
     from worker import connect_redis
 
     try:
@@ -87,7 +87,7 @@ async def local_servers(
     missing ones are started as an :class:`EmbeddedStack` in ``settings.data_dir`` on
     ``settings.temporal_port`` / ``ui_port`` / ``redis_port``, and stopped on exit. An
     embedded Temporal gets the Hermes search attributes; on any other server the caller
-    registers them (:func:`hermes.stack.ensure_search_attributes`, idempotent).
+    registers them (:func:`hermes.infra.stack.ensure_search_attributes`, idempotent).
 
     Args:
         settings: addresses, ports, data directory and namespace.
@@ -105,7 +105,7 @@ async def local_servers(
         ConfigError: a bad TLS setting, or TLS settings for a server that is embedded
             (checked before anything starts).
     """
-    from hermes.connections import check_connection_settings
+    from hermes.infra.connections import check_connection_settings
 
     check_connection_settings(settings)
     external_temporal = settings.temporal_address is not None

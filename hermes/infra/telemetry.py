@@ -4,7 +4,7 @@ Off unless ``HERMES_TELEMETRY_ENABLED`` (:class:`hermes.settings.Settings`): the
 :func:`span` is a shared ``nullcontext`` and every ``count_*`` / ``record_*`` helper
 returns at once; no plugin is given to the Temporal client, no provider is made, and
 nothing of the OpenTelemetry SDK is imported (this module imports only the standard
-library; the SDK side is :mod:`hermes.telemetry_setup`, imported by :func:`configure`).
+library; the SDK side is :mod:`hermes.infra.telemetry_setup`, imported by :func:`configure`).
 
 On, a turn is one trace (span names and attributes after OpenTelemetry's GenAI semantic
 conventions, https://opentelemetry.io/docs/specs/semconv/gen-ai/)::
@@ -40,8 +40,8 @@ from collections.abc import Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from hermes.infra.telemetry_setup import Telemetry
     from hermes.settings import Settings
-    from hermes.telemetry_setup import Telemetry
 
 __all__ = [
     "configure",
@@ -100,7 +100,7 @@ def configure(settings: Settings, *, service_name: str = "hermes", prometheus: b
         return True
     if not settings.telemetry_enabled:
         return False
-    from hermes import telemetry_setup
+    from hermes.infra import telemetry_setup
 
     on = telemetry_setup.from_env(settings, service_name=service_name, prometheus=prometheus)
     if on is not None:
@@ -113,13 +113,13 @@ def start(**kwargs: Any) -> Telemetry:
     benchmarks; a deployment uses :func:`configure`).
 
     Args:
-        **kwargs: as :func:`hermes.telemetry_setup.build` (``span_exporters``,
+        **kwargs: as :func:`hermes.infra.telemetry_setup.build` (``span_exporters``,
             ``metric_readers``, ``message_text``, ``resource``, ``batch``).
 
     Returns:
         The telemetry now on.
     """
-    from hermes import telemetry_setup
+    from hermes.infra import telemetry_setup
 
     shutdown()
     return _switch_on(telemetry_setup.build(**kwargs))
@@ -288,13 +288,13 @@ def count_mcp_restart(server: str) -> None:
 
 def count_refused_command(command: str) -> None:
     """A command (signal, update or start) a session refused: no valid proof of its sender
-    (:mod:`hermes.command_auth`), by command name."""
+    (:mod:`hermes.security.command_auth`), by command name."""
     if _current is not None:
         _current.commands_refused.add(1, {"hermes.command": command})
 
 
 def count_skipped_redis_write(kind: str, items: int = 1) -> None:
-    """Items of a promised Redis write that did not land (:mod:`hermes.redis_writes`), by
+    """Items of a promised Redis write that did not land (:mod:`hermes.infra.redis_writes`), by
     kind (``content_store``, ``turn_events``, ``session_index``)."""
     if _current is not None:
         _current.redis_writes_skipped.add(items, {"hermes.redis.write": kind})

@@ -45,8 +45,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 from hermes.errors import ConfigError
-from hermes.keyfiles import key_setting, new_key, parse_key_entries
-from hermes.proof import CommandProof
+from hermes.security.keyfiles import key_setting, new_key, parse_key_entries
+from hermes.security.proof import CommandProof
 
 if TYPE_CHECKING:
     from hermes.settings import Settings
@@ -234,7 +234,7 @@ def _adapter(kind: Any) -> TypeAdapter[Any]:
 
 def parse_keys(text: str, *, source: str, separator: str) -> CommandKeyRing:
     """A key ring from ``id:base64`` (``separator`` ",") or ``id base64`` lines ("\n")
-    (:func:`hermes.keyfiles.parse_key_entries`).
+    (:func:`hermes.security.keyfiles.parse_key_entries`).
 
     Raises:
         ConfigError: an entry is malformed, a key id repeats, a key is not base64 of at

@@ -25,7 +25,7 @@ multi-key operation here hash to one slot, so a new key cannot bring ``CROSSSLOT
 
 Renamed keys (the index and the audit, before Redis Cluster support): the session index
 rebuilds itself from Temporal when a user's listing finds no rows
-(:func:`hermes.session_index.rebuild_index`), and audit reads also read the old names
+(:func:`hermes.sessions.index.rebuild_index`), and audit reads also read the old names
 (:data:`LEGACY_AUDIT_INDEX_KEY`, :func:`legacy_audit_session_key`).
 """
 

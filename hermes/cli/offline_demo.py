@@ -9,8 +9,8 @@ Every reply is checked; a wrong one makes :func:`run_demo` raise :class:`DemoFai
 so a green demo means the runtime works on this machine.
 
 A leaf: only the CLI's demo command (:mod:`hermes.cli.demo`) imports it. What it shares
-with the rest of the product lives there: the servers in :mod:`hermes.local_servers`,
-watching a turn in :mod:`hermes.live_view`, deciding approvals in :mod:`hermes.approvals`,
+with the rest of the product lives there: the servers in :mod:`hermes.infra.local_servers`,
+watching a turn in :mod:`hermes.sessions.live_view`, deciding approvals in :mod:`hermes.sessions.approvals`,
 the console view in :mod:`hermes.cli.chat_view`.
 """
 
@@ -30,12 +30,12 @@ from hermes import names
 from hermes.cli.chat_view import ConsoleTurnView, print_user
 from hermes.client import HermesClient
 from hermes.errors import HermesError
-from hermes.live_view import Verdict, send_watched
-from hermes.local_servers import Servers, local_servers
+from hermes.infra.local_servers import Servers, local_servers
+from hermes.infra.process import wait_until_interrupted
+from hermes.infra.stack import ensure_search_attributes
 from hermes.models import DecisionRecord, PendingApproval, ToolResultCode, TurnResult
-from hermes.process import wait_until_interrupted
+from hermes.sessions.live_view import Verdict, send_watched
 from hermes.settings import Settings
-from hermes.stack import ensure_search_attributes
 
 __all__ = ["DEMO_USER", "DemoFailed", "DemoSummary", "run_demo"]
 
@@ -196,12 +196,12 @@ async def run_demo(
         DemoFailed: a reply or tool result was not the expected one.
         StackError: the embedded stack could not start and no running one answers.
     """
-    from hermes import encryption
+    from hermes.infra.connections import connect_temporal
+    from hermes.infra.durable import DurableStore
     from hermes.providers.scripted import ScriptedModel
+    from hermes.security import encryption
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
-    from hermes.durable import DurableStore
-    from hermes.connections import connect_temporal
     from worker import build_worker, connect_redis
 
     settings = settings or Settings()
