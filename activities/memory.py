@@ -65,6 +65,10 @@ STORE_WAIT_SECONDS = 5.0
 without memories (the session's search is a local activity of 15 s)."""
 HIT_FLUSH_SECONDS = 1.0
 """Hit statistics are written at most this often, after the search that produced them."""
+CHANGE_MARK_SECONDS = 600
+"""How long a change of a user's rows in progress keeps searches off the cache at most:
+a worker killed mid-change (or an attempt cancelled while its thread still commits) never
+ends its mark, and the user's searches read LanceDB itself until it expires."""
 
 
 async def judge_pairs(store: MemoryStore, provider: Any, inp: JudgeMemoriesInput, *, now: datetime | None = None,
@@ -188,8 +192,8 @@ class MemoryActivities:
         self.heartbeat_seconds = heartbeat_seconds
         """Heartbeat timeout the writers this worker starts set on their store activities."""
         self.redis = redis
-        """Keeps each user's rows generation (``hermes:memory:gen:<user>``): searches of a
-        user whose rows did not change are answered from memory, in any worker."""
+        """Keeps each user's rows generation (``hermes:memory:generation:<user>``): searches
+        of a user whose rows did not change are answered from memory, in any worker."""
         self.events: EventLog | None = None
         """Where recalls are published as turn events, if anywhere."""
         self._factory = store_factory
@@ -317,33 +321,59 @@ class MemoryActivities:
 
     @staticmethod
     def generation_key(user_id: str) -> str:
-        return f"hermes:memory:gen:{user_id}"
+        """The Redis hash of ``user_id``'s rows generation: ``gen`` (a random token, new at
+        every change) and ``writing`` (changes in progress: searches cache nothing then)."""
+        return f"hermes:memory:generation:{user_id}"
 
     async def _generation(self, user_id: str) -> str | None:
-        """The user's rows generation, or None (no Redis, or none recorded: no caching)."""
+        """The user's rows generation, or None: no caching (no Redis, or a change of the
+        user's rows in progress, whose commit may land at any moment)."""
         if self.redis is None:
             return None
         key = self.generation_key(user_id)
         try:
-            value = await self.redis.get(key)
+            value, writing = await self.redis.hmget(key, ["gen", "writing"])
+            if writing is not None and int(writing) > 0:
+                return None
             if value is None:
                 # First search since Redis knew this user: start a generation (a write that
-                # set one meanwhile wins: NX), so the next searches are answered from memory.
-                await self.redis.set(key, uuid.uuid4().hex, nx=True)
-                value = await self.redis.get(key)
+                # set one meanwhile wins: HSETNX), so the next searches are answered from memory.
+                await self.redis.hsetnx(key, "gen", uuid.uuid4().hex)
+                value = await self.redis.hget(key, "gen")
         except Exception:  # noqa: BLE001 - Redis down costs speed, never the search
+            return None
+        if value is None:
             return None
         return value.decode() if isinstance(value, bytes) else value
 
-    async def _changed(self, user_id: str) -> None:
-        """The user's rows changed: a new generation (a random token, so a Redis that lost
-        its data can never make an old cache look current)."""
+    async def _begin_change(self, user_id: str) -> None:
+        """A change of the user's rows starts: searches read LanceDB itself until it ends
+        (:meth:`_changed`), or for ``CHANGE_MARK_SECONDS`` at most (a worker that died
+        mid-change never ends it)."""
         if self._store is not None:
             self._store.forget_cached(user_id)
         if self.redis is None:
             return
+        key = self.generation_key(user_id)
         try:
-            await self.redis.set(self.generation_key(user_id), uuid.uuid4().hex)
+            await self.redis.hincrby(key, "writing", 1)
+            await self.redis.expire(key, CHANGE_MARK_SECONDS)
+        except Exception:  # noqa: BLE001
+            log.warning("memory change of %r not marked; searches may serve cached rows until it ends", user_id)
+
+    async def _changed(self, user_id: str, *, ended: bool = False) -> None:
+        """The user's rows changed: a new generation (a random token, so a Redis that lost
+        its data can never make an old cache look current). ``ended``: a change marked by
+        :meth:`_begin_change` is over."""
+        if self._store is not None:
+            self._store.forget_cached(user_id)
+        if self.redis is None:
+            return
+        key = self.generation_key(user_id)
+        try:
+            if ended and int(await self.redis.hincrby(key, "writing", -1)) < 0:
+                await self.redis.hset(key, "writing", 0)
+            await self.redis.hset(key, "gen", uuid.uuid4().hex)
         except Exception:  # noqa: BLE001
             log.warning("memory generation of %r not updated; its cached rows expire within a minute", user_id)
 
@@ -500,20 +530,35 @@ class MemoryActivities:
         the rows already written and reports nothing changed; searches then kept serving
         the rows cached before the write (the demo's second session did not recall the
         user's city on a loaded machine). A generation too many costs one uncached search.
+
+        And on entering, the change is marked (:meth:`_begin_change`): between a commit and
+        the new generation, a search answered from the rows cached before the change (with
+        three workers on object storage, a user who saw the move in the store was told the
+        old city: ``bench/scale.py``). While marked, searches read LanceDB itself, which
+        sees every commit. A cancelled attempt leaves the mark in place (its thread may
+        still be about to commit) until it expires.
         """
+        await asyncio.shield(self._begin_change(user_id))
+        ended = False
         try:
             yield
+            ended = True
+        except asyncio.CancelledError:
+            raise
+        except BaseException:
+            ended = True
+            raise
         finally:
-            await asyncio.shield(self._changed(user_id))
+            await asyncio.shield(self._changed(user_id, ended=ended))
 
     @activity.defn(name=names.FORGET_MEMORIES)
     async def forget_memories(self, user_id: str) -> int:
         """Delete every row of ``user_id`` (memories and archive); returns how many."""
         try:
-            deleted = await self._run(lambda s: s.forget_user(user_id))
+            async with self._changing(user_id):
+                deleted = await self._run(lambda s: s.forget_user(user_id))
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__, non_retryable=True) from None
-        await self._changed(user_id)
         return deleted
 
     @activity.defn(name=names.FORGET_USER_MEMORIES)

@@ -216,21 +216,23 @@ async def run_session(hermes: HermesClient, homes: HomeWatcher, index: int, turn
         label = f"session {index} turn {n + 1} ({turn.text!r})"
         if turn.question and not await homes.written(user_id, turn.city or "", args.write_timeout):
             print(f"  {label}: the write of {turn.city} was not in the store within {args.write_timeout:.0f} s", flush=True)
-        reply = await send(hermes, session_id, user_id, turn.text, args.turn_timeout)
+        result = await send(hermes, session_id, user_id, turn.text, args.turn_timeout)
+        reply = None if result is None else result.reply
         tally.done += 1
         if reply is None:
             tally.lost.append(label)
         elif correct(turn, reply):
             tally.correct += 1
         else:
-            tally.wrong.append(f"{label}: expected {turn.expected!r}, got {reply!r}")
+            notices = f"; warnings: {'; '.join(result.warnings)}" if result.warnings else ""
+            tally.wrong.append(f"{label}: expected {turn.expected!r}, got {reply!r} (recalled {result.memories}{notices})")
         if n % BLOCK == 0:
             tally.statements += 1
         on_reply()
 
 
-async def send(hermes: HermesClient, session_id: str, user_id: str, text: str, timeout_seconds: float) -> str | None:
-    """The reply, sending again with the same client message id after a failure; None: none in time."""
+async def send(hermes: HermesClient, session_id: str, user_id: str, text: str, timeout_seconds: float) -> Any:
+    """The turn's result (reply, warnings), sending again with the same client message id after a failure; None: none in time."""
     cid = uuid.uuid4().hex
     deadline = time.monotonic() + timeout_seconds
     while time.monotonic() < deadline:
@@ -240,7 +242,7 @@ async def send(hermes: HermesClient, session_id: str, user_id: str, text: str, t
                                     busy_timeout_seconds=max(1.0, deadline - time.monotonic())),
                 timeout=max(1.0, deadline - time.monotonic()),
             )
-            return result.reply
+            return result
         except Exception as err:  # noqa: BLE001 - a client retries any failure, the figures say what was lost
             print(f"  {session_id}: send failed ({type(err).__name__}: {str(err)[:160]}); sending again", flush=True)
             await asyncio.sleep(1.0)

@@ -123,7 +123,7 @@ class MemoryReads:
         numbers, dates, ids), which an embedding hardly tells apart.
 
         ``generation``: a token that changes whenever the user's rows change (the memory
-        activities keep it in Redis, ``hermes:memory:gen:<user>``). With it, the user's
+        activities keep it in Redis, ``hermes:memory:generation:<user>``). With it, the user's
         active rows (up to ``USER_CACHE_MAX_ROWS``) are read once and searched in memory
         until it changes (or ``USER_CACHE_SECONDS`` pass, for the hit statistics); without
         it, every search asks LanceDB.
