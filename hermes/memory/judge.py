@@ -187,11 +187,48 @@ def has_negation(text: str) -> bool:
     return _NEGATION.search(unicodedata.normalize("NFKC", text).casefold()) is not None
 
 
+_BEFORE = re.compile(r"\b(?:before|until|till|prior to|ahead of)\s+(?:[\w'’]+\s+){0,2}$")
+"""A change word in a "before ..." clause (``before I quit``) names a time, not a change."""
+_BEFORE_ZH = ("前", "之前", "以前")
+"""... and in Chinese, a change word followed by these (``离职前``, ``搬家之前``)."""
+_PAST = re.compile(r"\b(?:formerly|previously|used to|back when|in the past)\b|曾经|以前|过去|原先|之前")
+"""Words that put a statement in the past (``formerly``, ``以前``): with no change word, it
+tells what was and replaces nothing current, whatever value it holds."""
+
+
 def change_marker(text: str) -> str | None:
     """The change word ``text`` holds (``moved``, ``slipped``, ``改用``, ``推迟``...), or
-    None: said about an older memory of the same topic, it announces a new value."""
-    m = _CHANGE.search(unicodedata.normalize("NFKC", text).casefold())
-    return m.group(0) if m else None
+    None: said about an older memory of the same topic, it announces a new value.
+
+    A change word that only dates something (``离职前``, ``before I quit``) is none: it
+    announces no change (issue 30).
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    for m in _CHANGE.finditer(text):
+        if not (_BEFORE.search(text[: m.start()]) or text[m.end():].startswith(_BEFORE_ZH)):
+            return m.group(0)
+    return None
+
+
+_SINGLE_VALUED = re.compile(
+    r"\b(?:live[sd]?|living|based|home|hometown|city|address|works? (?:at|for|as)|working (?:at|for|as)|employer|"
+    r"employed|job|title|position|role|salary|name[ds]?|called|age|aged|birthday|born|phone|mobile|e-?mail|"
+    r"password|pin|code|room|office|desk|deadline|due|date|appointment|scheduled|planned|gate|seat|reports to|"
+    r"manager|boss)\b"
+    r"|住在|住址|家在|城市|地址|在.{1,8}工作|上班|单位|职位|职务|职称|头衔|工资|薪水|名字|年龄|生日|电话|手机|邮箱|密码|"
+    r"房间|教室|办公室|截止|日期|定在|安排在|预约|几点|老板|上司|领导|年级|班主任"
+)
+"""Words naming an attribute that holds one value at a time: where one lives, works, the
+job title, a name, a birthday, a phone number, a password, the room or the date of
+something. A new number in such a sentence is a new value; anywhere else (``policy
+INV-495950 (item 50)`` / ``INV-495951 (item 51)``) it names another thing."""
+
+
+def single_valued(older: str, newer: str) -> bool:
+    """Whether ``older`` and ``newer`` both state a single-valued attribute
+    (:data:`_SINGLE_VALUED`): then differing numbers in the same sentence are a change of
+    its value, else two facts."""
+    return all(_SINGLE_VALUED.search(unicodedata.normalize("NFKC", t).casefold()) for t in (older, newer))
 
 
 def _strip_negation(text: str) -> list[str]:
@@ -384,7 +421,9 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
             return Assessment("contradicts", True, True, "one statement and its negation")
     substituted = _substitution(ta, tb)
     others = persons(older) != persons(newer)
-    never_same = numbers_differ or substituted or (flipped and bool(marker)) or others
+    # "Formerly worked at Acme." is neither "Works at Acme." again nor, by itself, its end.
+    past = bool(_PAST.search(older.casefold())) != bool(_PAST.search(newer.casefold()))
+    never_same = numbers_differ or substituted or (flipped and bool(marker)) or others or past
     shared = _share_topic(topic_words(older), topic_words(newer))
     if not shared and marker and has_cjk(older) != has_cjk(newer):
         from hermes.memory import crosslingual
@@ -393,12 +432,16 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
     if marker and (similarity >= bands.change or (shared and similarity >= bands.marker_floor)):
         return Assessment("update", False, True, f"change word {marker!r} about the same topic")
     reason = ("numbers differ" if numbers_differ else "one word replaced" if substituted
-              else "about other people" if others else "")
-    if (numbers_differ or substituted) and not others and not flipped and similarity >= bands.lexical_same \
+              else "about other people" if others else "one said of the past" if past else "")
+    if (numbers_differ or substituted) and not others and not flipped and not past and similarity >= bands.lexical_same \
             and lexical_overlap(older, newer) >= LEXICAL_SAME_OVERLAP:
         # The same sentence with another value ("... in room 4B" / "... in room 2A"; "年会在
         # 苏州开" / "今年的年会在无锡开"): people also state a change without a change word.
-        return Assessment("update", False, True, f"{reason}, the rest restated")
+        # Other numbers or ids are another value only of a single-valued attribute: "policy
+        # INV-495950 (item 50)" / "policy INV-495951 (item 51)" are two policies (issue 30).
+        if not numbers_differ or single_valued(older, newer):
+            return Assessment("update", False, True, f"{reason}, the rest restated")
+        return Assessment("different", False, True, "numbers or ids differ, not a single-valued attribute")
     if never_same:
         return Assessment("different", False, True, reason or "negation flipped")
     if marker:

