@@ -116,6 +116,13 @@ def test_the_same_value_in_two_languages_refreshes_its_row_instead_of_supersedin
     assert row["status"] == "active" and new.candidate_id in row["sources"]
 
 
+def test_a_restatement_in_the_other_language_with_its_own_change_word_is_not_a_change(store: MemoryStore) -> None:
+    old, new = cand("Now prefers answers in Chinese."), cand("现在希望用中文回答。", 5)
+    store.write([old], now=T0)
+    report = store.write([new], now=T0 + 5 * DAY)
+    assert report.superseded == [] and [r["status"] for r in store.list("u1")] == ["active"]
+
+
 def test_another_value_in_the_other_language_is_still_a_change(store: MemoryStore) -> None:
     old = cand("Prefers answers in Chinese.", subject="preferred_language", value="Chinese")
     new = cand("以后请用英文回答", 5, subject="preferred_language", value="英文")

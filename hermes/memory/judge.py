@@ -411,6 +411,12 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
     marker = change_marker(newer)
     if marker and change_marker(older) == marker:
         marker = None  # both say "now ...": no change announced between them
+    elif marker and change_marker(older) and has_cjk(older) != has_cjk(newer):
+        from hermes.memory import crosslingual  # the dictionary: activities only
+
+        english, chinese = (newer, older) if has_cjk(older) else (older, newer)
+        if crosslingual.overlap(english, chinese) >= LEXICAL_SAME_OVERLAP:
+            marker = None  # "Now prefers answers in Chinese." / "现在希望用中文回答。": one statement
     na, nb = numbers(older), numbers(newer)
     numbers_differ = bool(na) and bool(nb) and na != nb
     ta, tb = tokens(older), tokens(newer)
