@@ -68,6 +68,20 @@ def test_facts_that_differ_in_their_ids_are_kept_both_and_left_to_the_model_judg
     assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
 
 
+@pytest.mark.parametrize(
+    ("older", "newer"),
+    [
+        ("The billing service is insured by policy INV-495950.", "The billing service is insured by policy INV-495951."),
+        ("Order 1234 is due on May 3.", "Order 1235 is due on May 3."),  # a date, but of another order
+    ],
+)
+def test_a_sentence_restated_with_another_id_is_another_fact_and_both_stay(store: MemoryStore, older: str, newer: str) -> None:
+    old, new = cand(older), cand(newer, 1)
+    store.write([old], now=T0)
+    assert store.write([new], now=T0 + DAY).superseded == []
+    assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
+
+
 def test_a_new_number_of_a_single_valued_attribute_still_replaces_the_old_without_a_change_word(store: MemoryStore) -> None:
     old = cand("The quarterly review meeting is in room 4B.")
     new = cand("The quarterly review meeting is in room 2A.", 3)

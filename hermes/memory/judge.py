@@ -224,11 +224,33 @@ something. A new number in such a sentence is a new value; anywhere else (``poli
 INV-495950 (item 50)`` / ``INV-495951 (item 51)``) it names another thing."""
 
 
+_ID = re.compile(
+    r"(?<![\w-])(?:[a-z]+-?\d[\w-]*|\d+-[\w-]*[a-z][\w-]*|#\d+|\d{5,})(?![\w-])"
+    r"|\b(?:item|order|ticket|invoice|policy|case|issue|account|no\.?|number)\s*#?\d+\b"
+    r"|(?:订单|工单|编号|单号|保单)\s*\d+"
+)
+"""Ids: letters and digits in one token (``INV-495950``, ``L-1007``), ``#42``, five digits or
+more, or a number after a noun that counts things (``item 50``, ``order 1234``, ``订单 88``)."""
+_CODE_ATTRIBUTE = re.compile(
+    r"\b(?:phone|mobile|password|passcode|pin|code|account|e-?mail|address|plate|username|id)\b"
+    r"|电话|手机|号码|密码|账号|邮箱|地址|车牌|用户名"
+)
+"""Attributes whose value is itself an id (a password, an account): another id is a new value."""
+
+
+def _ids(text: str) -> frozenset[str]:
+    return frozenset(m.group(0) for m in _ID.finditer(unicodedata.normalize("NFKC", text).casefold()))
+
+
 def single_valued(older: str, newer: str) -> bool:
     """Whether ``older`` and ``newer`` both state a single-valued attribute
-    (:data:`_SINGLE_VALUED`): then differing numbers in the same sentence are a change of
-    its value, else two facts."""
-    return all(_SINGLE_VALUED.search(unicodedata.normalize("NFKC", t).casefold()) for t in (older, newer))
+    (:data:`_SINGLE_VALUED`) of one thing: then differing numbers in the same sentence are
+    a change of its value, else two facts. Differing ids (:data:`_ID`) name another thing,
+    unless the attribute's value is an id itself (:data:`_CODE_ATTRIBUTE`)."""
+    texts = [unicodedata.normalize("NFKC", t).casefold() for t in (older, newer)]
+    if _ids(older) != _ids(newer) and not all(_CODE_ATTRIBUTE.search(t) for t in texts):
+        return False  # "Order 1234 is due on May 3." / "Order 1235 ...": another order, not a new date
+    return all(_SINGLE_VALUED.search(t) for t in texts)
 
 
 def _strip_negation(text: str) -> list[str]:
