@@ -8,6 +8,8 @@ languages refreshes its row. No Temporal.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -16,11 +18,14 @@ import pytest
 
 import numpy as np
 
+from activities.memory import judge_pairs
 from hermes.memory import crosslingual
 from hermes.memory.consolidation import duplicate_clusters, subject_conflicts
+from hermes.memory.judge import JudgeMemoriesInput
 from hermes.memory.models import ConsolidationReport, MemoryCandidate
 from hermes.memory.schema import WriteConflict
 from hermes.memory.store import MemoryStore
+from hermes.models import CallModelResult, Message
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
 DAY = timedelta(days=1)
@@ -30,6 +35,14 @@ TEMPLATE = "The billing service is insured by policy INV-{policy} (item {item})"
 def cand(text: str, day: int = 0, *, subject: str = "", value: str = "", user: str = "u1") -> MemoryCandidate:
     return MemoryCandidate(user_id=user, text=text, subject=subject, value=value, source_session=f"s{day}",
                            source_turn=1, created_at=T0 + day * DAY, confidence=0.9)
+
+
+class SameJudge:
+    """A provider answering every judge request ``same``."""
+
+    async def complete(self, request: Any) -> CallModelResult:
+        assert request.purpose == "memory_judge"
+        return CallModelResult(message=Message(role="assistant", content=json.dumps({"verdict": "same"})))
 
 
 def statuses(store: MemoryStore, user: str = "u1") -> dict[str, str]:
@@ -79,6 +92,16 @@ def test_a_sentence_restated_with_another_id_is_another_fact_and_both_stay(store
     old, new = cand(older), cand(newer, 1)
     store.write([old], now=T0)
     assert store.write([new], now=T0 + DAY).superseded == []
+    assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
+
+
+def test_a_models_same_for_facts_with_other_ids_keeps_both_rows(store: MemoryStore) -> None:
+    old = cand("The billing service is insured by policy INV-495950 (item 50)")
+    new = cand("The billing service is insured by policy INV-495951 (item 51)", 1)
+    store.write([old], now=T0)
+    pairs = store.write([new], now=T0 + DAY, judge=True).judge_pairs
+    done = asyncio.run(judge_pairs(store, SameJudge(), JudgeMemoriesInput(user_id="u1", pairs=pairs)))
+    assert done.asked == 1 and done.superseded == [] and done.merged == []
     assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
 
 

@@ -58,9 +58,12 @@ class JudgePair(BaseModel):
     fallback: Verdict = "different"
     """The rules' verdict: applied without a model or past the run's budget."""
     never_same: bool = False
-    """The rules rule ``same`` out (numbers, a substituted word, a flipped negation):
-    a model's ``same`` is applied as ``update``."""
+    """The rules rule ``same`` out (numbers, a substituted word, a flipped negation): a
+    model's ``same`` is applied as ``update`` (unless ``two_things``)."""
     reason: str = ""
+    two_things: bool = False
+    """The rules see two things, not two values of one (other ids, other people, a
+    statement about the past): a model's ``same`` is applied as ``different``, both stay."""
 
 
 class JudgeMemoriesInput(BaseModel):
@@ -414,6 +417,8 @@ class Assessment:
     """The model is not asked (and its answer would not be applied)."""
     never_same: bool
     reason: str
+    two_things: bool = False
+    """Other ids, other people or a statement about the past: see :attr:`JudgePair.two_things`."""
 
 
 def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Assessment:
@@ -469,9 +474,10 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
         # INV-495950 (item 50)" / "policy INV-495951 (item 51)" are two policies (issue 30).
         if not numbers_differ or single_valued(older, newer):
             return Assessment("update", False, True, f"{reason}, the rest restated")
-        return Assessment("different", False, True, "numbers or ids differ, not a single-valued attribute")
+        return Assessment("different", False, True, "numbers or ids differ, not a single-valued attribute", True)
     if never_same:
-        return Assessment("different", False, True, reason or "negation flipped")
+        two_things = others or past or (numbers_differ and not single_valued(older, newer))
+        return Assessment("different", False, True, reason or "negation flipped", two_things)
     if marker:
         return Assessment("different", False, False, f"change word {marker!r}, topic not shared")
     if flipped:
@@ -524,5 +530,7 @@ def applied_verdict(pair: JudgePair, verdict: Verdict | None) -> Verdict:
     if verdict is None:
         return pair.fallback
     if verdict == "same" and pair.never_same:
-        return "update"
+        # Supersede only when certain (issue 30): a "same" the rules disprove is a new
+        # value of one thing, or two things (another policy id, another person's birthday).
+        return "different" if pair.two_things else "update"
     return verdict

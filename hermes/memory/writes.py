@@ -318,7 +318,7 @@ class MemoryWrites:
                 else:
                     report.judge_pairs.append(JudgePair(
                         older_id=r["memory_id"], newer_id=new_id, similarity=round(sim, 4), fallback=verdict.verdict,
-                        never_same=verdict.never_same, reason=verdict.reason,
+                        never_same=verdict.never_same, reason=verdict.reason, two_things=verdict.two_things,
                     ))
         return _Plan(inserts=inserts, updates=updates, report=report, applied=applied_now)
 
