@@ -1,9 +1,10 @@
 """Supersede only when certain (issue 30), on a real LanceDB store in ``tmp_path`` with the
 default embedder, rules only unless a test says otherwise: distinct facts from one template
-written concurrently all stay, differing ids go to the model judge with both rows kept, a
-new number of a single-valued attribute still replaces the old, a change word that only
-dates something or a statement about the past replaces nothing, and one value said in two
-languages refreshes its row. No Temporal.
+written concurrently all stay, differing ids go to the model judge with both rows kept
+(and a model's ``same`` keeps them), a new number of a single-valued attribute still
+replaces the old, a change word that only dates something or a statement about the past
+replaces nothing, and one value said in two languages refreshes its row (in the writer and
+in consolidation). No Temporal.
 """
 
 from __future__ import annotations
@@ -14,9 +15,8 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import pytest
-
 import numpy as np
+import pytest
 
 from activities.memory import judge_pairs
 from hermes.memory import crosslingual
