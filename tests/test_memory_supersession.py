@@ -116,6 +116,7 @@ def test_a_new_number_of_a_single_valued_attribute_still_replaces_the_old_withou
     ("older", "newer"),
     [
         ("用户在腾讯做后端开发。", "离职前要把腾讯的项目交接完。"),
+        ("用户住在伯尔尼，在市中心租房。", "搬到苏黎世前要把伯尔尼的房子退租。"),
         ("Works at Acme as a backend engineer.", "Before I quit Acme, I have to finish the backend migration."),
     ],
 )

@@ -192,8 +192,9 @@ def has_negation(text: str) -> bool:
 
 _BEFORE = re.compile(r"\b(?:before|until|till|prior to|ahead of)\s+(?:[\w'’]+\s+){0,2}$")
 """A change word in a "before ..." clause (``before I quit``) names a time, not a change."""
-_BEFORE_ZH = ("前", "之前", "以前")
-"""... and in Chinese, a change word followed by these (``离职前``, ``搬家之前``)."""
+_BEFORE_ZH = re.compile(r"[^，。,.!！?？;；:：\s]{0,6}?(?:之前|以前|前)(?![天年面台])")
+"""... and in Chinese, a change word whose clause ends in 前 (``离职前``, ``搬家之前``,
+``搬到苏黎世前``; not ``前天``, ``前面``)."""
 _PAST = re.compile(r"\b(?:formerly|previously|used to|back when|in the past)\b|曾经|以前|过去|原先|之前")
 """Words that put a statement in the past (``formerly``, ``以前``): with no change word, it
 tells what was and replaces nothing current, whatever value it holds."""
@@ -208,7 +209,7 @@ def change_marker(text: str) -> str | None:
     """
     text = unicodedata.normalize("NFKC", text).casefold()
     for m in _CHANGE.finditer(text):
-        if not (_BEFORE.search(text[: m.start()]) or text[m.end():].startswith(_BEFORE_ZH)):
+        if not (_BEFORE.search(text[: m.start()]) or _BEFORE_ZH.match(text, m.end())):
             return m.group(0)
     return None
 
