@@ -79,7 +79,8 @@ async def judge_pairs(store: MemoryStore, provider: Any, inp: JudgeMemoriesInput
     The first ``inp.max_calls`` pairs whose rows are both still active are put to
     ``provider`` (the extraction model: one call each, JSON ``{"verdict": ...}``); the
     others, and any whose call fails or answers no verdict, get the rules' verdict
-    (``JudgePair.fallback``). A ``same`` the rules ruled out is applied as ``update``.
+    (``JudgePair.fallback``). A ``same`` the rules ruled out is applied as ``update`` where
+    the rules' own verdict is ``update``, else as ``different`` (:func:`applied_verdict`).
 
     Args:
         store: the memory store.

@@ -60,6 +60,11 @@ good model answers. Printed per run: recall@5, MRR, ``duplicates_collapsed`` (re
 absorbed / restatements), ``changes_superseded``, ``unrelated_empty``, the retrieval-floor and hub-level-lift (``Thresholds.retrieval_lift``)
 trade-off, and for the judge run ``judge_pairs_asked`` (true pairs that reached the judge,
 its rules or its model) and ``judge_calls_per_write``. ``--dev-only`` runs only this.
+Template set (issue 30, :func:`measure_template_set`): 500 distinct facts from one
+sentence ("The billing service is insured by policy INV-495950 (item 50)", only the id and
+the item differ) written for one user through ``MemoryStore.write``, rules only, by four
+threads at once in batches of 10 (a conflicting batch retried, as the activity is);
+``false_supersessions=N``: facts of the set whose row ended not active (must be 0).
 Last line: ``memory_score=<mean of rules-only recall@5, duplicates_collapsed,
 changes_superseded, unrelated_empty>``; the retrieval set's ``recall_at_5`` is printed
 before it.
@@ -591,6 +596,66 @@ def measure(name: str, data: RetrievalSet, rounds: int) -> CandidateReport:
     return CandidateReport(name, evaluation, dedupe, related, retrieval)
 
 
+# ---------------------------------------------------------------------------- template set (issue 30)
+
+TEMPLATE_FACTS = 500
+TEMPLATE = "The billing service is insured by policy INV-{policy} (item {item})"
+"""One sentence, 500 distinct facts: only the policy id and the item number differ."""
+TEMPLATE_THREADS = 4
+TEMPLATE_BATCH = 10
+"""Candidates per write: the writer's batch (``batch_size``, activities/memory.py)."""
+TEMPLATE_RETRIES = 5
+"""Attempts of a write that keeps conflicting (the activity's retries)."""
+
+
+def measure_template_set(n: int = TEMPLATE_FACTS, threads: int = TEMPLATE_THREADS, batch: int = TEMPLATE_BATCH) -> int:
+    """Write ``n`` distinct facts from one template (:data:`TEMPLATE`) for one user through
+    ``MemoryStore.write`` (rules only, the offline default), ``threads`` writers at once,
+    ``batch`` candidates per write, as concurrent memory writers do; print and return
+    ``false_supersessions``: facts of the set whose row ended other than active (each
+    fact is its own; none replaces another)."""
+    import tempfile
+    from concurrent.futures import ThreadPoolExecutor
+    from datetime import datetime, timezone
+
+    from hermes.memory.models import MemoryCandidate
+    from hermes.memory.schema import WriteConflict
+    from hermes.memory.store import MemoryStore
+
+    user = "template"
+    now = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
+    candidates = [
+        MemoryCandidate(user_id=user, text=TEMPLATE.format(policy=495900 + i, item=i), kind="fact",
+                        candidate_id=f"tpl{i:04d}", source_session="template", created_at=now, importance=0.5, confidence=0.9)
+        for i in range(n)
+    ]
+    batches = [candidates[i : i + batch] for i in range(0, n, batch)]
+    with tempfile.TemporaryDirectory(prefix="hermes-memtpl-") as tmp:
+        store = MemoryStore(Path(tmp), get_embedder(DEFAULT_EMBEDDER))
+
+        def write(b: list[MemoryCandidate]):
+            for attempt in range(TEMPLATE_RETRIES):  # as Temporal retries write_memories
+                try:
+                    return store.write(b, now=now, retried=attempt > 0)
+                except WriteConflict:
+                    if attempt == TEMPLATE_RETRIES - 1:
+                        raise
+            raise AssertionError("unreachable")
+
+        started = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            reports = list(pool.map(write, batches))
+        seconds = time.perf_counter() - started
+        status = {r["memory_id"]: r["status"] for r in store.list(user, statuses=("active", "superseded"), limit=10 * n)}
+        status.update({r["memory_id"]: r["status"] for r in store.list(user, statuses=("merged",), archived=True, limit=10 * n)})
+    lost = [c.candidate_id for c in candidates if status.get(c.candidate_id) != "active"]
+    print(f"\n== template set: {n} distinct facts from one template ({TEMPLATE!r}), {threads} threads, "
+          f"batches of {batch}, rules only: {seconds:.1f} s; superseded {sum(len(r.superseded) for r in reports)}, "
+          f"refreshed {sum(len(r.updated) for r in reports)}; not active at the end: {len(lost)}")
+    print(f"false_supersessions={len(lost)}")
+    return len(lost)
+
+
 # ---------------------------------------------------------------- product path (issue 15)
 
 DEV_PATH = Path(__file__).resolve().parent / "data" / "memory_quality_dev.yaml"
@@ -898,6 +963,7 @@ async def main() -> None:
     for name, o in product.items():
         print(f"  {name:<7} {o.recall_at_5:.3f} / {o.mrr:.3f}" + (" (default)" if name == DEFAULT_EMBEDDER else ""))
     print(f"recall_at_5={product[DEFAULT_EMBEDDER].recall_at_5:.3f} (retrieval set, product read path)")
+    await asyncio.to_thread(measure_template_set)
     score = await asyncio.to_thread(measure_dev, args.dev)
     _common.headline("memory_score", f"{score:.3f}")
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 
+from hermes.memory import crosslingual
 from hermes.memory.forgetting import archive_age_days
 from hermes.memory.models import (
     ConsolidationReport,
@@ -77,8 +78,8 @@ def subject_conflicts(active: list[dict[str, Any]], now: datetime, report: Conso
         subject_rows.sort(key=lambda r: (_utc(r["updated_at"]), r["memory_id"]), reverse=True)
         newest = subject_rows[0]
         for old in subject_rows[1:]:
-            if old.get("value") and old.get("value") == newest.get("value"):
-                continue  # the same value: a duplicate, merged below
+            if old.get("value") and crosslingual.same_value(old["value"], newest.get("value") or ""):
+                continue  # the same value (in either language): a duplicate, merged below
             updates[old["memory_id"]] = superseded_row(old, newest["memory_id"], now)
             report.superseded += 1
             report.details.append(f"superseded {old['memory_id']} by {newest['memory_id']} ({old['subject']})")
@@ -88,7 +89,8 @@ def subject_conflicts(active: list[dict[str, Any]], now: datetime, report: Conso
 def duplicate_clusters(active: list[dict[str, Any]], dedupe: float) -> list[list[dict[str, Any]]]:
     """Clusters of ``active`` rows that are one memory: cosine at or above ``dedupe`` with
     the same identifiers (and, where both have a subject, the same subject and value), or
-    the same subject and value however worded (two sessions inserted it at once).
+    the same subject and value however worded (two sessions inserted it at once); a value
+    in either language (:func:`hermes.memory.crosslingual.same_value`: ``Chinese`` / ``中文``).
 
     Args:
         active: rows with their ``vector`` (unit length).
@@ -117,16 +119,19 @@ def duplicate_clusters(active: list[dict[str, Any]], dedupe: float) -> list[list
             if identifiers(a["text"]) != identifiers(b["text"]):
                 continue  # locker L-1007 is not locker L-1009, however alike the sentences
             if a.get("subject") and b.get("subject") and (
-                a["subject"] != b["subject"] or (a.get("value") or "") != (b.get("value") or "")
+                a["subject"] != b["subject"] or not crosslingual.same_value(a.get("value") or "", b.get("value") or "")
             ):
                 continue
             parent[find(i)] = find(j)
-    first_with_value: dict[tuple[str, str], int] = {}
+    valued: dict[str, list[int]] = {}
     for i, r in enumerate(active):
         if r.get("subject") and r.get("value"):
-            k = first_with_value.setdefault((r["subject"], r["value"]), i)
-            if k != i:
-                parent[find(i)] = find(k)
+            valued.setdefault(r["subject"], []).append(i)
+    for members in valued.values():  # a handful of rows per subject
+        for k, i in enumerate(members):
+            for j in members[:k]:
+                if crosslingual.same_value(active[i]["value"], active[j]["value"]):
+                    parent[find(i)] = find(j)
     clusters: dict[int, list[dict[str, Any]]] = {}
     for i, r in enumerate(active):
         clusters.setdefault(find(i), []).append(r)

@@ -62,6 +62,8 @@ _STOP_WORDS_ZH = frozenset("的 了 是 我 你 他 她 它 们 在 和 与 也 
 
 _LOCK = threading.Lock()
 _GLOSSES: dict[str, str] | None = None
+_PINYIN: dict[str, frozenset[str]] = {}
+"""A character -> its readings in pinyin without tones (``戴`` -> ``{dai}``), from the same file."""
 
 
 def _stem(word: str) -> str:
@@ -100,6 +102,9 @@ def _load() -> dict[str, str]:
                         if line.startswith("#"):
                             continue
                         _, simplified, rest = line.split(" ", 2)
+                        if len(simplified) == 1 and rest.startswith("["):
+                            reading = re.sub(r"[^a-z]", "", rest[1 : rest.find("]")].casefold().replace("u:", "v"))
+                            _PINYIN[simplified] = _PINYIN.get(simplified, frozenset()) | {reading}
                         if len(simplified) > MAX_WORD_CHARS:
                             continue
                         senses = rest[rest.find("/") + 1 :].rstrip().rstrip("/")
@@ -121,15 +126,15 @@ def warm() -> None:
 
 
 @functools.lru_cache(maxsize=8192)
-def gloss(word: str) -> frozenset[str]:
-    """The English topic words a Chinese dictionary word stands for (empty when the word is
-    not in the dictionary or its senses hold none). ``贝类`` -> ``{shellfish, mollusk}``."""
-    senses = _load().get(word)
-    if not senses:
-        return frozenset()
-    found: set[str] = set()
-    kept = 0
-    for sense in senses.split("/"):
+def senses(word: str) -> tuple[frozenset[str], ...]:
+    """The English topic words of each of the first senses of a Chinese dictionary word
+    (:data:`MAX_SENSES`; one for a single character), or ``()`` when it has none.
+    ``中文`` -> ``({chines, languag},)``."""
+    glossed = _load().get(word)
+    if not glossed:
+        return ()
+    found: list[frozenset[str]] = []
+    for sense in glossed.split("/"):
         sense = sense.strip().casefold()
         if not sense or _SKIP_SENSE.match(sense):
             continue
@@ -137,11 +142,17 @@ def gloss(word: str) -> frozenset[str]:
         words = english_words(plain) or english_words(sense)  # "°C (degrees Celsius)"
         if not words:
             continue
-        found |= words
-        kept += 1
-        if kept >= (MAX_SENSES if len(word) > 1 else MAX_SENSES_CHAR):
+        found.append(words)
+        if len(found) >= (MAX_SENSES if len(word) > 1 else MAX_SENSES_CHAR):
             break
-    return frozenset(found)
+    return tuple(found)
+
+
+@functools.lru_cache(maxsize=8192)
+def gloss(word: str) -> frozenset[str]:
+    """The English topic words a Chinese dictionary word stands for (empty when the word is
+    not in the dictionary or its senses hold none). ``贝类`` -> ``{shellfish, mollusk}``."""
+    return _all(senses(word))
 
 
 @functools.lru_cache(maxsize=8192)
@@ -197,3 +208,50 @@ def overlap(english: str, chinese: str) -> float:
     if len(words) <= len(parts):
         return sum(1 for w in words if any(w in p for p in parts)) / len(words)
     return sum(1 for p in parts if p & words) / len(parts)
+
+
+_CLASS_WORDS = frozenset(_stem(w) for w in "language city town province country".split())
+"""What a dictionary sense adds to a value without changing it (``中文``: "Chinese language")."""
+
+
+def _spelled(chinese: str, latin: str) -> bool:
+    """Whether ``latin`` (letters only) is ``chinese`` read in pinyin without tones, one
+    reading per character (``小戴`` / ``xiaodai``)."""
+    ends = {0}
+    for char in chinese:
+        readings = _PINYIN.get(char)
+        if not readings:
+            return False
+        ends = {i + len(r) for i in ends for r in readings if latin.startswith(r, i)}
+        if not ends:
+            return False
+    return len(latin) in ends
+
+
+def same_value(a: str, b: str) -> bool:
+    """Whether ``a`` and ``b``, two values of one attribute (``Chinese`` / ``中文``,
+    ``Xiao Dai`` / ``小戴``), are the same value, in one language or across the two: equal
+    once case and width are ignored; else one all Chinese and the other without Chinese,
+    where the other is the Chinese spelled in pinyin, or names exactly the English words
+    of one of its senses (beside a class word such as ``language`` or ``city``:
+    ``繁体中文``, "traditional Chinese", is not ``Chinese``). Without the dictionary only
+    equal values are the same.
+
+    Args:
+        a: a value as stored (normalised by the writer: case-folded, whitespace collapsed).
+        b: the other value.
+
+    Returns:
+        True when one is a restatement of the other, not a change.
+    """
+    a, b = (unicodedata.normalize("NFKC", v).casefold().strip() for v in (a, b))
+    if a == b:
+        return True
+    chinese, latin = (a, b) if _CJK_RUN.search(a) else (b, a)
+    if not _CJK_RUN.fullmatch(chinese) or _CJK_RUN.search(latin) or not _load():
+        return False
+    if _spelled(chinese, re.sub(r"[^a-z]", "", latin)):
+        return True
+    words = english_words(latin)
+    meanings = senses(chinese) or ((_all(segments(chinese)),) if segments(chinese) else ())
+    return bool(words) and any(words == sense - _CLASS_WORDS or words == sense for sense in meanings)

@@ -58,9 +58,12 @@ class JudgePair(BaseModel):
     fallback: Verdict = "different"
     """The rules' verdict: applied without a model or past the run's budget."""
     never_same: bool = False
-    """The rules rule ``same`` out (numbers, a substituted word, a flipped negation):
-    a model's ``same`` is applied as ``update``."""
+    """The rules rule ``same`` out (numbers, a substituted word, a flipped negation): a
+    model's ``same`` is applied as ``update`` (unless ``two_things``)."""
     reason: str = ""
+    two_things: bool = False
+    """The rules see two things, not two values of one (other ids, other people, a
+    statement about the past): a model's ``same`` is applied as ``different``, both stay."""
 
 
 class JudgeMemoriesInput(BaseModel):
@@ -187,11 +190,71 @@ def has_negation(text: str) -> bool:
     return _NEGATION.search(unicodedata.normalize("NFKC", text).casefold()) is not None
 
 
+_BEFORE = re.compile(r"\b(?:before|until|till|prior to|ahead of)\s+(?:[\w'’]+\s+){0,2}$")
+"""A change word in a "before ..." clause (``before I quit``) names a time, not a change."""
+_BEFORE_ZH = re.compile(r"[^，。,.!！?？;；:：\s]{0,6}?(?:之前|以前|前)(?![天年面台])")
+"""... and in Chinese, a change word whose clause ends in 前 (``离职前``, ``搬家之前``,
+``搬到苏黎世前``; not ``前天``, ``前面``)."""
+_PAST = re.compile(r"\b(?:formerly|previously|used to|back when|in the past)\b|曾经|以前|过去|原先|之前")
+"""Words that put a statement in the past (``formerly``, ``以前``): with no change word, it
+tells what was and replaces nothing current, whatever value it holds."""
+
+
 def change_marker(text: str) -> str | None:
     """The change word ``text`` holds (``moved``, ``slipped``, ``改用``, ``推迟``...), or
-    None: said about an older memory of the same topic, it announces a new value."""
-    m = _CHANGE.search(unicodedata.normalize("NFKC", text).casefold())
-    return m.group(0) if m else None
+    None: said about an older memory of the same topic, it announces a new value.
+
+    A change word that only dates something (``离职前``, ``before I quit``) is none: it
+    announces no change (issue 30).
+    """
+    text = unicodedata.normalize("NFKC", text).casefold()
+    for m in _CHANGE.finditer(text):
+        if not (_BEFORE.search(text[: m.start()]) or _BEFORE_ZH.match(text, m.end())):
+            return m.group(0)
+    return None
+
+
+_SINGLE_VALUED = re.compile(
+    r"\b(?:live[sd]?|living|based|home|hometown|city|address|works? (?:at|for|as)|working (?:at|for|as)|employer|"
+    r"employed|job|title|position|role|salary|name[ds]?|called|age|aged|birthday|born|phone|mobile|e-?mail|"
+    r"password|pin|code|room|office|desk|deadline|due|date|appointment|scheduled|planned|gate|seat|reports to|"
+    r"manager|boss)\b"
+    r"|住在|住址|家在|城市|地址|在.{1,8}工作|上班|单位|职位|职务|职称|头衔|工资|薪水|名字|年龄|生日|电话|手机|邮箱|密码|"
+    r"房间|教室|办公室|截止|日期|定在|安排在|预约|几点|老板|上司|领导|年级|班主任"
+)
+"""Words naming an attribute that holds one value at a time: where one lives, works, the
+job title, a name, a birthday, a phone number, a password, the room or the date of
+something. A new number in such a sentence is a new value; anywhere else (``policy
+INV-495950 (item 50)`` / ``INV-495951 (item 51)``) it names another thing."""
+
+
+_ID = re.compile(
+    r"(?<![\w-])(?:[a-z]+-?\d[\w-]*|\d+-[\w-]*[a-z][\w-]*|#\d+|\d{5,})(?![\w-])"
+    r"|\b(?:item|order|ticket|invoice|policy|case|issue|account|no\.?|number)\s*#?\d+\b"
+    r"|(?:订单|工单|编号|单号|保单)\s*\d+"
+)
+"""Ids: letters and digits in one token (``INV-495950``, ``L-1007``), ``#42``, five digits or
+more, or a number after a noun that counts things (``item 50``, ``order 1234``, ``订单 88``)."""
+_CODE_ATTRIBUTE = re.compile(
+    r"\b(?:phone|mobile|password|passcode|pin|code|account|e-?mail|address|plate|username|id)\b"
+    r"|电话|手机|号码|密码|账号|邮箱|地址|车牌|用户名"
+)
+"""Attributes whose value is itself an id (a password, an account): another id is a new value."""
+
+
+def _ids(text: str) -> frozenset[str]:
+    return frozenset(m.group(0) for m in _ID.finditer(unicodedata.normalize("NFKC", text).casefold()))
+
+
+def single_valued(older: str, newer: str) -> bool:
+    """Whether ``older`` and ``newer`` both state a single-valued attribute
+    (:data:`_SINGLE_VALUED`) of one thing: then differing numbers in the same sentence are
+    a change of its value, else two facts. Differing ids (:data:`_ID`) name another thing,
+    unless the attribute's value is an id itself (:data:`_CODE_ATTRIBUTE`)."""
+    texts = [unicodedata.normalize("NFKC", t).casefold() for t in (older, newer)]
+    if _ids(older) != _ids(newer) and not all(_CODE_ATTRIBUTE.search(t) for t in texts):
+        return False  # "Order 1234 is due on May 3." / "Order 1235 ...": another order, not a new date
+    return all(_SINGLE_VALUED.search(t) for t in texts)
 
 
 def _strip_negation(text: str) -> list[str]:
@@ -355,6 +418,8 @@ class Assessment:
     """The model is not asked (and its answer would not be applied)."""
     never_same: bool
     reason: str
+    two_things: bool = False
+    """Other ids, other people or a statement about the past: see :attr:`JudgePair.two_things`."""
 
 
 def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Assessment:
@@ -374,6 +439,12 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
     marker = change_marker(newer)
     if marker and change_marker(older) == marker:
         marker = None  # both say "now ...": no change announced between them
+    elif marker and change_marker(older) and has_cjk(older) != has_cjk(newer):
+        from hermes.memory import crosslingual  # the dictionary: activities only
+
+        english, chinese = (newer, older) if has_cjk(older) else (older, newer)
+        if crosslingual.overlap(english, chinese) >= LEXICAL_SAME_OVERLAP:
+            marker = None  # "Now prefers answers in Chinese." / "现在希望用中文回答。": one statement
     na, nb = numbers(older), numbers(newer)
     numbers_differ = bool(na) and bool(nb) and na != nb
     ta, tb = tokens(older), tokens(newer)
@@ -384,7 +455,9 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
             return Assessment("contradicts", True, True, "one statement and its negation")
     substituted = _substitution(ta, tb)
     others = persons(older) != persons(newer)
-    never_same = numbers_differ or substituted or (flipped and bool(marker)) or others
+    # "Formerly worked at Acme." is neither "Works at Acme." again nor, by itself, its end.
+    past = bool(_PAST.search(older.casefold())) != bool(_PAST.search(newer.casefold()))
+    never_same = numbers_differ or substituted or (flipped and bool(marker)) or others or past
     shared = _share_topic(topic_words(older), topic_words(newer))
     if not shared and marker and has_cjk(older) != has_cjk(newer):
         from hermes.memory import crosslingual
@@ -393,14 +466,19 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
     if marker and (similarity >= bands.change or (shared and similarity >= bands.marker_floor)):
         return Assessment("update", False, True, f"change word {marker!r} about the same topic")
     reason = ("numbers differ" if numbers_differ else "one word replaced" if substituted
-              else "about other people" if others else "")
-    if (numbers_differ or substituted) and not others and not flipped and similarity >= bands.lexical_same \
+              else "about other people" if others else "one said of the past" if past else "")
+    if (numbers_differ or substituted) and not others and not flipped and not past and similarity >= bands.lexical_same \
             and lexical_overlap(older, newer) >= LEXICAL_SAME_OVERLAP:
         # The same sentence with another value ("... in room 4B" / "... in room 2A"; "年会在
         # 苏州开" / "今年的年会在无锡开"): people also state a change without a change word.
-        return Assessment("update", False, True, f"{reason}, the rest restated")
+        # Other numbers or ids are another value only of a single-valued attribute: "policy
+        # INV-495950 (item 50)" / "policy INV-495951 (item 51)" are two policies (issue 30).
+        if not numbers_differ or single_valued(older, newer):
+            return Assessment("update", False, True, f"{reason}, the rest restated")
+        return Assessment("different", False, True, "numbers or ids differ, not a single-valued attribute", True)
     if never_same:
-        return Assessment("different", False, True, reason or "negation flipped")
+        two_things = others or past or (numbers_differ and not single_valued(older, newer))
+        return Assessment("different", False, True, reason or "negation flipped", two_things)
     if marker:
         return Assessment("different", False, False, f"change word {marker!r}, topic not shared")
     if flipped:
@@ -453,5 +531,7 @@ def applied_verdict(pair: JudgePair, verdict: Verdict | None) -> Verdict:
     if verdict is None:
         return pair.fallback
     if verdict == "same" and pair.never_same:
-        return "update"
+        # Supersede only when certain (issue 30): a "same" the rules disprove is a new
+        # value of one thing, or two things (another policy id, another person's birthday).
+        return "different" if pair.two_things else "update"
     return verdict

@@ -149,7 +149,7 @@ class MemoryJudging:
                 sim = float(sims[i, j])
                 a = self._assess(older["text"], newer["text"], sim, bands)
                 pair = JudgePair(older_id=older["memory_id"], newer_id=newer["memory_id"], similarity=round(sim, 4),
-                                 fallback=a.verdict, never_same=a.never_same, reason=a.reason)
+                                 fallback=a.verdict, never_same=a.never_same, reason=a.reason, two_things=a.two_things)
                 if judge and not a.certain:
                     pending.append(pair)
                     continue

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from hermes.infra import lance
+from hermes.memory import crosslingual
 from hermes.memory.judge import JudgePair, change_marker
 from hermes.memory.judging import JUDGE_NEIGHBOURS
 from hermes.memory.models import (
@@ -48,8 +49,9 @@ class _Plan:
 def restated_match(active: list[dict[str, Any]], vector: np.ndarray, text: str, subject: str, value: str,
                    dedupe: float) -> dict[str, Any] | None:
     """The active row a new memory restates, or None: the closest row of the same subject
-    with the same value; else the closest at or above ``dedupe`` whose subject does not
-    differ and whose identifiers (numbers, ids) are the same. A row of the same subject
+    with the same value (in either language: :func:`hermes.memory.crosslingual.same_value`);
+    else the closest at or above ``dedupe`` whose subject does not differ and whose
+    identifiers (numbers, ids) are the same. A row of the same subject
     with another value is never restated (the new value supersedes it).
 
     Args:
@@ -67,7 +69,8 @@ def restated_match(active: list[dict[str, Any]], vector: np.ndarray, text: str, 
         if subject and r.get("subject") == subject:
             # Same single-valued subject: the same value restated, or a new value.
             if value and r.get("value"):
-                if r["value"] == value and sim > best:
+                # "Chinese" / "中文", "Xiao Dai" / "小戴": one value in two languages (issue 30).
+                if sim > best and crosslingual.same_value(r["value"], value):
                     same, best = r, sim
                 continue
         if (
@@ -315,7 +318,7 @@ class MemoryWrites:
                 else:
                     report.judge_pairs.append(JudgePair(
                         older_id=r["memory_id"], newer_id=new_id, similarity=round(sim, 4), fallback=verdict.verdict,
-                        never_same=verdict.never_same, reason=verdict.reason,
+                        never_same=verdict.never_same, reason=verdict.reason, two_things=verdict.two_things,
                     ))
         return _Plan(inserts=inserts, updates=updates, report=report, applied=applied_now)
 
