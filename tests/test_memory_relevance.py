@@ -18,6 +18,7 @@ import yaml
 from hermes.memory.embeddings import Embedder
 from hermes.memory.judge import assess, lexical_overlap, numbers, persons
 from hermes.memory.models import MemoryCandidate
+from hermes.memory.rules import extract_by_rules
 from hermes.memory.people import memory_persons, name_relations, query_persons
 from hermes.memory.store import MemoryStore, content_words
 
@@ -117,6 +118,25 @@ def test_one_change_replaces_one_fact_and_consolidation_does_not_replace_more(st
     details, pairs = store.judge_pass("u1", T0 + 31 * DAY)
     assert details == [] and pairs == []
     assert sorted(r["memory_id"] for r in active(store)) == sorted([facts[1].candidate_id, facts[2].candidate_id, change.candidate_id])
+
+
+@pytest.mark.parametrize(
+    ("older", "said", "new_text"),
+    [
+        ("User lives in Bern.", "I moved to Zurich last month.", "The user lives in Zurich."),
+        ("User lives in Leeds.", "我二月底从利兹搬到爱丁堡了", "用户住在爱丁堡。"),
+    ],
+)
+def test_a_move_said_in_plain_text_supersedes_the_home_stored_without_a_subject(store: MemoryStore, older: str, said: str,
+                                                                                  new_text: str) -> None:
+    store.write([cand(older, 0)], now=T0)  # as a model or the CLI wrote it: no subject
+    (rc,) = extract_by_rules(said)
+    new = MemoryCandidate(user_id="u1", kind=rc.kind, subject=rc.subject, value=rc.value, text=rc.text, source="rules",
+                          source_session="s30", source_turn=1, created_at=T0 + 30 * DAY, confidence=rc.confidence)
+    report = store.write([new], now=T0 + 30 * DAY)
+    assert len(report.superseded) == 1
+    assert [r["text"] for r in active(store)] == [new_text]
+    assert [m.text for m in store.search("u1", "Where do I live now?", now=T0 + 31 * DAY)][:1] == [new_text]
 
 
 def test_a_time_word_is_not_a_shared_topic(use: Embedder) -> None:
