@@ -144,6 +144,7 @@ class MemoryReads:
         if vector is None:
             vector = self.embedder.embed_query(query)
         wanted = identifiers(query) if hybrid else frozenset()
+        job_question = hybrid and relevance.asks_job(query)
         keyword: set[str] = set()
         if held is not None:
             # The hot path: the user's rows are few (the prefilter's job); an exact scan of
@@ -158,7 +159,7 @@ class MemoryReads:
                 matched = [j for j, i in enumerate(keep) if wanted & identifiers(held.rows[i]["text"])]
                 keyword = {held.rows[keep[j]]["memory_id"] for j in matched}
                 chosen += matched
-            if hybrid and relevance.asks_job(query):
+            if job_question:
                 # The user's job is stated in words no embedding puts near "job title"
                 # ("Mira is the product lead at Kestrel Labs."): its rows are candidates.
                 chosen += list(np.nonzero(self._held_jobs(held)[keep])[0])
@@ -190,7 +191,7 @@ class MemoryReads:
         for mid, r in rows.items():
             sim = sims[mid]
             if mid not in keyword and not self._relevant(query, query_words, query_persons, r["text"], sim,
-                                                         hubs.get(mid, -1.0), relations_of):
+                                                         hubs.get(mid, -1.0), relations_of, job_question):
                 continue
             scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
@@ -207,7 +208,8 @@ class MemoryReads:
         ]
 
     def _relevant(self, query: str, query_words: frozenset[str], query_persons: frozenset[str], text: str,
-                  sim: float, hub: float, relations_of: dict[str, frozenset[str]] | None = None) -> bool:
+                  sim: float, hub: float, relations_of: dict[str, frozenset[str]] | None = None,
+                  job_question: bool = False) -> bool:
         """Whether a memory (``text``, at similarity ``sim``, hub level ``hub``) answers
         something of the question (words ``query_words``, other people ``query_persons``);
         rules only, no model (the read path stays fast). See :func:`relevance.admit`:
@@ -218,7 +220,8 @@ class MemoryReads:
           does not name (``my sister's birthday`` / the user's own); across languages a
           Chinese word counts as the English of its dictionary senses
           (:func:`crosslingual.share_word`: ``get to work`` / ``上班``), and a question
-          about the user's job meets a memory stating one (:func:`relevance.same_topic`);
+          about the user's job (``job_question``) meets a memory stating one
+          (:func:`relevance.same_topic`);
         - the question's people are those it owns ("my manager", not "dependency
           manager"), and a memory names them by relation, role phrase or a name the
           user's memories relate (``relations_of``; :mod:`hermes.memory.people`);
@@ -228,7 +231,7 @@ class MemoryReads:
         # most questions name no one
         persons_ok = not query_persons or people.persons_match(query_persons, people.memory_persons(text, relations_of))
         shared = bool(query_words) and (bool(query_words & content_words(text)) or crosslingual.share_word(query, text)
-                                        or relevance.same_topic(query, text))
+                                        or (job_question and relevance.states_job(text)))
         # The question's people named in other words ("my manager" / "reports to Tom") are
         # as good as a shared word.
         shared = shared or (bool(query_persons) and persons_ok)
