@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping
 
 from hermes.memory.judge import persons
 
-__all__ = ["memory_persons", "name_relations", "persons_match", "query_persons"]
+__all__ = ["memory_persons", "name_relations", "named_otherwise", "persons_match", "query_persons"]
 
 _EXTRA_ROLES: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"\b(?:team\s+lead|tech\s+lead|line\s+manager|supervisor|reports?\s+to|reporting\s+to)\b|主管|上级|上司", re.I),
@@ -55,6 +55,11 @@ _NOT_A_NAME = frozenset(
     "monday tuesday wednesday thursday friday saturday sunday the and has her his their our "
     "now new".split()
 )
+
+
+_NAME_WINDOW_CHARS = 40
+"""How far after a relation word a name is looked for."""
+_PLACE_WORD = re.compile(r"\b(?:in|at|to|from|near|by|on|of)\b|[.;]")
 
 
 def _norm(text: str) -> str:
@@ -93,26 +98,33 @@ def query_persons(query: str) -> frozenset[str]:
 def name_relations(texts: Iterable[str]) -> dict[str, frozenset[str]]:
     """Who the names in a user's memories are, as those memories say.
 
-    A capitalised word (not the first of the text, not a month, a weekday or a function
-    word) in a memory that names a relation is taken to be that relation: "Her partner
-    Jonas is a nurse." gives ``jonas -> {partner}``.
+    A capitalised word (not a month, a weekday or a function word) that follows a relation
+    word closely, before any place preposition ("in", "at", "to"...), is taken to be that
+    relation: "Her partner Jonas is a nurse." gives ``jonas -> {partner}``, "Has two kids,
+    Leo (8) and Ada (5)." ``leo`` and ``ada -> {children}``; the ``Bern`` of "lives with her
+    partner and commutes to Bern" is no one.
 
     Args:
         texts: the user's memory texts.
 
     Returns:
-        Casefolded name -> the relations of the memories it appears in.
+        Casefolded name -> the relations it is named with.
     """
     out: dict[str, set[str]] = {}
     for raw in texts:
         text = _norm(raw)
-        relations = set(persons(text.casefold())) | _extra_roles(text)
-        if not relations:
-            continue
-        for m in _CAPITALISED.finditer(text):
-            word = m.group(0).casefold()
-            if m.start() > 0 and word not in _NOT_A_NAME:
-                out.setdefault(word, set()).update(relations)
+        low = text.casefold()
+        found = [(m.end(), persons(m.group(0))) for m in _EN_WORD.finditer(low)]
+        found += [(m.end(), frozenset({relation})) for rx, relation in _EXTRA_ROLES for m in rx.finditer(low)]
+        for end, relations in found:
+            if not relations:
+                continue
+            window = text[end : end + _NAME_WINDOW_CHARS]
+            cut = _PLACE_WORD.search(window)
+            for m in _CAPITALISED.finditer(window[: cut.start()] if cut else window):
+                word = m.group(0).casefold()
+                if word not in _NOT_A_NAME:
+                    out.setdefault(word, set()).update(relations)
     return {name: frozenset(relations) for name, relations in out.items()}
 
 
@@ -153,3 +165,22 @@ def persons_match(asked: frozenset[str], named: frozenset[str]) -> bool:
     for relation in asked:
         wider |= _FAMILY.get(relation, frozenset())
     return bool(wider & named)
+
+
+def named_otherwise(asked: frozenset[str], text: str, named: frozenset[str]) -> bool:
+    """Whether a memory names the question's people only in other terms than its own
+    relation words: a role phrase ("my manager" / "Now reports to Tom Brooks."), the family
+    ("my son" / "Has two kids, ..."), a name the user's memories relate ("my daughter" /
+    "Ada starts ballet ..."). The read path takes that as a shared word; a memory naming
+    the relation itself ("我先生" / "丈夫叫周航，生日是3月14日。") is not thereby about the
+    question's topic.
+
+    Args:
+        asked: :func:`query_persons` of the question.
+        text: the memory's text.
+        named: :func:`memory_persons` of the memory.
+
+    Returns:
+        True when ``named`` meets ``asked`` and the memory's own relation words do not.
+    """
+    return bool(asked) and persons_match(asked, named) and not (asked & persons(_norm(text)))

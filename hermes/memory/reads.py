@@ -228,13 +228,13 @@ class MemoryReads:
         - otherwise the similarity must reach the model's retrieval floor and stand out
           from the memory's usual level (``retrieval_lift``), or reach ``retrieval_sure``.
         """
-        # most questions name no one
-        persons_ok = not query_persons or people.persons_match(query_persons, people.memory_persons(text, relations_of))
+        named = people.memory_persons(text, relations_of) if query_persons else frozenset()
+        persons_ok = not query_persons or people.persons_match(query_persons, named)  # most questions name no one
         shared = bool(query_words) and (bool(query_words & content_words(text)) or crosslingual.share_word(query, text)
                                         or (job_question and relevance.states_job(text)))
-        # The question's people named in other words ("my manager" / "reports to Tom") are
+        # The question's people named in other terms ("my manager" / "reports to Tom") are
         # as good as a shared word.
-        shared = shared or (bool(query_persons) and persons_ok)
+        shared = shared or people.named_otherwise(query_persons, text, named)
         return relevance.admit(sim, hub, shared=shared, persons_ok=persons_ok, thresholds=self.thresholds)
 
     def _bank(self) -> relevance.ReferenceBank | None:
