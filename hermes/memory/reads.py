@@ -221,7 +221,7 @@ class MemoryReads:
           Chinese word counts as the English of its dictionary senses
           (:func:`crosslingual.share_word`: ``get to work`` / ``上班``), and a question
           about the user's job (``job_question``) meets a memory stating one
-          (:func:`relevance.same_topic`);
+          (:func:`relevance.asks_job`);
         - the question's people are those it owns ("my manager", not "dependency
           manager"), and a memory names them by relation, role phrase or a name the
           user's memories relate (``relations_of``; :mod:`hermes.memory.people`);

@@ -214,24 +214,12 @@ _JOB_STATEMENT = re.compile(
 )
 
 
-def same_topic(query: str, text: str) -> bool:
-    """Whether a question and a memory meet on a topic they word differently: a question
-    about the user's job ("What's my current job title?", "Where do I work?") and a memory
-    stating one ("Mira is the product lead at Kestrel Labs."), which share no word and sit
-    below the similarity-lift check (issue 30). Counts as a shared word in :func:`admit`.
-
-    Args:
-        query: the question.
-        text: the memory's text.
-
-    Returns:
-        True when both are about the user's job.
-    """
-    return asks_job(query) and states_job(text)
-
-
 def asks_job(query: str) -> bool:
-    """Whether a question is about the user's job (its title, role, employer)."""
+    """Whether a question is about the user's job (its title, role, employer): such a
+    question and a memory stating a job (:func:`states_job`) meet on a topic they word
+    differently ("What's my current job title?" / "Mira is the product lead at Kestrel
+    Labs."), sharing no word and sitting below the similarity-lift check (issue 30); the
+    read path takes that as a shared word."""
     return _JOB_QUESTION.search(query) is not None
 
 
