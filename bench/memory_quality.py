@@ -932,6 +932,38 @@ def measure_dev(dev_path: Path) -> float:
     return statistics.fmean([rules["recall_at_5"], rules["duplicates_collapsed"], rules["changes_superseded"], rules["unrelated_empty"]])
 
 
+# ------------------------------------------------------- offline extraction (issue 30)
+
+CONVERSATION_PATH = Path(__file__).resolve().parent / "data" / "memory_conversation.yaml"
+
+
+def measure_extraction(path: Path = CONVERSATION_PATH) -> float:
+    """Facts the rules (no model) extract from the conversation sentences, printed with the
+    misses; returns ``extracted_facts_ratio`` (facts found / facts listed, see the set's
+    header). A fact with a subject is found when a candidate has that subject and a value
+    holding the listed one; one without, when a candidate's text holds the listed text."""
+    from hermes.memory.rules import extract_by_rules
+
+    sentences = yaml.safe_load(path.read_text(encoding="utf-8"))["sentences"]
+    found = total = 0
+    misses: list[str] = []
+    for s in sentences:
+        got = extract_by_rules(s["text"])
+        for fact in s["facts"]:
+            total += 1
+            if "subject" in fact:
+                ok = any(c.subject == fact["subject"] and str(fact["value"]).casefold() in c.value.casefold() for c in got)
+            else:
+                ok = any(str(fact["text"]).casefold() in c.text.casefold() for c in got)
+            found += ok
+            if not ok:
+                misses.append(f"    {s['id']} {_short(s['text'], 40)!r}: wanted {fact}; got {[c.text for c in got]}")
+    print(f"\n== offline extraction ({path.name}, rules only): {found}/{total} facts from {len(sentences)} sentences")
+    for line in misses:
+        print(line)
+    return found / total
+
+
 async def main() -> None:
     p = _common.parser(__doc__.splitlines()[0])
     p.add_argument("--embedders", default=",".join(EMBEDDERS), help=f"comma-separated candidates (default: {','.join(EMBEDDERS)})")
@@ -939,6 +971,7 @@ async def main() -> None:
     p.add_argument("--dev-only", action="store_true", help="only the product-path run of the development set")
     p.add_argument("--dev", type=Path, default=DEV_PATH, help="the development set of the product-path run (YAML)")
     args = p.parse_args()
+    print(f"extracted_facts_ratio={measure_extraction():.3f} (conversation sentences, rules only)")
     if args.dev_only:
         _common.headline("memory_score", f"{await asyncio.to_thread(measure_dev, args.dev):.3f}")
         return

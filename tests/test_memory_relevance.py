@@ -18,6 +18,8 @@ import yaml
 from hermes.memory.embeddings import Embedder
 from hermes.memory.judge import assess, lexical_overlap, numbers, persons
 from hermes.memory.models import MemoryCandidate
+from hermes.memory.rules import extract_by_rules
+from hermes.memory.people import memory_persons, name_relations, query_persons
 from hermes.memory.store import MemoryStore, content_words
 
 T0 = datetime(2026, 3, 1, 9, 0, tzinfo=timezone.utc)
@@ -118,6 +120,25 @@ def test_one_change_replaces_one_fact_and_consolidation_does_not_replace_more(st
     assert sorted(r["memory_id"] for r in active(store)) == sorted([facts[1].candidate_id, facts[2].candidate_id, change.candidate_id])
 
 
+@pytest.mark.parametrize(
+    ("older", "said", "new_text"),
+    [
+        ("User lives in Bern.", "I moved to Zurich last month.", "The user lives in Zurich."),
+        ("User lives in Leeds.", "我二月底从利兹搬到爱丁堡了", "用户住在爱丁堡。"),
+    ],
+)
+def test_a_move_said_in_plain_text_supersedes_the_home_stored_without_a_subject(store: MemoryStore, older: str, said: str,
+                                                                                  new_text: str) -> None:
+    store.write([cand(older, 0)], now=T0)  # as a model or the CLI wrote it: no subject
+    (rc,) = extract_by_rules(said)
+    new = MemoryCandidate(user_id="u1", kind=rc.kind, subject=rc.subject, value=rc.value, text=rc.text, source="rules",
+                          source_session="s30", source_turn=1, created_at=T0 + 30 * DAY, confidence=rc.confidence)
+    report = store.write([new], now=T0 + 30 * DAY)
+    assert len(report.superseded) == 1
+    assert [r["text"] for r in active(store)] == [new_text]
+    assert [m.text for m in store.search("u1", "Where do I live now?", now=T0 + 31 * DAY)][:1] == [new_text]
+
+
 def test_a_time_word_is_not_a_shared_topic(use: Embedder) -> None:
     older, newer = "Goes running three times a week.", "Switched to an iPhone 15 last week."
     assert assess(older, newer, similarity(use, older, newer), use.thresholds.judge_bands()).verdict != "update"
@@ -137,6 +158,64 @@ def test_a_question_about_someone_else_is_not_answered_with_the_users_own_memory
     found = store.search("u1", "When is my sister's birthday?", now=T0 + 3 * DAY)
     assert [m.text for m in found][:1] == ["Her sister Anna's birthday is on May 3."]
     assert "Her birthday is on October 2." not in [m.text for m in found]
+
+
+MIRA = (
+    "Mira is the product lead at Kestrel Labs, a 20-person software company.",
+    "Has two kids, Leo (8) and Ada (5).",
+    "Her partner Jonas is a nurse at the university hospital.",
+    "Now reports to Tom Brooks after the reorg.",
+    "Uses Poetry for Python dependency management.",
+    "Ada starts ballet lessons in September.",
+    "Her birthday is on October 2.",
+    "Plays the cello in an amateur orchestra.",
+    "Book club meets on the first Monday of each month.",
+)
+
+
+@pytest.fixture
+def mira(store: MemoryStore) -> MemoryStore:
+    store.write([cand(t, i) for i, t in enumerate(MIRA)], now=T0)
+    return store
+
+
+@pytest.mark.parametrize("generation", [None, "g1"], ids=["lancedb", "held-rows"])
+@pytest.mark.parametrize(
+    ("question", "memory"),
+    [
+        ("Which Python dependency manager do I use?", "Uses Poetry for Python dependency management."),  # not a boss
+        ("How old is my son?", "Has two kids, Leo (8) and Ada (5)."),  # a son is one of the kids
+        ("When does my daughter start ballet?", "Ada starts ballet lessons in September."),  # Ada is one of the kids
+        ("Who is my manager?", "Now reports to Tom Brooks after the reorg."),  # a boss is whom one reports to
+        ("Who is my team lead?", "Now reports to Tom Brooks after the reorg."),
+    ],
+)
+def test_kinship_and_role_words_meet_the_names_and_phrases_the_store_holds(mira: MemoryStore, question: str, memory: str,
+                                                                            generation: str | None) -> None:
+    found = [m.text for m in mira.search("u1", question, limit=5, now=T0 + DAY, generation=generation)]
+    assert memory in found, (question, found)
+
+
+def test_a_question_about_the_users_job_finds_the_memory_stating_it_in_other_words(mira: MemoryStore) -> None:
+    for question in ("What's my current job title?", "Where do I work?"):
+        found = [m.text for m in mira.search("u1", question, limit=5, now=T0 + DAY, generation="g1")]
+        assert MIRA[0] in found, (question, found)
+
+
+def test_a_question_about_someone_else_still_gets_none_of_the_users_own_memories(mira: MemoryStore) -> None:
+    for question in ("When is my sister's birthday?", "What is my brother's job?", "我妈妈的手机号是多少？"):
+        assert mira.search("u1", question, limit=5, now=T0 + DAY, generation="g1") == [], question
+
+
+def test_a_role_word_is_someones_only_when_the_question_owns_it() -> None:
+    assert query_persons("Which Python dependency manager do I use?") == frozenset()
+    assert query_persons("Who is my manager?") == {"boss"}
+    assert query_persons("What is my team lead's name?") == {"boss"}
+    assert query_persons("Which dentist does Jonas's mother go to?") == {"jonas", "mother"}
+    assert query_persons("我弟弟在哪个城市工作？") == {"brother"}
+    relations = name_relations(MIRA)
+    assert relations["ada"] == {"children"} and relations["tom"] == {"boss"} and "her" not in relations
+    assert memory_persons("Ada starts ballet lessons in September.", relations) == {"children"}
 
 
 def test_the_words_of_any_question_about_a_date_or_an_amount_are_not_content_words() -> None:

@@ -334,3 +334,91 @@ def test_random_text_never_raises_and_finishes_in_time(message):
     for c in candidates:
         assert c.text and len(c.text) <= 200
         assert 0.9 <= c.confidence <= 0.99
+
+
+# ---------------------------------------------------------- everyday facts (issue 30)
+
+# (message, subject or "", value held by the candidate's value, or text held by its text)
+EVERYDAY = [
+    ("我二月底从利兹搬到爱丁堡了", "home_city", "爱丁堡"),
+    ("我上个月搬到了杭州。", "home_city", "杭州"),
+    ("I've moved back to Bern.", "home_city", "Bern"),
+    ("By the way, we moved to Lisbon in the spring.", "home_city", "Lisbon"),
+    ("我叫小戴，住在苏州，在一家银行上班。", "home_city", "苏州"),
+    ("我叫小戴，住在苏州，在一家银行上班。", "employer", "一家银行"),
+    ("I started a new job at Shopify last week.", "employer", "Shopify"),
+    ("I've been working for Deloitte since 2021.", "employer", "Deloitte"),
+    ("我去年入职了字节跳动。", "employer", "字节跳动"),
+    ("I'm Tom, I live in Oslo.", "name", "Tom"),
+    ("I've stopped drinking coffee.", "", "The user has stopped drinking coffee."),
+    ("I quit my job at Google.", "", "The user quit their job at Google."),
+    ("I don't drink alcohol anymore.", "", "The user no longer drinks alcohol."),
+    ("我不再喝咖啡了。", "", "用户不再喝咖啡。"),
+    ("我已经戒烟了。", "", "用户已经戒烟。"),
+    ("I'm really into bouldering these days.", "", "The user is into bouldering."),
+    ("I'm allergic to peanuts.", "", "The user is allergic to peanuts."),
+    ("I have a severe shellfish allergy.", "", "The user has a shellfish allergy."),
+    ("我海鲜过敏，点菜时注意一下。", "", "用户对海鲜过敏。"),
+]
+
+
+@pytest.mark.parametrize(("message", "subject", "want"), EVERYDAY)
+def test_everyday_first_person_facts_are_extracted_without_a_model(message, subject, want):
+    got = extract_by_rules(message)
+    if subject:
+        assert any(c.subject == subject and c.value == want for c in got), got
+    else:
+        assert want in [c.text for c in got], got
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "我妈妈去年搬到了上海。",  # someone else's move
+        "我们公司搬到了浦东。",  # the company's
+        "He said I moved to Paris.",  # reported
+        "If I quit smoking I will be happy.",  # hypothetical
+        "I haven't stopped drinking coffee.",
+        "I'm not allergic to anything.",
+        "我儿子对花生过敏。",  # the son's allergy
+        "我不对花生过敏。",
+        "I'm German.",  # a nationality, not a name
+        "I'm into it.",
+        "I don't know anymore.",
+        "Have you stopped drinking?",
+    ],
+)
+def test_everyday_rules_give_no_fact_about_someone_else_or_one_not_stated(message):
+    assert extract_by_rules(message) == [], extract_by_rules(message)
+
+
+@pytest.mark.parametrize("message", ["我二月底从利兹搬到爱丁堡了", "I've stopped drinking coffee.", "我不再喝咖啡了。",
+                                     "I gave up sugar last year.", "我们去年从北京搬到了成都。"])
+def test_a_plain_text_move_or_stop_is_a_correction_worth_a_write_after_the_turn(message):
+    assert detect_triggers(message).correction and detect_triggers(message).needs_model()
+    # Runs recorded before the everyday rules (patch memory-everyday-facts) read it as before.
+    assert not detect_triggers(message, everyday=False).correction
+
+
+def test_without_everyday_the_rules_give_what_they_gave_before():
+    assert extract_by_rules("我二月底从利兹搬到爱丁堡了", everyday=False) == []
+    assert extract_by_rules("I'm allergic to peanuts.", everyday=False) == []
+    assert [c.value for c in extract_by_rules("I moved to Zurich last month.", everyday=False)] == ["Zurich"]
+
+
+@pytest.mark.parametrize(
+    ("text", "stated"),
+    [
+        ("User lives in Bern.", ("home_city", "Bern")),
+        ("Lives in Bern with her husband.", ("home_city", "Bern")),
+        ("用户住在利兹。", ("home_city", "利兹")),
+        ("用户在腾讯工作。", ("employer", "腾讯")),
+        ("The user works at Kestrel Labs as product lead.", ("employer", "Kestrel Labs")),
+        ("Her sister lives in Rome.", ("", "")),
+        ("Works from home on Fridays.", ("", "")),
+        ("User lives in Slack all day.", ("", "")),
+        ("Lives in fear.", ("", "")),
+    ],
+)
+def test_a_stored_statement_of_the_users_home_or_employer_names_its_subject(text, stated):
+    assert rules.stated_subject(text) == stated

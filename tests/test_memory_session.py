@@ -96,3 +96,27 @@ async def test_a_recall_whose_local_search_fails_is_searched_again_on_the_task_q
     again = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
              and e.activity_task_scheduled_event_attributes.activity_type.name == names.SEARCH_MEMORIES]
     assert len(again) == 1, "searched again once, as a normal activity"
+
+
+async def test_a_move_said_in_chinese_is_written_after_its_turn_and_recalled_later_in_the_same_session(
+    run_worker: Any, settings: Settings,
+) -> None:
+    """Issue 30: "我二月底从利兹搬到爱丁堡了" was not written at all offline (and with a capable
+    extractor only when the session closed), so "Where do I live now?" answered Leeds."""
+    user = f"user-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model) as hermes:
+        session = f"s-{uuid.uuid4()}"
+        await hermes.send_message(session, "I live in Leeds.", user_id=user)
+        store = open_store(settings)
+        await eventually(lambda: _async(any("Leeds" in r["text"] for r in store.list(user))),
+                         what="the first home written", timeout_seconds=30)
+        await hermes.send_message(session, "我二月底从利兹搬到爱丁堡了", user_id=user)
+        rows = await eventually(
+            lambda: _async([r["text"] for r in store.list(user, statuses=("active",))] == ["用户住在爱丁堡。"]
+                           and store.list(user, statuses=("active", "superseded"))),
+            what="the move written after its turn, the old home superseded", timeout_seconds=30,
+        )
+        assert {r["text"]: r["status"] for r in rows} == {"The user lives in Leeds.": "superseded", "用户住在爱丁堡。": "active"}
+        result = await hermes.send_message(session, "Where do I live now?", user_id=user)
+    assert any("爱丁堡" in m for m in result.memories) and not any("Leeds" in m for m in result.memories), result.memories

@@ -455,6 +455,25 @@ def test_after_a_reply_rules_and_triggers_plan_one_extraction():
     assert "preference" in planned.reasons and planned.extraction.excerpt
 
 
+def test_a_move_said_with_a_time_and_an_origin_is_written_after_its_turn_with_the_everyday_patch():
+    cfg = SessionConfig(memory_extract_every_turns=8)
+    text = "我二月底从利兹搬到爱丁堡了"
+    transcript = Transcript(turn_messages(1, text=text))
+
+    def plan(everyday: bool) -> memory_hooks.AfterReply:
+        return memory_hooks.after_reply(
+            cfg, user_id="u", session_id="s", turn=1, text=text, reply="好的。", status="completed", records=[], specs={},
+            triggers=detect_triggers(text, everyday=everyday), working=[], last_extracted_turn=0, transcript=transcript,
+            now=T0, bounded_work=True, everyday=everyday,
+        )
+
+    planned = plan(True)
+    assert planned.extraction is not None and planned.extraction.use_model and "correction" in planned.reasons
+    assert [(c.subject, c.value) for c in planned.extraction.rule_candidates] == [("home_city", "爱丁堡")]
+    # A run recorded before the patch started no extraction here; its replay must not either.
+    assert plan(False).extraction is None
+
+
 def test_small_talk_gives_memory_nothing_and_forget_me_changes_nothing():
     cfg = SessionConfig(memory_extract_every_turns=8)
     transcript = Transcript(turn_messages(1, text="thanks!"))

@@ -12,6 +12,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from hermes.memory.judge import JudgePair
+from hermes.memory.rules import stated_subject
 from hermes.security.proof import CommandProof
 
 MemoryKind = Literal["working", "fact", "preference", "episode"]
@@ -84,6 +85,10 @@ class MemoryCandidate(BaseModel):
     def model_post_init(self, __context: object) -> None:
         if not self.candidate_id:
             self.candidate_id = memory_id_for(self.user_id, self.text, self.source_session, self.source_turn)
+        if not self.subject and self.kind == "fact":
+            # "User lives in Bern." written without a subject is still the user's home: a
+            # later home (the rules' "I moved to Zurich") supersedes it (issue 30).
+            self.subject, self.value = stated_subject(self.text)
 
 
 class MemoryRecord(BaseModel):

@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from hermes.memory import crosslingual, relevance
-from hermes.memory.judge import persons
+from hermes.memory import crosslingual, people, relevance
 from hermes.memory.models import (
     MemoryKind,
     RetrievedMemory,
@@ -92,6 +91,8 @@ class _UserRows:
     """POSIX seconds; ``inf`` for none."""
     hub: np.ndarray | None = None
     """Each row's hub level (:mod:`hermes.memory.relevance`), computed on first need."""
+    jobs: np.ndarray | None = None
+    """Each row states a job (:func:`relevance.states_job`), computed on first need."""
 
 
 class MemoryReads:
@@ -143,6 +144,7 @@ class MemoryReads:
         if vector is None:
             vector = self.embedder.embed_query(query)
         wanted = identifiers(query) if hybrid else frozenset()
+        job_question = hybrid and relevance.asks_job(query)
         keyword: set[str] = set()
         if held is not None:
             # The hot path: the user's rows are few (the prefilter's job); an exact scan of
@@ -157,6 +159,10 @@ class MemoryReads:
                 matched = [j for j, i in enumerate(keep) if wanted & identifiers(held.rows[i]["text"])]
                 keyword = {held.rows[keep[j]]["memory_id"] for j in matched}
                 chosen += matched
+            if job_question:
+                # The user's job is stated in words no embedding puts near "job title"
+                # ("Mira is the product lead at Kestrel Labs."): its rows are candidates.
+                chosen += list(np.nonzero(self._held_jobs(held)[keep])[0])
             rows = {held.rows[keep[j]]["memory_id"]: held.rows[keep[j]] for j in chosen}
             sims = {held.rows[keep[j]]["memory_id"]: float(scores[j]) for j in chosen}
             hub_of = self._held_hub(held)
@@ -177,11 +183,15 @@ class MemoryReads:
                 hubs = dict(zip(ids, map(float, levels)))
         best = max(sims.values(), default=1.0)
         query_words = content_words(query) if hybrid else frozenset()
-        query_persons = persons(query)
+        query_persons = people.query_persons(query)
+        # Who the names are, as the candidates say ("Has two kids, Leo and Ada"): only
+        # needed when the question is about someone.
+        relations_of = people.name_relations(r["text"] for r in rows.values()) if query_persons else {}
         scored = []
         for mid, r in rows.items():
             sim = sims[mid]
-            if mid not in keyword and not self._relevant(query, query_words, query_persons, r["text"], sim, hubs.get(mid, -1.0)):
+            if mid not in keyword and not self._relevant(query, query_words, query_persons, r["text"], sim,
+                                                         hubs.get(mid, -1.0), relations_of, job_question):
                 continue
             scored.append((self.score(r, sim, now, best=best), sim, r))
         scored.sort(key=lambda item: (-item[0], item[2]["memory_id"]))
@@ -198,7 +208,8 @@ class MemoryReads:
         ]
 
     def _relevant(self, query: str, query_words: frozenset[str], query_persons: frozenset[str], text: str,
-                  sim: float, hub: float) -> bool:
+                  sim: float, hub: float, relations_of: dict[str, frozenset[str]] | None = None,
+                  job_question: bool = False) -> bool:
         """Whether a memory (``text``, at similarity ``sim``, hub level ``hub``) answers
         something of the question (words ``query_words``, other people ``query_persons``);
         rules only, no model (the read path stays fast). See :func:`relevance.admit`:
@@ -208,12 +219,22 @@ class MemoryReads:
           word at similarity 0.08-0.12), unless the question is about someone the memory
           does not name (``my sister's birthday`` / the user's own); across languages a
           Chinese word counts as the English of its dictionary senses
-          (:func:`crosslingual.share_word`: ``get to work`` / ``上班``);
+          (:func:`crosslingual.share_word`: ``get to work`` / ``上班``), and a question
+          about the user's job (``job_question``) meets a memory stating one
+          (:func:`relevance.asks_job`);
+        - the question's people are those it owns ("my manager", not "dependency
+          manager"), and a memory names them by relation, role phrase or a name the
+          user's memories relate (``relations_of``; :mod:`hermes.memory.people`);
         - otherwise the similarity must reach the model's retrieval floor and stand out
           from the memory's usual level (``retrieval_lift``), or reach ``retrieval_sure``.
         """
-        persons_ok = not query_persons or bool(query_persons & persons(text))  # most questions name no one
-        shared = bool(query_words) and (bool(query_words & content_words(text)) or crosslingual.share_word(query, text))
+        named = people.memory_persons(text, relations_of) if query_persons else frozenset()
+        persons_ok = not query_persons or people.persons_match(query_persons, named)  # most questions name no one
+        shared = bool(query_words) and (bool(query_words & content_words(text)) or crosslingual.share_word(query, text)
+                                        or (job_question and relevance.states_job(text)))
+        # The question's people named in other terms ("my manager" / "reports to Tom") are
+        # as good as a shared word.
+        shared = shared or people.named_otherwise(query_persons, text, named)
         return relevance.admit(sim, hub, shared=shared, persons_ok=persons_ok, thresholds=self.thresholds)
 
     def _bank(self) -> relevance.ReferenceBank | None:
@@ -229,6 +250,12 @@ class MemoryReads:
         if held.hub is None:
             held.hub = bank.hub(held.matrix)  # once per generation: rows x bank
         return held.hub
+
+    @staticmethod
+    def _held_jobs(held: _UserRows) -> np.ndarray:
+        if held.jobs is None:
+            held.jobs = np.array([relevance.states_job(r["text"]) for r in held.rows], dtype=bool)  # once per generation
+        return held.jobs
 
     def _check_model_cached(self) -> None:
         if time.monotonic() - self._model_checked_at > USER_CACHE_SECONDS:

@@ -30,6 +30,7 @@ path holds it); no model is called on the read path.
 
 from __future__ import annotations
 
+import re
 import threading
 import weakref
 from collections.abc import Sequence
@@ -198,6 +199,33 @@ class ReferenceBank:
         sims = np.asarray(vectors, dtype=np.float32) @ self.matrix.T
         top = np.partition(sims, sims.shape[1] - self.k, axis=1)[:, -self.k :]
         return top.mean(axis=1)
+
+
+_JOB_QUESTION = re.compile(
+    r"\b(?:job|jobs|title|work|occupation|profession|role|position|employer|career|for\s+a\s+living)\b|"
+    r"工作|上班|职位|职业|哪家公司|做什么的",
+    re.I,
+)
+_JOB_STATEMENT = re.compile(
+    r"\b(?:is|am|as)\s+(?:a|an|the)\s+(?:[\w-]+\s+){0,3}?(?:lead|manager|engineer|developer|designer|director|"
+    r"teacher|nurse|doctor|analyst|consultant|founder|officer|head|architect|scientist|researcher|accountant|lawyer)"
+    r"\b|\bworks?\s+(?:at|for|as)\b|老师|教师|经理|工程师|医生|护士|在[^，。,.]{1,12}(?:工作|上班|任职)",
+    re.I,
+)
+
+
+def asks_job(query: str) -> bool:
+    """Whether a question is about the user's job (its title, role, employer): such a
+    question and a memory stating a job (:func:`states_job`) meet on a topic they word
+    differently ("What's my current job title?" / "Mira is the product lead at Kestrel
+    Labs."), sharing no word and sitting below the similarity-lift check (issue 30); the
+    read path takes that as a shared word."""
+    return _JOB_QUESTION.search(query) is not None
+
+
+def states_job(text: str) -> bool:
+    """Whether a memory states someone's job ("is the product lead at", "works for", "在...工作")."""
+    return _JOB_STATEMENT.search(text) is not None
 
 
 _BANKS: weakref.WeakKeyDictionary[Embedder, ReferenceBank] = weakref.WeakKeyDictionary()

@@ -38,7 +38,7 @@ from typing import Callable, Literal
 
 from pydantic import BaseModel
 
-__all__ = ["MAX_SCAN_CHARS", "RuleCandidate", "Triggers", "detect_triggers", "extract_by_rules"]
+__all__ = ["MAX_SCAN_CHARS", "RuleCandidate", "Triggers", "detect_triggers", "extract_by_rules", "stated_subject"]
 
 MAX_SCAN_CHARS = 4000
 """Characters of a message the rules read; the rest is ignored (a pasted log or document
@@ -776,6 +776,194 @@ _HAS_WORD = re.compile(r"[^\W_]")
 
 
 # --------------------------------------------------------------------------------------
+# Everyday first-person facts (issue 30): moves, new jobs, things stopped, "into", allergies
+# --------------------------------------------------------------------------------------
+
+_EN_MOVE_MORE = re.compile(
+    rf"\b(?:i|we)(?:\s?'\s?ve|\s+have)?\s+{_EN_ADV}(?:moved|relocated)\s+(?:back\s+)?(?:from\s+[^,;]{{1,40}}?\s+)?to\s+{_VALUE_EN}",
+    re.I,
+)
+_EN_JOB_MORE = re.compile(
+    rf"\bi\s+(?:(?:just|recently|have|'ve)\s+)?(?:started|began|begun|took|got)\s+(?:a\s+)?(?:new\s+)?(?:job|position|role)\s+"
+    rf"(?:at|with)\s+{_VALUE_EN}",
+    re.I,
+)
+_EN_JOB_SINCE = re.compile(rf"\bi(?:\s?'\s?ve|\s+have)\s+been\s+(?:working|employed)\s+(?:at|for|by)\s+{_VALUE_EN}", re.I)
+_EN_STOPPED = re.compile(
+    rf"\bi(?:\s?'\s?ve|\s+have)?\s+{_EN_ADV}(?P<verb>stopped|quit|given\s+up|gave\s+up)\s+(?P<v>[a-z][^,;:()\[\]{{}}\"\n!?]{{1,60}})",
+    re.I,
+)
+_EN_NO_LONGER = re.compile(r"\bi\s+(?:now\s+)?no\s+longer\s+(?P<v>[a-z][^,;:()\[\]{}\"\n!?]{1,60})", re.I)
+_EN_NOT_ANYMORE = re.compile(
+    r"\bi\s+(?:don't|dont|do\s+not)\s+(?P<v>[a-z][^,;:()\[\]{}\"\n!?]{1,60}?)\s+(?:anymore|any\s+more)\b", re.I
+)
+_EN_INTO = re.compile(rf"{_I_AM}\s+{_EN_ADV}(?:(?:very|totally|so|big)\s+)?into\s+{_VALUE_EN}", re.I)
+_EN_ALLERGIC = re.compile(
+    rf"(?:{_I_AM}\s+{_EN_ADV}(?:(?:very|severely|mildly|highly|slightly|deathly|a\s+bit)\s+)?allergic|"
+    rf"\bi\s+(?:have|'ve\s+got|have\s+got)\s+an?\s+(?:(?:severe|mild|bad|serious|slight)\s+)?allergy)\s+to\s+{_VALUE_EN}",
+    re.I,
+)
+_EN_ALLERGY = re.compile(
+    r"\bi\s+(?:have|'ve\s+got|have\s+got)\s+(?:an?\s+)?(?:(?:severe|mild|bad|serious|slight)\s+)?"
+    r"(?P<v>[a-z][a-z-]{1,20}(?:\s[a-z][a-z-]{1,20})?)\s+allerg(?:y|ies)\b",
+    re.I,
+)
+_EN_I_AM_NAME = re.compile(r"^[Ii](?:\s?'\s?m|\s+am)\s+(?P<v>[A-Z][a-z]{1,20})(?=\s*(?:[,.!]|$))")
+_NOT_A_NAME_EN = frozenset(
+    "fine good great ok okay well tired here back sorry done happy glad sad bored busy hungry ready sure new "
+    "american british canadian australian indian swiss irish scottish welsh dutch danish swedish norwegian finnish "
+    "polish mexican brazilian german french spanish chinese japanese korean italian russian english".split()
+)
+_NO_LONGER_BAD = re.compile(r"(?:know|think|understand|get|see|care|mind|remember|have\s+to|need\s+to)\b", re.I)
+_INTO_BAD_FIRST = frozenset("the a an my your it this that these those his her their our".split())
+_CUT_ACTIVITY = _CUT_PREF + ("in", "on", "last", "since", "ago", "this", "these", "lately", "nowadays", "recently",
+                             "anymore", "now", "after", "for", "because", "and")
+_ZH_MOVE_MORE = re.compile(rf"我(?P<pre>[^,.!?;\s\u3002]{{0,10}}?)(?:搬到了?|搬去了?|搬家到了?|搬回了?|搬回到)\s?{_VALUE_ZH}")
+_ZH_CLAUSE_HOME = re.compile(rf"[,;]\s?(?:现在|目前|也)?(?:住在|定居在|生活在)\s?{_VALUE_ZH}")
+_ZH_CLAUSE_WORK = re.compile(r"[,;]\s?(?:现在|目前|也)?在(?P<v>[^,.;:()\"\n!?\s\u3002]{1,20}?)(?:工作|上班|任职|就职)")
+_ZH_JOINED = re.compile(rf"我(?P<pre>[^,.!?;\s\u3002]{{0,6}}?)(?:入职了?|加入了|跳槽到了?|跳槽去了?)\s?{_VALUE_ZH}")
+_ZH_NO_LONGER = re.compile(rf"我{_ZH_ADV}不再(?P<v>[^,.;:()\"\n!?\s\u3002]{{1,20}})")
+_ZH_QUIT = re.compile(rf"我{_ZH_ADV}(?P<v>戒(?:掉|了)?[^,.;:()\"\n!?\s\u3002了]{{1,10}})")
+_ZH_ALLERGIC = re.compile(rf"我{_ZH_ADV}对?(?P<v>[^对,.;:()\"\n!?\s\u3002]{{1,10}}?)过敏")
+
+
+def _everyday_rules(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """Everyday facts the rules above miss: a move with a time or an origin between "I" and
+    the place ("I've moved back to Bern", "我二月底从利兹搬到爱丁堡了"), a household's move
+    ("we moved to Lisbon"), a new job, clauses that go on about "I" ("我叫小戴，住在苏州"),
+    things stopped ("I've stopped ...", "I don't ... anymore", "我不再...", "我戒烟了"),
+    "I'm into ...", allergies, and a message that opens with "I'm <Name>,"."""
+    for m in _EN_MOVE_MORE.finditer(s):
+        if not _negated(s, m, False):
+            place = _en_place(m.group("v"), s, m.start("v"), _CUT_PLACE)
+            if place:
+                add(m.start(), _cand("fact", "home_city", f"The user lives in {place}", c, 0.8, value=place))
+    for m in [*_EN_JOB_MORE.finditer(s), *_EN_JOB_SINCE.finditer(s)]:
+        if _negated(s, m, False):
+            continue
+        org = _cut_words(m.group("v"), _CUT_ORG, max_words=6)
+        if org and org.lower() not in _ORG_BAD and org[0].isalnum():
+            add(m.start(), _cand("fact", "employer", f"The user works at {org}", c, 0.75, value=org))
+    for m in _EN_STOPPED.finditer(s):
+        v = _cut_words(m.group("v"), _CUT_ACTIVITY, max_words=8)
+        if v and not _negated(s, m, False) and v.split()[0].lower() not in _PREF_BAD_VALUE:
+            verb = " ".join(m.group("verb").lower().split())
+            verb = {"stopped": "has stopped", "given up": "has given up"}.get(verb, verb)
+            what = _en_to_third_person(v).replace("the user's", "their")
+            add(m.start(), _cand("fact", "", f"The user {verb} {what}", c, 0.6))
+    for rx in (_EN_NO_LONGER, _EN_NOT_ANYMORE):
+        for m in rx.finditer(s):
+            v = _cut_words(m.group("v"), _CUT_ACTIVITY, max_words=8)
+            words = v.split()
+            if not words or _NO_LONGER_BAD.match(v) or _EN_NEG.search(s[_clause_start(s, m.start()) : m.start()]):
+                continue
+            clause = " ".join([_third_person_verb(words[0])] + words[1:])
+            add(m.start(), _cand("fact", "", f"The user no longer {_en_to_third_person(clause)}", c, 0.6))
+    for m in _EN_INTO.finditer(s):
+        v = _cut_words(m.group("v"), _CUT_ACTIVITY, max_words=6)
+        if v and v.split()[0].lower() not in _INTO_BAD_FIRST and not _negated(s, m, False):
+            add(m.start(), _cand("preference", "", f"The user is into {v}", c, 0.6))
+    for m in _EN_ALLERGIC.finditer(s):
+        v = _cut_words(m.group("v"), _CUT_COMMON, max_words=5)
+        if v and not _negated(s, m, False):
+            add(m.start(), _cand("fact", "", f"The user is allergic to {_en_to_third_person(v)}", c, 0.8))
+    for m in _EN_ALLERGY.finditer(s):
+        if not _negated(s, m, False) and m.group("v").split()[0].lower() not in _INTO_BAD_FIRST | {"no", "any"}:
+            add(m.start(), _cand("fact", "", f"The user has a {m.group('v').lower()} allergy", c, 0.8))
+    m = _EN_I_AM_NAME.search(s)
+    if m is not None and m.group("v").lower() not in _NOT_A_NAME_EN:
+        add(m.start(), _cand("fact", "name", f"The user's name is {m.group('v')}", c, 0.9, value=m.group("v")))
+    _everyday_zh(s, c, add)
+
+
+def _everyday_zh(s: str, c: float, add: Callable[[int, RuleCandidate | None], None]) -> None:
+    """The Chinese half of :func:`_everyday_rules`."""
+    for m in _ZH_MOVE_MORE.finditer(s):
+        if _THIRD_PARTY_ZH.search(m.group("pre")) or _negated(s, m, True):
+            continue
+        place = _zh_place(_cut_zh(m.group("v")))
+        if place:
+            add(m.start(), _cand("fact", "home_city", f"用户住在{place}", c, 0.8, value=place))
+    for m in _ZH_JOINED.finditer(s):
+        if _THIRD_PARTY_ZH.search(m.group("pre")) or _negated(s, m, True):
+            continue
+        org = _cut_zh(m.group("v"), keep_de=True)
+        if org:
+            add(m.start(), _cand("fact", "employer", f"用户在{org}工作", c, 0.75, value=org))
+    if s.startswith("我") and not s.startswith("我们"):
+        # "我叫小戴，住在苏州，在一家银行上班": the later clauses are still about "我".
+        for rx, subject in ((_ZH_CLAUSE_HOME, "home_city"), (_ZH_CLAUSE_WORK, "employer")):
+            for m in rx.finditer(s):
+                if _THIRD_PARTY_ZH.search(s[: m.start()]) or _negated(s, m, True):
+                    continue
+                value = _cut_zh(m.group("v"), keep_de=subject == "employer")
+                value = _zh_place(value) if subject == "home_city" else value
+                if value:
+                    text = f"用户住在{value}" if subject == "home_city" else f"用户在{value}工作"
+                    add(m.start(), _cand("fact", subject, text, c, 0.8 if subject == "home_city" else 0.75, value=value))
+    for m in _ZH_NO_LONGER.finditer(s):
+        v = _cut_zh(m.group("v"))
+        if v and not _ZH_NEG.search(_ZH_NOT_NEG.sub("", s[_clause_start(s, m.start()) : m.start()])):
+            add(m.start(), _cand("fact", "", f"用户不再{v}", c, 0.6))
+    for m in _ZH_QUIT.finditer(s):
+        v = _cut_zh(m.group("v"))
+        if len(v) >= 2 and not _negated(s, m, True):
+            add(m.start(), _cand("fact", "", f"用户已经{v}", c, 0.6))
+    for m in _ZH_ALLERGIC.finditer(s):
+        v = m.group("v")
+        if not (_ZH_NEG.search(v) or _THIRD_PARTY_ZH.search(v) or _negated(s, m, True)):
+            add(m.start(), _cand("fact", "", f"用户对{v}过敏", c, 0.8))
+
+
+_STATED_HOME_EN = re.compile(
+    rf"^(?:(?:the\s+)?user\s+)?(?:(?:now|currently|still)\s+)?(?:lives|resides|is\s+living|is\s+based)\s+in\s+{_VALUE_EN}", re.I
+)
+_STATED_WORK_EN = re.compile(rf"^(?:(?:the\s+)?user\s+)?(?:(?:now|currently|still)\s+)?works\s+(?:at|for)\s+{_VALUE_EN}", re.I)
+_STATED_HOME_ZH = re.compile(rf"^(?:用户)?(?:现在|目前|一直)?(?:住在|居住在|定居在|生活在)\s?{_VALUE_ZH}")
+_STATED_WORK_ZH = re.compile(r"^用户(?:现在|目前)?在(?P<v>[^,.;:()\"\n!?\s\u3002]{1,30}?)(?:工作|上班|任职|就职)")
+
+
+def stated_subject(text: str) -> tuple[str, str]:
+    """The single-valued subject a stored third-person statement is about, and its value:
+    ``"User lives in Bern."`` -> ``("home_city", "Bern")``, ``"用户在腾讯工作。"`` ->
+    ``("employer", "腾讯")``. For memories written without a subject (by a model that gave
+    none, the CLI, the API): with one, a later value of the same subject ("I moved to
+    Zurich last month." -> ``home_city`` Zurich) supersedes them (issue 30).
+
+    Only a text that opens with the statement counts (the user's, or no one named:
+    ``"Lives in Bern."``); anything else, someone else's home included, is ``("", "")``.
+
+    Args:
+        text: a memory text.
+
+    Returns:
+        ``(subject, value)``: ``home_city`` or ``employer`` and the value as written, or
+        ``("", "")``. Never raises.
+    """
+    try:
+        norm = _normalize(text)
+        m = _STATED_HOME_EN.match(norm)
+        if m is not None:
+            place = _en_place(m.group("v"), norm, m.start("v"), _CUT_PLACE)
+            return ("home_city", place) if place else ("", "")
+        m = _STATED_WORK_EN.match(norm)
+        if m is not None:
+            org = _cut_words(m.group("v"), _CUT_ORG, max_words=6)
+            return ("employer", org) if org and org.lower() not in _ORG_BAD and org[0].isalnum() else ("", "")
+        m = _STATED_HOME_ZH.match(norm)
+        if m is not None:
+            place = _zh_place(_cut_zh(m.group("v")))
+            return ("home_city", place) if place else ("", "")
+        m = _STATED_WORK_ZH.match(norm)
+        if m is not None:
+            org = _cut_zh(m.group("v"), keep_de=True)
+            return ("employer", org) if org else ("", "")
+    except Exception:  # noqa: BLE001 - a stored text must never fail a write
+        pass
+    return "", ""
+
+
+# --------------------------------------------------------------------------------------
 # Extraction
 # --------------------------------------------------------------------------------------
 
@@ -815,7 +1003,7 @@ def _zh_name(value: str) -> str:
     return value.strip()
 
 
-def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: float = 0.0) -> None:
+def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: float = 0.0, everyday: bool = True) -> None:
     """Apply the statement rules to one non-question sentence; appends (position, candidate).
 
     The rules run in a fixed order (contacts, name, dates, home and work, jobs, temporary
@@ -835,6 +1023,8 @@ def _extract_sentence(s: str, out: list[tuple[int, RuleCandidate]], conf_boost: 
     _home_and_work_rules(s, c, add)
     _job_rules(s, c, add)
     _temporary_location_rules(s, c, add)
+    if everyday:
+        _everyday_rules(s, c, add)
     style_found = _style_and_language_rules(s, zh, conf_boost, add)
     favorite_found = _favorite_rules(s, c, add)
     if style_found or favorite_found:
@@ -1132,7 +1322,7 @@ def _forget_me(s: str) -> bool:
     return False
 
 
-def _extract_all(text: str) -> list[RuleCandidate]:
+def _extract_all(text: str, everyday: bool = True) -> list[RuleCandidate]:
     norm = _normalize(text)
     found: list[tuple[int, RuleCandidate]] = []
     offset = 0
@@ -1145,7 +1335,7 @@ def _extract_all(text: str) -> list[RuleCandidate]:
         if m is not None and _is_remember_request(s):
             inner = m.group("v").strip(" :,.!?。")
             if inner.lower() not in _REMEMBER_EMPTY and _HAS_WORD.search(inner):
-                _extract_sentence(inner, local, conf_boost=0.05)
+                _extract_sentence(inner, local, conf_boost=0.05, everyday=everyday)
                 if local:
                     local = [(p, c.model_copy(update={"importance": max(c.importance, 0.8), "explicit": True}))
                              for p, c in local]
@@ -1157,7 +1347,7 @@ def _extract_all(text: str) -> list[RuleCandidate]:
                     if cand is not None:
                         local.append((m.start(), cand.model_copy(update={"explicit": True})))
         elif not _is_question(s):
-            _extract_sentence(s, local)
+            _extract_sentence(s, local, everyday=everyday)
         found.extend((offset * 100_000 + p, c) for p, c in local)
     found.sort(key=lambda pc: pc[0])
     # One value per single-valued subject (the last stated wins); identical texts once.
@@ -1178,7 +1368,7 @@ def _extract_all(text: str) -> list[RuleCandidate]:
     return result[:MAX_CANDIDATES]
 
 
-def extract_by_rules(text: str) -> list[RuleCandidate]:
+def extract_by_rules(text: str, *, everyday: bool = True) -> list[RuleCandidate]:
     """Memory candidates the rules are sure of, in the order they were stated.
 
     Questions ("what is my name?", "我叫什么?"), negated or past statements ("I don't live
@@ -1188,6 +1378,10 @@ def extract_by_rules(text: str) -> list[RuleCandidate]:
 
     Args:
         text: One user message; only its first :data:`MAX_SCAN_CHARS` characters are read.
+        everyday: also the everyday facts of issue 30 (moves with a time or an origin,
+            new jobs, things stopped, "into", allergies; :func:`_everyday_rules`). False:
+            the rules as session runs recorded before the ``memory-everyday-facts`` patch
+            ran them (their replay must issue the same commands).
 
     Returns:
         At most :data:`MAX_CANDIDATES` candidates (deterministic for a given text); an
@@ -1196,16 +1390,19 @@ def extract_by_rules(text: str) -> list[RuleCandidate]:
     try:
         if not isinstance(text, str) or not text:
             return []
-        return _extract_all(text)
+        return _extract_all(text, everyday)
     except Exception:  # noqa: BLE001 - the write path must never fail a turn
         return []
 
 
-def detect_triggers(text: str) -> Triggers:
+def detect_triggers(text: str, *, everyday: bool = True) -> Triggers:
     """Which memory write triggers a user message fires (DESIGN.md "Memory": write triggers).
 
     Args:
         text: One user message; only its first :data:`MAX_SCAN_CHARS` characters are read.
+        everyday: plain-text moves and stops ("I moved ...", "I've stopped ...", "我搬到...",
+            "我不再...", also with a time or an origin before the verb) are corrections,
+            and the everyday facts count (see :func:`extract_by_rules`).
 
     Returns:
         The triggers; all False for empty or unusable input. ``small_talk`` is only set when
@@ -1214,12 +1411,21 @@ def detect_triggers(text: str) -> Triggers:
     try:
         if not isinstance(text, str) or not text:
             return Triggers()
-        return _detect(text)
+        return _detect(text, everyday)
     except Exception:  # noqa: BLE001 - the write path must never fail a turn
         return Triggers()
 
 
-def _detect(text: str) -> Triggers:
+_EVERYDAY_CHANGE = re.compile(
+    r"\b(?:i|we)(?:\s?'\s?ve|\s+have)?\s+(?:(?:just|recently|finally|already|now)\s+)?(?:moved|relocated|stopped|quit|"
+    r"given\s+up|gave\s+up)\b|\bi\s+(?:don't|dont|do\s+not)\s+[^,;.]{1,40}?\s+(?:anymore|any\s+more)\b|"
+    r"我[^,.!?;\s\u3002]{0,10}?(?:搬到|搬去|搬家|搬回)|我[^,.!?;\s\u3002]{0,4}?(?:不再|戒了|戒掉)",
+    re.I,
+)
+"""A plain-text move or stop: a change of a stored fact, worth a write after the turn."""
+
+
+def _detect(text: str, everyday: bool = True) -> Triggers:
     norm = _normalize(text)
     sentences = _sentences(norm)
     t = Triggers()
@@ -1231,7 +1437,7 @@ def _detect(text: str) -> Triggers:
             t.explicit = True
         question = _is_question(s)
         if not question:
-            if _EN_CORRECTION.search(s) or _ZH_CORRECTION.search(s):
+            if _EN_CORRECTION.search(s) or _ZH_CORRECTION.search(s) or (everyday and _EVERYDAY_CHANGE.search(s)):
                 t.correction = True
             if (_EN_PREF_TRIGGER.search(s) or _ZH_PREF_TRIGGER.search(s) or _EN_SHORT.search(s)
                     or _ZH_SHORT.search(s) or _EN_LANG.search(s) or _ZH_LANG.search(s)
@@ -1242,7 +1448,7 @@ def _detect(text: str) -> Triggers:
         if not (_SMALL_TALK.match(s) or not _HAS_WORD.search(s)):
             small = False
     if not (t.fact and t.preference):
-        for c in _extract_all(text):
+        for c in _extract_all(text, everyday):
             if c.kind == "preference":
                 t.preference = True
             else:

@@ -51,10 +51,14 @@ def after_reply(
     transcript: Transcript,
     now: datetime,
     bounded_work: bool,
+    everyday: bool = False,
 ) -> AfterReply:
     """Plan the write path of turn ``turn`` (the user's ``text``, the ``reply``, the
     turn's ``status`` and tool-call ``records``). ``bounded_work``: references are
-    looked for in the first ``REFERENCE_SCAN_CHARS`` characters only (the run's patch)."""
+    looked for in the first ``REFERENCE_SCAN_CHARS`` characters only (the run's patch).
+    ``everyday``: the rules also read everyday facts and plain-text changes, so a move
+    or a stop is written after this turn, not when the session closes (the run's
+    ``memory-everyday-facts`` patch; ``triggers`` must be detected the same way)."""
     if triggers.forget_me:
         return AfterReply(working, last_extracted_turn)
     candidates = [
@@ -72,7 +76,7 @@ def after_reply(
             created_at=now,
             valid_until=now + timedelta(days=rc.valid_until_days) if rc.valid_until_days else None,
         )
-        for rc in extract_by_rules(text)
+        for rc in extract_by_rules(text, everyday=everyday)
     ]
     for record in records:
         spec = specs.get(record.name)

@@ -57,7 +57,7 @@ class MemoryPath:
         context of every model call of the turn (seed 000 §4.3). A failure costs the turn
         its memories, never the turn. "Forget me" deletes them all instead."""
         core = self.core
-        core.turn_triggers = detect_triggers(text)
+        core.turn_triggers = detect_triggers(text, everyday=core.patched(patches.EVERYDAY_FACTS))
         if core.turn_triggers.forget_me:
             await self._forget_me()
             return
@@ -107,11 +107,13 @@ class MemoryPath:
         """The write path (:func:`memory_hooks.after_reply`), delivered in the background:
         the reply never waits."""
         core = self.core
+        everyday = core.patched(patches.EVERYDAY_FACTS)
         planned = memory_hooks.after_reply(
             core.cfg, user_id=core.inp.user_id, session_id=core.inp.session_id, turn=turn, text=text, reply=reply,
-            status=status, records=records, specs=core.all_specs, triggers=core.turn_triggers or detect_triggers(text),
+            status=status, records=records, specs=core.all_specs,
+            triggers=core.turn_triggers or detect_triggers(text, everyday=everyday),
             working=core.working, last_extracted_turn=core.last_extracted_turn, transcript=core.transcript,
-            now=workflow.now(), bounded_work=core.patched(patches.BOUNDED_WORK),
+            now=workflow.now(), bounded_work=core.patched(patches.BOUNDED_WORK), everyday=everyday,
         )
         core.working, core.last_extracted_turn = planned.working, planned.last_extracted_turn
         if planned.extraction is not None:

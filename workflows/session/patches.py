@@ -75,9 +75,16 @@ worker was lost) is searched again as a normal activity, which any worker of the
 queue may run, before the turn goes on without memories (issue 28: sessions moved off a
 killed worker answered "nothing" on the survivor)."""
 
+EVERYDAY_FACTS = "memory-everyday-facts"
+"""The memory rules read everyday first-person facts and plain-text changes (moves with a
+time or an origin, new jobs, things stopped, allergies: ``everyday`` of
+:func:`hermes.memory.rules.extract_by_rules` and :func:`~hermes.memory.rules.detect_triggers`),
+so such a turn starts an extraction after its reply where it started none before (issue 30:
+"我二月底从利兹搬到爱丁堡了" was written only when the session closed, if at all)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY,
+    RECALL_RETRY, EVERYDAY_FACTS,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""
