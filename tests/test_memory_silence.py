@@ -116,3 +116,12 @@ def test_a_bank_without_questions_or_with_a_bad_k_is_refused(use: Embedder) -> N
         ReferenceBank(use, questions=())
     with pytest.raises(ValueError, match="k must be in 1..2"):
         ReferenceBank(use, questions=("a?", "b?"), k=3)
+
+
+def test_a_question_about_an_attribute_no_memory_holds_is_not_answered_by_a_favourite_drink(store: MemoryStore) -> None:
+    # Issue 30's development set: "Likes green tea." stood 0.00-0.01 above its hub level
+    # for "What's my blood type?" and was injected; the lift is 0.01.
+    store.write([MemoryCandidate(user_id="u1", text=t, source_session="s", created_at=T0, confidence=0.9)
+                 for t in ("Likes green tea.", "Plays the cello in an amateur orchestra.")], now=T0)
+    assert found(store, "What's my blood type?", None) == []
+    assert found(store, "What do I like to drink?", None)[:1] == ["Likes green tea."]

@@ -684,3 +684,51 @@ def test_held_rows_give_the_same_answers_as_lancedb(store: MemoryStore) -> None:
         held = store.search("u1", question, now=T0 + DAY, generation="g", limit=5)
         direct = store.search("u1", question, now=T0 + DAY, limit=5)
         assert [(m.memory_id, m.score) for m in held] == [(m.memory_id, m.score) for m in direct], question
+
+
+def test_a_restatement_of_a_row_consolidation_moved_meanwhile_does_not_bring_it_back(store: MemoryStore) -> None:
+    # The writer reads the row, consolidation archives and deletes it (its mentions folded
+    # into the survivor), then the writer's one-merge commit lands: the update must not
+    # insert the row again (the fresh-clone run's "10 mentions for 8 statements").
+    first = cand("u1", "Prefers short answers.")
+    store.write([first], now=T0)
+    again = cand("u1", "Prefers short answers!", session="s2")
+    apply = store._apply
+    moved: list[str] = []
+
+    def consolidation_moves_it_first(plan: Any) -> bool:
+        if not moved and first.candidate_id in plan.updates:
+            moved.append(first.candidate_id)
+            store.table.delete(f"memory_id = '{first.candidate_id}'")
+        return apply(plan)
+
+    store._apply = consolidation_moves_it_first  # type: ignore[method-assign]
+    report = store.write([again], now=T0 + DAY)
+    assert moved == [first.candidate_id]
+    rows = store.list("u1", statuses=("active", "superseded", "merged"))
+    assert [r["memory_id"] for r in rows] == [again.candidate_id], rows
+    assert rows[0]["mentions"] == 1 and report.inserted == [again.candidate_id]
+
+
+def test_two_consolidations_merging_the_same_rows_at_once_count_their_mentions_once(store: MemoryStore) -> None:
+    u = "u1"
+    keep = cand(u, "The user prefers concise answers.", kind="preference", session="a")
+    dups = [cand(u, t, kind="preference", session=f"d{i}") for i, t in
+            enumerate(["The user prefers concise answers!", "the user prefers concise answers."])]
+    raw_insert(store, keep, updated_at=T0, mentions=3)
+    for d in dups:
+        raw_insert(store, d, updated_at=T0)
+    apply = store._apply_consolidation
+    ran: list[str] = []
+
+    def another_run_applies_first(*args: Any, **kwargs: Any) -> None:
+        if not ran:  # both runs read the same rows; the other one lands first
+            ran.append("other")
+            store.consolidate_user(u, now=T0 + DAY, archive_after_days=180)
+        apply(*args, **kwargs)
+
+    store._apply_consolidation = another_run_applies_first  # type: ignore[method-assign]
+    store.consolidate_user(u, now=T0 + DAY, archive_after_days=180)
+    assert ran == ["other"]
+    rows = store.list(u)
+    assert [(r["memory_id"], r["mentions"]) for r in rows] == [(keep.candidate_id, 5)]

@@ -127,6 +127,20 @@ def test_a_change_word_that_only_dates_something_never_supersedes(store: MemoryS
     assert report.superseded == [] and statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
 
 
+def test_a_change_word_alone_keeps_both_without_a_model_and_asks_the_judge_with_one(store: MemoryStore) -> None:
+    # Close (0.52 with the default embedder) and a change word, but no topic word shared:
+    # likely a change, not certain one; the rules' answer is to keep both.
+    old, new = cand("Uses Vim for coding."), cand("Switched to VS Code for programming.", 5)
+    store.write([old], now=T0)
+    assert store.write([new], now=T0 + 5 * DAY).superseded == []
+    assert statuses(store) == {old.candidate_id: "active", new.candidate_id: "active"}
+    older, newer = cand(old.text, user="u2"), cand(new.text, 5, user="u2")
+    store.write([older], now=T0)
+    report = store.write([newer], now=T0 + 5 * DAY, judge=True)
+    assert report.superseded == []
+    assert [(p.older_id, p.fallback, p.never_same) for p in report.judge_pairs] == [(older.candidate_id, "different", True)]
+
+
 def test_a_statement_about_the_past_neither_replaces_nor_restates_the_current_one(store: MemoryStore) -> None:
     old, new = cand("Works at Acme."), cand("Formerly worked at Acme.", 10)
     store.write([old], now=T0)

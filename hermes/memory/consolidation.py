@@ -217,13 +217,17 @@ class MemoryConsolidation:
 
     def _absorb(self, keep_id: str, rest: list[dict[str, Any]], attempts: int = 10) -> None:
         """Fold the counts and sources of ``rest`` (rows already moved to the archive) into
-        the row ``keep_id``, re-reading it while a concurrent write changes it."""
+        the row ``keep_id``, re-reading it while a concurrent write changes it; a row whose
+        id ``keep_id``'s sources already hold is not folded twice."""
         for attempt in range(attempts if rest else 0):
             found = self._rows(self.table, f"memory_id = {sql_str(keep_id)}", vectors=True)
             if not found:
                 return  # forgotten meanwhile
             merged = dict(found[0])
-            for r in rest:
+            # A row already folded in (its id among the sources) was absorbed by another run
+            # of consolidation that moved it at the same time: counted once.
+            folded = set(merged.get("sources") or [])
+            for r in (r for r in rest if r["memory_id"] not in folded):
                 merged["mentions"] = int(merged["mentions"]) + int(r["mentions"])
                 merged["hit_count"] = int(merged["hit_count"]) + int(r["hit_count"])
                 merged["importance"] = max(float(merged["importance"]), float(r["importance"]))

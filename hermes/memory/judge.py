@@ -391,7 +391,8 @@ class JudgeBands:
     rules_same: float
     """Without a model, a pair at or above it with nothing that rules ``same`` out is merged."""
     change: float
-    """Without a model, a change word and a pair at or above it supersede (with shared topic words: ``marker_floor``)."""
+    """A change word and a pair at or above it, sharing no topic word, go before the model
+    (without one, both are kept); with shared topic words, from ``marker_floor`` they supersede."""
     lexical_same: float = 1.01
     """Without a model, a pair in one language at or above it whose shorter text's topic the
     longer repeats (:func:`lexical_overlap` at least :data:`LEXICAL_SAME_OVERLAP`, or
@@ -463,8 +464,13 @@ def assess(older: str, newer: str, similarity: float, bands: JudgeBands) -> Asse
         from hermes.memory import crosslingual
 
         shared = crosslingual.share_word(older, newer)
-    if marker and (similarity >= bands.change or (shared and similarity >= bands.marker_floor)):
+    if marker and shared and similarity >= bands.marker_floor:
         return Assessment("update", False, True, f"change word {marker!r} about the same topic")
+    if marker and similarity >= bands.change and not numbers_differ and not others:
+        # A change word alone never supersedes (issue 30): close, but with no topic word in
+        # common ("Moved the meeting." / "Lives in Bern."), it is the model's to decide; the
+        # rules' own answer, without one, keeps both.
+        return Assessment("different", False, True, f"change word {marker!r}, no topic word shared")
     reason = ("numbers differ" if numbers_differ else "one word replaced" if substituted
               else "about other people" if others else "one said of the past" if past else "")
     if (numbers_differ or substituted) and not others and not flipped and not past and similarity >= bands.lexical_same \

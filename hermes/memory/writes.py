@@ -4,6 +4,7 @@ and reporting what a retried write did."""
 
 from __future__ import annotations
 
+import logging
 import random
 import time
 from collections.abc import Sequence
@@ -32,6 +33,8 @@ from hermes.memory.schema import (
     superseded_row,
 )
 from hermes.memory.text import _norm_key, _norm_value, clean_text, identifiers
+
+log = logging.getLogger("hermes.memory.writes")
 
 
 @dataclass
@@ -382,7 +385,12 @@ class MemoryWrites:
         supersede): each update conditional on the version it was read at, each insert
         only where the id is free (a retry's own row stays). False when a row changed
         since it was read: the plan's inserts and its other updates landed anyway; the
-        caller plans again (``landed``)."""
+        caller plans again (``landed``).
+
+        One merge cannot tell an update from an insert: an update of a row that left the
+        table since it was read (moved to the archive by consolidation, forgotten) is
+        inserted, the row back with its counts already folded elsewhere. Such rows are
+        deleted again at once (:meth:`_drop_revived`)."""
         rows = [dict(row, version=int(row["version"]) + 1) for row in plan.updates.values()]
         rows += [dict(row, version=1) for row in plan.inserts.values()]
         if not rows:
@@ -393,4 +401,26 @@ class MemoryWrites:
                 where="target.version = source.version - 1").when_not_matched_insert_all())
             result = lance.retry_conflicts(lambda: merge.execute(self._table_rows(rows)))  # idempotent: conditional
             self.commits += 1
-        return int(result.num_updated_rows) == len(plan.updates)
+            updated = int(result.num_updated_rows)
+            if updated < len(plan.updates) and int(result.num_inserted_rows) > 0:
+                self._drop_revived(plan, int(result.version))
+        return updated == len(plan.updates)
+
+    def _drop_revived(self, plan: _Plan, version: int) -> None:
+        """Delete the rows of ``plan.updates`` that the merge committed as ``version``
+        inserted: absent from the table just before it (read at ``version - 1``)."""
+        ids = ", ".join(sql_str(m) for m in plan.updates)
+        try:
+            before = self._db.open_table(self.table.name)
+            before.checkout(version - 1)
+            existed = {r["memory_id"] for r in self._rows(before, f"memory_id IN ({ids})")}
+        except Exception as err:  # noqa: BLE001 - a version cleaned up meanwhile: report, do not fail the write
+            log.warning("memory write: could not read table version %d to find revived rows (%s)", version - 1, err)
+            return
+        revived = [m for m in plan.updates if m not in existed]
+        if revived:
+            log.warning("memory write: %d row(s) updated after they left the table were inserted again; deleting %s",
+                        len(revived), revived)
+            self.table.delete(" OR ".join(
+                f"(memory_id = {sql_str(m)} AND version = {int(plan.updates[m]['version']) + 1})" for m in revived))
+            self.commits += 1
