@@ -181,9 +181,9 @@ def _tls_failure(text: str, settings: Settings, target: str) -> str | None:
         return f"{target} does not speak TLS (set HERMES_TEMPORAL_TLS=false for a plain server)"
     # Under TLS 1.3 the server checks the client certificate after the client has finished
     # its handshake: the refusal then reaches the client as an alert, an EOF, or (loaded
-    # machines) a broken pipe or reset on its first write.
+    # machines) a broken pipe, a reset, or a connection closed under the first call.
     refused = ("close_notify", "CertificateRequired", "UnexpectedEof", "BadCertificate", "UnknownCA", "BrokenPipe",
-               "broken pipe", "ConnectionReset", "connection reset")
+               "broken pipe", "ConnectionReset", "connection reset", "connection closed", "hyper::Error(Canceled")
     if any(m in text for m in refused):
         given = (
             f"HERMES_TEMPORAL_TLS_CERT_FILE ({s.temporal_tls_cert_file})"
