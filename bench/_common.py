@@ -18,10 +18,11 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -131,6 +132,26 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def cpu_hogs(count: int) -> Iterator[int]:
+    """``count`` CPU hogs (``yes > /dev/null`` processes) for the duration of the block: a
+    starved machine, as a container held by its CPU limit or its neighbours sees it.
+
+    Args:
+        count: processes to start (0: none); issue 31 uses eight per core.
+
+    Yields:
+        ``count``. The hogs are SIGKILLed and reaped when the block ends, however it ends.
+    """
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield count
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
 
 
 def headline(name: str, value: str) -> None:
