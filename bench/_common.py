@@ -106,10 +106,9 @@ def describe_ms(samples_seconds: Sequence[float]) -> str:
     )
 
 
-def child_pids(command: str) -> list[int]:
-    """Process ids of this process's children whose command name is ``command`` (Linux)."""
-    me = os.getpid()
-    found = []
+def _processes() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, command name, the ``/proc/<pid>/stat`` fields after the name) of every
+    process (Linux); one that is gone while read is skipped."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -117,11 +116,19 @@ def child_pids(command: str) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == me and comm == command:
-            found.append(int(entry))
-    return found
+        yield int(entry), stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
+def child_pids(command: str) -> list[int]:
+    """Process ids of this process's children whose command name is ``command`` (Linux)."""
+    me = os.getpid()
+    return [pid for pid, comm, fields in _processes() if int(fields[1]) == me and comm == command]
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds so far of every live process in process group ``pgid``
+    (a worker started in a session of its own, and its MCP servers), from ``/proc``."""
+    return sum(cpu_seconds(pid) for pid, _, fields in _processes() if int(fields[2]) == pgid)
 
 
 def cpu_seconds(pid: int) -> float:

@@ -63,6 +63,7 @@ max 1.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import hashlib
 import json
@@ -74,6 +75,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -312,21 +314,6 @@ async def approve_when_asked(hermes: Any, session_id: str, user_id: str, sending
 # ------------------------------------------------------------------ CPU, hogs, histories
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    """CPU seconds of every live process in process group ``pgid`` (Linux ``/proc``)."""
-    total = 0.0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
-            total += _common.cpu_seconds(int(entry))
-    return total
-
-
 async def count_history(client: Any, session_ids: list[str]) -> Counter[str]:
     """What the sessions' histories (every run) show of retries and timeouts."""
     counts: Counter[str] = Counter()
@@ -351,20 +338,55 @@ async def count_history(client: Any, session_ids: list[str]) -> Counter[str]:
     return counts
 
 
+@contextlib.contextmanager
+def stderr_to(path: Path) -> Iterator[None]:
+    """Processes started in the block write their standard error to ``path`` (this
+    process's own is restored when the block ends): the dev server's log."""
+    saved = os.dup(2)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+    try:
+        os.dup2(fd, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(fd)
+        os.close(saved)
+
+
+class ServerLog:
+    """The dev server's log (level ``error``): its failed workflow queries per phase."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def since_last(self) -> Counter[str]:
+        """Failed queries (``operation=QueryWorkflow``) and other error lines logged since the last call."""
+        with open(self.path, "rb") as log:
+            log.seek(self.offset)
+            text = log.read().decode(errors="replace")
+            self.offset = log.tell()
+        lines = [line for line in text.splitlines() if "level=ERROR" in line]
+        queries = sum("operation=QueryWorkflow" in line for line in lines)
+        return Counter({"server: failed workflow queries": queries, "server: other error lines": len(lines) - queries})
+
+
 # ------------------------------------------------------------------ phases
 
 
 async def run_phase(name: str, sessions: int, turns: int, hogs: int, hermes: Any, client: Any,
-                    worker_pid: int, args: Any, tag: str) -> Tally:
+                    worker_pid: int, args: Any, tag: str, server_log: ServerLog) -> Tally:
     """One phase: ``sessions`` concurrent sessions of ``turns`` turns, ``hogs`` CPU hogs beside."""
     tally = Tally(name, sessions=sessions)
+    server_log.since_last()
     with _common.cpu_hogs(hogs):
-        cpu_before = group_cpu_seconds(worker_pid) + _common.cpu_seconds(os.getpid())
+        cpu_before = _common.group_cpu_seconds(worker_pid) + _common.cpu_seconds(os.getpid())
         started = time.monotonic()
         await asyncio.gather(*(run_session(hermes, tally, tag, i, turns, args) for i in range(sessions)))
         tally.wall_seconds = time.monotonic() - started
-        tally.cpu_seconds = group_cpu_seconds(worker_pid) + _common.cpu_seconds(os.getpid()) - cpu_before
-    tally.history = await count_history(client, tally.session_ids)
+        tally.cpu_seconds = _common.group_cpu_seconds(worker_pid) + _common.cpu_seconds(os.getpid()) - cpu_before
+    server_log.since_last()  # what the phase logged, not what came before it
+    tally.history = await count_history(client, tally.session_ids) + server_log.since_last()
     print(f"phase {name}: {sessions} sessions x {turns} turns, {hogs} hogs: {tally.replied}/{tally.turns} replied "
           f"in {tally.wall_seconds:.0f} s; CPU {tally.cpu_seconds:.1f} s = {tally.cpu_ms_per_turn:.0f} ms/turn; "
           f"load {_load()}", flush=True)
@@ -413,63 +435,78 @@ def _load() -> str:
 
 
 async def overload(args: Any) -> None:
-    """Start everything, run the three phases, stop everything, print the figures."""
-    from hermes.client import HermesClient
-    from hermes.security import command_auth
-    from hermes.settings import Settings
-
+    """Start everything, run the phases, stop everything, print the figures."""
     started = time.monotonic()
     print(f"cpus {os.cpu_count()}, load average {_load()}; {args.sessions} sessions x {args.turns} turns; "
           f"reference {args.reference_rounds} x 2 sessions; {args.hogs_per_core} hogs per core when starved", flush=True)
     endpoint = StepEndpoint().start()
-    tallies: list[Tally] = []
     try:
-        async with _common.bench_stack() as stack:
-            with tempfile.TemporaryDirectory(prefix="hermes-overload-") as tmp_name:
-                tmp = Path(tmp_name)
-                task_queue = f"bench-overload-{uuid.uuid4()}"
-                script = tmp / "unused-script.json"  # worker_env names one; the openai provider ignores it
-                script.write_text("{}")
-                base = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "OPENAI_"))}
-                base.update({
-                    "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
-                    "REDIS_URL": stack.redis_url, "HERMES_TASK_QUEUE": task_queue,
-                    "HERMES_MODEL_PROVIDER": "openai", "HERMES_OPENAI_BASE_URL": endpoint.base_url,
-                    "HERMES_OPENAI_API_KEY": "bench", "HERMES_MEMORY_BATCH_SECONDS": "0.5",
-                    "HERMES_COMMAND_KEYS": command_auth.format_keys(command_auth.active()),
-                    "PYTHONUNBUFFERED": "1",
-                })
-                log_dir = args.log_dir or tmp / "logs"
-                log_dir.mkdir(parents=True, exist_ok=True)
-                workers = Workers(worker_env(base, tmp / "worker", script), log_dir)
-                hermes = None
-                try:
-                    pid = workers.spawn()
-                    await wait_polling(stack.client, task_queue, workers, pid)
-                    hermes = await HermesClient.connect(Settings(
-                        temporal_address=base["TEMPORAL_ADDRESS"], redis_url=stack.redis_url, task_queue=task_queue))
-                    print(f"worker {pid} polling after {time.monotonic() - started:.0f} s", flush=True)
-                    # Not measured: the worker's first sessions load the workflow's modules
-                    # into the sandbox, the embedder, the MCP server's first calls.
-                    await run_phase("warm-up", 2, args.turns, 0, hermes, stack.client, pid, args, "w")
-                    ref = Tally("ref")
-                    for r in range(args.reference_rounds):
-                        part = await run_phase("ref", 2, args.turns, 0, hermes, stack.client, pid, args, f"r{r}")
-                        _merge(ref, part)
-                    tallies.append(ref)
-                    tallies.append(await run_phase("quiet", args.sessions, args.turns, 0, hermes, stack.client, pid, args, "q"))
-                    hogs = args.hogs_per_core * (os.cpu_count() or 1)
-                    tallies.append(await run_phase("starved", args.sessions, args.turns, hogs, hermes, stack.client, pid, args, "s"))
-                    if pid not in workers.alive():
-                        print(f"the worker exited during the run:\n{workers.log_tail()}")
-                finally:
-                    workers.stop_all()
-                    if hermes is not None and hermes.redis is not None:
-                        await hermes.redis.aclose()
+        with tempfile.TemporaryDirectory(prefix="hermes-overload-") as tmp_name:
+            tmp = Path(tmp_name)
+            log_dir = args.log_dir or tmp / "logs"
+            log_dir.mkdir(parents=True, exist_ok=True)
+            server_log = ServerLog(log_dir / "temporal-server.log")
+            servers = _common.bench_stack()
+            with stderr_to(server_log.path):  # only the servers start inside
+                stack = await servers.__aenter__()
+            try:
+                tallies = await run_phases(stack, endpoint, tmp, log_dir, server_log, args, started)
+            finally:
+                await servers.__aexit__(None, None, None)
     finally:
         endpoint.stop()
     print(f"wall time {time.monotonic() - started:.0f} s; load average {_load()}")
     report(tallies, endpoint)
+
+
+async def run_phases(stack: Any, endpoint: StepEndpoint, tmp: Path, log_dir: Path, server_log: ServerLog,
+                     args: Any, started: float) -> list[Tally]:
+    """Start the worker, run the phases (see the module docstring), stop the worker."""
+    from hermes.client import HermesClient
+    from hermes.security import command_auth
+    from hermes.settings import Settings
+
+    task_queue = f"bench-overload-{uuid.uuid4()}"
+    script = tmp / "unused-script.json"  # worker_env names one; the openai provider ignores it
+    script.write_text("{}")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("HERMES_", "OPENAI_"))}
+    base.update({
+        "TEMPORAL_ADDRESS": stack.client.service_client.config.target_host,
+        "REDIS_URL": stack.redis_url, "HERMES_TASK_QUEUE": task_queue,
+        "HERMES_MODEL_PROVIDER": "openai", "HERMES_OPENAI_BASE_URL": endpoint.base_url,
+        "HERMES_OPENAI_API_KEY": "bench", "HERMES_MEMORY_BATCH_SECONDS": "0.5",
+        "HERMES_COMMAND_KEYS": command_auth.format_keys(command_auth.active()),
+        "PYTHONUNBUFFERED": "1",
+    })
+    workers = Workers(worker_env(base, tmp / "worker", script), log_dir)
+    hermes = None
+    tallies: list[Tally] = []
+    try:
+        pid = workers.spawn()
+        await wait_polling(stack.client, task_queue, workers, pid)
+        hermes = await HermesClient.connect(Settings(
+            temporal_address=base["TEMPORAL_ADDRESS"], redis_url=stack.redis_url, task_queue=task_queue))
+        print(f"worker {pid} polling after {time.monotonic() - started:.0f} s", flush=True)
+
+        async def phase(name: str, sessions: int, hogs: int, tag: str) -> Tally:
+            return await run_phase(name, sessions, args.turns, hogs, hermes, stack.client, pid, args, tag, server_log)
+
+        # Not measured: the worker's first sessions load the workflow's modules into the
+        # sandbox, the embedder, the MCP server.
+        await phase("warm-up", 2, 0, "w")
+        ref = Tally("ref")
+        for r in range(args.reference_rounds):
+            _merge(ref, await phase("ref", 2, 0, f"r{r}"))
+        tallies.append(ref)
+        tallies.append(await phase("quiet", args.sessions, 0, "q"))
+        tallies.append(await phase("starved", args.sessions, args.hogs_per_core * (os.cpu_count() or 1), "s"))
+        if pid not in workers.alive():
+            print(f"the worker exited during the run:\n{workers.log_tail()}")
+    finally:
+        workers.stop_all()
+        if hermes is not None and hermes.redis is not None:
+            await hermes.redis.aclose()
+    return tallies
 
 
 def _merge(into: Tally, part: Tally) -> None:
