@@ -37,7 +37,8 @@ current city and no other; one that names no city is counted apart as a recall m
 memory write is batched and may not be in the store yet); a tool result is lost when the
 reply was made from a tool result without its data (the tool timed out, its worker was
 "stopped", its outcome unknown). A send that fails is sent again with the same client
-message id; a turn with no reply by ``--turn-timeout`` is lost.
+message id; a turn with no reply by ``--turn-timeout`` is lost, and so are the session's
+later turns (not sent: a stuck session would hold the run for a timeout per turn).
 
 Phases, one after another on the same worker, fresh sessions and users each:
 
@@ -274,8 +275,15 @@ async def run_session(hermes: Any, tally: Tally, tag: str, index: int, turns: in
     user_id = f"overload-user-{tag}-{index}-{uuid.uuid4().hex[:6]}"
     tally.session_ids.append(session_id)
     config = SessionConfig(system_prompt=f"You are a helpful assistant. [bench session {session_id}]")
-    for n, turn in enumerate(plan(tag, index, turns, list(CITIES))):
+    planned = plan(tag, index, turns, list(CITIES))
+    for n, turn in enumerate(planned):
         label = f"{session_id} turn {n + 1} ({turn.text!r})"
+        if tally.lost_turns and tally.lost_turns[-1].startswith(f"{session_id} "):
+            # A session that lost a turn is stuck or far behind: its other turns are lost
+            # too, not waited for one --turn-timeout each.
+            tally.turns += 1
+            tally.lost_turns.append(f"{label}: not sent (an earlier turn was lost)")
+            continue
         sending = asyncio.ensure_future(send_turn(hermes, session_id, user_id, turn.text, config, args.turn_timeout))
         if turn.kind == "note":
             await approve_when_asked(hermes, session_id, user_id, sending, tally, args.turn_timeout)
