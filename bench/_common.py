@@ -18,10 +18,11 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
-from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
@@ -105,10 +106,9 @@ def describe_ms(samples_seconds: Sequence[float]) -> str:
     )
 
 
-def child_pids(command: str) -> list[int]:
-    """Process ids of this process's children whose command name is ``command`` (Linux)."""
-    me = os.getpid()
-    found = []
+def _processes() -> Iterator[tuple[int, str, list[str]]]:
+    """(pid, command name, the ``/proc/<pid>/stat`` fields after the name) of every
+    process (Linux); one that is gone while read is skipped."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -116,11 +116,19 @@ def child_pids(command: str) -> list[int]:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
-        ppid = int(stat[stat.rindex(")") + 2 :].split()[1])
-        if ppid == me and comm == command:
-            found.append(int(entry))
-    return found
+        yield int(entry), stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2 :].split()
+
+
+def child_pids(command: str) -> list[int]:
+    """Process ids of this process's children whose command name is ``command`` (Linux)."""
+    me = os.getpid()
+    return [pid for pid, comm, fields in _processes() if int(fields[1]) == me and comm == command]
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds so far of every live process in process group ``pgid``
+    (a worker started in a session of its own, and its MCP servers), from ``/proc``."""
+    return sum(cpu_seconds(pid) for pid, _, fields in _processes() if int(fields[2]) == pgid)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -131,6 +139,26 @@ def cpu_seconds(pid: int) -> float:
         return 0.0
     fields = stat[stat.rindex(")") + 2 :].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def cpu_hogs(count: int) -> Iterator[int]:
+    """``count`` CPU hogs (``yes > /dev/null`` processes) for the duration of the block: a
+    starved machine, as a container held by its CPU limit or its neighbours sees it.
+
+    Args:
+        count: processes to start (0: none); issue 31 uses eight per core.
+
+    Yields:
+        ``count``. The hogs are SIGKILLed and reaped when the block ends, however it ends.
+    """
+    hogs = [subprocess.Popen(["yes"], stdout=subprocess.DEVNULL, stdin=subprocess.DEVNULL) for _ in range(count)]
+    try:
+        yield count
+    finally:
+        for hog in hogs:
+            hog.kill()
+            hog.wait(timeout=10)
 
 
 def headline(name: str, value: str) -> None:

@@ -3,6 +3,7 @@
     python bench/recovery.py --quick                     # 2 repetitions per case and turn
     python bench/recovery.py                             # 3 repetitions
     python bench/recovery.py --tool-heartbeat 2 --sticky-timeout 1
+    python bench/recovery.py --quick --deploy            # SIGTERM during a model call, CPU hogs beside
 
 A Temporal dev server, a Redis and two worker *processes* (``python worker.py``, configured
 only through the environment, as in production, each in its own process group). The model
@@ -43,6 +44,15 @@ started on the survivor (the sticky schedule-to-start wait is here); ``replay`` 
 task's started -> completed (the survivor rebuilds the run from history); ``rest`` -> the
 reply (the turn itself).
 
+``--deploy`` measures a deploy instead of the cases (issue 31): at the first turn level,
+the worker running a session's 1 s model call gets a SIGTERM (the graceful stop a process
+manager sends; the worker's own grace period, ``HERMES_WORKER_SHUTDOWN_SECONDS``, default
+model timeout + 30 s) while eight CPU hogs per core (``yes > /dev/null``,
+``--hogs-per-core``) run beside the workers, until the stopped worker has exited. Printed
+per measurement: the provider requests of that model step, SIGTERM to reply, SIGTERM to
+the worker's exit, and the retries and timeouts in the history after the SIGTERM; last
+``deploy_provider_calls=<the most requests one model step cost>`` (the goal: 1).
+
 Printed: the settings in force, one line per measurement, each case's median at both
 turns with the timeline medians, the turn-300/turn-10 ratio per case (recovery and
 replay), and last ``recovery_seconds=<worst median>`` (a timed-out case counts as its
@@ -65,6 +75,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -288,6 +299,27 @@ class Workers:
         for pid in list(self.procs):
             self.kill(pid)
 
+    def terminate(self, pid: int) -> None:
+        """SIGTERM worker ``pid`` alone, as a deploy or a scale-down does (a graceful stop:
+        it takes no new work and lets its running activities finish); it stays in the pool
+        (``alive()``) until it exits. See :meth:`reap`."""
+        os.kill(pid, signal.SIGTERM)
+
+    def reap(self, pid: int, timeout_seconds: float) -> int | None:
+        """Wait up to ``timeout_seconds`` for worker ``pid`` to exit, then take it out of the
+        pool (SIGKILLing its process group if it had not exited). Blocks.
+
+        Returns:
+            Its exit code, or None when it had to be killed.
+        """
+        proc, _ = self.procs[pid]
+        try:
+            code = proc.wait(timeout=timeout_seconds)
+        except subprocess.TimeoutExpired:
+            code = None
+        self.kill(pid)
+        return code
+
     def log_tail(self, pid: int | None = None, chars: int = 2000) -> str:
         paths = sorted(self.log_dir.glob("worker-*.log"))
         return "\n".join(f"--- {p.name}\n{p.read_text(errors='replace')[-chars:]}" for p in paths[-4:])
@@ -342,6 +374,18 @@ class Sample:
     """Kill to reply, less the retried call's ``WORK_SECONDS``; None: timed out."""
     history_events: int
     phases: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+
+@dataclass
+class DeploySample:
+    provider_calls: int
+    """Requests the endpoint got for the model step running at the SIGTERM (the goal: 1)."""
+    reply_seconds: float | None
+    """SIGTERM to the reply; None: none within the case timeout."""
+    exit_seconds: float | None
+    """SIGTERM to the stopped worker's exit; None: still running after the case timeout (killed)."""
+    exit_code: int | None
     note: str = ""
 
 
@@ -570,6 +614,60 @@ class Bench:
                 raise RuntimeError(f"filler turn {i}: unexpected reply {result.reply!r}")
         return session
 
+    async def deploy(self, session: Session, hogs: int) -> DeploySample:
+        """A deploy during a model call: SIGTERM (a graceful stop) to the worker running
+        the session's 1 s model call, with ``hogs`` CPU hogs beside the workers, then the
+        reply (from the worker finishing the call, or from the other one) and the
+        provider requests that model step cost."""
+        await self.ready()
+        self.counter += 1
+        label = f"d{self.counter}"
+        text, cid = f"model {label}", f"bench-{self.tag}-{label}"
+        handle = self.client.get_workflow_handle(session.session_id)
+        with _common.cpu_hogs(hogs):
+            turn = asyncio.ensure_future(self._send(session, text, cid, self.case_timeout + 30.0))
+            deadline = time.monotonic() + 60.0
+            while not self.endpoint.arrivals_of(label):
+                if turn.done() or time.monotonic() > deadline:
+                    raise RuntimeError(f"deploy {label}: the model call did not start:\n{self.workers.log_tail()}")
+                await asyncio.sleep(0.01)
+            victim = await running_activity_pid(handle, "call_model", self.workers)
+            self.workers.terminate(victim)
+            term_at, term_mono = time.time(), time.monotonic()
+            result, errors = await self._send_until(session, text, cid, turn, term_mono + self.case_timeout)
+            reply_seconds = time.monotonic() - term_mono
+            # The stopping worker's exit, still beside the hogs (its grace period is the
+            # product's: model timeout + 30 s unless HERMES_WORKER_SHUTDOWN_SECONDS).
+            exit_code = await asyncio.to_thread(self.workers.reap, victim, self.case_timeout)
+            exit_seconds = time.monotonic() - term_mono
+        self.workers.spawn()
+        notes = [f"client got {e}" for e in errors]
+        if result is None:
+            notes.append(f"no reply within {self.case_timeout:.0f} s")
+            with contextlib.suppress(Exception):
+                await handle.terminate(reason="bench: no reply within the case timeout")
+        elif result.reply != "model done":
+            notes.append(f"reply {result.reply!r}, expected 'model done'")
+        retried: Counter[str] = Counter()
+        async for event in handle.fetch_history_events():
+            if _event_seconds(event) < term_at - 0.001:
+                continue
+            if event.HasField("activity_task_started_event_attributes"):
+                retried["attempts started after the SIGTERM"] += 1
+            elif event.HasField("activity_task_timed_out_event_attributes"):
+                kind = event.activity_task_timed_out_event_attributes.failure.timeout_failure_info.timeout_type
+                retried[f"{TimeoutType.Name(kind).removeprefix('TIMEOUT_TYPE_').lower()} timeouts"] += 1
+            elif event.HasField("activity_task_failed_event_attributes"):
+                retried["attempts failed"] += 1
+        notes += [f"{n} {what}" for what, n in sorted(retried.items())]
+        return DeploySample(
+            provider_calls=len(self.endpoint.arrivals_of(label)),
+            reply_seconds=None if result is None else reply_seconds,
+            exit_seconds=None if exit_code is None else exit_seconds,
+            exit_code=exit_code,
+            note="; ".join(notes),
+        )
+
     async def measure(self, case: str, level: int, session: Session) -> Sample:
         await self.ready()
         self.counter += 1
@@ -747,6 +845,9 @@ async def main() -> None:
     p.add_argument("--model-timeout", type=float, help="HERMES_MODEL_TIMEOUT_SECONDS (model call start-to-close)")
     p.add_argument("--turns", type=int, nargs="+", help=f"session turn levels (default {' '.join(map(str, TURN_LEVELS))})")
     p.add_argument("--cases", nargs="+", choices=CASES, help="cases to run (default all)")
+    p.add_argument("--deploy", action="store_true", help="instead of the cases: SIGTERM to the worker running a "
+                   "model call, with CPU hogs beside it; prints deploy_provider_calls= (at the first --turns level)")
+    p.add_argument("--hogs-per-core", type=int, default=8, help="CPU hogs per core during each --deploy measurement")
     p.add_argument("--log-dir", type=Path, help="keep the workers' logs in this directory (default: deleted)")
     p.add_argument(
         "--timer-shift",
@@ -873,7 +974,10 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
                         )
                     )
                     bench = Bench(stack, hermes, task_queue, workers, endpoint, marker_file, case_timeout)
-                    samples = await run_all(bench, levels, cases, repetitions)
+                    if args.deploy:
+                        deploys = await run_deploys(bench, levels[0], repetitions, args.hogs_per_core * (os.cpu_count() or 1))
+                    else:
+                        samples = await run_all(bench, levels, cases, repetitions)
                 finally:
                     workers.stop_all()
                     if hermes is not None and hermes.redis is not None:
@@ -883,7 +987,10 @@ async def measure_all(args: Any, levels: tuple[int, ...], cases: tuple[str, ...]
     print(f"\nworkers started: {workers.started}; wall time {time.monotonic() - started:.0f} s; load average {_load()}")
     if UNRETRIEVED[0]:
         print(f"client: {UNRETRIEVED[0]} unretrieved RPC errors of failed sends silenced (\"Future exception was never retrieved\")")
-    report(samples, case_timeout, levels, cases)
+    if args.deploy:
+        report_deploys(deploys)
+    else:
+        report(samples, case_timeout, levels, cases)
 
 
 async def run_all(bench: Bench, levels: tuple[int, ...], cases: tuple[str, ...], repetitions: int) -> list[Sample]:
@@ -909,6 +1016,30 @@ async def run_all(bench: Bench, levels: tuple[int, ...], cases: tuple[str, ...],
         for session in fresh:  # those of skipped repetitions
             await bench.close(session)
     return samples
+
+
+async def run_deploys(bench: Bench, level: int, repetitions: int, hogs: int) -> list[DeploySample]:
+    """``repetitions`` deploys (:meth:`Bench.deploy`), each on a session of its own with ``level`` turns done."""
+    await bench.ready()
+    fresh = await bench.build_many(level, repetitions)
+    print(f"deploy: {len(fresh)} sessions of {level} turns built; {hogs} CPU hogs during each measurement", flush=True)
+    samples = []
+    for session in fresh:
+        sample = await bench.deploy(session, hogs)
+        samples.append(sample)
+        reply = "no reply" if sample.reply_seconds is None else f"reply {sample.reply_seconds:.2f} s"
+        gone = "killed" if sample.exit_seconds is None else f"exited ({sample.exit_code}) {sample.exit_seconds:.2f} s"
+        print(f"  deploy turn {level}: provider calls {sample.provider_calls}; {reply} after the SIGTERM; "
+              f"worker {gone} after it{'  (' + sample.note + ')' if sample.note else ''}", flush=True)
+    return samples
+
+
+def report_deploys(samples: list[DeploySample]) -> None:
+    """The worst deploy, last ``deploy_provider_calls=<max provider requests for one model step>``."""
+    replies = [s.reply_seconds for s in samples if s.reply_seconds is not None]
+    print(f"\ndeploys {len(samples)}: replies {len(replies)}"
+          + (f", SIGTERM to reply median {statistics.median(replies):.2f} s max {max(replies):.2f} s" if replies else ""))
+    _common.headline("deploy_provider_calls", str(max(s.provider_calls for s in samples)))
 
 
 def _load() -> str:
