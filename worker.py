@@ -31,7 +31,9 @@ from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
+from hermes.infra import cpu_pool
 from hermes.infra.deploy import deployment_config
+from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.durable import DurableStore
 from hermes.errors import ConfigError
 from hermes.content.events import EventLog
@@ -170,6 +172,9 @@ def build_worker(
     model = ModelActivities(provider, store=BlobStore(redis, durable=durable, ttl_seconds=content_ttl), client=client)
     encoding = encoding_name_for_model(settings.model)
     TokenCounter.get(encoding)  # loaded now, outside the workflow sandbox
+    pool = cpu_pool.shared(settings.cpu_workers)  # embeddings and large token counts (issue 31)
+    if pool is not None:
+        pool.add_warmer(TokenCounter.get, encoding)  # each child loads the encoding once
     tools = ToolActivities(
         registry,
         redis,
@@ -234,6 +239,7 @@ def build_worker(
     eviction = MovedRunEviction(worker, redis)
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
     worker.hermes_memory = memory_activities  # type: ignore[attr-defined]
+    worker.hermes_loop_lag = _watch_loop_lag(settings)  # type: ignore[attr-defined]
     if memory_activities is not None:
         # Every way of running a worker (python worker.py, hermes worker/dev/demo, tests)
         # starts loading the store and its embedding model now, not in its first turns;
@@ -242,6 +248,15 @@ def build_worker(
         # fail that validation (KeyError(<thread id>), python/cpython#91351).
         memory_activities.open_in_background()
     return worker
+
+
+def _watch_loop_lag(settings: Settings) -> LoopLagMonitor | None:
+    """The event-loop lag monitor of the running loop (:mod:`hermes.infra.loop_lag`),
+    started if need be; None when the worker is built outside a running loop."""
+    try:
+        return watch_loop_lag(settings.event_loop_lag_warn_seconds)
+    except RuntimeError:
+        return None
 
 
 VALIDATION_ATTEMPTS = 3
@@ -458,6 +473,7 @@ async def run_worker(
     finally:
         if mcp is not None:
             await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
+        await asyncio.to_thread(cpu_pool.shutdown_shared)  # the CPU pool's children too
 
 
 def main() -> None:
