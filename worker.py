@@ -172,9 +172,7 @@ def build_worker(
     model = ModelActivities(provider, store=BlobStore(redis, durable=durable, ttl_seconds=content_ttl), client=client)
     encoding = encoding_name_for_model(settings.model)
     TokenCounter.get(encoding)  # loaded now, outside the workflow sandbox
-    pool = cpu_pool.shared(settings.cpu_workers)  # embeddings and large token counts (issue 31)
-    if pool is not None:
-        pool.add_warmer(TokenCounter.get, encoding)  # each child loads the encoding once
+    _cpu_pool(settings, encoding)
     tools = ToolActivities(
         registry,
         redis,
@@ -248,6 +246,15 @@ def build_worker(
         # fail that validation (KeyError(<thread id>), python/cpython#91351).
         memory_activities.open_in_background()
     return worker
+
+
+def _cpu_pool(settings: Settings, encoding: str) -> None:
+    """Size the process's CPU pool (:mod:`hermes.infra.cpu_pool`: embeddings and large
+    token counts, off the event loop that heartbeats) and have its children load
+    ``encoding`` when they start."""
+    pool = cpu_pool.shared(settings.cpu_workers)
+    if pool is not None:
+        pool.add_warmer(TokenCounter.get, encoding)
 
 
 def _watch_loop_lag(settings: Settings) -> LoopLagMonitor | None:
