@@ -27,6 +27,7 @@ results picklable.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import concurrent.futures
 import logging
 import multiprocessing
@@ -89,6 +90,7 @@ class CpuPool:
         self._executor: concurrent.futures.ProcessPoolExecutor | None = None
         self._warmers: list[tuple[Callable[..., Any], tuple[Any, ...]]] = []
         self._lock = threading.Lock()
+        self._exit_hook = False
         self.restarts = 0
         """How many times a broken executor was replaced (a child died)."""
         self.calls = 0
@@ -104,6 +106,14 @@ class CpuPool:
     def _current(self) -> concurrent.futures.ProcessPoolExecutor:
         with self._lock:
             if self._executor is None:
+                if not self._exit_hook:
+                    # Before multiprocessing's own exit hook (atexit runs last-in first):
+                    # that one joins the children, which wait for work forever unless the
+                    # executor ends them. concurrent.futures ends them in threading's
+                    # shutdown, which a process leaving through os._exit after the atexit
+                    # hooks (the CLI: hermes.infra.process.exit_now) never runs.
+                    atexit.register(self.shutdown)
+                    self._exit_hook = True
                 self._executor = concurrent.futures.ProcessPoolExecutor(
                     self.workers, mp_context=self._context, initializer=_init_child, initargs=(tuple(self._warmers),)
                 )
