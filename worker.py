@@ -36,6 +36,7 @@ from hermes.infra.deploy import deployment_config
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.durable import DurableStore
 from hermes.errors import ConfigError
+from hermes.memory.embeddings import EMBEDDERS, warm_in_child
 from hermes.content.events import EventLog
 from hermes.providers import ModelProvider, make_provider
 from hermes.infra.run_cache import MovedRunEviction
@@ -172,7 +173,6 @@ def build_worker(
     model = ModelActivities(provider, store=BlobStore(redis, durable=durable, ttl_seconds=content_ttl), client=client)
     encoding = encoding_name_for_model(settings.model)
     TokenCounter.get(encoding)  # loaded now, outside the workflow sandbox
-    _cpu_pool(settings, encoding)
     tools = ToolActivities(
         registry,
         redis,
@@ -238,6 +238,7 @@ def build_worker(
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
     worker.hermes_memory = memory_activities  # type: ignore[attr-defined]
     worker.hermes_loop_lag = _watch_loop_lag(settings)  # type: ignore[attr-defined]
+    _cpu_pool(settings, encoding, embedder=memory is True and memory_activities is not None)  # after the validation
     if memory_activities is not None:
         # Every way of running a worker (python worker.py, hermes worker/dev/demo, tests)
         # starts loading the store and its embedding model now, not in its first turns;
@@ -248,13 +249,18 @@ def build_worker(
     return worker
 
 
-def _cpu_pool(settings: Settings, encoding: str) -> None:
+def _cpu_pool(settings: Settings, encoding: str, *, embedder: bool) -> None:
     """Size the process's CPU pool (:mod:`hermes.infra.cpu_pool`: embeddings and large
-    token counts, off the event loop that heartbeats) and have its children load
-    ``encoding`` when they start."""
+    token counts, off the event loop that heartbeats), have its children load ``encoding``
+    (and with ``embedder`` the settings' offline embedding model, which
+    :func:`hermes.memory.service.embedder_from_settings` runs there), and start them in
+    the background."""
     pool = cpu_pool.shared(settings.cpu_workers)
     if pool is not None:
         pool.add_warmer(TokenCounter.get, encoding)
+        if embedder and settings.memory_embedder in EMBEDDERS:
+            pool.add_warmer(warm_in_child, settings.memory_embedder)
+        pool.start()
 
 
 def _watch_loop_lag(settings: Settings) -> LoopLagMonitor | None:

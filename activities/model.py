@@ -12,7 +12,7 @@ import asyncio
 import json
 import logging
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from temporalio import activity
 from temporalio.client import WorkflowQueryFailedError
@@ -56,6 +56,8 @@ from hermes.content.tokens import DEFAULT_ENCODING, TokenCounter
 from hermes.tools.arguments import MAX_NESTING, _nesting
 
 log = logging.getLogger("hermes.activities.model")
+
+T = TypeVar("T")
 
 MAX_REPLY_BYTES = 256_000
 """A model reply larger than this (UTF-8) is stored by reference; the session keeps a
@@ -154,6 +156,14 @@ shorter ones in a thread here. Measured on a 2-core machine: cl100k counts 10,00
 characters in about 0.4 ms and 100,000 in about 5 ms (1 MB: 45 ms), and a pool round
 trip of a short call costs about 0.2 ms plus the pickling of the text: under about 16 KB
 the hop costs as much as the work, and the GIL is held for under a millisecond."""
+
+
+async def _off_loop(large: bool, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` off the event loop: in the CPU pool when ``large`` (see
+    :data:`COUNT_IN_POOL_CHARS`), else in a thread of this process."""
+    if large:
+        return await cpu_pool.run_cpu(fn, *args)
+    return await asyncio.to_thread(fn, *args)
 
 
 def _count_text(encoding: str, text: str) -> int:
@@ -458,7 +468,7 @@ class ModelActivities:
             # thread holding the GIL, would make the worker look dead: issue 31).
             result = await asyncio.to_thread(_refuse_deep_arguments, result)
             result = await self._bounded(request.session_id, result)
-            result = await cpu_pool.run_cpu(_counted, result, request.encoding)
+            result = await _off_loop(not _is_small(result, COUNT_IN_POOL_CHARS), _counted, result, request.encoding)
             return await self._keep_large_arguments(result)
 
     def _text_events(self, request: CallModelInput) -> model_call_events:
@@ -478,9 +488,7 @@ class ModelActivities:
         Returns:
             Tokens, ``>= 0``.
         """
-        if len(request.text) >= COUNT_IN_POOL_CHARS:
-            return await cpu_pool.run_cpu(_count_text, request.encoding, request.text)
-        return await asyncio.to_thread(_counter(request.encoding).text, request.text)
+        return await _off_loop(len(request.text) >= COUNT_IN_POOL_CHARS, _count_text, request.encoding, request.text)
 
     async def _complete(self, request: CallModelInput) -> CallModelResult:
         """The provider's answer to ``request``, its errors as Temporal sees them.
@@ -553,7 +561,8 @@ class ModelActivities:
         texts = await self.resolve(request.session_id, list(request.message_refs))
         # Token counting of up to the whole input budget: in another process, so that this
         # one's event loop keeps sending the worker's heartbeats meanwhile.
-        call, upto = await cpu_pool.run_cpu(_summary_request_in, request, texts, counter.encoding_name)
+        large = sum(len(t) for t in texts.values()) >= COUNT_IN_POOL_CHARS
+        call, upto = await _off_loop(large, _summary_request_in, request, texts, counter.encoding_name)
         result = await self._complete(call)
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0, usage=result.usage)

@@ -58,6 +58,10 @@ def _lost(fn: Callable[..., Any]) -> CpuWorkerLostError:
     return CpuWorkerLostError(f"a CPU pool process died running {name}, on a new pool too (killed, or out of memory?)")
 
 
+def _ready() -> None:
+    """Nothing: sent to start a child."""
+
+
 def _start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
@@ -118,6 +122,17 @@ class CpuPool:
                     self.workers, mp_context=self._context, initializer=_init_child, initargs=(tuple(self._warmers),)
                 )
             return self._executor
+
+    def start(self) -> None:
+        """Start the children now (in the background: this returns at once), so that the
+        first call does not wait for them to start and run the warmers."""
+        threading.Thread(target=self._start, name="hermes-cpu-pool-start", daemon=True).start()
+
+    def _start(self) -> None:
+        try:
+            self._submit(_ready, ())
+        except Exception:  # noqa: BLE001 - the first call meets it again
+            log.warning("the CPU pool could not start", exc_info=True)
 
     def _replace(self, broken: concurrent.futures.ProcessPoolExecutor) -> None:
         with self._lock:
