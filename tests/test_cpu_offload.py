@@ -8,7 +8,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +18,7 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from activities.model import ModelActivities, _counter
 from hermes.infra import cpu_pool, telemetry
 from hermes.infra.cpu_pool import CpuPool, CpuWorkerLostError
-from hermes.infra.loop_lag import LoopLagMonitor
+from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.memory.embeddings import PooledEmbedder
 from hermes.memory.models import MemoryCandidate
 from hermes.memory.service import open_store
@@ -134,4 +133,4 @@ async def test_a_worker_starts_the_lag_monitor_of_its_loop(temporal_client: obje
     assert isinstance(monitor, LoopLagMonitor)
     await monitor.next_sample()
     assert monitor.samples >= 1
-    assert sys.modules["hermes.infra.loop_lag"].watch_loop_lag() is monitor  # one per loop
+    assert watch_loop_lag() is monitor  # one per loop
