@@ -31,9 +31,12 @@ from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
+from hermes.infra import cpu_pool
 from hermes.infra.deploy import deployment_config
+from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.durable import DurableStore
 from hermes.errors import ConfigError
+from hermes.memory.embeddings import EMBEDDERS, warm_in_child
 from hermes.content.events import EventLog
 from hermes.providers import ModelProvider, make_provider
 from hermes.infra.run_cache import MovedRunEviction
@@ -234,6 +237,8 @@ def build_worker(
     eviction = MovedRunEviction(worker, redis)
     worker.hermes_run_eviction = eviction if eviction.install() else None  # type: ignore[attr-defined]
     worker.hermes_memory = memory_activities  # type: ignore[attr-defined]
+    worker.hermes_loop_lag = _watch_loop_lag(settings)  # type: ignore[attr-defined]
+    _cpu_pool(settings, encoding, embedder=memory is True and memory_activities is not None)  # after the validation
     if memory_activities is not None:
         # Every way of running a worker (python worker.py, hermes worker/dev/demo, tests)
         # starts loading the store and its embedding model now, not in its first turns;
@@ -242,6 +247,29 @@ def build_worker(
         # fail that validation (KeyError(<thread id>), python/cpython#91351).
         memory_activities.open_in_background()
     return worker
+
+
+def _cpu_pool(settings: Settings, encoding: str, *, embedder: bool) -> None:
+    """Size the process's CPU pool (:mod:`hermes.infra.cpu_pool`: embeddings and large
+    token counts, off the event loop that heartbeats), have its children load ``encoding``
+    (and with ``embedder`` the settings' offline embedding model, which
+    :func:`hermes.memory.service.embedder_from_settings` runs there), and start them in
+    the background."""
+    pool = cpu_pool.shared(settings.cpu_workers)
+    if pool is not None:
+        pool.add_warmer(TokenCounter.get, encoding)
+        if embedder and settings.memory_embedder in EMBEDDERS:
+            pool.add_warmer(warm_in_child, settings.memory_embedder)
+        pool.start()
+
+
+def _watch_loop_lag(settings: Settings) -> LoopLagMonitor | None:
+    """The event-loop lag monitor of the running loop (:mod:`hermes.infra.loop_lag`),
+    started if need be; None when the worker is built outside a running loop."""
+    try:
+        return watch_loop_lag(settings.event_loop_lag_warn_seconds)
+    except RuntimeError:
+        return None
 
 
 VALIDATION_ATTEMPTS = 3
@@ -458,6 +486,7 @@ async def run_worker(
     finally:
         if mcp is not None:
             await mcp.manager.aclose()  # every MCP server process (tree) goes with the worker
+        await asyncio.to_thread(cpu_pool.shutdown_shared)  # the CPU pool's children too
 
 
 def main() -> None:

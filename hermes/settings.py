@@ -249,6 +249,17 @@ class Settings(BaseSettings):
     Determinism then rests on the replay tests of recorded histories (tests/test_replay.py
     runs them both ways), not on the sandbox's checks."""
     max_concurrent_activities: int = 100
+    cpu_workers: int = Field(default=1, ge=0)
+    """Child processes of the worker's CPU pool (``hermes.infra.cpu_pool``): the offline
+    embedding model (memory searches and writes) and the token counting of large content
+    run there, never in the process whose event loop sends the activities' heartbeats (a
+    thread holding the GIL starved it, and a busy worker looked dead: issue 31). Each child
+    loads the embedding model once (``use``: about 120 MB). 0: no pool, that work runs in
+    the worker's threads as before."""
+    event_loop_lag_warn_seconds: float = Field(default=1.0, gt=0)
+    """A worker logs a warning when its event loop woke this much later than asked
+    (``hermes.infra.loop_lag``; measured every 0.25 s and exported as the
+    ``hermes.worker.event_loop_lag`` histogram): its heartbeats were that late too."""
     worker_shutdown_seconds: float | None = Field(default=None, gt=0)
     """On SIGTERM / SIGINT the worker stops taking work and lets the model and tool calls
     it is running finish and report for up to this long, then cancels them (they are

@@ -9,6 +9,7 @@ worker`` prints what it serves (:func:`describe_worker`, no secrets).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -92,6 +93,7 @@ async def _dev(settings: Settings) -> None:
 async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) -> None:
     from hermes import names
     from hermes.infra.local_servers import local_servers
+    from hermes.infra import cpu_pool
     from hermes.infra.process import wait_until_interrupted
     from hermes.infra.stack import ensure_search_attributes
     from hermes.security.codec_server import endpoint_url
@@ -118,6 +120,7 @@ async def _dev_with(settings: Settings, provider: Any, registry: Any, mcp: Any) 
                 out.print("Stopping the worker" + (" and the embedded stack..." if servers.stack else "..."))
         finally:
             await redis.aclose()
+            await asyncio.to_thread(cpu_pool.shutdown_shared)  # the worker's CPU pool children
     out.print("Stopped.")
 
 

