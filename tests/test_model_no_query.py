@@ -91,7 +91,11 @@ async def test_ten_turns_with_tool_calls_are_answered_without_one_workflow_query
             assert result.reply == f"turn {turn}: {turn * 7}", result
         model_calls = len(model.calls)
         assert model_calls == 20
-        print(f"queries_per_model_call={len(counter.queries) / model_calls:.2f} ({counter.queries})")
+        history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+        print(
+            f"queries_per_model_call={len(counter.queries) / model_calls:.2f} "
+            f"history_per_turn={len(history.events) / 10:.1f} events, {sum(e.ByteSize() for e in history.events) / 10:.0f} bytes"
+        )
         assert counter.queries == []
     # The model saw the whole context: earlier turns' answers and this turn's tool result.
     last = [(m.role, m.content) for m in model.calls[-1].messages]
