@@ -268,16 +268,13 @@ class ModelActivities:
         (a local activity, before the call; with the content TTL, refreshed by reads).
 
         Returns:
-            True when written; False when this worker has no Redis (the session then
-            sends them inline).
-
-        Raises:
-            redis.RedisError: Redis did not take them (retried once, then inline).
+            True when written; False when this worker has no Redis, or Redis did not take
+            them in two tries within 5 s (reported as a skipped write): the session then
+            sends them inline.
         """
         if self.store.redis is None:
             return False
-        await self.store.put_many(request.bodies)
-        return True
+        return await self.store.cache_or_report(request.bodies, "read by the next model call (sent inline instead)")
 
     async def from_store(self, refs: list[str], inline: dict[str, str]) -> dict[str, str]:
         """Texts of ``refs``: from ``inline``, then the content store (Redis, then the

@@ -113,16 +113,18 @@ async def store_bodies(inp: StoreBodiesInput) -> bool:
     its input, the bodies, is not recorded in history, only its result).
 
     Returns:
-        True when the store took them; False when it has no Redis or did not take them
-        in two attempts (logged): the call then carries them inline.
+        True when the store took them; False when it has no Redis, did not take them (the
+        activity tries twice within 5 s) or the activity failed (logged): the call then
+        carries them inline.
     """
     try:
         return await workflow.execute_local_activity(
             names.STORE_MESSAGE_BODIES,
             inp,
             result_type=bool,
-            start_to_close_timeout=timedelta(seconds=5),
-            retry_policy=RetryPolicy(maximum_attempts=2),
+            start_to_close_timeout=timedelta(seconds=10),
+            # The activity retries the write itself; on anything else the bodies go inline.
+            retry_policy=RetryPolicy(maximum_attempts=1),
             summary=f"store {len(inp.bodies)} bodies",
         )
     except FailureError:
