@@ -56,6 +56,8 @@ class CalculatesThenAnswers:
 
     async def complete(self, request: CallModelInput) -> CallModelResult:
         self.calls.append(request)
+        if request.purpose == "summary":
+            return CallModelResult(message=Message(role="assistant", content="the user asked for multiples of 7"), provider=self.name)
         last = request.messages[-1]
         if last.role == "user":
             call = ToolCall(tool_call_id=f"c{request.turn}", name="calculate", arguments={"expression": f"{request.turn}*7"})
@@ -65,15 +67,20 @@ class CalculatesThenAnswers:
 
 
 @asynccontextmanager
-async def counted_worker(temporal_client: Client, settings: Any, redis: Any, provider: Any, **kwargs: Any) -> AsyncIterator[tuple[HermesClient, QueryCounter]]:
+async def counted_worker(
+    temporal_client: Client, settings: Any, redis: Any, provider: Any, config: SessionConfig | None = None, **kwargs: Any
+) -> AsyncIterator[tuple[HermesClient, QueryCounter]]:
     """A worker whose client counts the queries its workflows answer."""
     counter = QueryCounter()
-    config = temporal_client.config()
-    config["interceptors"] = [counter]
-    client = Client(**config)
+    client_config = temporal_client.config()
+    client_config["interceptors"] = [counter]
+    client = Client(**client_config)
     async with build_worker(client, settings, provider=provider, registry=builtin_registry(), redis=redis, **kwargs):
         yield (
-            HermesClient(temporal_client, task_queue=settings.task_queue, redis=redis, durable=DurableStore(settings.resolved_memory_uri)),
+            HermesClient(
+                temporal_client, task_queue=settings.task_queue, redis=redis, config=config,
+                durable=DurableStore(settings.resolved_memory_uri),
+            ),
             counter,
         )
 
@@ -101,6 +108,22 @@ async def test_ten_turns_with_tool_calls_are_answered_without_one_workflow_query
     last = [(m.role, m.content) for m in model.calls[-1].messages]
     assert ("user", "question 10") in last and ("assistant", "turn 9: 63") in last
     assert json.loads(model.calls[-1].messages[-1].content)["data"]["value"] == 70
+
+
+@pytest.mark.timeout(240)
+async def test_a_running_summary_is_made_without_a_workflow_query(temporal_client, settings, redis, session_id):
+    model = CalculatesThenAnswers()
+    config = SessionConfig(context_history_turns=1, summary_every_turns=2)
+    async with counted_worker(temporal_client, settings, redis, model, config=config, memory=False) as (hermes, counter):
+        for turn in range(1, 5):
+            result = await hermes.send_message(session_id, f"question {turn}")
+            assert result.reply == f"turn {turn}: {turn * 7}", result
+        state = await hermes.get_state(session_id)
+        summaries = [c for c in model.calls if c.purpose == "summary"]
+        # only the state query above, which the test sent
+        assert counter.queries == ["get_state"]
+    assert summaries and state.summary is not None and state.summary.text == "the user asked for multiples of 7"
+    assert "question 1" in summaries[0].messages[-1].content
 
 
 @pytest.mark.timeout(240)
@@ -163,3 +186,29 @@ async def test_a_model_call_of_a_session_that_stored_its_bodies_never_queries_an
         await activities.call_model(request)
     assert raised.value.type == "ContextBodiesMissingError" and raised.value.non_retryable
     assert raised.value.details == (["b:" + "1" * 32],)
+
+
+async def test_a_summary_of_a_session_that_stored_its_bodies_reads_its_input_and_never_queries():
+    from temporalio.exceptions import ApplicationError
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore, body_json, message_ref
+    from hermes.models import SummarizeInput
+
+    class NoQueries:
+        def get_workflow_handle(self, session_id: str) -> Any:
+            raise AssertionError("a summary queried its session")
+
+    model = CalculatesThenAnswers()
+    activities = ModelActivities(model, store=BlobStore(None), client=NoQueries())
+    said = Message(role="user", content="my cat is called Miso")
+    request = SummarizeInput(
+        session_id="s", message_refs=[message_ref(said)], message_turns=[1], upto_turn=1, bodies_stored=True,
+        bodies={message_ref(said): body_json(said)},
+    )
+    summary = await activities.summarize_context(request)
+    assert summary.text == "the user asked for multiples of 7"
+    assert "my cat is called Miso" in model.calls[-1].messages[-1].content
+    with pytest.raises(ApplicationError) as raised:
+        await activities.summarize_context(request.model_copy(update={"bodies": {}}))
+    assert raised.value.type == "ContextBodiesMissingError"
