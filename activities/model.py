@@ -315,6 +315,8 @@ class ModelActivities:
         found = await self._store_get(refs)
         missing = [r for r in dict.fromkeys(refs) if r not in found]
         if missing and self.client is not None:
+            # Only calls of runs recorded before the model-context-stored patch get here.
+            log.info("session %s (recorded before model-context-stored): asking it for %d bodies", session_id, len(missing))
             fetched: dict[str, str] = {}
             for start in range(0, len(missing), 500):
                 answer = await self._ask_session(
