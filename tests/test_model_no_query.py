@@ -149,6 +149,29 @@ async def test_a_turn_whose_context_the_store_lost_is_answered_after_the_session
 
 
 @pytest.mark.timeout(240)
+async def test_a_store_that_loses_the_context_again_ends_the_turn_with_an_error_and_the_session_stays_usable(
+    temporal_client, settings, redis, session_id, monkeypatch
+):
+    from hermes.content.blobs import BlobStore
+
+    async def forgets(self: BlobStore, refs: list[str]) -> dict[str, str]:
+        return {}
+
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, counter):
+        with monkeypatch.context() as patched:
+            patched.setattr(BlobStore, "read_many", forgets)
+            failed = await hermes.send_message(session_id, "question 1")
+        assert failed.status == "model_error" and "not in the content store" in failed.reply, failed
+        answered = await hermes.send_message(session_id, "question 2")
+        assert answered.reply == "turn 2: 14", answered
+        assert counter.queries == []
+        trace = await hermes.get_trace(session_id)
+    assert [s.status for s in trace if s.action_type == "model" and s.turn == 1] == ["context_missing", "error"]
+    assert len(model.calls) == 2  # the provider was never asked without its context
+
+
+@pytest.mark.timeout(240)
 async def test_bodies_the_store_does_not_take_go_inline_and_the_turn_is_answered(
     temporal_client, settings, redis, session_id, monkeypatch
 ):
