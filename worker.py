@@ -208,6 +208,7 @@ def build_worker(
             model.call_model,
             model.summarize_context,
             model.count_tokens,
+            model.store_message_bodies,
             tools.list_tools,
             tools.validate_tool_call,
             tools.run_tool,

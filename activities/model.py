@@ -2,8 +2,13 @@
 
 A model call's input in workflow history carries references, not message bodies
 (DESIGN.md, "How history stays small"): :func:`resolve_context` turns them back into
-messages from the content store and, for what the store does not have, from the
-session workflow itself (the ``get_message_bodies`` query), then fills the store.
+messages from the content store (Redis, then the durable store) and the bodies sent
+inline. The session wrote every body it refers to before the call
+(``store_message_bodies``, ``bodies_stored``), so the activity never queries it: a body
+missing from both is a ``ContextBodiesMissingError`` (not retried; the session writes it
+again and calls once more). Only calls of runs recorded before that (``bodies_stored``
+false) still ask their session, with the ``get_message_bodies`` query, for what the store
+does not have.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from hermes.content.blobs import (
 )
 from hermes.content.events import EventLog, model_call_events
 from hermes.errors import (
+    ContextBodiesMissingError,
     ContextTooLongError,
     ModelRequestError,
     ModelUnavailableError,
@@ -45,6 +51,7 @@ from hermes.models import (
     CountTokensInput,
     Degradation,
     Message,
+    StoreBodiesInput,
     SummarizeInput,
     Summary,
     ToolSpec,
@@ -241,9 +248,9 @@ class ModelActivities:
             return {}
 
     async def _store_put(self, items: dict[str, str]) -> bool:
-        # A cache (the session answers for a missing body): never fails the call, but a
+        # A cache (the session writes a missing body again): never fails the call, but a
         # write that does not land is reported, not skipped silently.
-        return await self.store.cache_or_report(items, "message bodies (the session answers for them)")
+        return await self.store.cache_or_report(items, "message bodies (the session sends them again)")
 
     async def _ask_session(self, session_id: str, query: str, args: list[Any], result_type: Any) -> Any:
         """The session's answer to ``query``: transient failures (a query that timed out,
@@ -278,6 +285,49 @@ class ModelActivities:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 
+    @activity.defn(name=names.STORE_MESSAGE_BODIES)
+    async def store_message_bodies(self, request: StoreBodiesInput) -> bool:
+        """Write the bodies a session's next model call refers to into the content store
+        (a local activity, before the call; with the content TTL, refreshed by reads).
+
+        Returns:
+            True when written; False when this worker has no Redis, or Redis did not take
+            them in two tries within 5 s (reported as a skipped write): the session then
+            sends them inline.
+        """
+        if self.store.redis is None:
+            return False
+        return await self.store.cache_or_report(request.bodies, "read by the next model call (sent inline instead)")
+
+    async def from_store(self, refs: list[str], inline: dict[str, str]) -> dict[str, str]:
+        """Texts of ``refs``: from ``inline``, then the content store (Redis, then the
+        durable store); never from the session.
+
+        Raises:
+            ApplicationError: ``ContextBodiesMissingError`` (not retried): one is in
+                neither (the session writes it again and calls once more).
+        """
+        found = {r: inline[r] for r in refs if r in inline}
+        rest = [r for r in dict.fromkeys(refs) if r not in found]
+        if rest:
+            try:
+                found.update(await self.store.read_many(rest))
+            except Exception as err:  # noqa: BLE001 - Redis down: as lost as a flushed body
+                log.warning("content store unavailable (%s)", err)
+        if inline:
+            await self._store_put(inline)  # the next call finds them
+        missing = [r for r in rest if r not in found]
+        if missing:
+            err = ContextBodiesMissingError(missing)
+            log.warning("%s (session %s writes them again)", err, activity.info().workflow_id if activity.in_activity() else "-")
+            raise ApplicationError(str(err), err.refs, type=type(err).__name__, non_retryable=True)
+        return found
+
+    async def _texts(self, request: CallModelInput | SummarizeInput, refs: list[str]) -> dict[str, str]:
+        if request.bodies_stored:
+            return await self.from_store(refs, request.bodies)
+        return await self.resolve(request.session_id, refs)
+
     async def resolve(self, session_id: str, refs: list[str], *, keep_extra: bool = False) -> dict[str, str]:
         """Texts of ``refs``: from the store, then from the session (and stored; with
         ``keep_extra``, what else the session sent along is stored too).
@@ -288,6 +338,8 @@ class ModelActivities:
         found = await self._store_get(refs)
         missing = [r for r in dict.fromkeys(refs) if r not in found]
         if missing and self.client is not None:
+            # Only calls of runs recorded before the model-context-stored patch get here.
+            log.info("session %s (recorded before model-context-stored): asking it for %d bodies", session_id, len(missing))
             fetched: dict[str, str] = {}
             for start in range(0, len(missing), 500):
                 answer = await self._ask_session(
@@ -307,7 +359,10 @@ class ModelActivities:
     async def resolve_context(self, request: CallModelInput) -> CallModelInput:
         """``request`` with ``messages`` and ``tools`` filled from its references."""
         message_refs = list(request.message_refs)
-        if request.context_ref:
+        if request.context_ref and request.bodies_stored:
+            listed = await self.from_store([request.context_ref], request.bodies)
+            message_refs = json.loads(listed[request.context_ref])
+        elif request.context_ref:
             try:
                 listed = await self.resolve(request.session_id, [request.context_ref], keep_extra=True)
                 message_refs = json.loads(listed[request.context_ref])
@@ -316,7 +371,7 @@ class ModelActivities:
         refs = message_refs + ([request.tools_ref] if request.tools_ref else [])
         if not refs:
             return request
-        texts = await self.resolve(request.session_id, refs)
+        texts = await self._texts(request, refs)
         messages = await self._with_whole_arguments([message_from_body(texts[r]) for r in message_refs]) or request.messages
         tools = request.tools
         if request.tools_ref:
@@ -558,7 +613,7 @@ class ModelActivities:
     async def _summarize(self, request: SummarizeInput) -> Summary:
         """:meth:`summarize_context` without its heartbeats."""
         counter = TokenCounter.get(request.encoding or DEFAULT_ENCODING)
-        texts = await self.resolve(request.session_id, list(request.message_refs))
+        texts = await self._texts(request, list(request.message_refs))
         # Token counting of up to the whole input budget: in another process, so that this
         # one's event loop keeps sending the worker's heartbeats meanwhile.
         large = sum(len(t) for t in texts.values()) >= COUNT_IN_POOL_CHARS
@@ -566,6 +621,7 @@ class ModelActivities:
         result = await self._complete(call)
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0, usage=result.usage)
+
 
 def _summary_request_in(request: SummarizeInput, texts: dict[str, str], encoding: str) -> tuple[CallModelInput, int]:
     """:func:`_summary_request` with the counter of ``encoding`` (a CPU pool child runs it)."""

@@ -13,7 +13,10 @@ Exception tree::
     ├── ModelError
     │   ├── ModelUnavailableError   provider answered 5xx / timed out / rate limited (retryable)
     │   ├── ModelRequestError       provider refused the request: 4xx such as 401 (not retryable)
-    │   └── ScriptExhaustedError    the scripted model has no step for this point
+    │   ├── ScriptExhaustedError    the scripted model has no step for this point
+    │   └── ContextBodiesMissingError  a body a model call refers to is neither in the
+    │                                  content store nor in its input (not retried: the
+    │                                  session writes it again)
     ├── MessageRejectedError   a user message the session will not take (empty, too large)
     ├── SessionBusyError       not taken: too many messages in flight; retry later
     ├── SessionHaltedError     not taken: a tool call waits for a human's decision
@@ -155,6 +158,19 @@ class ContextTooLongError(ModelRequestError):
     """The provider refused the request because the context exceeds its window (OpenAI's
     ``context_length_exceeded``, an HTTP 413, or a "maximum context length" message). The
     session compacts its context once and retries once."""
+
+
+class ContextBodiesMissingError(ModelError):
+    """A body a model call or a summary refers to is in neither the content store nor the
+    activity's input (the store lost it: an eviction, a flush, a restart).
+
+    Args:
+        refs: the missing references (at most the first 20).
+    """
+
+    def __init__(self, refs: list[str]):
+        self.refs = refs[:20]
+        super().__init__(f"{len(refs)} context body(ies) not in the content store: {', '.join(refs[:5])}")
 
 
 class ScriptExhaustedError(ModelError):

@@ -261,6 +261,11 @@ class CallModelInput(BaseModel):
     encoding: str = ""
     """The session's tiktoken encoding: the activity counts the reply's tokens with it
     (``Message.tokens`` of the result), so workflow code never encodes a reply."""
+    bodies: dict[str, str] = Field(default_factory=dict)
+    """Bodies by reference sent inline: those the content store did not take (Redis down)."""
+    bodies_stored: bool = False
+    """The session put every body the call reads in the store or ``bodies``: the activity
+    never queries it (False: runs recorded before the ``model-context-stored`` patch)."""
 
 
 class Degradation(BaseModel):
@@ -347,6 +352,17 @@ class SummarizeInput(BaseModel):
     usage_user_id: str | None = None
     """See ``CallModelInput.usage_user_id``."""
     usage_day: str | None = None
+    bodies: dict[str, str] = Field(default_factory=dict)
+    """See ``CallModelInput.bodies``."""
+    bodies_stored: bool = False
+    """See ``CallModelInput.bodies_stored``."""
+
+
+class StoreBodiesInput(BaseModel):
+    """Bodies (reference -> text) a model call will read, for ``store_message_bodies``."""
+
+    session_id: str
+    bodies: dict[str, str]
 
 
 class StoredContent(BaseModel):

@@ -37,6 +37,9 @@ ARCHIVE_MESSAGES = "archive_messages"
 RECORD_APPROVAL_AUDIT = "record_approval_audit"
 SUMMARIZE_CONTEXT = "summarize_context"
 COUNT_TOKENS = "count_tokens"
+STORE_MESSAGE_BODIES = "store_message_bodies"
+"""Writes the bodies a model call refers to into the content store before the call (a
+local activity: its input is not recorded in history), so the call never queries its session."""
 SAVE_SNAPSHOT = "save_snapshot"
 SEARCH_MEMORIES = "search_memories"
 EXTRACT_MEMORIES = "extract_memories"
@@ -82,7 +85,9 @@ GET_TRANSCRIPT = "get_transcript"
 GET_PENDING_APPROVALS = "get_pending_approvals"
 GET_TRACE = "get_trace"
 GET_MESSAGE_BODIES = "get_message_bodies"
-"""Bodies by content reference, for an activity whose content-store read missed."""
+"""Bodies by content reference, for a model call of a run recorded before the
+``model-context-stored`` patch whose content-store read missed (newer runs write the
+bodies before the call: ``STORE_MESSAGE_BODIES``)."""
 GET_TAKEN_MESSAGES = "get_taken_messages"
 """The messages a session took whose client message ids start with a prefix (running, or
 answered and when), for ``hermes serve`` to attach a client's retry to its turn."""

@@ -3,9 +3,11 @@
 A model call does not carry its context in workflow history: it carries the content
 hashes of the context's messages (DESIGN.md, "How history stays small"). Each body
 enters history once, in the update or activity result that produced it; the bodies are
-cached here, in Redis, under ``hermes:blob:<ref>``, and an activity that misses one
-asks the session workflow for it with the ``get_message_bodies`` query. Redis is a
-cache for the bodies of live sessions (losing it costs speed, never a message).
+cached here, in Redis, under ``hermes:blob:<ref>``, written by the session before the
+model call that reads them (``store_message_bodies``, a local activity); a body Redis lost
+is written again by the session (runs recorded before that patch ask the session with the
+``get_message_bodies`` query). Redis is a cache for the bodies of live sessions (losing
+it costs speed, never a message).
 
 Large inputs kept by reference (a user message, a tool result or a reply too large for
 history) have no other copy: :meth:`BlobStore.keep_many` writes them to the durable store

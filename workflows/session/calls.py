@@ -40,6 +40,7 @@ with workflow.unsafe.imports_passed_through():
         RunToolInput,
         SessionConfig,
         SnapshotInput,
+        StoreBodiesInput,
         Summary,
         SummarizeInput,
         ToolResult,
@@ -105,6 +106,30 @@ async def count_tokens(text: str, encoding: str) -> int:
         retry_policy=RetryPolicy(maximum_attempts=2),
         summary="count tokens",
     )
+
+
+async def store_bodies(inp: StoreBodiesInput) -> bool:
+    """Write the bodies a model call will read into the content store (a local activity:
+    its input, the bodies, is not recorded in history, only its result).
+
+    Returns:
+        True when the store took them; False when it has no Redis, did not take them (the
+        activity tries twice within 5 s) or the activity failed (logged): the call then
+        carries them inline.
+    """
+    try:
+        return await workflow.execute_local_activity(
+            names.STORE_MESSAGE_BODIES,
+            inp,
+            result_type=bool,
+            start_to_close_timeout=timedelta(seconds=10),
+            # The activity retries the write itself; on anything else the bodies go inline.
+            retry_policy=RetryPolicy(maximum_attempts=1),
+            summary=f"store {len(inp.bodies)} bodies",
+        )
+    except FailureError:
+        workflow.logger.warning("%d bodies not written to the content store; sent inline", len(inp.bodies), exc_info=True)
+        return False
 
 
 def start_model_call(

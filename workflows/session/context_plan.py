@@ -2,9 +2,10 @@
 summary, the recent turns that fit the token budget) and the offered tool list.
 
 A model call's activity input carries content references, never the messages: its size
-does not grow with the context (issue 12). The bodies are answered from the session by
-the ``get_message_bodies`` query (the activity reads them from Redis first). Plain
-Python; nothing here knows of Temporal.
+does not grow with the context (issue 12). Before the call, the session writes the bodies
+the content store may lack (:meth:`ContextPlanner.unstored`) with a local activity, whose
+input is not recorded in history; runs recorded before that patch answer them with the
+``get_message_bodies`` query instead. Plain Python; nothing here knows of Temporal.
 """
 
 from __future__ import annotations
@@ -23,6 +24,9 @@ from workflows.session.turn import ContextTooLarge
 MAX_TOOL_LISTS = 16
 """Distinct offered tool lists kept (with their bodies) before the cache starts over."""
 MAX_SYNTHETIC = 64
+MAX_STORED = 4096
+"""References this run wrote to the content store that it remembers; past it, it forgets
+them all (the next call writes its context's bodies again: a Redis write, not history)."""
 """Bodies of context parts that are not transcript messages (system prompt, summary,
 memories, context lists) kept; past it the newest half stays."""
 
@@ -41,6 +45,9 @@ class ContextPlanner:
         self.listing: tuple[str, dict[str, ToolSpec], list[Any]] | None = None
         """The last full tool listing of this run: its reference, tools and groups."""
         self.inflight: tuple[int, int, list[str]] | None = None
+        self.stored: set[str] = set()
+        """References this run has written to the content store (workflow state, rebuilt
+        on replay; a new run starts empty and writes its first context's bodies again)."""
         self._bounded: BoundedCounter | None = None
 
     def counter(self, encoding: str, bounded_work: bool) -> TokenCounter | BoundedCounter:
@@ -166,6 +173,14 @@ class ContextPlanner:
         lists; references not held are left out. Asked for a context list, the newest
         turn's bodies come too: the content store cannot have them yet, and the activity
         is saved a second query."""
+        found = self._held(refs, transcript)
+        if any(r in self.synthetic and r.startswith("b:") for r in refs):
+            for m in transcript.newest_turn():
+                if m.ref is not None and not m.internal:
+                    found.setdefault(m.ref, body_json(m))
+        return found
+
+    def _held(self, refs: list[str], transcript: Transcript) -> dict[str, str]:
         found: dict[str, str] = {}
         for ref in refs:
             message = transcript.by_ref.get(ref)
@@ -175,8 +190,33 @@ class ContextPlanner:
                 found[ref] = self.synthetic[ref]
             elif ref in self.tool_bodies:
                 found[ref] = self.tool_bodies[ref]
-        if any(r in self.synthetic and r.startswith("b:") for r in refs):
-            for m in transcript.newest_turn():
-                if m.ref is not None and not m.internal:
-                    found.setdefault(m.ref, body_json(m))
         return found
+
+    def call_refs(self, context_ref: str | None, tools_ref: str | None, turn: int, step: int) -> list[str]:
+        """Every reference the model call of ``turn`` and ``step`` reads: its context list,
+        the context's messages and its tool list."""
+        refs = [context_ref] if context_ref else []
+        refs += self.inflight_refs(turn, step) or []
+        return refs + ([tools_ref] if tools_ref else [])
+
+    def unstored(self, refs: list[str], transcript: Transcript) -> dict[str, str]:
+        """Bodies of ``refs`` this run has not written to the content store yet (what the
+        session holds of them; see :meth:`mark_stored`).
+
+        Args:
+            refs: ``m:`` and ``b:`` references, in any order, repeats allowed.
+
+        Returns:
+            Reference -> body, in the order of ``refs``.
+        """
+        if len(self.stored) > MAX_STORED:
+            self.stored.clear()
+        return self._held([r for r in dict.fromkeys(refs) if r not in self.stored], transcript)
+
+    def mark_stored(self, refs: list[str]) -> None:
+        """Remember that the content store took ``refs``; :meth:`forget_stored` undoes it
+        when it turns out to have lost one."""
+        self.stored.update(refs)
+
+    def forget_stored(self) -> None:
+        self.stored.clear()

@@ -15,9 +15,12 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError, FailureError
 
 with workflow.unsafe.imports_passed_through():
+    from hermes.errors import ContextBodiesMissingError
     from hermes.infra import telemetry
     from hermes.content.context import ContextPolicy
-    from hermes.models import CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, SummarizeInput, ToolSpec
+    from hermes.models import (
+        CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, StoreBodiesInput, SummarizeInput, ToolSpec,
+    )
     from hermes.content.tokens import BOUNDED_COUNT_CHARS, usage_correction
 
     from workflows.session import calls, lifecycle, patches
@@ -27,6 +30,11 @@ with workflow.unsafe.imports_passed_through():
 
 SUMMARY_GRACE = timedelta(seconds=5)
 """How long continue-as-new, close or archive wait for a running summary before cancelling it."""
+
+
+def bodies_missing(err: ActivityError) -> bool:
+    """Whether a model activity failed because the content store lost a body it refers to."""
+    return isinstance(err.cause, ApplicationError) and err.cause.type == ContextBodiesMissingError.__name__
 
 
 class ModelSteps:
@@ -85,17 +93,26 @@ class ModelSteps:
             ModelFailed, TurnCancelled.
         """
         core = self.core
-        compacted = False
+        compacted = rewritten = False
         while True:
             self.check_budget()
             started = workflow.now()
             request = self.model_request(turn, tools, step)
+            refs = core.planner.call_refs(request.context_ref, request.tools_ref, turn, step)
+            request = await self.with_bodies(request, refs)
             try:
                 result = await self._call(request, turn, step)
             except TurnCancelled:
                 self._trace(turn, "model", started, status="cancelled")
                 raise
             except ActivityError as err:
+                if bodies_missing(err) and not rewritten:
+                    # The store lost a body (eviction, a flush, a restart): written again, once.
+                    workflow.logger.warning("turn %d step %d: the content store lost context; written again", turn, step + 1)
+                    self._trace(turn, "model", started, status="context_missing")
+                    rewritten = True
+                    core.planner.forget_stored()
+                    continue
                 too_long = isinstance(err.cause, ApplicationError) and err.cause.type == "ContextTooLongError"
                 self._trace(turn, "model", started, status="context_too_long" if too_long else "error")
                 if too_long and core.patched(patches.BOUNDED_CONTEXT):
@@ -143,6 +160,20 @@ class ModelSteps:
                     "turn %d step %d: every attempt of the model call timed out on its heartbeat; started again (%d of %d)",
                     turn, step + 1, reissue, calls.MODEL_REISSUES,
                 )
+
+    async def with_bodies(self, request: Any, refs: list[str]) -> Any:
+        """``request`` (a :class:`CallModelInput` or :class:`SummarizeInput`) once the
+        bodies of ``refs`` the content store may lack are written to it, or inline in it
+        when the store cannot take them; unchanged in runs recorded before the
+        ``model-context-stored`` patch (their activity asks the session)."""
+        core = self.core
+        if not core.patched(patches.CONTEXT_STORED):
+            return request
+        bodies = core.planner.unstored(refs, core.transcript)
+        if bodies and not await calls.store_bodies(StoreBodiesInput(session_id=core.inp.session_id, bodies=bodies)):
+            return request.model_copy(update={"bodies": bodies, "bodies_stored": True})
+        core.planner.mark_stored(list(bodies))
+        return request.model_copy(update={"bodies_stored": True})
 
     # ------------------------------------------------------------ token budgets
 
@@ -231,19 +262,21 @@ class ModelSteps:
         self.summarizing = True
         started = workflow.now()
         budget = ContextPolicy.from_config(core.cfg).budget
+        inp = SummarizeInput(
+            session_id=core.inp.session_id, message_refs=refs, message_turns=turns_of,
+            previous_summary=core.summary.text if core.summary else "", upto_turn=upto,
+            max_tokens=core.cfg.summary_max_tokens,
+            max_input_tokens=max_input_tokens or max(budget - 2 * core.cfg.summary_max_tokens, 1000),
+            model=core.cfg.model, profile=core.cfg.model_profile, encoding=core.encoding, **counted,
+        )
         try:
+            inp = await self.with_bodies(inp, refs)
             summary = await calls.summarize(
-                core.cfg,
-                SummarizeInput(
-                    session_id=core.inp.session_id, message_refs=refs, message_turns=turns_of,
-                    previous_summary=core.summary.text if core.summary else "", upto_turn=upto,
-                    max_tokens=core.cfg.summary_max_tokens,
-                    max_input_tokens=max_input_tokens or max(budget - 2 * core.cfg.summary_max_tokens, 1000),
-                    model=core.cfg.model, profile=core.cfg.model_profile, encoding=core.encoding, **counted,
-                ),
-                summary=f"summary of turns {covered + 1}-{upto}" + (" (forced)" if forced else ""),
+                core.cfg, inp, summary=f"summary of turns {covered + 1}-{upto}" + (" (forced)" if forced else "")
             )
         except ActivityError as err:
+            if bodies_missing(err):
+                core.planner.forget_stored()  # the next summary writes them again
             workflow.logger.warning("summary of turns %d-%d failed: %s", covered + 1, upto, failure_text(err))
             core.summary_retry_turn = core.turn_count + core.cfg.summary_retry_turns
             self._trace(turn, "summary", started, status="error")

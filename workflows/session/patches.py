@@ -82,9 +82,17 @@ time or an origin, new jobs, things stopped, allergies: ``everyday`` of
 so such a turn starts an extraction after its reply where it started none before (issue 30:
 "我二月底从利兹搬到爱丁堡了" was written only when the session closed, if at all)."""
 
+CONTEXT_STORED = "model-context-stored"
+"""Before a model call or a summary, the session writes the bodies it refers to that the
+content store may lack (new messages, the context list, the tool list) with the
+``store_message_bodies`` local activity (its input is not recorded in history), or sends
+them inline when the store cannot take them; the activity never queries the session, and
+a body the store lost is written again once (issue 31: every model call queried its
+session, waiting on a workflow task of a busy worker)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY, EVERYDAY_FACTS,
+    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

@@ -1,0 +1,237 @@
+"""A model call never queries its own session (issue 31, item 4): the session writes the
+bodies it refers to into the content store before the call, or sends them inline, and a
+body the store lost is written again, not asked for."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from temporalio import workflow
+from temporalio import client as temporal_client_module
+from temporalio.client import Client
+from temporalio.worker import (
+    HandleQueryInput,
+    Interceptor,
+    WorkflowInboundInterceptor,
+    WorkflowInterceptorClassInput,
+)
+
+from hermes.client import HermesClient
+from hermes.infra.durable import DurableStore
+from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, ToolCall
+from tests.conftest import builtin_registry
+from worker import build_worker
+
+
+class QueryCounter(temporal_client_module.Interceptor, Interceptor):
+    """Counts, by name, every query the worker's workflows answer (whoever sent it): a
+    client interceptor that is also a worker's is used by the worker built on the client."""
+
+    def __init__(self) -> None:
+        self.queries: list[str] = []
+
+    def workflow_interceptor_class(self, input: WorkflowInterceptorClassInput) -> type[WorkflowInboundInterceptor]:
+        input.unsafe_extern_functions["count_query"] = self.queries.append
+
+        class Counting(WorkflowInboundInterceptor):
+            async def handle_query(self, input: HandleQueryInput) -> Any:
+                workflow.extern_functions()["count_query"](input.query)
+                return await super().handle_query(input)
+
+        return Counting
+
+
+class CalculatesThenAnswers:
+    """Calls `calculate` once per turn, then answers with the tool's result; records
+    every context it is sent."""
+
+    name = "test"
+
+    def __init__(self) -> None:
+        self.calls: list[CallModelInput] = []
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.calls.append(request)
+        if request.purpose == "summary":
+            return CallModelResult(message=Message(role="assistant", content="the user asked for multiples of 7"), provider=self.name)
+        last = request.messages[-1]
+        if last.role == "user":
+            call = ToolCall(tool_call_id=f"c{request.turn}", name="calculate", arguments={"expression": f"{request.turn}*7"})
+            return CallModelResult(message=Message(role="assistant", tool_calls=[call]), provider=self.name)
+        value = json.loads(last.content or "{}")["data"]["value"]
+        return CallModelResult(message=Message(role="assistant", content=f"turn {request.turn}: {value}"), provider=self.name)
+
+
+@asynccontextmanager
+async def counted_worker(
+    temporal_client: Client, settings: Any, redis: Any, provider: Any, config: SessionConfig | None = None, **kwargs: Any
+) -> AsyncIterator[tuple[HermesClient, QueryCounter]]:
+    """A worker whose client counts the queries its workflows answer."""
+    counter = QueryCounter()
+    client_config = temporal_client.config()
+    client_config["interceptors"] = [counter]
+    client = Client(**client_config)
+    async with build_worker(client, settings, provider=provider, registry=builtin_registry(), redis=redis, **kwargs):
+        yield (
+            HermesClient(
+                temporal_client, task_queue=settings.task_queue, redis=redis, config=config,
+                durable=DurableStore(settings.resolved_memory_uri),
+            ),
+            counter,
+        )
+
+
+async def _blob_keys(redis: Any) -> list[Any]:
+    return [key async for key in redis.scan_iter(match="hermes:blob:*")]
+
+
+@pytest.mark.timeout(240)
+async def test_ten_turns_with_tool_calls_are_answered_without_one_workflow_query(temporal_client, settings, redis, session_id):
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, counter):
+        for turn in range(1, 11):
+            result = await hermes.send_message(session_id, f"question {turn}")
+            assert result.reply == f"turn {turn}: {turn * 7}", result
+        model_calls = len(model.calls)
+        assert model_calls == 20
+        history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+        print(
+            f"queries_per_model_call={len(counter.queries) / model_calls:.2f} "
+            f"history_per_turn={len(history.events) / 10:.1f} events, {sum(e.ByteSize() for e in history.events) / 10:.0f} bytes"
+        )
+        assert counter.queries == []
+    # The model saw the whole context: earlier turns' answers and this turn's tool result.
+    last = [(m.role, m.content) for m in model.calls[-1].messages]
+    assert ("user", "question 10") in last and ("assistant", "turn 9: 63") in last
+    assert json.loads(model.calls[-1].messages[-1].content)["data"]["value"] == 70
+
+
+@pytest.mark.timeout(240)
+async def test_a_running_summary_is_made_without_a_workflow_query(temporal_client, settings, redis, session_id):
+    model = CalculatesThenAnswers()
+    config = SessionConfig(context_history_turns=1, summary_every_turns=2)
+    async with counted_worker(temporal_client, settings, redis, model, config=config, memory=False) as (hermes, counter):
+        for turn in range(1, 5):
+            result = await hermes.send_message(session_id, f"question {turn}")
+            assert result.reply == f"turn {turn}: {turn * 7}", result
+        state = await hermes.get_state(session_id)
+        summaries = [c for c in model.calls if c.purpose == "summary"]
+        # only the state query above, which the test sent
+        assert counter.queries == ["get_state"]
+    assert summaries and state.summary is not None and state.summary.text == "the user asked for multiples of 7"
+    assert "question 1" in summaries[0].messages[-1].content
+
+
+@pytest.mark.timeout(240)
+async def test_a_turn_whose_context_the_store_lost_is_answered_after_the_session_writes_it_again(
+    temporal_client, settings, redis, session_id
+):
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False, max_cached_workflows=0) as (hermes, counter):
+        first = await hermes.send_message(session_id, "question 1")
+        assert first.reply == "turn 1: 7"
+        # Redis lost every body (an eviction, a FLUSHALL, a restart without persistence):
+        # the session still believes it wrote them.
+        keys = await _blob_keys(redis)
+        assert keys
+        await redis.delete(*keys)
+        second = await hermes.send_message(session_id, "question 2")
+        assert second.reply == "turn 2: 14", second
+        assert counter.queries == []
+        trace = await hermes.get_trace(session_id)
+    statuses = [s.status for s in trace if s.action_type == "model" and s.turn == 2]
+    assert statuses[0] == "context_missing" and statuses[-1] == "ok", statuses
+    assert [m.content for m in model.calls[-1].messages if m.role == "user"] == ["question 1", "question 2"]
+
+
+@pytest.mark.timeout(240)
+async def test_a_store_that_loses_the_context_again_ends_the_turn_with_an_error_and_the_session_stays_usable(
+    temporal_client, settings, redis, session_id, monkeypatch
+):
+    from hermes.content.blobs import BlobStore
+
+    async def forgets(self: BlobStore, refs: list[str]) -> dict[str, str]:
+        return {}
+
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, counter):
+        with monkeypatch.context() as patched:
+            patched.setattr(BlobStore, "read_many", forgets)
+            failed = await hermes.send_message(session_id, "question 1")
+        assert failed.status == "model_error" and "not in the content store" in failed.reply, failed
+        answered = await hermes.send_message(session_id, "question 2")
+        assert answered.reply == "turn 2: 14", answered
+        assert counter.queries == []
+        trace = await hermes.get_trace(session_id)
+    assert [s.status for s in trace if s.action_type == "model" and s.turn == 1] == ["context_missing", "error"]
+    assert len(model.calls) == 2  # the provider was never asked without its context
+
+
+@pytest.mark.timeout(240)
+async def test_bodies_the_store_does_not_take_go_inline_and_the_turn_is_answered(
+    temporal_client, settings, redis, session_id, monkeypatch
+):
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from hermes.content.blobs import BlobStore
+
+    async def refused(self: BlobStore, items: dict[str, str], *, expire: bool = True) -> None:
+        raise RedisConnectionError("Redis refuses writes (test)")
+
+    monkeypatch.setattr(BlobStore, "put_many", refused)
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, counter):
+        for turn in (1, 2):
+            result = await hermes.send_message(session_id, f"question {turn}")
+            assert result.reply == f"turn {turn}: {turn * 7}", result
+        assert counter.queries == []
+    inline = model.calls[-1].bodies
+    assert model.calls[-1].bodies_stored and any('"question 2"' in body for body in inline.values())
+
+
+async def test_a_model_call_of_a_session_that_stored_its_bodies_never_queries_and_names_what_is_missing():
+    from temporalio.exceptions import ApplicationError
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore
+
+    class NoQueries:
+        def get_workflow_handle(self, session_id: str) -> Any:
+            raise AssertionError("a model call queried its session")
+
+    activities = ModelActivities(CalculatesThenAnswers(), store=BlobStore(None), client=NoQueries())
+    request = CallModelInput(session_id="s", turn=1, step=0, context_ref="b:" + "1" * 32, bodies_stored=True)
+    with pytest.raises(ApplicationError) as raised:
+        await activities.call_model(request)
+    assert raised.value.type == "ContextBodiesMissingError" and raised.value.non_retryable
+    assert raised.value.details == (["b:" + "1" * 32],)
+
+
+async def test_a_summary_of_a_session_that_stored_its_bodies_reads_its_input_and_never_queries():
+    from temporalio.exceptions import ApplicationError
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore, body_json, message_ref
+    from hermes.models import SummarizeInput
+
+    class NoQueries:
+        def get_workflow_handle(self, session_id: str) -> Any:
+            raise AssertionError("a summary queried its session")
+
+    model = CalculatesThenAnswers()
+    activities = ModelActivities(model, store=BlobStore(None), client=NoQueries())
+    said = Message(role="user", content="my cat is called Miso")
+    request = SummarizeInput(
+        session_id="s", message_refs=[message_ref(said)], message_turns=[1], upto_turn=1, bodies_stored=True,
+        bodies={message_ref(said): body_json(said)},
+    )
+    summary = await activities.summarize_context(request)
+    assert summary.text == "the user asked for multiples of 7"
+    assert "my cat is called Miso" in model.calls[-1].messages[-1].content
+    with pytest.raises(ApplicationError) as raised:
+        await activities.summarize_context(request.model_copy(update={"bodies": {}}))
+    assert raised.value.type == "ContextBodiesMissingError"
