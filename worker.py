@@ -190,15 +190,7 @@ def build_worker(
     audit = AuditActivities(redis, durable)
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
-    if settings.events_enabled:
-        # Turn events (hermes.content.events): published by the activities that do the work, to
-        # Redis Streams, never into the session's history.
-        events = EventLog(
-            redis, max_events=settings.events_max_per_session, marker_ttl_seconds=settings.events_marker_ttl_seconds
-        )
-        model.events = tools.events = audit.events = index.events = events
-        if memory_activities is not None:
-            memory_activities.events = events
+    _publish_events(settings, redis, model, tools, audit, index, memory_activities)
     worker = _validated(
         Worker,
         client,
@@ -248,6 +240,18 @@ def build_worker(
         # fail that validation (KeyError(<thread id>), python/cpython#91351).
         memory_activities.open_in_background()
     return worker
+
+
+def _publish_events(settings: Settings, redis: Any, *activities: Any) -> None:
+    """Give ``activities`` (those not None) the turn-event log when events are enabled:
+    turn events (:mod:`hermes.content.events`) are published by the activities that do
+    the work, to Redis Streams, never into the session's history."""
+    if not settings.events_enabled:
+        return
+    events = EventLog(redis, max_events=settings.events_max_per_session, marker_ttl_seconds=settings.events_marker_ttl_seconds)
+    for owner in activities:
+        if owner is not None:
+            owner.events = events
 
 
 def _cpu_pool(settings: Settings, encoding: str, *, embedder: bool) -> None:
