@@ -21,6 +21,7 @@ if keeping it fails, only the preview is kept (and it says so).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
@@ -59,6 +60,15 @@ from hermes.content.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, Toke
 log = logging.getLogger("hermes.tools")
 
 IDEMPOTENCY_TTL_SECONDS = 30 * 24 * 3600
+
+STARTED_LEASE_SECONDS = 10.0
+"""How long a non-idempotent tool call's "running" lease lives without renewal (seconds;
+renewed every fifth of it while the call runs). A later attempt of the same call that
+finds the call started waits for its result while this lease lives: a worker whose
+heartbeats were late (a starved event loop) is busy, not dead, and its call is finishing.
+Only when the lease lapses is the outcome reported unknown (issue 31)."""
+
+_AWAIT_POLL_SECONDS = 0.2
 _MAX_RETRY_AFTER_SECONDS = 30.0
 _MAX_MESSAGE_CHARS = 2000
 STORED_PREVIEW_CHARS = 4000
@@ -83,6 +93,12 @@ TRUNCATED_PREVIEW_CHARS = 4000
 def idempotency_key(call_key: str) -> str:
     """Redis key of the exactly-once record of one tool call (see ``RunToolInput.call_key``)."""
     return f"hermes:toolcall:{call_key}"
+
+
+def running_lease_key(key: str) -> str:
+    """Redis key of the lease a running attempt of the call with record ``key`` holds
+    (:data:`STARTED_LEASE_SECONDS`)."""
+    return "hermes:toolcall-running:" + key.removeprefix("hermes:toolcall:")
 
 
 def _result_size(result: ToolResult) -> tuple[str | None, int]:
@@ -638,6 +654,13 @@ class ToolActivities:
         return await self._run_at_most_once(request, tool, arguments, context)
 
     async def _run_at_most_once(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
+        """:meth:`_claim_and_run`, carried to its end when Temporal ends the attempt for a
+        late heartbeat (see :func:`_finish_unless_cancelled`): from its claim on, a call
+        that stopped halfway would be "outcome unknown" for ever."""
+        work = asyncio.create_task(self._claim_and_run(request, tool, arguments, context))
+        return await _finish_unless_cancelled(work, f"{tool.name} ({idempotency_key(request.call_key)})")
+
+    async def _claim_and_run(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
         """Run a non-idempotent tool at most once per ``request.call_key``.
 
         The claim is a Redis ``SET NX`` (atomic across concurrent attempts) and a durable
@@ -651,60 +674,76 @@ class ToolActivities:
             (outcome unknown) for one that started and never reported; code 2 when the
             claim could not be recorded (the tool did not run).
         """
-        key = idempotency_key(request.call_key)
-        if self.redis is None and self.durable is None:
-            return ToolResult(
-                code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
-                message="no idempotency store (Redis or the durable store) is configured; a non-idempotent tool is not run without one",
-            )
-        started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
-        record: dict[str, Any] | None = None
-        redis_ok = self.redis is not None
-        if self.redis is not None:
-            try:
-                claimed = await self.redis.set(key, encryption.seal(started), nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
-            except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
-                if self.durable is None:
-                    raise
-                log.warning("tool call %s: Redis unavailable (%s); claimed in the durable store alone", key, err)
-                claimed, redis_ok = True, False
-            if not claimed:
-                # One that cannot be opened here reads as "started": outcome unknown, never run twice.
-                record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
-        if record is None and self.durable is not None:
-            try:
-                inserted = await self.durable.insert(
-                    TOOL_CALLS, [Record(key=request.call_key, owner=request.session_id, value=started)]
-                )
-                if not inserted:
-                    found = (await self.durable.get(TOOL_CALLS, [request.call_key])).get(request.call_key)
-                    record = json.loads(found.value) if found is not None else {}
-                    log.warning("tool call %s: Redis had no record, the durable store had one", key)
-            except DurableStoreError as err:
-                result = ToolResult(
+        async with contextlib.AsyncExitStack() as leases:
+            key = idempotency_key(request.call_key)
+            if self.redis is None and self.durable is None:
+                return ToolResult(
                     code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
-                    message=f"{tool.name} was not run: its exactly-once record could not be kept ({err})",
-                    data={"outcome": "not_run"},
+                    message="no idempotency store (Redis or the durable store) is configured; a non-idempotent tool is not run without one",
                 )
-                # So that a retried attempt answers the same, never runs it.
-                await self._record(key, {"state": "done", "result": result.model_dump(mode="json")}, durable=None, redis=redis_ok)
-                return result
-        if record is not None:
-            if record.get("state") == "done":
+            started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
+            record: dict[str, Any] | None = None
+            redis_ok = self.redis is not None
+            if self.redis is not None:
+                try:
+                    claimed = await self.redis.set(key, encryption.seal(started), nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
+                except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
+                    if self.durable is None:
+                        raise
+                    log.warning("tool call %s: Redis unavailable (%s); claimed in the durable store alone", key, err)
+                    claimed, redis_ok = True, False
+                if claimed and redis_ok:
+                    # From the claim on, a later attempt waits for this one while it lives.
+                    leases.push_async_callback(_stopped, asyncio.create_task(self._hold_lease(key), name="tool-call-lease"))
+                if not claimed:
+                    # One that cannot be opened here reads as "started": outcome unknown, never run twice.
+                    record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
+            if record is None and self.durable is not None:
+                try:
+                    inserted = await self.durable.insert(
+                        TOOL_CALLS, [Record(key=request.call_key, owner=request.session_id, value=started)]
+                    )
+                    if not inserted:
+                        found = (await self.durable.get(TOOL_CALLS, [request.call_key])).get(request.call_key)
+                        record = json.loads(found.value) if found is not None else {}
+                        log.warning("tool call %s: Redis had no record, the durable store had one", key)
+                except DurableStoreError as err:
+                    result = ToolResult(
+                        code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
+                        message=f"{tool.name} was not run: its exactly-once record could not be kept ({err})",
+                        data={"outcome": "not_run"},
+                    )
+                    # So that a retried attempt answers the same, never runs it.
+                    await self._record(key, {"state": "done", "result": result.model_dump(mode="json")}, durable=None, redis=redis_ok)
+                    return result
+            if record is not None and record.get("state") == "started" and redis_ok and not claimed:
+                # An earlier attempt that claimed the call in Redis and still holds its lease
+                # runs on a live worker (Temporal timed it out for a late heartbeat): its
+                # result, not "unknown". (A claim of ours the durable store contradicts has
+                # no earlier lease to wait for: Redis lost them both.)
+                record = await self._await_earlier_attempt(key) or record
+            if record is not None:
+                if record.get("state") == "done":
+                    await self._record(key, record, durable=None, redis=redis_ok)
+                    return ToolResult.model_validate(record["result"])
+                log.warning("tool call %s started before and never finished; not running it again", key)
+                record = {**record, "state": "unknown"}
                 await self._record(key, record, durable=None, redis=redis_ok)
-                return ToolResult.model_validate(record["result"])
-            log.warning("tool call %s started before and never finished; not running it again", key)
-            record = {**record, "state": "unknown"}
-            await self._record(key, record, durable=None, redis=redis_ok)
-            return ToolResult(
-                code=ToolResultCode.OUTCOME_UNKNOWN,
-                message=(
-                    f"{tool.name} started on attempt {record.get('attempt', '?')} but its worker stopped before "
-                    "reporting; its outcome is unknown and it was not run again. Check before retrying: "
-                    "running it again needs a human's approval."
-                ),
-                data={"outcome": "unknown", "ledger_key": key},
-            )
+                return ToolResult(
+                    code=ToolResultCode.OUTCOME_UNKNOWN,
+                    message=(
+                        f"{tool.name} started on attempt {record.get('attempt', '?')} but its worker stopped before "
+                        "reporting; its outcome is unknown and it was not run again. Check before retrying: "
+                        "running it again needs a human's approval."
+                    ),
+                    data={"outcome": "unknown", "ledger_key": key},
+                )
+            return await self._invoke_and_record(request, tool, arguments, context, key, redis_ok)
+
+    async def _invoke_and_record(
+        self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext, key: str, redis_ok: bool
+    ) -> ToolResult:
+        """Run a claimed non-idempotent call and record its result ("done")."""
         try:
             result = to_tool_result(await with_heartbeat(tool.invoke(arguments, context)))
         except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - the tool failed; record and report
@@ -717,6 +756,40 @@ class ToolActivities:
         done = {"state": "done", "result": result.model_dump(mode="json")}
         await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok)
         return result
+
+    async def _hold_lease(self, key: str) -> None:
+        """Keep :func:`running_lease_key` alive until cancelled, then drop it."""
+        assert self.redis is not None
+        lease = running_lease_key(key)
+        try:
+            while True:
+                try:
+                    await self.redis.set(lease, "1", px=int(STARTED_LEASE_SECONDS * 1000))
+                except Exception as err:  # noqa: BLE001 - a lapsed lease costs only an "outcome unknown"
+                    log.warning("tool call %s: its running lease not renewed: %s", key, err)
+                await asyncio.sleep(STARTED_LEASE_SECONDS / 5)
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.redis.delete(lease))
+
+    async def _await_earlier_attempt(self, key: str) -> dict[str, Any] | None:
+        """The "done" record of an earlier attempt of this call, waited for while that
+        attempt holds its lease (heartbeating meanwhile); None once the lease lapsed with
+        no result (its worker is gone) or Redis cannot tell."""
+        assert self.redis is not None
+        async with heartbeating():
+            while True:
+                try:
+                    raw = await self.redis.get(key)
+                    record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
+                    if record.get("state") == "done":
+                        return record
+                    if record.get("state") != "started" or not await self.redis.exists(running_lease_key(key)):
+                        return None
+                except Exception as err:  # noqa: BLE001 - no answer: the caller reports what it has
+                    log.warning("tool call %s: cannot wait for its earlier attempt: %s", key, err)
+                    return None
+                await asyncio.sleep(_AWAIT_POLL_SECONDS)
 
     async def _record(self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool) -> None:
         """Write a ledger record to Redis and (``durable``: call key, session id) to the
@@ -734,3 +807,36 @@ class ToolActivities:
                 await self.redis.set(key, encryption.seal(text), ex=IDEMPOTENCY_TTL_SECONDS)
             except Exception as err:  # noqa: BLE001
                 log.warning("tool call %s: the Redis record not updated: %s", key, err)
+
+
+async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) -> ToolResult:
+    """``work``'s result; a cancellation of the attempt stops ``work`` only when someone
+    asked for it (the session cancelled the call, an operator paused or reset it).
+
+    An attempt that Temporal ended for a late heartbeat (``not_found``, ``timed_out``)
+    or that the worker's shutdown grace period ran out on has a started side effect: it
+    finishes and records its result, which a later attempt reads instead of reporting
+    the outcome unknown (issue 31: "a non-idempotent MCP tool's at-most-once record write
+    was cancelled and reported 'its worker stopped' while the worker lived").
+    """
+    noted = False
+    while True:
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            details = activity.cancellation_details() if activity.in_activity() else None
+            if work.done() and not work.cancelled():
+                return work.result()
+            if details is None or details.cancel_requested or details.paused or details.reset:
+                work.cancel()
+                raise
+            if not noted:
+                log.warning("tool call %s: its attempt was ended (%s) while it ran; finishing it and recording "
+                            "its result", what, details)
+                noted = True
+
+
+async def _stopped(task: asyncio.Task[Any]) -> None:
+    """Cancel ``task`` and wait for it to end."""
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)

@@ -316,6 +316,40 @@ async def test_a_non_idempotent_tool_raising_a_base_exception_runs_once_and_the_
     one_result_per_call(transcript)
 
 
+@pytest.mark.timeout(90)
+async def test_a_non_idempotent_call_whose_heartbeats_were_late_finishes_once_and_its_retry_gets_its_result(
+    run_worker, session_id, redis
+):
+    """Issue 31: a busy worker (its event loop held 3 s: three 1 s heartbeat timeouts) is
+    not a dead one. Temporal times the attempt out and retries it; the retry finds the call
+    started with a live lease, waits, and returns the result of the one run: never "outcome
+    unknown" for a call that ran, never a second run."""
+    runs: list[str] = []
+
+    async def charge_card(amount: int) -> str:
+        """Charge the customer's card.
+
+        Args:
+            amount: in cents.
+        """
+        runs.append(str(amount))
+        time.sleep(3)  # a starved loop: no heartbeat goes out meanwhile
+        return f"charged {amount}"
+
+    registry = register_builtins(ToolRegistry())
+    registry.register(charge_card, idempotency="none")
+    config = SessionConfig(approval_policies={"read": ApprovalPolicy(action="run"), "write": ApprovalPolicy(action="run"), "admin": ApprovalPolicy(action="run")})
+    async with run_worker(Calls([call("charge_card", amount=500)]), registry=registry, config=config) as hermes:
+        result = await bounded(hermes.send_message(session_id, "charge it", user_id="alice"), 60)
+        again = await bounded(hermes.send_message(session_id, "and again", user_id="alice"), 60)
+    assert runs == ["500", "500"], f"each turn's call must run exactly once, ran {runs}"
+    for turn in (result, again):
+        record = turn.tool_calls[0].result
+        assert record.code == ToolResultCode.OK, record.message
+        assert record.data == "charged 500"
+        assert turn.reply == "codes=0"
+
+
 async def test_a_huge_tool_result_is_cut_to_a_preview_and_the_model_still_gets_valid_json(run_worker, session_id):
     def dump() -> str:
         """Dump the whole database."""
