@@ -1,4 +1,5 @@
-"""Session commands: ``hermes sessions`` (the Redis index), ``hermes show`` and ``hermes close``."""
+"""Session commands: ``hermes sessions`` (the Redis index), ``hermes show``, ``hermes close`` and
+``hermes repair``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
+from temporalio.service import RPCError, RPCStatusCode
 
 from hermes.cli.errors import CliError
 from hermes.cli.output import Column, out, print_fields, print_table
@@ -15,7 +17,7 @@ from hermes.cli.root import JsonOption, UserOption, app, default_user
 from hermes.cli.running import answer, connect, load_settings, run_command
 from hermes.errors import SessionClosedError, SessionNotFoundError
 
-__all__ = ["close", "sessions", "show"]
+__all__ = ["close", "repair", "sessions", "show"]
 
 
 @app.command()
@@ -199,6 +201,31 @@ def close(session_id: Annotated[str, typer.Argument(help="The session.")]) -> No
 
     run_command(main, settings)
     typer.echo(f"closed: session {session_id} (its pending approvals are denied, new messages refused)")
+
+
+@app.command()
+def repair(session_id: Annotated[str, typer.Argument(help="The session.")]) -> None:
+    """Mend a session whose workflow task keeps failing because its history does not replay
+    where an update (a message) was accepted: reset it to the task before (later messages
+    and decisions are added again). Any other session is left as it is."""
+    settings = load_settings()
+
+    async def main() -> Any:
+        from hermes.sessions.repair import repair_session
+        from workflows.session import SessionWorkflow
+
+        hermes = await connect(settings)
+        try:
+            return await repair_session(hermes.client, session_id, [SessionWorkflow])
+        except RPCError as err:
+            if err.status == RPCStatusCode.NOT_FOUND:
+                raise CliError(f"no session {session_id!r} in namespace {settings.temporal_namespace!r}") from None
+            raise
+        finally:
+            await hermes.redis.aclose()
+
+    result = run_command(main, settings)
+    typer.echo(f"{'repaired' if result.reset else 'unchanged'}: session {session_id}: {result.reason}")
 
 
 def token_usage(state: Any) -> str:
