@@ -54,7 +54,7 @@ def test_a_memory_command_needs_an_explicit_user(path):
 def test_every_command_group_is_registered_in_the_order_of_the_help():
     command = typer.main.get_command(app)
     assert list(command.list_commands(_context(command))) == [
-        "dev", "worker", "codec-server", "demo", "chat", "send", "sessions", "show", "close",
+        "dev", "worker", "codec-server", "demo", "chat", "send", "sessions", "show", "close", "repair",
         "approve", "reject", "approvals", "tools", "serve", "encryption-key", "command-key", "doctor", "healthcheck", "mcp",
         "memory", "keys", "deploy",
     ]
