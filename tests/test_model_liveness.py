@@ -1,0 +1,181 @@
+"""A live worker is never taken for a dead one, and a model step asks its provider once.
+
+With a real Temporal dev server and a real Redis, an in-process worker and a provider
+double (the remote LLM is the one part faked):
+
+- heartbeats leave the worker from a plain thread, so a model call whose provider holds
+  the worker's event loop (as CPU work on the loop would) is not timed out;
+- an attempt whose heartbeats are lost on the way while its worker lives is timed out and
+  retried, and the retry waits on the first attempt's lease for the result that attempt
+  records: one provider request, and the turn gets its reply;
+- the step's records are named so that a new step never reuses an old result.
+
+A killed worker's call is still retried elsewhere within seconds
+(tests/test_model_recovery.py: the lease of a dead worker lapses with its heartbeat timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from temporalio import activity
+from temporalio.api.enums.v1 import EventType, TimeoutType
+from temporalio.client import Client
+
+from activities import heartbeat as heartbeat_module
+from activities.heartbeat import Ticker
+from activities.model_steps import step_key
+from hermes import names
+from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig
+
+
+async def model_attempts(client: Client, session_id: str) -> list[Any]:
+    """``ActivityTaskStarted`` attributes of the session's model calls, and its timeouts."""
+    history = await client.get_workflow_handle(session_id).fetch_history()
+    model_ids = {
+        e.event_id
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+        and e.activity_task_scheduled_event_attributes.activity_type.name == names.CALL_MODEL
+    }
+    return [
+        e.activity_task_started_event_attributes
+        for e in history.events
+        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
+        and e.activity_task_started_event_attributes.scheduled_event_id in model_ids
+    ]
+
+
+async def timeouts(client: Client, session_id: str) -> list[Any]:
+    history = await client.get_workflow_handle(session_id).fetch_history()
+    return [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT]
+
+
+class LoopHoldingModel:
+    """A provider whose calls hold the worker's event loop for ``hold_seconds`` (a
+    blocking sleep, as CPU work on the loop would)."""
+
+    name = "loop-holding"
+
+    def __init__(self, hold_seconds: float) -> None:
+        self.hold_seconds = hold_seconds
+        self.calls = 0
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.calls += 1
+        time.sleep(self.hold_seconds)  # noqa: ASYNC251 - the point: the worker's loop is held
+        return CallModelResult(message=Message(role="assistant", content=f"answered on call {self.calls}"))
+
+
+@pytest.mark.timeout(120)
+async def test_a_model_call_that_holds_the_event_loop_keeps_heartbeating_and_asks_the_provider_once(
+    run_worker, session_id, temporal_client
+):
+    # Three heartbeat timeouts with the loop held: beats sent from the loop stopped, the
+    # attempt timed out, and the retry asked the provider again (issue 31).
+    cfg = SessionConfig()
+    model = LoopHoldingModel(hold_seconds=3 * cfg.model_heartbeat_seconds)
+    async with run_worker(model) as hermes:
+        result = await hermes.send_message(session_id, "hello")
+    assert result.status == "completed", result
+    assert result.reply == "answered on call 1"
+    assert model.calls == 1
+    assert await timeouts(temporal_client, session_id) == []
+    [started] = await model_attempts(temporal_client, session_id)
+    assert started.attempt == 1
+
+
+class LostBeatsModel:
+    """A provider that answers the first attempt of a step only once Temporal has started
+    the step's second attempt (after the first one's heartbeat timeout) and the worker has
+    cancelled the first (its own timer of that timeout, 5 s later), and at once otherwise;
+    it counts its requests."""
+
+    name = "lost-beats"
+
+    def __init__(self, client: Client, session_id: str) -> None:
+        self.client = client
+        self.session_id = session_id
+        self.calls = 0
+
+    async def retried(self) -> bool:
+        pending = (await self.client.get_workflow_handle(self.session_id).describe()).raw_description.pending_activities
+        return any(a.activity_type.name == names.CALL_MODEL and a.attempt >= 2 for a in pending)
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.calls += 1
+        if activity.info().attempt == 1:
+            while not (activity.is_cancelled() and await self.retried()):
+                await asyncio.sleep(0.05)
+        return CallModelResult(message=Message(role="assistant", content=f"reply to step {request.step}"))
+
+
+@pytest.fixture
+def first_attempts_lose_heartbeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The heartbeats of each model call's first attempt never reach Temporal, as when a
+    starved machine or a busy server delays them past the timeout; the worker lives."""
+    real = heartbeat_module.heartbeat_sender
+
+    def lossy() -> Callable[[], None]:
+        info = activity.info()
+        if info.activity_type == names.CALL_MODEL and info.attempt == 1:
+            return lambda: None
+        return real()
+
+    monkeypatch.setattr(heartbeat_module, "heartbeat_sender", lossy)
+
+
+@pytest.mark.timeout(180)
+async def test_a_model_call_timed_out_while_its_worker_lives_asks_the_provider_once_and_the_turn_is_answered(
+    run_worker, session_id, temporal_client, first_attempts_lose_heartbeats
+):
+    model = LostBeatsModel(temporal_client, session_id)
+    async with run_worker(model) as hermes:
+        result = await hermes.send_message(session_id, "hello")
+    assert result.status == "completed", result
+    assert result.reply == "reply to step 0"
+    assert model.calls == 1, "the retry used the first attempt's result"
+    [started] = await model_attempts(temporal_client, session_id)
+    assert started.attempt == 2, "the first attempt was timed out and retried"
+    assert started.last_failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_HEARTBEAT
+
+
+def test_a_new_step_never_shares_the_records_of_another():
+    base = CallModelInput(session_id="s", turn=3, step=1, context_ref="c" * 64)
+    key = step_key(base, "run-1")
+    assert step_key(base, "run-1") == key, "the same step of the same run: the same records"
+    others = [
+        step_key(base, "run-2"),
+        step_key(base.model_copy(update={"turn": 4}), "run-1"),
+        step_key(base.model_copy(update={"step": 2}), "run-1"),
+        step_key(base.model_copy(update={"purpose": "summary"}), "run-1"),
+        step_key(base.model_copy(update={"context_ref": "d" * 64}), "run-1"),
+        step_key(base.model_copy(update={"session_id": "t"}), "run-1"),
+    ]
+    assert len({key, *others}) == 7
+    assert key.count("{") == 1 and key.count("}") == 1, "one Redis Cluster hash tag"
+
+
+def test_a_ticker_keeps_calling_while_the_calling_thread_is_busy_and_stops_when_removed():
+    ticker = Ticker("test-ticker")
+    calls: list[float] = []
+    enough = threading.Event()
+
+    def tick() -> None:
+        calls.append(time.monotonic())
+        if len(calls) >= 3:
+            enough.set()
+
+    key = ticker.add(tick, 0.01)
+    assert enough.wait(10), "the ticker's thread calls on its own"
+    ticker.remove(key)
+    seen = len(calls)
+    done = threading.Event()
+    ticker.add(done.set, 0.01)  # the thread has passed the removal once this runs
+    assert done.wait(10)
+    assert len(calls) <= seen + 1
