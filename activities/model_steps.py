@@ -6,11 +6,12 @@ the retry, and each call is paid. So each attempt of a session's model step
 (:meth:`ModelSteps.once`):
 
 - holds a **lease** while it runs: the Redis key ``hermes:model_step:{<step>}:lease``
-  naming the worker and the attempt, with a TTL of the attempt's heartbeat timeout
-  (at least :data:`MIN_LEASE_SECONDS`), renewed every quarter of it by a plain OS thread
+  naming the worker and the attempt, with a TTL of 1.5 heartbeat timeouts of the attempt
+  (:func:`lease_seconds`), renewed every sixth of it by a plain OS thread
   (:data:`LEASES`), not the event loop: it lives exactly as long as the worker process
   does;
-- **records its result** under ``hermes:model_step:{<step>}:result`` for
+- **records its result** (sealed, :func:`hermes.security.encryption.seal`) under
+  ``hermes:model_step:{<step>}:result`` for
   :data:`RESULT_TTL_SECONDS` when the provider answered, even when Temporal timed the
   attempt out meanwhile: an attempt cancelled only because its heartbeat was late
   (``timed_out`` / ``not_found`` cancellation) finishes its provider call, within its
@@ -46,12 +47,20 @@ from temporalio import activity
 from activities.heartbeat import Ticker
 from hermes.infra.connections import sync_twin
 from hermes.models import CallModelInput, CallModelResult
+from hermes.security import encryption
 
 log = logging.getLogger("hermes.activities.model_steps")
 
-MIN_LEASE_SECONDS = 1.0
-"""Shortest lease TTL (a model call without a heartbeat timeout gets 5 s)."""
+LEASE_HEARTBEATS = 1.5
+"""A lease's TTL in heartbeat timeouts of its attempt: a dead worker's lease has lapsed,
+or lapses within half a heartbeat timeout, when the retry that the heartbeat timeout
+caused reads it (a killed worker's turn: 0.5 s more at most with the default 1 s), and a
+live one's renewals may be 1.25 heartbeat timeouts late before it lapses."""
+MIN_LEASE_SECONDS = 1.5
 NO_HEARTBEAT_LEASE_SECONDS = 5.0
+"""The TTL of a model call without a heartbeat timeout."""
+LEASE_RENEWALS = 6
+"""Renewals per TTL."""
 RESULT_TTL_SECONDS = 3600
 """How long a step's result is kept for its later attempts: longer than a step's
 attempts and reissues take (5 x 120 s by default)."""
@@ -96,6 +105,18 @@ def step_key(request: CallModelInput, run_id: str) -> str:
     digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:16]
     name = f"{request.session_id}:{run_id}:{request.turn}:{request.step}:{request.purpose}:{digest}"
     return "hermes:model_step:{" + name.replace("}", "") + "}"
+
+
+def lease_seconds(heartbeat_timeout_seconds: float | None) -> float:
+    """The lease TTL of an attempt with this heartbeat timeout (None or 0: none).
+
+    Returns:
+        Seconds: :data:`LEASE_HEARTBEATS` heartbeat timeouts, at least
+        :data:`MIN_LEASE_SECONDS`; :data:`NO_HEARTBEAT_LEASE_SECONDS` without one.
+    """
+    if not heartbeat_timeout_seconds or heartbeat_timeout_seconds <= 0:
+        return NO_HEARTBEAT_LEASE_SECONDS
+    return max(LEASE_HEARTBEATS * heartbeat_timeout_seconds, MIN_LEASE_SECONDS)
 
 
 def _finishes_after(details: activity.ActivityCancellationDetails | None) -> bool:
@@ -161,8 +182,7 @@ class ModelSteps:
         recorded = await self._wait_for_others(redis, key, holder, info, request)
         if recorded is not None:
             return recorded
-        timeout = info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else 0
-        ttl_ms = int(1000 * (max(timeout, MIN_LEASE_SECONDS) if timeout > 0 else NO_HEARTBEAT_LEASE_SECONDS))
+        ttl_ms = int(1000 * lease_seconds(info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None))
 
         def renew() -> None:
             redis.eval(_CLAIM, 1, f"{key}:lease", holder, ttl_ms)
@@ -172,7 +192,7 @@ class ModelSteps:
         except Exception as err:  # noqa: BLE001 - no lease: a retry calls the provider, as before
             log.warning("model step %s: no lease (%s)", key, err)
             return await call()
-        renewal = LEASES.add(renew, ttl_ms / 4000)
+        renewal = LEASES.add(renew, ttl_ms / 1000 / LEASE_RENEWALS)
         try:
             result = await self._finished(call, info, request)
             await self._record(redis, key, result)
@@ -196,12 +216,13 @@ class ModelSteps:
             except Exception as err:  # noqa: BLE001 - Redis down: the provider is asked, as before
                 log.warning("model step %s: liveness not checked (%s)", key, err)
                 return None
-            if recorded is not None:
+            text = encryption.open_quietly(recorded, what=f"model step result {key}")
+            if text is not None:
                 log.info(
                     "turn %d step %s: attempt %d uses the result an earlier attempt recorded; no provider request",
                     request.turn, request.step, info.attempt,
                 )
-                return CallModelResult.model_validate_json(recorded)
+                return CallModelResult.model_validate_json(text)
             lease = lease.decode() if isinstance(lease, bytes) else lease
             if lease is None or lease == holder:
                 if waited_on is not None:
@@ -239,7 +260,9 @@ class ModelSteps:
             return await asyncio.wait_for(task, None if remaining is None else max(remaining, 0.0))
 
     async def _record(self, redis: Any, key: str, result: CallModelResult) -> None:
-        await self._quietly(redis.set, f"{key}:result", result.model_dump_json(), ex=RESULT_TTL_SECONDS)
+        # Sealed like every Redis copy of a message (README "Encryption").
+        sealed = encryption.seal(result.model_dump_json())
+        await self._quietly(redis.set, f"{key}:result", sealed, ex=RESULT_TTL_SECONDS)
 
     @staticmethod
     async def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:

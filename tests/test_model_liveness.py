@@ -32,23 +32,7 @@ from activities.heartbeat import Ticker
 from activities.model_steps import step_key
 from hermes import names
 from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig
-
-
-async def model_attempts(client: Client, session_id: str) -> list[Any]:
-    """``ActivityTaskStarted`` attributes of the session's model calls, and its timeouts."""
-    history = await client.get_workflow_handle(session_id).fetch_history()
-    model_ids = {
-        e.event_id
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-        and e.activity_task_scheduled_event_attributes.activity_type.name == names.CALL_MODEL
-    }
-    return [
-        e.activity_task_started_event_attributes
-        for e in history.events
-        if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_STARTED
-        and e.activity_task_started_event_attributes.scheduled_event_id in model_ids
-    ]
+from tests.test_model_recovery import model_call_started_events
 
 
 async def timeouts(client: Client, session_id: str) -> list[Any]:
@@ -86,7 +70,7 @@ async def test_a_model_call_that_holds_the_event_loop_keeps_heartbeating_and_ask
     assert result.reply == "answered on call 1"
     assert model.calls == 1
     assert await timeouts(temporal_client, session_id) == []
-    [started] = await model_attempts(temporal_client, session_id)
+    [started] = await model_call_started_events(temporal_client, session_id)
     assert started.attempt == 1
 
 
@@ -140,7 +124,7 @@ async def test_a_model_call_timed_out_while_its_worker_lives_asks_the_provider_o
     assert result.status == "completed", result
     assert result.reply == "reply to step 0"
     assert model.calls == 1, "the retry used the first attempt's result"
-    [started] = await model_attempts(temporal_client, session_id)
+    [started] = await model_call_started_events(temporal_client, session_id)
     assert started.attempt == 2, "the first attempt was timed out and retried"
     assert started.last_failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_HEARTBEAT
 

@@ -41,6 +41,7 @@ __all__ = [
     "describe_temporal_security",
     "connect_temporal",
     "redis_client",
+    "sync_twin",
     "temporal_connect_args",
     "temporal_tls_requested",
 ]
