@@ -15,7 +15,8 @@ per running activity, or per the worker's ``max_heartbeat_throttle_interval`` wh
 is shorter (Hermes' workers: a third of the timeout, ``HERMES_HEARTBEAT_THROTTLE_SECONDS``),
 from its own threads, so beating more often costs no RPCs. Where the bridge cannot be
 reached (``ActivityEnvironment`` in unit tests, a future SDK) the thread queues
-``activity.heartbeat`` on the loop, as before. Code that receives a stream (a model's
+``activity.heartbeat`` on the loop, as before. The thread's beats carry no details (no
+Hermes activity keeps progress in them). Code that receives a stream (a model's
 chunks) also calls :func:`beat` per chunk. Outside an activity and in a local activity
 (which runs inside its workflow task and cannot heartbeat) both do nothing.
 """

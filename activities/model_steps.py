@@ -15,7 +15,8 @@ the retry, and each call is paid. So each attempt of a session's model step
   :data:`RESULT_TTL_SECONDS` when the provider answered, even when Temporal timed the
   attempt out meanwhile: an attempt cancelled only because its heartbeat was late
   (``timed_out`` / ``not_found`` cancellation) finishes its provider call, within its
-  start-to-close timeout, instead of abandoning a paid one. A cancellation the session
+  start-to-close timeout, instead of abandoning a paid one (``not_found`` also follows a
+  session that ended meanwhile: that finished call is then not used). A cancellation the session
   asked for, or a worker's shutdown grace period running out, still cancels it.
 
 A later attempt of the same step first reads both: a recorded result is used as is (the

@@ -17,9 +17,11 @@ A killed worker's call is still retried elsewhere within seconds
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -163,3 +165,75 @@ def test_a_ticker_keeps_calling_while_the_calling_thread_is_busy_and_stops_when_
     ticker.add(done.set, 0.01)  # the thread has passed the removal once this runs
     assert done.wait(10)
     assert len(calls) <= seen + 1
+
+
+class GatedModel:
+    """A provider that answers once :attr:`gate` is set, noting when it was asked
+    (:attr:`asked`) and whether its request was cancelled (:attr:`cancelled`)."""
+
+    name = "gated"
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.gate = asyncio.Event()
+        self.calls = 0
+        self.cancelled = False
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        self.calls += 1
+        self.asked.set()
+        try:
+            await self.gate.wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return CallModelResult(message=Message(role="assistant", content="the paid answer"))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("details", "finished"),
+    [
+        (activity.ActivityCancellationDetails(timed_out=True, not_found=True), True),
+        (activity.ActivityCancellationDetails(not_found=True), True),
+        (activity.ActivityCancellationDetails(cancel_requested=True), False),
+        (activity.ActivityCancellationDetails(worker_shutdown=True), False),
+    ],
+    ids=["heartbeat timed out", "attempt not found", "cancel requested", "shutdown grace spent"],
+)
+async def test_an_attempt_timed_out_finishes_its_provider_request_for_the_retry_and_one_cancelled_stops(
+    redis, details, finished
+):
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore
+
+    model = GatedModel()
+    activities = ModelActivities(model, store=BlobStore(redis))
+    request = CallModelInput(
+        session_id=f"s-{time.monotonic_ns()}", turn=1, step=0, messages=[Message(role="user", content="hi")]
+    )
+    def environment(attempt: int) -> ActivityEnvironment:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(
+            env.info, attempt=attempt, started_time=datetime.now(timezone.utc), start_to_close_timeout=timedelta(seconds=60)
+        )
+        return env
+
+    first = environment(1)
+    attempt = asyncio.ensure_future(first.run(activities.call_model, request))
+    await asyncio.wait_for(model.asked.wait(), 30)
+    first.cancel(details)
+    if finished:
+        model.gate.set()
+        assert (await asyncio.wait_for(attempt, 30)).message.content == "the paid answer"
+    else:
+        with pytest.raises(BaseException):  # noqa: B017 - the SDK's or asyncio's cancellation
+            await asyncio.wait_for(attempt, 30)
+        assert model.cancelled
+    # The retry (same step, same run): the recorded answer, or a provider request of its own.
+    model.gate.set()
+    result = await asyncio.wait_for(environment(2).run(activities.call_model, request), 30)
+    assert result.message.content == "the paid answer"
+    assert model.calls == (1 if finished else 2)
