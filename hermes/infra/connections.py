@@ -398,7 +398,8 @@ _SYNC_TWIN_KWARGS = frozenset(
 def sync_twin(client: Any) -> Any:
     """A blocking ``redis.Redis`` to the same server as ``client``, for plain OS threads
     (a ``redis.asyncio`` client belongs to its event loop); same address, database,
-    credentials, timeouts and TLS, a pool of at most 4 connections.
+    credentials, timeouts and TLS, a pool of at most 8 connections (its users are
+    threads: the default executor has at most 32, on a small machine 5-8).
 
     Args:
         client: a standalone ``redis.asyncio.Redis`` (TCP, TLS or a Unix socket).
@@ -420,5 +421,5 @@ def sync_twin(client: Any) -> Any:
         return None
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _SYNC_TWIN_KWARGS}
     return redis.Redis(connection_pool=redis.BlockingConnectionPool(
-        connection_class=getattr(redis.connection, name), max_connections=4, timeout=REDIS_SOCKET_TIMEOUT_SECONDS, **kwargs
+        connection_class=getattr(redis.connection, name), max_connections=8, timeout=REDIS_SOCKET_TIMEOUT_SECONDS, **kwargs
     ))
