@@ -8,6 +8,10 @@ double (the remote LLM is the one part faked):
 - an attempt whose heartbeats are lost on the way while its worker lives is timed out and
   retried, and the retry waits on the first attempt's lease for the result that attempt
   records: one provider request, and the turn gets its reply;
+- a stopping worker (a deploy) whose call the server retried on the new worker meanwhile
+  finishes it, and the new worker's attempt uses its answer;
+- an attempt cancelled by its heartbeat timeout finishes its provider request, one the
+  session cancelled (or a shutdown's spent grace) stops it;
 - the step's records are named so that a new step never reuses an old result.
 
 A killed worker's call is still retried elsewhere within seconds
@@ -129,6 +133,52 @@ async def test_a_model_call_timed_out_while_its_worker_lives_asks_the_provider_o
     [started] = await model_call_started_events(temporal_client, session_id)
     assert started.attempt == 2, "the first attempt was timed out and retried"
     assert started.last_failure.timeout_failure_info.timeout_type == TimeoutType.TIMEOUT_TYPE_HEARTBEAT
+
+
+@pytest.mark.timeout(180)
+async def test_a_stopping_worker_finishes_a_model_call_the_server_retried_elsewhere_and_the_retry_uses_its_answer(
+    run_worker, session_id, temporal_client, settings, redis, first_attempts_lose_heartbeats
+):
+    from tests.conftest import builtin_registry
+    from worker import build_worker
+
+    # A deploy on a starved machine: the stopping worker's heartbeats are late, the
+    # server retries the call on the new worker, and the stopping one is still asking.
+    model = LostBeatsModel(temporal_client, session_id)
+    model.asked = asyncio.Event()
+    complete = model.complete
+
+    async def noting(request: CallModelInput) -> CallModelResult:
+        model.asked.set()
+        return await complete(request)
+
+    model.complete = noting  # type: ignore[method-assign]
+    stopping_worker = run_worker(model)
+    hermes = await stopping_worker.__aenter__()
+    turn = asyncio.ensure_future(hermes.send_message(session_id, "hello during a deploy"))
+    stopped = None
+    try:
+        await asyncio.wait_for(model.asked.wait(), 60)
+        # A second worker in this process needs a client of its own (the SDK allows one
+        # worker per task queue and client connection).
+        other = await Client.connect(
+            temporal_client.service_client.config.target_host,
+            namespace=temporal_client.namespace,
+            data_converter=temporal_client.data_converter,
+        )
+        async with build_worker(other, settings, provider=model, registry=builtin_registry(), redis=redis):
+            stopped = asyncio.ensure_future(stopping_worker.__aexit__(None, None, None))  # graceful: the call finishes
+            result = await asyncio.wait_for(asyncio.shield(turn), 120)
+            await asyncio.wait_for(stopped, 60)
+    finally:
+        if stopped is None:
+            await stopping_worker.__aexit__(None, None, None)
+        turn.cancel()
+    assert result.status == "completed", result
+    assert result.reply == "reply to step 0"
+    assert model.calls == 1, "the new worker's attempt used the stopping worker's answer"
+    [started] = await model_call_started_events(temporal_client, session_id)
+    assert started.attempt == 2
 
 
 def test_a_new_step_never_shares_the_records_of_another():
