@@ -4,23 +4,34 @@ A heartbeat timeout is how Temporal notices a dead worker in seconds instead of 
 the start-to-close timeout: an attempt that stops heartbeating for ``heartbeat_timeout``
 is failed with a heartbeat timeout and retried on another worker.
 
-:func:`heartbeating` beats in the background while it is entered; code that receives a
-stream (a model's chunks) also calls :func:`beat` per chunk. Both only queue a
-heartbeat: the SDK sends at most one heartbeat RPC per 0.8 x ``heartbeat_timeout`` per
-running activity, or per the worker's ``max_heartbeat_throttle_interval`` when that is
-shorter (Hermes' workers: a third of the timeout, ``HERMES_HEARTBEAT_THROTTLE_SECONDS``),
-sending the newest one queued, so beating more often costs no RPCs. Outside
-an activity (a unit test calling the method directly) and in a local activity (which
-runs inside its workflow task and cannot heartbeat) both do nothing.
+:func:`heartbeating` beats while it is entered from a plain OS thread (one
+:class:`Ticker` per process), not from the event loop: a loop starved of CPU, or held by
+CPU work, made a live worker look dead, its calls were retried and paid again (issue 31).
+The thread hands each beat straight to the SDK's core (``record_activity_heartbeat`` of
+the Rust bridge, which releases the GIL and may be called from any thread; the SDK's own
+``activity.heartbeat`` schedules an asyncio task on the loop instead, so a late loop sent
+late beats). Core then sends at most one heartbeat RPC per 0.8 x ``heartbeat_timeout``
+per running activity, or per the worker's ``max_heartbeat_throttle_interval`` when that
+is shorter (Hermes' workers: a third of the timeout, ``HERMES_HEARTBEAT_THROTTLE_SECONDS``),
+from its own threads, so beating more often costs no RPCs. Where the bridge cannot be
+reached (``ActivityEnvironment`` in unit tests, a future SDK) the thread queues
+``activity.heartbeat`` on the loop, as before. The thread's beats carry no details (no
+Hermes activity keeps progress in them). Code that receives a stream (a model's
+chunks) also calls :func:`beat` per chunk. Outside an activity and in a local activity
+(which runs inside its workflow task and cannot heartbeat) both do nothing.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import itertools
 import logging
-from collections.abc import AsyncIterator, Awaitable
-from typing import TypeVar
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any, TypeVar
 
 from temporalio import activity
 
@@ -35,12 +46,70 @@ carry cancellation to it (the SDK sends them at most every 30 s)."""
 _MIN_INTERVAL_SECONDS = 0.05
 
 
+class Ticker:
+    """One daemon thread that calls registered functions, each every ``interval_seconds``.
+
+    What the event loop must not be trusted to do on time (heartbeats, lease renewals)
+    runs here; a function that raises is dropped (and logged) without stopping the rest.
+    Started on first use, so a process that never registers anything has no thread.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._cond = threading.Condition()
+        self._entries: dict[int, list[Any]] = {}
+        self._ids = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, fn: Callable[[], None], interval_seconds: float) -> int:
+        """Call ``fn()`` now and then every ``interval_seconds`` (> 0) until :meth:`remove`.
+
+        Returns:
+            The handle to pass to :meth:`remove`.
+        """
+        with self._cond:
+            key = next(self._ids)
+            self._entries[key] = [time.monotonic(), interval_seconds, fn]
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return key
+
+    def remove(self, key: int) -> None:
+        """Stop calling the function of ``key`` (a call under way finishes)."""
+        with self._cond:
+            self._entries.pop(key, None)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                now = time.monotonic()
+                due = [(key, entry[2]) for key, entry in self._entries.items() if entry[0] <= now]
+                for key, _ in due:
+                    self._entries[key][0] = now + self._entries[key][1]
+                if not due:
+                    nearest = min((entry[0] for entry in self._entries.values()), default=None)
+                    self._cond.wait(None if nearest is None else nearest - now)
+                    continue
+            for key, fn in due:
+                try:
+                    fn()
+                except Exception:  # noqa: BLE001 - one failing function must not stop the others
+                    log.warning("%s: a periodic call failed; it is stopped", self.name, exc_info=True)
+                    self.remove(key)
+
+
+HEARTBEATS = Ticker("hermes-heartbeats")
+"""The thread that sends every activity's heartbeats in this process."""
+
+
 def beat_interval_seconds(heartbeat_timeout_seconds: float | None) -> float:
     """How often to queue a heartbeat for an activity with this heartbeat timeout.
 
     A sixth of the timeout: the worker sends the queued heartbeat every third of it
     (``max_heartbeat_throttle_interval``), so one is queued each time it does even when
-    the event loop is late by a sixth of the timeout.
+    the beating thread is late by a sixth of the timeout.
 
     Args:
         heartbeat_timeout_seconds: the attempt's heartbeat timeout; None or 0: none set.
@@ -63,13 +132,68 @@ def beat() -> None:
         activity.heartbeat()
 
 
+def _core_sender() -> Callable[[], None] | None:
+    """A function, callable from any thread, that records an empty heartbeat of the running
+    activity straight into the SDK's core; None where the SDK's internals differ from what
+    this reads (``temporalio.worker._activity``, checked against temporalio 1.x: the
+    context's ``heartbeat`` is an outbound interceptor chain ending in
+    ``_ActivityOutboundImpl``, whose worker holds the bridge and the running activities)."""
+    try:
+        from temporalio.bridge import proto
+        from temporalio.worker import _activity as sdk
+
+        outbound = getattr(activity._Context.current().heartbeat, "__self__", None)
+        while outbound is not None and not isinstance(outbound, sdk._ActivityOutboundImpl):
+            outbound = getattr(outbound, "next", None)
+        if outbound is None:
+            return None
+        worker = outbound._worker
+        token = activity.info().task_token
+        running = worker._running_activities.get(token)
+        bridge = worker._bridge_worker()
+        message = proto.ActivityHeartbeat(task_token=token)
+        if running is None:
+            return None
+    except Exception:  # noqa: BLE001 - any mismatch: beat through the loop instead
+        log.debug("heartbeats go through the event loop", exc_info=True)
+        return None
+
+    def send() -> None:
+        if not running.done:
+            bridge.record_activity_heartbeat(message)
+
+    return send
+
+
+def _loop_sender() -> Callable[[], None]:
+    """A function, callable from any thread, that queues ``activity.heartbeat()`` on the
+    running loop in this activity's context."""
+    loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
+
+    def send() -> None:
+        if not loop.is_closed():
+            loop.call_soon_threadsafe(activity.heartbeat, context=context)
+
+    return send
+
+
+_beating: contextvars.ContextVar[bool] = contextvars.ContextVar("hermes_heartbeating", default=False)
+
+
+def heartbeat_sender() -> Callable[[], None]:
+    """The function :func:`heartbeating` calls from its thread for the running activity
+    (tests replace it to make a live worker's heartbeats go missing)."""
+    return _core_sender() or _loop_sender()
+
+
 @contextlib.asynccontextmanager
 async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[None]:
-    """Heartbeat in the background while the block runs.
+    """Heartbeat from the :data:`HEARTBEATS` thread while the block runs.
 
-    The first heartbeat is queued at once, then one every ``interval_seconds``. Never
+    The first heartbeat is sent at once, then one every ``interval_seconds``. Never
     reacts to the worker shutting down: a graceful shutdown lets the block finish and
-    report (see ``HERMES_WORKER_SHUTDOWN_SECONDS``).
+    report (see ``HERMES_WORKER_SHUTDOWN_SECONDS``). Nested blocks of one activity beat once.
 
     Args:
         interval_seconds: default: :func:`beat_interval_seconds` of the running
@@ -78,7 +202,7 @@ async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[N
     Raises:
         ValueError: ``interval_seconds`` is not positive.
     """
-    if not _can_heartbeat():
+    if not _can_heartbeat() or _beating.get():
         yield
         return
     if interval_seconds is None:
@@ -86,23 +210,13 @@ async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[N
         interval_seconds = beat_interval_seconds(timeout.total_seconds() if timeout else None)
     if interval_seconds <= 0:
         raise ValueError(f"interval_seconds: expected a positive number of seconds, got {interval_seconds!r}")
-
-    async def loop() -> None:
-        while True:
-            try:
-                activity.heartbeat()
-            except Exception:  # noqa: BLE001 - never fail the work for a heartbeat; its timeout will tell
-                log.warning("heartbeats stopped", exc_info=True)
-                return
-            await asyncio.sleep(interval_seconds)
-
-    beater = asyncio.create_task(loop(), name="heartbeat")
+    key = HEARTBEATS.add(heartbeat_sender(), interval_seconds)
+    token = _beating.set(True)
     try:
         yield
     finally:
-        beater.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await beater
+        _beating.reset(token)
+        HEARTBEATS.remove(key)
 
 
 async def with_heartbeat(awaitable: Awaitable[T], interval_seconds: float | None = None) -> T:

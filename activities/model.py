@@ -25,6 +25,7 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import beat, heartbeating
+from activities.model_steps import ModelSteps
 from hermes import names
 from hermes.infra import cpu_pool, telemetry
 from hermes.content.blobs import (
@@ -239,6 +240,8 @@ class ModelActivities:
         self.client = client
         self.events: EventLog | None = None
         """Where a session's model calls are published as turn events, if anywhere."""
+        self.steps = ModelSteps(self.store.redis)
+        """Leases and recorded results of the sessions' model steps."""
 
     async def _store_get(self, refs: list[str]) -> dict[str, str]:
         try:
@@ -466,7 +469,8 @@ class ModelActivities:
     @activity.defn(name=names.CALL_MODEL)
     async def call_model(self, request: CallModelInput) -> CallModelResult:
         """Ask the provider for the next assistant message, heartbeating while it waits
-        (see :mod:`activities.heartbeat`).
+        (see :mod:`activities.heartbeat`); a session's step asks it once, whatever its
+        attempts (see :mod:`activities.model_steps`).
 
         Raises:
             ApplicationError: ``type="ModelUnavailableError"`` (retried, honouring
@@ -476,13 +480,10 @@ class ModelActivities:
         """
         name = f"chat {request.model}" if request.model else "chat"
         with telemetry.span(name, telemetry.chat_attributes(request) if telemetry.enabled() else None) as span:
-            result = await self._call_model(request)
-            day_tokens = await usage.record_for_activity(
-                self.store.redis, request.usage_user_id, request.usage_day,
-                result.usage.prompt_tokens + result.usage.completion_tokens,
-            )
-            if day_tokens is not None:
-                result = result.model_copy(update={"user_day_tokens": day_tokens})
+            # One provider request per step: an earlier attempt's recorded result, or a
+            # wait on its worker while that lives (activities/model_steps.py).
+            async with heartbeating():
+                result = await self.steps.once(request, lambda: self._answer(request))
             if span is not None:
                 telemetry.set_attributes(span, telemetry.chat_result_attributes(result))
                 if not request.model and result.model:
@@ -490,6 +491,17 @@ class ModelActivities:
                     span.update_name(f"chat {result.model}")
                     span.set_attribute("gen_ai.request.model", result.model)
             return result
+
+    async def _answer(self, request: CallModelInput) -> CallModelResult:
+        """The provider's answer with the user's day tokens counted (once per step)."""
+        result = await self._call_model(request)
+        day_tokens = await usage.record_for_activity(
+            self.store.redis, request.usage_user_id, request.usage_day,
+            result.usage.prompt_tokens + result.usage.completion_tokens,
+        )
+        if day_tokens is not None:
+            result = result.model_copy(update={"user_day_tokens": day_tokens})
+        return result
 
     async def _call_model(self, request: CallModelInput) -> CallModelResult:
         """:meth:`call_model` without its span; its result says when turn events of the

@@ -42,6 +42,7 @@ from temporalio.service import RPCError
 from temporalio.api.enums.v1 import EventType, TaskQueueType, TimeoutType
 from temporalio.api.taskqueue.v1 import TaskQueue
 from temporalio.api.workflowservice.v1 import DescribeTaskQueueRequest
+from temporalio import activity
 from temporalio.client import Client
 from temporalio.testing import ActivityEnvironment
 
@@ -151,27 +152,54 @@ async def test_heartbeating_outside_an_activity_does_nothing_and_a_bad_interval_
         await env.run(bad)
 
 
-# ------------------------- a live worker too busy to heartbeat: the step is started again
+# ------------------- a worker that looks dead to every attempt: the step is started again
 
 
-class BusyWorkerModel:
-    """A provider whose first ``busy_calls`` calls hold the worker's event loop (a
-    blocking ``time.sleep``, as CPU work would) for ``hold_seconds``: no heartbeat leaves
-    the worker meanwhile, so the attempt ends in a heartbeat timeout although the worker
-    is alive. Later calls answer at once."""
+class FrozenWorkerModel:
+    """A provider whose first ``busy_calls`` calls answer only after ``hold_seconds``
+    while their worker looks dead by every measure (see the ``frozen`` fixture): no
+    heartbeat of theirs leaves the worker and no lease or result of the step is kept, so
+    each of their attempts ends in a heartbeat timeout and is retried. Later calls answer
+    at once."""
 
-    name = "busy-worker"
+    name = "frozen-worker"
 
     def __init__(self, *, busy_calls: int, hold_seconds: float) -> None:
         self.busy_calls = busy_calls
         self.hold_seconds = hold_seconds
         self.calls = 0
 
+    def busy_next(self) -> bool:
+        """Whether the next call is a busy one (asked as its attempt starts heartbeating)."""
+        return self.calls < self.busy_calls
+
     async def complete(self, request: CallModelInput) -> CallModelResult:
         self.calls += 1
         if self.calls <= self.busy_calls:
-            time.sleep(self.hold_seconds)  # noqa: ASYNC251 - the point: the worker's loop is starved
+            await asyncio.sleep(self.hold_seconds)  # the call outlives its attempt's heartbeat timeout
         return CallModelResult(message=Message(role="assistant", content=f"answered on call {self.calls}"))
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> Callable[[FrozenWorkerModel], None]:
+    """``frozen(model)``: the busy calls of ``model`` lose their heartbeats, and model
+    steps keep no lease or result (as a frozen process, or a worker whose heartbeats and
+    Redis both fail), so the session's own recovery is what is left."""
+    from activities import heartbeat as heartbeat_module
+    from activities.model_steps import ModelSteps
+
+    def freeze(model: FrozenWorkerModel) -> None:
+        real = heartbeat_module.heartbeat_sender
+
+        def lossy() -> Callable[[], None]:
+            if activity.info().activity_type == names.CALL_MODEL and model.busy_next():
+                return lambda: None
+            return real()
+
+        monkeypatch.setattr(heartbeat_module, "heartbeat_sender", lossy)
+        monkeypatch.setattr(ModelSteps, "client", lambda self: None)
+
+    return freeze
 
 
 async def model_activity_events(client: Client, session_id: str) -> tuple[list[Any], list[Any]]:
@@ -192,12 +220,13 @@ async def model_activity_events(client: Client, session_id: str) -> tuple[list[A
 
 
 async def test_a_model_step_whose_attempts_all_missed_their_heartbeat_is_started_again_and_the_turn_is_answered(
-    run_worker, session_id, temporal_client
+    run_worker, session_id, temporal_client, frozen
 ):
     # The issue 12 soak: one worker left with 50 sessions on a loaded machine spent a
     # step's five attempts on 1 s heartbeat timeouts in seconds and the turn was lost.
     cfg = SessionConfig()
-    model = BusyWorkerModel(busy_calls=cfg.model_max_attempts, hold_seconds=3 * cfg.model_heartbeat_seconds)
+    model = FrozenWorkerModel(busy_calls=cfg.model_max_attempts, hold_seconds=3 * cfg.model_heartbeat_seconds)
+    frozen(model)
     async with run_worker(model) as hermes:
         result = await hermes.send_message(session_id, "hello")
     assert result.status == "completed", result
@@ -213,12 +242,13 @@ async def test_a_model_step_whose_attempts_all_missed_their_heartbeat_is_started
 
 
 async def test_a_model_step_lost_on_every_heartbeat_is_started_again_a_bounded_number_of_times(
-    run_worker, session_id, temporal_client
+    run_worker, session_id, temporal_client, frozen
 ):
     # One attempt per start, heartbeats of 0.25, 0.5, 1 and 2 s: a call that holds the loop
     # for 3 s misses every one of them; the turn ends with the model error, not a loop.
     cfg = SessionConfig(model_max_attempts=1, model_heartbeat_seconds=0.25)
-    model = BusyWorkerModel(busy_calls=100, hold_seconds=3.0)
+    model = FrozenWorkerModel(busy_calls=100, hold_seconds=3.0)
+    frozen(model)
     async with run_worker(model, config=cfg) as hermes:
         result = await hermes.send_message(session_id, "hello")
         assert result.status == "model_error", result

@@ -41,6 +41,7 @@ __all__ = [
     "describe_temporal_security",
     "connect_temporal",
     "redis_client",
+    "sync_twin",
     "temporal_connect_args",
     "temporal_tls_requested",
 ]
@@ -382,3 +383,43 @@ def _check_mode(settings: Settings) -> None:
         )
     if settings.redis_mode == "sentinel":
         _sentinel_addresses(settings)
+
+
+_SYNC_TWIN_KWARGS = frozenset(
+    {
+        "host", "port", "path", "db", "username", "password", "client_name",
+        "socket_timeout", "socket_connect_timeout", "socket_keepalive", "socket_keepalive_options",
+        "ssl_keyfile", "ssl_certfile", "ssl_cert_reqs", "ssl_ca_certs", "ssl_ca_data", "ssl_ca_path",
+        "ssl_check_hostname", "ssl_min_version", "ssl_ciphers", "ssl_password",
+    }
+)
+
+
+def sync_twin(client: Any) -> Any:
+    """A blocking ``redis.Redis`` to the same server as ``client``, for plain OS threads
+    (a ``redis.asyncio`` client belongs to its event loop); same address, database,
+    credentials, timeouts and TLS, a pool of at most 8 connections (its users are
+    threads: the default executor has at most 32, on a small machine 5-8).
+
+    Args:
+        client: a standalone ``redis.asyncio.Redis`` (TCP, TLS or a Unix socket).
+
+    Returns:
+        The twin; None for anything else (None, a Redis Cluster or Sentinel client, a
+        connection class of its own), whose callers then go without.
+    """
+    import redis
+    import redis.asyncio as aioredis
+
+    if not isinstance(client, aioredis.Redis):
+        return None
+    pool = client.connection_pool
+    name = getattr(pool, "connection_class", type(None)).__name__
+    if name not in ("Connection", "SSLConnection", "UnixDomainSocketConnection") or pool.connection_class.__module__ != (
+        "redis.asyncio.connection"
+    ):
+        return None
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _SYNC_TWIN_KWARGS}
+    return redis.Redis(connection_pool=redis.BlockingConnectionPool(
+        connection_class=getattr(redis.connection, name), max_connections=8, timeout=REDIS_SOCKET_TIMEOUT_SECONDS, **kwargs
+    ))
