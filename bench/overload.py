@@ -103,13 +103,14 @@ _CITY_RE = re.compile(r"\b(" + "|".join(CITIES) + r")\b")
 HOGS_PER_CORE = 8
 TURN_TIMEOUT_SECONDS = 300.0
 QUICK_TURN_TIMEOUT_SECONDS = 180.0
-"""``--quick``'s turn timeout. Where a run's time went (2 cores, load 30, main 811f948:
-919 s): start 12 s, warm-up 62 s, ref 11 s, quiet 130 s, and the starved phase 693 s, held
-open by its lost turns: a session waits one timeout for a lost turn, after its earlier
-turns' replies. Issue 31's slowest replies on a starved worker came 125-150 s after the
-send (each phase line prints its ``slowest reply``), so 180 s still counts those as
-replies and ends a starved phase with lost turns 2 minutes or more sooner; the phases,
-their 50 sessions and what is counted are unchanged."""
+"""``--quick``'s turn timeout. Where a run's time went (2 cores, load 30, main 811f948,
+300 s: 919 s): start 12 s, warm-up 62 s, ref 11 s, quiet 130 s and the starved phase
+693 s, held open by its lost turns (a session waits one timeout for a lost turn, after its
+earlier turns' replies). With 180 s (and the resource tuner) the run took 658 s, the
+starved phase 391 s. The measure is stricter, not weaker: a reply slower than 180 s counts
+as a lost turn (that run's slowest reply came after 179 s; issue 31 saw 125-150 s); the
+phases, their 50 sessions and every other figure are counted as before. Give
+``--turn-timeout 300`` to compare lost turns with runs made before."""
 
 
 # ------------------------------------------------------------------ the model
