@@ -34,6 +34,7 @@ from hermes.content.blobs import BlobStore
 from hermes.infra import cpu_pool
 from hermes.infra.deploy import deployment_config
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
+from hermes.infra.tuning import describe_cpu_reading, worker_tuner
 from hermes.infra.durable import DurableStore
 from hermes.errors import ConfigError
 from hermes.memory.embeddings import EMBEDDERS, warm_in_child
@@ -212,7 +213,8 @@ def build_worker(
         ],
         max_cached_workflows=settings.max_cached_workflows if max_cached_workflows is None else max_cached_workflows,
         workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
-        max_concurrent_activities=settings.max_concurrent_activities,
+        # Slots: a saturated worker takes less work, the rest waits in the task queue.
+        tuner=worker_tuner(settings),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
         # A heartbeat RPC at least every third of the heartbeat timeout (the SDK's own
         # 0.8 x leaves a fifth of it for a loaded machine's delays).
@@ -463,6 +465,7 @@ async def run_worker(
     registry = load_registry(settings)
     mcp = open_mcp(settings, registry)
     worker = build_worker(client, settings, provider=provider, registry=registry, mcp=mcp)
+    describe_cpu_reading(settings)  # what its tuner reads for CPU (a warning where it misleads)
     if settings.memory_enabled:
         from hermes.memory.service import ensure_consolidation_schedule
 

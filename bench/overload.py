@@ -1,7 +1,7 @@
 """A starved worker: CPU per turn, wrong replies, lost tool results and provider calls per
 model step, quiet and with CPU hogs beside the worker, in one run (issue 31's check).
 
-    python bench/overload.py --quick     # 50 sessions x 5 turns per phase (about 10 minutes on 2 cores)
+    python bench/overload.py --quick     # 50 sessions x 5 turns per phase (under 15 minutes on 2 cores)
     python bench/overload.py             # 50 sessions x 10 turns per phase
     python bench/overload.py --sessions 4 --turns 5 --reference-rounds 1    # a try-out
 
@@ -37,7 +37,7 @@ current city and no other; one that names no city is counted apart as a recall m
 memory write is batched and may not be in the store yet); a tool result is lost when the
 reply was made from a tool result without its data (the tool timed out, its worker was
 "stopped", its outcome unknown). A send that fails is sent again with the same client
-message id; a turn with no reply by ``--turn-timeout`` is lost, and so are the session's
+message id; a turn with no reply by ``--turn-timeout`` (300 s, ``--quick`` 180 s) is lost, and so are the session's
 later turns (not sent: a stuck session would hold the run for a timeout per turn).
 
 Phases, one after another on the same worker, fresh sessions and users each:
@@ -101,6 +101,16 @@ BLOCK = 5
 TAG_RE = re.compile(r"\[bench session (\S+)\]")
 _CITY_RE = re.compile(r"\b(" + "|".join(CITIES) + r")\b")
 HOGS_PER_CORE = 8
+TURN_TIMEOUT_SECONDS = 300.0
+QUICK_TURN_TIMEOUT_SECONDS = 180.0
+"""``--quick``'s turn timeout. Where a run's time went (2 cores, load 30, main 811f948,
+300 s: 919 s): start 12 s, warm-up 62 s, ref 11 s, quiet 130 s and the starved phase
+693 s, held open by its lost turns (a session waits one timeout for a lost turn, after its
+earlier turns' replies). With 180 s (and the resource tuner) the run took 658 s, the
+starved phase 391 s. The measure is stricter, not weaker: a reply slower than 180 s counts
+as a lost turn (that run's slowest reply came after 179 s; issue 31 saw 125-150 s); the
+phases, their 50 sessions and every other figure are counted as before. Give
+``--turn-timeout 300`` to compare lost turns with runs made before."""
 
 
 # ------------------------------------------------------------------ the model
@@ -243,6 +253,8 @@ class Tally:
     approval_polls: int = 0
     cpu_seconds: float = 0.0
     wall_seconds: float = 0.0
+    slowest_reply_seconds: float = 0.0
+    """The longest a replied turn took, send to reply (a lost turn is not in it)."""
     session_ids: list[str] = field(default_factory=list)
     history: Counter[str] = field(default_factory=Counter)
 
@@ -284,6 +296,7 @@ async def run_session(hermes: Any, tally: Tally, tag: str, index: int, turns: in
             tally.turns += 1
             tally.lost_turns.append(f"{label}: not sent (an earlier turn was lost)")
             continue
+        sent = time.monotonic()
         sending = asyncio.ensure_future(send_turn(hermes, session_id, user_id, turn.text, config, args.turn_timeout))
         if turn.kind == "note":
             await approve_when_asked(hermes, session_id, user_id, sending, tally, args.turn_timeout)
@@ -293,6 +306,7 @@ async def run_session(hermes: Any, tally: Tally, tag: str, index: int, turns: in
             tally.lost_turns.append(label)
             continue
         tally.replied += 1
+        tally.slowest_reply_seconds = max(tally.slowest_reply_seconds, time.monotonic() - sent)
         judge(turn, result.reply or "", tally, label)
 
 
@@ -396,7 +410,7 @@ async def run_phase(name: str, sessions: int, turns: int, hogs: int, hermes: Any
     server_log.since_last()  # what the phase logged, not what came before it
     tally.history = await count_history(client, tally.session_ids) + server_log.since_last()
     print(f"phase {name}: {sessions} sessions x {turns} turns, {hogs} hogs: {tally.replied}/{tally.turns} replied "
-          f"in {tally.wall_seconds:.0f} s; CPU {tally.cpu_seconds:.1f} s = {tally.cpu_ms_per_turn:.0f} ms/turn; "
+          f"in {tally.wall_seconds:.0f} s (slowest reply {tally.slowest_reply_seconds:.0f} s); CPU {tally.cpu_seconds:.1f} s = {tally.cpu_ms_per_turn:.0f} ms/turn; "
           f"load {_load()}", flush=True)
     return tally
 
@@ -521,21 +535,24 @@ def _merge(into: Tally, part: Tally) -> None:
     """Add a reference round's figures to the reference phase."""
     for name in ("sessions", "turns", "replied", "recall_misses", "approvals", "approval_polls", "cpu_seconds", "wall_seconds"):
         setattr(into, name, getattr(into, name) + getattr(part, name))
+    into.slowest_reply_seconds = max(into.slowest_reply_seconds, part.slowest_reply_seconds)
     for name in ("wrong", "lost_tool_results", "lost_turns", "session_ids"):
         getattr(into, name).extend(getattr(part, name))
     into.history.update(part.history)
 
 
 def options(argv: list[str] | None = None) -> Any:
-    p = _common.parser(__doc__.splitlines()[0], quick_help="50 sessions x 5 turns per phase (about 10 minutes on 2 cores)")
+    p = _common.parser(__doc__.splitlines()[0], quick_help="50 sessions x 5 turns per phase, 180 s turn timeout (under 15 minutes on 2 cores)")
     p.add_argument("--sessions", type=int, default=50, help="concurrent sessions of the quiet and starved phases")
     p.add_argument("--turns", type=int, help="turns per session (default 10, --quick 5; a multiple of 5 ends on a question)")
     p.add_argument("--reference-rounds", type=int, default=3, help="rounds of 2 concurrent sessions in the reference")
     p.add_argument("--hogs-per-core", type=int, default=HOGS_PER_CORE, help="CPU hogs per core in the starved phase")
-    p.add_argument("--turn-timeout", type=float, default=300.0, help="seconds before a turn counts as lost")
+    p.add_argument("--turn-timeout", type=float,
+                   help=f"seconds before a turn counts as lost (default {TURN_TIMEOUT_SECONDS:g}, --quick {QUICK_TURN_TIMEOUT_SECONDS:g})")
     p.add_argument("--log-dir", type=Path, help="keep the worker's log here")
     args = p.parse_args(argv)
     args.turns = args.turns or (5 if args.quick else 10)
+    args.turn_timeout = args.turn_timeout or (QUICK_TURN_TIMEOUT_SECONDS if args.quick else TURN_TIMEOUT_SECONDS)
     return args
 
 

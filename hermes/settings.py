@@ -248,7 +248,22 @@ class Settings(BaseSettings):
     taking sessions over after a crash, or on a loaded machine, catches up sooner.
     Determinism then rests on the replay tests of recorded histories (tests/test_replay.py
     runs them both ways), not on the sandbox's checks."""
-    max_concurrent_activities: int = 100
+    max_concurrent_activities: int = Field(default=100, ge=1)
+    """The most activities a worker runs at once (README "Overload")."""
+    max_concurrent_workflow_tasks: int = Field(default=100, ge=2)
+    """The most workflow tasks a worker runs at once (at least a sticky and a normal one)."""
+    worker_tuner: Literal["resource", "fixed"] = "resource"
+    """``resource``: past its minimum slots a worker takes more tasks only while CPU and
+    memory are under the targets below (:mod:`hermes.infra.tuning`; the rest waits in the
+    task queue); ``fixed``: up to ``max_concurrent_*`` whatever the load."""
+    worker_target_cpu: float = Field(default=0.8, gt=0, le=1)
+    """CPU use (of the cgroup v2 quota, else of the host) a ``resource`` worker aims under."""
+    worker_target_memory: float = Field(default=0.8, gt=0, le=1)
+    """Memory use (of the cgroup limit, else of the host) a ``resource`` worker aims under."""
+    worker_min_activity_slots: int = Field(default=8, ge=1)
+    """Activities a ``resource`` worker takes whatever the load (model calls mostly wait)."""
+    worker_min_workflow_task_slots: int = Field(default=8, ge=2)
+    """Workflow tasks a ``resource`` worker takes whatever the load."""
     cpu_workers: int = Field(default=1, ge=0)
     """Child processes of the worker's CPU pool (``hermes.infra.cpu_pool``): the offline
     embedding model (memory searches and writes) and the token counting of large content

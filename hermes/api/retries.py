@@ -26,7 +26,10 @@ header), so a client can tell a returned reply from a new one.
 The session itself is the record (its ``get_taken_messages`` query): nothing is kept in
 the API server or in Redis, so every API server process agrees, and a restart or a Redis
 outage forgets nothing. Should the query fail (a worker older than it), the request is
-sent under a fresh id, as before, and a warning logged.
+sent under a fresh id, as before, and a warning logged; should it not answer in time (a
+saturated or absent worker), a keyless request is refused 503 with ``Retry-After`` and
+nothing is sent (a fresh id would make a client's retry a second turn once the worker
+catches up).
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 
 from hermes.api.problems import Problem
 from hermes.client import HermesClient
-from hermes.errors import HermesError
+from hermes.errors import HermesError, SessionUnavailableError
 from hermes.models import TakenMessage
 
 __all__ = [
@@ -60,6 +63,8 @@ so the same body is often a person's new message: after its answer, a keyless re
 retry only this long (a client that gave up just as the answer came); still running, always."""
 REPLAYED_HEADER = "Idempotent-Replayed"
 """Set to ``true`` on the response to a request that attached to an earlier one."""
+UNAVAILABLE_RETRY_AFTER_SECONDS = 5
+"""``Retry-After`` of a request refused because its session did not answer in time."""
 _KEYED_HEX = 16
 _UNKEYED_HEX = 32
 
@@ -131,12 +136,14 @@ async def message_name(
         The id, and whether the session took it already.
 
     Raises:
-        Problem: 422 ``idempotency-key-reused``: ``key`` was sent with another request.
+        Problem: 422 ``idempotency-key-reused``: ``key`` was sent with another request;
+            503 ``unavailable`` (``Retry-After``): no key, and the session did not say
+            in time which requests it took (nothing sent).
     """
     if key is not None:
         prefix = f"api-{key}#"
         cid = prefix + fingerprint[:_KEYED_HEX]
-        taken = await _taken(hermes, session_id, prefix) if session_exists else []
+        taken = await _taken(hermes, session_id, prefix, keyed=True) if session_exists else []
         # Unknown (None): the id alone still dedupes; only the check of the body is skipped.
         ids = {t.client_message_id for t in taken or () if len(t.client_message_id) == len(cid)}
         if ids - {cid}:
@@ -149,7 +156,7 @@ async def message_name(
     if window_seconds <= 0:
         return MessageName(f"msg-{uuid.uuid4()}", False)
     prefix = f"fp-{fingerprint[:_UNKEYED_HEX]}-"
-    taken = await _taken(hermes, session_id, prefix) if session_exists else []
+    taken = await _taken(hermes, session_id, prefix, keyed=False) if session_exists else []
     if taken is None:
         return MessageName(f"msg-{uuid.uuid4()}", False)
     generations = {int(t.client_message_id[len(prefix):]): t for t in taken if t.client_message_id[len(prefix):].isdigit()}
@@ -167,10 +174,30 @@ def _still_a_retry(taken: TakenMessage, window_seconds: float, now: datetime) ->
     return taken.answered_at is not None and now - taken.answered_at <= timedelta(seconds=window_seconds)
 
 
-async def _taken(hermes: HermesClient, session_id: str, prefix: str) -> list[TakenMessage] | None:
-    """The session's taken messages under ``prefix``; None (logged) when it does not say."""
+async def _taken(hermes: HermesClient, session_id: str, prefix: str, *, keyed: bool) -> list[TakenMessage] | None:
+    """The session's taken messages under ``prefix``; None (logged) when it does not say.
+
+    Raises:
+        Problem: 503 ``unavailable`` with ``Retry-After`` when the session did not answer
+            in time (its worker is saturated, or gone) and the request has no
+            ``Idempotency-Key``: sent under a fresh id, a client's retry of a request
+            whose first attempt is still queued would run a second turn, so under load
+            the request is refused and nothing is sent (issue 31: backpressure, not
+            amplification). A keyed request's id dedupes alone, so it is sent.
+    """
     try:
         return await hermes.taken_messages(session_id, prefix)
+    except SessionUnavailableError as err:
+        if not keyed:
+            raise Problem(
+                "unavailable",
+                f"session {session_id!r} is too busy to say whether it took this request already ({err.last_error}); "
+                f"the message was not sent: send the same request again after {UNAVAILABLE_RETRY_AFTER_SECONDS} s "
+                "(or with an Idempotency-Key, which is sent without asking)",
+                headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)},
+            ) from err
+        log.warning("session %s did not say which messages it took (%s); sent under its Idempotency-Key", session_id, err)
+        return None
     except HermesError as err:
         log.warning("session %s did not say which messages it took (%s): a retry may run again", session_id, err)
         return None
