@@ -630,7 +630,8 @@ class ModelActivities:
         # one's event loop keeps sending the worker's heartbeats meanwhile.
         large = sum(len(t) for t in texts.values()) >= COUNT_IN_POOL_CHARS
         call, upto = await _off_loop(large, _summary_request_in, request, texts, counter.encoding_name)
-        result = await self._complete(call)
+        # One provider request per summary, as per reply step (activities/model_steps.py).
+        result = await self.steps.once(call, lambda: self._complete(call))
         text = counter.truncate((result.message.content or "").strip(), request.max_tokens)
         return Summary(text=text, upto_turn=upto, tokens=counter.text(text) if text else 0, usage=result.usage)
 

@@ -162,7 +162,8 @@ class ModelSteps:
         """``call()``'s result, or the one an earlier attempt of the same step recorded.
 
         Args:
-            request: the model call (a session's step: ``step`` set; others just call).
+            request: the model call (a session's step: ``step`` set, or a summary of its
+                context: ``purpose="summary"``; others just call).
             call: makes the provider request and returns the finished result.
 
         Returns:
@@ -172,7 +173,7 @@ class ModelSteps:
             Whatever ``call`` raises; ``asyncio.CancelledError`` when the attempt is
             cancelled for any reason but its heartbeat timing out.
         """
-        if request.step is None or not activity.in_activity() or activity.info().is_local:
+        if (request.step is None and request.purpose != "summary") or not activity.in_activity() or activity.info().is_local:
             return await call()
         redis = self.client()
         if redis is None:

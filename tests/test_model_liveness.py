@@ -287,3 +287,39 @@ async def test_an_attempt_timed_out_finishes_its_provider_request_for_the_retry_
     result = await asyncio.wait_for(environment(2).run(activities.call_model, request), 30)
     assert result.message.content == "the paid answer"
     assert model.calls == (1 if finished else 2)
+
+
+@pytest.mark.timeout(60)
+async def test_a_summary_attempt_timed_out_finishes_its_provider_request_and_the_retry_uses_it(redis):
+    """A summary is a paid provider request too: its retry after a late heartbeat gets the
+    first attempt's answer instead of asking again (issue 31)."""
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore
+    from hermes.models import SummarizeInput
+
+    model = GatedModel()
+    activities = ModelActivities(model, store=BlobStore(redis))
+    body = Message(role="user", content="I live in Lisbon and work on payments.").model_dump_json()
+    request = SummarizeInput(
+        session_id=f"s-{time.monotonic_ns()}", message_refs=["m1"], message_turns=[1], upto_turn=1,
+        bodies={"m1": body}, bodies_stored=True,
+    )
+
+    def environment(attempt: int) -> ActivityEnvironment:
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(
+            env.info, attempt=attempt, started_time=datetime.now(timezone.utc), start_to_close_timeout=timedelta(seconds=60)
+        )
+        return env
+
+    first = environment(1)
+    attempt = asyncio.ensure_future(first.run(activities.summarize_context, request))
+    await asyncio.wait_for(model.asked.wait(), 30)
+    first.cancel(activity.ActivityCancellationDetails(timed_out=True, not_found=True))
+    model.gate.set()
+    assert (await asyncio.wait_for(attempt, 30)).text == "the paid answer"
+    again = await asyncio.wait_for(environment(2).run(activities.summarize_context, request), 30)
+    assert again.text == "the paid answer"
+    assert model.calls == 1, "the retry used the first attempt's summary"
