@@ -11,7 +11,7 @@ Two of those costs are waste when nothing uses them:
   references), asking the workflow's sandbox for each command's serialization context on
   the way. With no payload codec and no external storage configured, every one of those
   walks returns each payload unchanged. :func:`skip_idle_payload_walks` skips them then,
-  and only then: a worker whose client encrypts payloads (``HERMES_PAYLOAD_KEYS``) or
+  and only then: a worker whose client encrypts payloads (``HERMES_ENCRYPTION_KEYS``) or
   stores them externally walks them as before. What a skip loses: a payload that is an
   external-storage reference reaching a worker without external storage fails its
   workflow task on decoding (the payload's encoding is unknown) instead of with the
