@@ -21,7 +21,6 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
-from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from activities.audit import AuditActivities
 from activities.memory import MemoryActivities
@@ -32,6 +31,7 @@ from activities.transcript import TranscriptActivities
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
 from hermes.infra import cpu_pool
+from hermes.infra.activation import sandbox_runner, skip_idle_payload_walks
 from hermes.infra.deploy import deployment_config
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.tuning import describe_cpu_reading, worker_tuner
@@ -192,6 +192,7 @@ def build_worker(
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
     _publish_events(settings, redis, model, tools, audit, index, memory_activities)
+    skip_idle_payload_walks()  # none when no codec or external storage could change a payload
     worker = _validated(
         Worker,
         client,
@@ -212,7 +213,7 @@ def build_worker(
             *(memory_activities.activities() if memory_activities is not None else []),
         ],
         max_cached_workflows=settings.max_cached_workflows if max_cached_workflows is None else max_cached_workflows,
-        workflow_runner=SandboxedWorkflowRunner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
+        workflow_runner=sandbox_runner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
         # Slots: a saturated worker takes less work, the rest waits in the task queue.
         tuner=worker_tuner(settings),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),

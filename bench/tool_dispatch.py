@@ -586,6 +586,7 @@ def _report(
         f"whole turn calls={k}: {by[('hermes', k)].median() / by[('bare', k)].median():.2f}; "
         f"target per call <= {TARGET_RATIO}"
     )
+    print(f"cpu_ratio={cpu_ratio:.2f}")  # per call, worker+client; issue 31's target: at most 1.5
     _common.headline("tool_dispatch_ratio", f"{per_call['hermes'] / per_call['bare']:.2f}")
 
 

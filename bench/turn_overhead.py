@@ -715,6 +715,7 @@ def _report(
         f"CPU per turn, worker+client process: session / baseline = {cpu['session'] / cpu['baseline']:.2f} "
         f"({cpu['session']:.1f} vs {cpu['baseline']:.1f} ms)"
     )
+    print(f"cpu_ratio={cpu['session'] / cpu['baseline']:.2f}")  # issue 31's target: at most 1.5
     control = by_name.get("session_control")
     control_median = statistics.median(control.samples) if control is not None else session_median
     for name, what, figure in (

@@ -91,8 +91,17 @@ class MovedRunEviction:
             return False
         self._workflows = workflows
 
+        running = workflows._running_workflows
+        unannounced = self._unannounced
+
         async def handle_activation(act: Any) -> None:
             run_id = act.run_id
+            if run_id in running and run_id not in unannounced:
+                # Nearly every activation: a cached run already announced. Nothing below
+                # applies to it, so its jobs are not read (issue 31: this wrapper runs
+                # for every activation).
+                await handle(act)
+                return
             kinds = [job.WhichOneof("variant") for job in act.jobs]
             if "remove_from_cache" in kinds:
                 self._unannounced.discard(run_id)

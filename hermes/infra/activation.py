@@ -1,0 +1,128 @@
+"""Less CPU per workflow activation: the sandbox's pass-through modules, and no payload
+walks that cannot change a payload.
+
+Why (issue 31 item 6, profiled in ``bench/README.md``): per turn a session's worker spent
+more CPU in the SDK's machinery around each activation than in the workflow's own code.
+Two of those costs are waste when nothing uses them:
+
+* **Payload walks.** For every activation the SDK walks every payload of the activation
+  three times (codec decode, external-storage retrieve, storage references) and every
+  payload of the completion three times (codec encode, external-storage store,
+  references), asking the workflow's sandbox for each command's serialization context on
+  the way. With no payload codec and no external storage configured, every one of those
+  walks returns each payload unchanged. :func:`skip_idle_payload_walks` skips them then,
+  and only then: a worker whose client encrypts payloads (``HERMES_ENCRYPTION_KEYS``) or
+  stores them externally walks them as before. What a skip loses: a payload that is an
+  external-storage reference reaching a worker without external storage fails its
+  workflow task on decoding (the payload's encoding is unknown) instead of with the
+  SDK's ``TMPRL1105`` message; either way the task fails and is retried.
+* **Sandbox re-imports.** The sandbox imports every module a workflow uses afresh for each
+  new run (a session's first task, each continue-as-new, each run replayed after it
+  left the cache, each composite-tool or memory child workflow), unless it is passed
+  through. pydantic rebuilt the schema of every payload model each time.
+  :data:`PASSTHROUGH_MODULES` are passed through: pydantic and its parts (as the SDK's
+  ``temporalio.contrib.pydantic`` recommends) and the pure parts of ``hermes`` that
+  workflow code calls (STYLE.md: "workflows/ imports temporalio, the standard library and
+  the pure parts of hermes/"). The workflow modules themselves (``workflows.*``) stay
+  sandboxed: the sandbox still checks the workflow code for non-determinism. What the
+  pass-through gives up: the sandbox no longer checks those ``hermes`` modules' own calls
+  at run time; the suite runs the session workflow with and without the sandbox and
+  replays recorded histories, which is what catches a non-deterministic helper.
+
+This uses two private parts of the Temporal Python SDK (1.x, pinned below 2 in
+pyproject.toml): ``temporalio.bridge.worker.decode_activation`` / ``encode_completion``
+(called through the module by the workflow worker) and ``DataConverter.external_storage``.
+If they are missing, :func:`skip_idle_payload_walks` returns False and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+log = logging.getLogger("hermes.activation")
+
+PASSTHROUGH_MODULES: tuple[str, ...] = (
+    "pydantic",
+    "pydantic_core",
+    "annotated_types",
+    "typing_inspection",
+    "hermes.models",
+    "hermes.names",
+    "hermes.errors",
+    "hermes.memory.models",
+    "hermes.security",
+    "hermes.content",
+    "hermes.memory.rules",
+    "hermes.memory.working",
+    "hermes.memory.judge",
+    "hermes.tools.arguments",
+    "hermes.tools.routing",
+    "hermes.infra.telemetry",
+)
+"""Modules the workflow sandbox takes from the worker process instead of importing them
+again for each run (a module and its submodules, when a workflow imports them): pydantic,
+and the parts of ``hermes`` the workflows use: payload models, wire names, errors, and the
+pure functions of context building, token counting, previews, memory rules and tool
+arguments (no I/O, no clock, no randomness; each says so in its docstring)."""
+
+_SKIPPING = "__hermes_skips_idle_walks__"
+
+
+def sandbox_runner() -> SandboxedWorkflowRunner:
+    """The SDK's sandboxed workflow runner with its default restrictions, and
+    :data:`PASSTHROUGH_MODULES` passed through.
+
+    Returns:
+        A runner for ``Worker(workflow_runner=...)``.
+    """
+    return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
+
+
+def walks_are_idle(data_converter: Any) -> bool:
+    """True when payload walks with ``data_converter`` cannot change a payload: it has no
+    payload codec and no external storage.
+
+    Args:
+        data_converter: a ``temporalio.converter.DataConverter`` (the workflow worker's
+            per-activation one included).
+    """
+    return getattr(data_converter, "payload_codec", None) is None and getattr(data_converter, "external_storage", None) is None
+
+
+def skip_idle_payload_walks() -> bool:
+    """Make the SDK's workflow worker skip the payload walks of an activation and of its
+    completion when :func:`walks_are_idle` (for the whole process; idempotent).
+
+    Returns:
+        True if installed (now or before); False, changing nothing, when this SDK version
+        has no such functions or its data converter no ``external_storage``.
+    """
+    import temporalio.bridge.worker as bridge
+    import temporalio.converter as converter
+
+    decode = getattr(bridge, "decode_activation", None)
+    encode = getattr(bridge, "encode_completion", None)
+    metrics = getattr(getattr(converter, "_extstore", None), "StorageOperationMetrics", None)
+    if getattr(decode, _SKIPPING, False):
+        return True
+    if decode is None or encode is None or metrics is None or "external_storage" not in converter.DataConverter.__dataclass_fields__:
+        log.warning("payload walks not skipped: this temporalio version's worker internals differ")
+        return False
+
+    async def decode_activation(activation: Any, data_converter: Any, *args: Any, **kwargs: Any) -> Any:
+        if walks_are_idle(data_converter):
+            return metrics()
+        return await decode(activation, data_converter, *args, **kwargs)
+
+    async def encode_completion(completion: Any, data_converter: Any, *args: Any, **kwargs: Any) -> Any:
+        if walks_are_idle(data_converter):
+            return metrics()
+        return await encode(completion, data_converter, *args, **kwargs)
+
+    setattr(decode_activation, _SKIPPING, True)
+    bridge.decode_activation = decode_activation
+    bridge.encode_completion = encode_completion
+    return True

@@ -1,0 +1,122 @@
+"""Less CPU per workflow activation (issue 31 item 6, :mod:`hermes.infra.activation` and
+:mod:`hermes.infra.run_cache`): no payload walks that cannot change a payload, payload
+models and pydantic passed through the sandbox, and a run-cache hook that reads nothing of
+an ordinary activation. The CPU figures are benchmarks (``bench/turn_overhead.py``,
+``bench/tool_dispatch.py``); these tests pin the behaviour that yields them."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from temporalio import workflow
+from temporalio.api.common.v1 import Payload
+from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.converter import PayloadCodec
+from temporalio.worker import Worker
+from temporalio.worker._command_aware_visitor import CommandAwarePayloadVisitor
+
+with workflow.unsafe.imports_passed_through():
+    import dataclasses
+
+    from hermes.client import HermesClient
+    from hermes.infra.activation import PASSTHROUGH_MODULES, walks_are_idle
+    from hermes.infra.durable import DurableStore
+    from hermes.infra.run_cache import MovedRunEviction
+    from hermes.providers.scripted import ScriptedModel
+    from hermes.tools.builtin import register_builtins
+    from hermes.tools.registry import ToolRegistry
+    from worker import build_worker
+
+from workflows.session import patches as workflow_module
+from hermes.models import SessionConfig
+
+
+class _Identity(PayloadCodec):
+    async def encode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+    async def decode(self, payloads: Sequence[Payload]) -> list[Payload]:
+        return list(payloads)
+
+
+def test_payload_walks_are_idle_only_without_codec_and_external_storage():
+    assert walks_are_idle(pydantic_data_converter)
+    assert not walks_are_idle(dataclasses.replace(pydantic_data_converter, payload_codec=_Identity()))
+
+
+async def test_a_worker_without_codec_walks_no_payloads_and_its_session_answers(
+    temporal_client, settings, redis, session_id, monkeypatch
+):
+    walks = 0
+    visit = CommandAwarePayloadVisitor.visit
+
+    async def counted(self: Any, *args: Any, **kwargs: Any) -> Any:
+        nonlocal walks
+        walks += 1
+        return await visit(self, *args, **kwargs)
+
+    monkeypatch.setattr(CommandAwarePayloadVisitor, "visit", counted)
+    worker = build_worker(
+        temporal_client, settings, provider=ScriptedModel.demo(), registry=register_builtins(ToolRegistry()), redis=redis
+    )
+    hermes = HermesClient(
+        temporal_client, task_queue=settings.task_queue, redis=redis, durable=DurableStore(settings.resolved_memory_uri)
+    )
+    async with worker:
+        result = await hermes.send_message(session_id, "What is (17 + 25) * 3?")
+    assert (result.status, "126" in (result.reply or "")) == ("completed", True)
+    assert walks == 0
+
+
+@workflow.defn(name="PassthroughProbe")
+class PassthroughProbe:
+    @workflow.run
+    async def run(self) -> list[int]:
+        import pydantic
+
+        return [id(SessionConfig), id(pydantic.BaseModel), id(workflow_module)]
+
+
+async def test_the_sandbox_takes_payload_models_and_pydantic_from_the_worker_and_imports_workflow_code_afresh(
+    temporal_client, settings, redis
+):
+    import pydantic
+
+    runner = build_worker(
+        temporal_client, settings, provider=ScriptedModel.demo(), registry=register_builtins(ToolRegistry()), redis=redis
+    ).config()["workflow_runner"]
+    assert {"pydantic", "hermes.models"} <= runner.restrictions.passthrough_modules
+    assert set(PASSTHROUGH_MODULES) <= runner.restrictions.passthrough_modules
+    queue = f"probe-{uuid.uuid4()}"
+    async with Worker(temporal_client, task_queue=queue, workflows=[PassthroughProbe], workflow_runner=runner):
+        seen = await temporal_client.execute_workflow(PassthroughProbe.run, id=f"probe-{uuid.uuid4()}", task_queue=queue)
+    models, base_model, logic = seen
+    assert (models, base_model) == (id(SessionConfig), id(pydantic.BaseModel))
+    assert logic != id(workflow_module), "workflow code stays sandboxed (its non-determinism is still checked)"
+
+
+class _Jobs:
+    def __iter__(self) -> Any:
+        raise AssertionError("the jobs of an ordinary activation were read")
+
+
+async def test_the_run_cache_hook_hands_on_an_activation_of_a_cached_announced_run_without_reading_it():
+    handled: list[Any] = []
+
+    async def handle(act: Any) -> None:
+        handled.append(act)
+
+    async def poll() -> None:
+        return None
+
+    workflows = type(
+        "Workflows", (), {"_handle_activation": staticmethod(handle), "_running_workflows": {"run-1": object()},
+                          "_bridge_worker": staticmethod(lambda: None), "run": staticmethod(poll)}
+    )()
+    eviction = MovedRunEviction(type("W", (), {"_workflow_worker": workflows})(), redis=object())
+    assert eviction.install()
+    act = type("Act", (), {"run_id": "run-1", "jobs": _Jobs(), "is_replaying": False})()
+    await workflows._handle_activation(act)
+    assert handled == [act] and eviction.published == 0
