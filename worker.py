@@ -400,6 +400,7 @@ class PreloadedEmbedder:
                 from hermes.memory import crosslingual
 
                 crosslingual.warm()  # the dictionary of the lexical channel (about 0.5 s)
+                _warm_reference_bank(embedder)
                 self._warmed = True
         except Exception:  # noqa: BLE001 - the activities report it where it matters
             log.warning("memory embedder not preloaded", exc_info=True)
@@ -508,3 +509,14 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def _warm_reference_bank(embedder: Any) -> None:
+    """Embed the read path's reference bank (:mod:`hermes.memory.relevance`) now: the
+    first search of a worker otherwise embedded its hundred questions (3 s on an idle
+    machine; past the search's 15 s timeout with eight busy processes per core, and the
+    demo's recall came back empty)."""
+    from hermes.memory import relevance
+
+    if embedder.thresholds.retrieval_lift > -1.0:
+        relevance.bank_for(embedder).matrix  # noqa: B018 - computed and kept on first read

