@@ -365,7 +365,7 @@ def _wants_events(request: Request) -> bool:
 
 
 async def _turn_events(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> AsyncIterator[str]:
-    """The SSE of one message: its turn events (``id`` = offset), then ``result`` (the
+    """The SSE of one message: its own turn's events (``id`` = offset), then ``result`` (the
     TurnResult), or ``error`` (a problem document) if the message failed."""
     try:
         async for item in hermes.stream_message(session_id, text, **send):
@@ -571,7 +571,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/sessions/{session_id}", get_session, "The session's state", SessionState, errors=_SESSION_ERRORS),
     Operation("POST", "/v1/sessions/{session_id}/messages", send_message,
               "Send a message and wait for the turn's result (a write tool call waits for its approval); with "
-              "Accept: text/event-stream, the turn's events as they happen, then `result` (or `error`)", TurnResult, 200,
+              "Accept: text/event-stream, this message's own turn's events as they happen, then `result` (or `error`)", TurnResult, 200,
               SendMessageRequest, (400, 401, 403, 404, 409, 413, 422, 500, 502, 503),
               headers=(("Idempotency-Key", "names the message: a resend with the same key and body returns the first reply "
                         "and runs no second turn (another body: 422). Without it, the same body within "

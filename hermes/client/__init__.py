@@ -264,8 +264,8 @@ class HermesClient:
     def stream_message(
         self, session_id: str, text: str, *, after: str | None = None, **send: Any
     ) -> AsyncIterator[TurnEvent | TurnResult]:
-        """:meth:`send_message`, yielding the session's turn events while the turn runs
-        and, last, its result (:func:`hermes.client.streaming.stream_message`)."""
+        """:meth:`send_message`, yielding its own turn's events (no other turn's) while
+        the turn runs and, last, its result (:func:`hermes.client.streaming.stream_message`)."""
         return stream_message(self, session_id, text, after=after, **send)
 
     async def get_stored_content(self, ref: str) -> str | None:
