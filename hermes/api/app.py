@@ -605,7 +605,10 @@ OPERATIONS: tuple[Operation, ...] = (
               "server-sent events", None, 200, ChatCompletionRequest, (400, 401, 403, 409, 413, 422, 503),
               headers=(("X-Hermes-Session-Id", "the session (else the body's `user`)"),
                        ("Idempotency-Key", "names the message (as on /v1/sessions/{id}/messages): a retry attaches to "
-                        "its turn; without it, the same body within api_retry_window_seconds of the answer does")),
+                        "its turn; without it, the same body within api_retry_window_seconds of the answer does"),
+                       ("X-Hermes-Tool-Progress", "streamed: `none` (default, the answer's text only), `reasoning` (tool "
+                        "calls, approvals and warnings as `delta.reasoning_content` lines) or `content` (those lines in "
+                        "the text)")),
               event_stream=True),
     Operation("GET", "/v1/models", list_models, "OpenAI-compatible model list: `hermes`", None, errors=(401,)),
     Operation("GET", "/v1/memory", search_memory, "Search the key's user's long-term memories", MemorySearchResult,
