@@ -366,13 +366,18 @@ def _wants_events(request: Request) -> bool:
 
 async def _turn_events(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> AsyncIterator[str]:
     """The SSE of one message: its own turn's events (``id`` = offset), then ``result`` (the
-    TurnResult), or ``error`` (a problem document) if the message failed."""
+    TurnResult), or ``error`` (a problem document) if the message failed. A warning sent
+    as a ``warning`` event is left out of the result's ``warnings``: each is sent once."""
+    warned: set[str] = set()
     try:
         async for item in hermes.stream_message(session_id, text, **send):
             if isinstance(item, TurnEvent):
+                if item.type == "warning":
+                    warned.add(str(item.data.get("text", "")))
                 yield sse(item.type, item.model_dump_json(), item.offset or None)
             else:
-                yield sse("result", item.model_dump_json())
+                unsent = [w for w in item.warnings if w not in warned]
+                yield sse("result", item.model_copy(update={"warnings": unsent}).model_dump_json())
     except HermesError as err:
         yield sse("error", json.dumps(problem_for(err).document(), ensure_ascii=False, default=str))
 
