@@ -54,6 +54,7 @@ from hermes.api.schemas import (
     Transcript,
 )
 from hermes.client import HermesClient
+from hermes.client.streaming import first_possible_turn
 from hermes.security.codec_server import nested_deeper_than
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.content.events import TurnEvent, check_offset
@@ -351,6 +352,8 @@ async def send_message(request: Request) -> Response:
     if _wants_events(request):
         # Keepalives too: a message that comes while a turn awaits a human's approval is
         # held by the session (up to the approval timeout) before its own turn starts.
+        # The state read above bounds the message's turn from below (its stream shows only that turn).
+        send["first_turn"] = first_possible_turn(state)
         response = event_stream(_turn_events(hermes, session_id, body.text, send), on_close=stream_slot(request, identity))
         response.headers.update(replayed)
         return response

@@ -61,6 +61,7 @@ from hermes.api.retries import REPLAYED_HEADER, idempotency_key, message_name, r
 from hermes.api.schemas import SESSION_ID_PATTERN
 from hermes.api.sse import event_stream
 from hermes.client import HermesClient
+from hermes.client.streaming import first_possible_turn
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.content.events import TurnEvent
 from hermes.models import TurnResult
@@ -284,7 +285,10 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     completion_id = f"chatcmpl-{session_id}-{int(time.time() * 1000)}"
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage, retry=name.retry, progress=progress)
+        chunks = _chunks(
+            hermes, session_id, text, send, completion_id, body.model, usage, retry=name.retry, progress=progress,
+            first_turn=first_possible_turn(state),  # the state read above: no second query
+        )
         # With keepalive comments, which the OpenAI SDK skips.
         response = event_stream(chunks, on_close=stream_slot(request, identity))
     else:
@@ -319,11 +323,12 @@ def _data(value: Any) -> str:
 
 async def _chunks(
     hermes: HermesClient, session_id: str, text: str, send: dict[str, Any], completion_id: str, model: str, usage: bool,
-    *, retry: bool = False, progress: str = "none",
+    *, retry: bool = False, progress: str = "none", first_turn: int | None = None,
 ) -> AsyncIterator[str]:
     """The chunks of a streamed completion; a ``retry`` of a message the session took
     already gets its whole reply in one chunk (the turn's earlier events went to the
-    first request). ``progress``: where tool progress goes (:data:`TOOL_PROGRESS_MODES`)."""
+    first request). ``progress``: where tool progress goes (:data:`TOOL_PROGRESS_MODES`);
+    ``first_turn``: see :func:`hermes.client.streaming.stream_message`."""
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -334,7 +339,10 @@ async def _chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        items = _whole_reply(hermes, session_id, text, send) if retry else hermes.stream_message(session_id, text, **send)
+        items = (
+            _whole_reply(hermes, session_id, text, send) if retry
+            else hermes.stream_message(session_id, text, first_turn=first_turn, **send)
+        )
         async for item in items:
             if isinstance(item, TurnEvent):
                 shown = answer_text(item)

@@ -77,7 +77,8 @@ class OwnTurn:
 
 
 async def stream_message(
-    hermes: HermesClient, session_id: str, text: str, *, after: str | None = None, **send: Any
+    hermes: HermesClient, session_id: str, text: str, *, after: str | None = None, first_turn: int | None = None,
+    **send: Any,
 ) -> AsyncIterator[TurnEvent | TurnResult]:
     """:meth:`~hermes.client.HermesClient.send_message` of ``hermes``, yielding the
     events of the message's own turn while it runs and, last, its :class:`TurnResult`.
@@ -94,6 +95,8 @@ async def stream_message(
     Args:
         after: an event offset to start after (``hermes.content.events.check_offset``), no
             later than the session's newest event.
+        first_turn: :func:`first_possible_turn` of a state the caller read just before
+            (saves the query of the session's state this makes otherwise).
         send: the keyword arguments of :meth:`~hermes.client.HermesClient.send_message`.
 
     Raises:
@@ -115,7 +118,9 @@ async def stream_message(
         except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without them
             log.warning("turn events of %s not available (%s); the result alone follows", session_id, err)
             log_ = None
-    own = OwnTurn(await _first_turn(hermes, session_id) if log_ is not None else None)
+    if first_turn is None and log_ is not None:
+        first_turn = await _first_turn(hermes, session_id)
+    own = OwnTurn(first_turn)
     sending = asyncio.ensure_future(hermes.send_message(session_id, text, **send))
     try:
         loop = asyncio.get_running_loop()
