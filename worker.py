@@ -501,9 +501,11 @@ async def run_worker(
 
 def main() -> None:
     from hermes.infra.process import tune_allocator
+    from hermes.infra.sdk_logs import install_default_runtime
 
     tune_allocator()  # before any thread: the worker's memory stays flat (issue 12)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    install_default_runtime()  # the SDK core's warnings as plain lines of this log
     asyncio.run(run_worker())
 
 

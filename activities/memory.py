@@ -51,6 +51,7 @@ from hermes.memory.models import (
     SearchMemoriesResult,
     WriteMemoriesInput,
     WriteReport,
+    recall_warning,
 )
 from hermes.memory.store import EmbeddingModelMismatch, MemoryStore, MemoryStoreError
 from hermes.models import CallModelInput, Message
@@ -291,7 +292,8 @@ class MemoryActivities:
             telemetry.set_attributes(span, {"hermes.memory.found": len(result.memories), "hermes.memory.error": result.error and result.error[:200]})
         if self.events is not None and inp.session_id and inp.turn is not None:
             if result.error:
-                event = TurnEvent(type="warning", session_id=inp.session_id, turn=inp.turn, data={"text": result.error})
+                # Worded as the turn result's warning: one warning, not two wordings of it.
+                event = TurnEvent(type="warning", session_id=inp.session_id, turn=inp.turn, data={"text": recall_warning(result.error)})
             else:
                 memories = [{"id": m.memory_id, "kind": m.kind, "text": m.text} for m in result.memories]
                 event = TurnEvent(type="memories_recalled", session_id=inp.session_id, turn=inp.turn, data={"memories": memories})

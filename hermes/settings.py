@@ -365,7 +365,8 @@ class Settings(BaseSettings):
     temporal_ui_url: str | None = None
     """The Temporal Web UI the web chat links sessions to (``HERMES_TEMPORAL_UI_URL``);
     unset: ``http://127.0.0.1:<ui_port>`` (``hermes dev``'s) when Temporal is the embedded
-    one, else none; ``""``: none."""
+    one, ``https://cloud.temporal.io`` when ``TEMPORAL_ADDRESS`` is Temporal Cloud, else
+    none (set it for a self-hosted server: ``hermes serve`` says so); ``""``: none."""
     api_max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """The largest request body ``hermes serve`` reads, in bytes (1 MiB); a larger one
     is answered 413 and nothing is sent to the session."""
@@ -512,10 +513,28 @@ class Settings(BaseSettings):
 
     @property
     def resolved_temporal_ui_url(self) -> str | None:
-        """``temporal_ui_url``; unset: ``hermes dev``'s Web UI when Temporal is the embedded one."""
+        """The Temporal Web UI sessions are linked to (``/v1/info``), without a trailing ``/``.
+
+        Returns:
+            ``temporal_ui_url`` when set (``""``: None); unset, ``hermes dev``'s Web UI
+            when Temporal is the embedded one, :data:`TEMPORAL_CLOUD_UI_URL` when
+            ``temporal_address`` is a Temporal Cloud endpoint (``*.tmprl.cloud`` or
+            ``*.api.temporal.io``: the Cloud's UI serves every namespace), else None (a
+            self-hosted server's UI address cannot be told from its gRPC address).
+        """
         if self.temporal_ui_url is not None:
             return self.temporal_ui_url.rstrip("/") or None
-        return None if self.temporal_address else f"http://127.0.0.1:{self.ui_port}"
+        if not self.temporal_address:
+            return f"http://127.0.0.1:{self.ui_port}"
+        host = self.temporal_address.rsplit(":", 1)[0].lower().rstrip(".")
+        return TEMPORAL_CLOUD_UI_URL if host.endswith(_TEMPORAL_CLOUD_HOSTS) else None
+
+
+TEMPORAL_CLOUD_UI_URL = "https://cloud.temporal.io"
+"""The Web UI of Temporal Cloud (a workflow is at ``{url}/namespaces/{ns}/workflows/{id}``)."""
+_TEMPORAL_CLOUD_HOSTS = (".tmprl.cloud", ".api.temporal.io")
+"""Endpoint host suffixes of Temporal Cloud: namespace endpoints ``<ns>.<account>.tmprl.cloud``
+and regional API-key endpoints ``<region>.<cloud>.api.temporal.io``."""
 
 
 @lru_cache(maxsize=1)

@@ -301,3 +301,40 @@ async def test_the_api_takes_a_lower_case_bearer_scheme(keys):  # noqa: F811
     async with api_server(nowhere(), keys["path"]) as http:
         info = await http.get("/v1/models", headers={"Authorization": f"bearer {keys['alice']}"})
         assert info.status_code == 200, info.text
+
+
+# --------------------------------------------------------------------------- the Temporal Web UI link
+
+
+async def test_info_links_the_temporal_web_ui_of_a_remote_temporal_when_one_is_configured_or_it_is_temporal_cloud(
+    keys, monkeypatch  # noqa: F811
+):
+    alice = auth(keys["alice"])
+    for name in ("TEMPORAL_ADDRESS", "HERMES_TEMPORAL_ADDRESS", "HERMES_TEMPORAL_UI_URL"):
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+    cases = {
+        "self-hosted, configured": ("temporal.internal:7233", "http://temporal-ui.internal:8080/"),
+        "self-hosted, not configured": ("temporal.internal:7233", None),
+        "cloud namespace endpoint": ("prod.a1b2c.tmprl.cloud:7233", None),
+        "cloud API-key endpoint": ("us-east-1.aws.api.temporal.io:7233", None),
+        "cloud, configured off": ("prod.a1b2c.tmprl.cloud:7233", ""),
+    }
+    for case, (address, ui) in cases.items():
+        monkeypatch.setenv("TEMPORAL_ADDRESS", address)
+        if ui is None:
+            monkeypatch.delenv("HERMES_TEMPORAL_UI_URL", raising=False)
+        else:
+            monkeypatch.setenv("HERMES_TEMPORAL_UI_URL", ui)
+        # As `hermes serve` reads them: from the environment.
+        async with api_server(Settings(_env_file=None), keys["path"]) as http:
+            r = await http.get("/v1/info", headers=alice)
+        assert r.status_code == 200, r.text
+        seen[case] = r.json()["temporal_ui_url"]
+    assert seen == {
+        "self-hosted, configured": "http://temporal-ui.internal:8080",
+        "self-hosted, not configured": None,
+        "cloud namespace endpoint": "https://cloud.temporal.io",
+        "cloud API-key endpoint": "https://cloud.temporal.io",
+        "cloud, configured off": None,
+    }

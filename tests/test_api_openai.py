@@ -1,6 +1,6 @@
 """The OpenAI-compatible endpoint (hermes/api/openai_compat.py) driven by the `openai`
-Python client over real HTTP: models, a completion, a streamed completion with a tool call
-shown as text, an approval wait reported and then decided, and the errors an OpenAI
+Python client over real HTTP: models, a completion, a streamed completion whose text is the answer
+alone (tool progress only when asked, as reasoning_content or text), an approval wait reported and then decided, and the errors an OpenAI
 client raises from (no session id, another user's session, a request's own tools)."""
 
 from __future__ import annotations
@@ -47,12 +47,25 @@ async def test_an_openai_client_talks_to_a_durable_session(run_worker, settings,
             for choice in chunk.choices:
                 pieces.append(choice.delta.content or "")
                 finishes.append(choice.finish_reason)
-        text = "".join(pieces)
-        assert '> tool calculate {"expression": "19+23"}' in text and "> calculate: code 0" in text
-        assert text.endswith("The sum of nineteen and twenty-three is 42, as the calculator says.")
-        assert len([p for p in pieces if p]) > 3 and finishes[-1] == "stop"
+        # By default the streamed content is the answer's text, with no tool progress in it.
+        assert "".join(pieces) == "The sum of nineteen and twenty-three is 42, as the calculator says."
+        assert len([p for p in pieces if p]) > 1 and finishes[-1] == "stop"  # streamed, not in one piece
+
+        # Asked for, tool progress comes apart from the answer, as reasoning_content lines.
+        stream = await client.chat.completions.create(
+            model="hermes", stream=True, messages=[{"role": "user", "content": "please add these again"}],
+            extra_headers={"X-Hermes-Tool-Progress": "reasoning"},
+        )
+        pieces, progress = [], []
+        async for chunk in stream:
+            for choice in chunk.choices:
+                pieces.append(choice.delta.content or "")
+                progress.append(getattr(choice.delta, "reasoning_content", None) or "")
+        assert "".join(pieces) == "The sum of nineteen and twenty-three is 42, as the calculator says."
+        lines = "".join(progress)
+        assert '> tool calculate {"expression": "19+23"}' in lines and "> calculate: code 0" in lines
         users = [m.content for m in await hermes.get_transcript(sid) if m.role == "user"]
-        assert users == ["now talk", "please add these"]
+        assert users == ["now talk", "please add these", "please add these again"]
         assert (await hermes.get_state(sid)).user_id == "alice"
 
         # Errors an OpenAI client raises, with the reason.
@@ -69,7 +82,12 @@ async def test_an_openai_client_talks_to_a_durable_session(run_worker, settings,
             await client.chat.completions.create(model="hermes", messages=[{"role": "assistant", "content": "hi"}])
         with pytest.raises(openai.AuthenticationError):
             await _client(http, "hk_wrong", sid).models.list()
-        assert (await hermes.get_state(sid)).turn_count == 2
+        with pytest.raises(openai.BadRequestError, match="X-Hermes-Tool-Progress"):
+            await client.chat.completions.create(
+                model="hermes", stream=True, messages=[{"role": "user", "content": "hi"}],
+                extra_headers={"X-Hermes-Tool-Progress": "loud"},
+            )
+        assert (await hermes.get_state(sid)).turn_count == 3
 
 
 @pytest.mark.timeout(900)
@@ -78,7 +96,8 @@ async def test_a_streamed_completion_reports_an_approval_wait_and_goes_on_once_d
         sid = f"oai-{uuid.uuid4().hex[:8]}"
         client = _client(http, keys["alice"], sid)
         stream = await client.chat.completions.create(
-            model="hermes", stream=True, messages=[{"role": "user", "content": NOTE_MESSAGE}]
+            model="hermes", stream=True, messages=[{"role": "user", "content": NOTE_MESSAGE}],
+            extra_headers={"X-Hermes-Tool-Progress": "content"},
         )
         text = ""
         async for chunk in stream:

@@ -218,3 +218,24 @@ async def _after_event(lines: Any, kind: str) -> Any:
             yield line
             if not line:
                 return
+
+
+@pytest.mark.timeout(600)
+async def test_a_memory_warning_is_sent_once_in_one_wording_in_a_messages_stream(run_worker, settings, keys):  # noqa: F811
+    from hermes.memory.store import MemoryStoreError
+
+    def unavailable_store() -> None:
+        raise MemoryStoreError("the disk of the memory store is not mounted")
+
+    script = {"turns": [], "fallback": "Noted."}
+    async with run_worker(script, memory=unavailable_store) as hermes, api_server(settings, keys["path"], hermes) as http:
+        alice = auth(keys["alice"])
+        sid = f"api-{uuid.uuid4()}"
+        assert (await http.post("/v1/sessions", json={"session_id": sid}, headers=alice)).status_code == 201
+        sse_headers = {**alice, "Accept": "text/event-stream"}
+        async with http.stream("POST", f"/v1/sessions/{sid}/messages", json={"text": "I live in Bern."}, headers=sse_headers) as r:
+            events = await read_sse(r)
+    assert events[-1]["event"] == "result" and events[-1]["data"]["reply"] == "Noted.", events
+    shown = [e["data"]["data"]["text"] for e in events if e["event"] == "warning"] + events[-1]["data"]["warnings"]
+    about_memory = [w for w in shown if "not mounted" in w]
+    assert len(about_memory) == 1 and about_memory[0].startswith("Long-term memory was not searched: "), shown

@@ -58,3 +58,27 @@ def test_every_command_group_is_registered_in_the_order_of_the_help():
         "approve", "reject", "approvals", "tools", "serve", "encryption-key", "command-key", "doctor", "healthcheck", "mcp",
         "memory", "keys", "deploy",
     ]
+
+
+def test_hermes_dev_takes_every_port_setting_as_an_option_that_wins_over_its_variable(monkeypatch):
+    from typer.testing import CliRunner
+
+    from hermes.cli import stack
+    from hermes.settings import Settings
+
+    ports = sorted(name for name in Settings.model_fields if name.endswith("_port"))
+    assert ports and sorted(stack.DEV_PORTS) == ports
+    for name in ports:
+        option = _option(("dev",), name)
+        assert option.opts == ["--" + name.replace("_", "-")] and f"HERMES_{name.upper()}" in (option.help or "")
+        assert f"else {Settings.model_fields[name].default})" in option.help
+
+    seen = []
+    monkeypatch.setattr(stack, "run_command", lambda main, settings, **_: seen.append(settings) or main().close())
+    monkeypatch.setenv("HERMES_REDIS_PORT", "16379")
+    monkeypatch.setenv("HERMES_UI_PORT", "18233")
+    result = CliRunner().invoke(app, ["dev", "--temporal-port", "17233", "--ui-port", "18234", "--codec-port", "18081"])
+    assert result.exit_code == 0, result.output
+    [settings] = seen
+    assert (settings.temporal_port, settings.ui_port, settings.redis_port, settings.codec_port) == (17233, 18234, 16379, 18081)
+    assert CliRunner().invoke(app, ["dev", "--redis-port", "70000"]).exit_code == 2

@@ -170,3 +170,29 @@ async def test_a_refused_message_streams_nothing_and_raises(run_worker, session_
     async with run_worker(STREAMING_SCRIPT) as hermes:
         with pytest.raises(MessageRejectedError):
             await asyncio.wait_for(_stream(hermes, session_id, "   "), 30)
+
+
+async def _until_queued(hermes: Any, session_id: str, queued: int) -> None:
+    while (await hermes.get_state(session_id)).queued_messages < queued:
+        await asyncio.sleep(0.05)  # polling a condition, as wait_for_approval does
+
+
+@pytest.mark.timeout(600)
+async def test_a_message_queued_behind_a_running_turn_streams_only_its_own_turn(run_worker, session_id):
+    from hermes.providers.scripted import ScriptedModel
+
+    async with run_worker(ScriptedModel.demo(), memory=False) as hermes:
+        first = asyncio.create_task(hermes.send_message(session_id, "Save a note: buy milk", user_id="u1"))
+        pending = await hermes.wait_for_approval(session_id, timeout_seconds=120)
+        second = asyncio.create_task(_stream(hermes, session_id, "What is 2 ** 10?"))
+        await asyncio.wait_for(_until_queued(hermes, session_id, 1), 60)
+        # Decided now, the first turn publishes its approval, tool call, text and end while
+        # the queued message's stream reads the session: none of them is the second's.
+        await hermes.approve(session_id, pending.tool_call_id, approver="u1")
+        events, result = await asyncio.wait_for(second, 120)
+        assert (await first).turn == 1
+    assert result.turn == 2
+    assert {e.turn for e in events} == {2}, [(e.type, e.turn) for e in events]
+    kinds = [e.type for e in events]
+    assert kinds[0] == "turn_started" and kinds[-1] == "turn_finished"
+    assert "".join(e.data["text"] for e in events if e.type == "text_delta") == result.reply

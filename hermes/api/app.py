@@ -54,6 +54,7 @@ from hermes.api.schemas import (
     Transcript,
 )
 from hermes.client import HermesClient
+from hermes.client.streaming import first_possible_turn
 from hermes.security.codec_server import nested_deeper_than
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.content.events import TurnEvent, check_offset
@@ -351,6 +352,8 @@ async def send_message(request: Request) -> Response:
     if _wants_events(request):
         # Keepalives too: a message that comes while a turn awaits a human's approval is
         # held by the session (up to the approval timeout) before its own turn starts.
+        # The state read above bounds the message's turn from below (its stream shows only that turn).
+        send["first_turn"] = first_possible_turn(state)
         response = event_stream(_turn_events(hermes, session_id, body.text, send), on_close=stream_slot(request, identity))
         response.headers.update(replayed)
         return response
@@ -365,14 +368,19 @@ def _wants_events(request: Request) -> bool:
 
 
 async def _turn_events(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> AsyncIterator[str]:
-    """The SSE of one message: its turn events (``id`` = offset), then ``result`` (the
-    TurnResult), or ``error`` (a problem document) if the message failed."""
+    """The SSE of one message: its own turn's events (``id`` = offset), then ``result`` (the
+    TurnResult), or ``error`` (a problem document) if the message failed. A warning sent
+    as a ``warning`` event is left out of the result's ``warnings``: each is sent once."""
+    warned: set[str] = set()
     try:
         async for item in hermes.stream_message(session_id, text, **send):
             if isinstance(item, TurnEvent):
+                if item.type == "warning":
+                    warned.add(str(item.data.get("text", "")))
                 yield sse(item.type, item.model_dump_json(), item.offset or None)
             else:
-                yield sse("result", item.model_dump_json())
+                unsent = [w for w in item.warnings if w not in warned]
+                yield sse("result", item.model_copy(update={"warnings": unsent}).model_dump_json())
     except HermesError as err:
         yield sse("error", json.dumps(problem_for(err).document(), ensure_ascii=False, default=str))
 
@@ -571,7 +579,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("GET", "/v1/sessions/{session_id}", get_session, "The session's state", SessionState, errors=_SESSION_ERRORS),
     Operation("POST", "/v1/sessions/{session_id}/messages", send_message,
               "Send a message and wait for the turn's result (a write tool call waits for its approval); with "
-              "Accept: text/event-stream, the turn's events as they happen, then `result` (or `error`)", TurnResult, 200,
+              "Accept: text/event-stream, this message's own turn's events as they happen, then `result` (or `error`)", TurnResult, 200,
               SendMessageRequest, (400, 401, 403, 404, 409, 413, 422, 500, 502, 503),
               headers=(("Idempotency-Key", "names the message: a resend with the same key and body returns the first reply "
                         "and runs no second turn (another body: 422). Without it, the same body within "
@@ -605,7 +613,10 @@ OPERATIONS: tuple[Operation, ...] = (
               "server-sent events", None, 200, ChatCompletionRequest, (400, 401, 403, 409, 413, 422, 503),
               headers=(("X-Hermes-Session-Id", "the session (else the body's `user`)"),
                        ("Idempotency-Key", "names the message (as on /v1/sessions/{id}/messages): a retry attaches to "
-                        "its turn; without it, the same body within api_retry_window_seconds of the answer does")),
+                        "its turn; without it, the same body within api_retry_window_seconds of the answer does"),
+                       ("X-Hermes-Tool-Progress", "streamed: `none` (default, the answer's text only), `reasoning` (tool "
+                        "calls, approvals and warnings as `delta.reasoning_content` lines) or `content` (those lines in "
+                        "the text)")),
               event_stream=True),
     Operation("GET", "/v1/models", list_models, "OpenAI-compatible model list: `hermes`", None, errors=(401,)),
     Operation("GET", "/v1/memory", search_memory, "Search the key's user's long-term memories", MemorySearchResult,

@@ -15,10 +15,16 @@ server-sent events ending with ``data: [DONE]``):
   exist is started, owned by the key's user; another user's is answered 404, as one that
   does not exist.
 * **Tools are Hermes'.** They run inside the session (with its approvals); a request's own
-  ``tools`` (and ``functions``) are refused (422). Streamed, each tool call shows as a text line
-  (``> tool calculate {...}`` then ``> calculate: code 0``); a call waiting for a human's
-  approval shows as ``> waiting for approval of save_note (...)``, and the stream goes on
-  once someone decides (``POST /v1/sessions/{id}/approvals/{tool_call_id}/approve``).
+  ``tools`` (and ``functions``) are refused (422). A streamed answer's ``content`` is the
+  reply's text only. Tool progress (each tool call as ``> tool calculate {...}`` then
+  ``> calculate: code 0``; a call waiting for a human's approval as ``> waiting for approval
+  of save_note (...)``, the stream going on once someone decides, ``POST
+  /v1/sessions/{id}/approvals/{tool_call_id}/approve``; warnings) comes only when the
+  request asks for it with the ``X-Hermes-Tool-Progress`` header (:data:`TOOL_PROGRESS_HEADER`):
+  ``reasoning`` puts the lines in ``delta.reasoning_content``, the field DeepSeek's API
+  streams its reasoning in and that Open WebUI, LiteLLM and vLLM clients show apart from
+  the answer (Open WebUI as a collapsible "Thinking" block); ``content`` mixes them into
+  the text as before; ``none`` (the default) leaves them out.
 * ``model`` is echoed; the session's configured model answers. The request is checked
   strictly (:class:`ChatCompletionRequest`): sampling and length parameters
   (``temperature``, ``max_tokens``... :data:`IGNORED_FIELDS`) are accepted and ignored;
@@ -55,6 +61,7 @@ from hermes.api.retries import REPLAYED_HEADER, idempotency_key, message_name, r
 from hermes.api.schemas import SESSION_ID_PATTERN
 from hermes.api.sse import event_stream
 from hermes.client import HermesClient
+from hermes.client.streaming import first_possible_turn
 from hermes.errors import HermesError, SessionNotFoundError
 from hermes.content.events import TurnEvent
 from hermes.models import TurnResult
@@ -257,6 +264,7 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     newest user message to the session; the reply as a ``chat.completion``, or streamed
     as ``chat.completion.chunk`` events."""
     check_request(body)
+    progress = tool_progress(request)
     text = _text_of(body.messages[-1])
     session_id = _session_id(request, body, identity)
     user_id = identity.user_id
@@ -277,7 +285,10 @@ async def chat_completions(request: Request, identity: Identity, body: ChatCompl
     completion_id = f"chatcmpl-{session_id}-{int(time.time() * 1000)}"
     if body.stream:
         usage = bool(body.stream_options and body.stream_options.include_usage)
-        chunks = _chunks(hermes, session_id, text, send, completion_id, body.model, usage, retry=name.retry)
+        chunks = _chunks(
+            hermes, session_id, text, send, completion_id, body.model, usage, retry=name.retry, progress=progress,
+            first_turn=first_possible_turn(state),  # the state read above: no second query
+        )
         # With keepalive comments, which the OpenAI SDK skips.
         response = event_stream(chunks, on_close=stream_slot(request, identity))
     else:
@@ -312,11 +323,12 @@ def _data(value: Any) -> str:
 
 async def _chunks(
     hermes: HermesClient, session_id: str, text: str, send: dict[str, Any], completion_id: str, model: str, usage: bool,
-    *, retry: bool = False,
+    *, retry: bool = False, progress: str = "none", first_turn: int | None = None,
 ) -> AsyncIterator[str]:
     """The chunks of a streamed completion; a ``retry`` of a message the session took
     already gets its whole reply in one chunk (the turn's earlier events went to the
-    first request)."""
+    first request). ``progress``: where tool progress goes (:data:`TOOL_PROGRESS_MODES`);
+    ``first_turn``: see :func:`hermes.client.streaming.stream_message`."""
     created = int(time.time())
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
@@ -327,12 +339,17 @@ async def _chunks(
 
     yield chunk({"role": "assistant", "content": ""})
     try:
-        items = _whole_reply(hermes, session_id, text, send) if retry else hermes.stream_message(session_id, text, **send)
+        items = (
+            _whole_reply(hermes, session_id, text, send) if retry
+            else hermes.stream_message(session_id, text, first_turn=first_turn, **send)
+        )
         async for item in items:
             if isinstance(item, TurnEvent):
-                shown = event_text(item)
+                shown = answer_text(item)
                 if shown:
                     yield chunk({"content": shown})
+                elif progress != "none" and (shown := progress_text(item)):
+                    yield chunk({"content" if progress == "content" else "reasoning_content": shown})
                 continue
             yield chunk({}, _finish(item))
             if usage:
@@ -353,13 +370,20 @@ async def _whole_reply(hermes: HermesClient, session_id: str, text: str, send: d
     yield result
 
 
-def event_text(event: TurnEvent) -> str:
-    """What a turn event shows as in an OpenAI text stream ("" for nothing)."""
-    d = event.data
+def answer_text(event: TurnEvent) -> str:
+    """What a turn event adds to the answer's text ("" for nothing): the reply's text,
+    and the note that a cut-off attempt starts again (the text already sent stays)."""
     if event.type == "text_delta":
-        return str(d.get("text", ""))
+        return str(event.data.get("text", ""))
     if event.type == "attempt_discarded":
         return "\n\n> (the answer was cut off; it starts again)\n\n"
+    return ""
+
+
+def progress_text(event: TurnEvent) -> str:
+    """The tool-progress line of a turn event ("" for nothing): tool calls, approvals,
+    warnings, sent only where the request asked (:data:`TOOL_PROGRESS_HEADER`)."""
+    d = event.data
     if event.type == "tool_call_started":
         return f"\n\n> tool {d.get('name')} {d.get('arguments', '')}\n"
     if event.type == "tool_call_finished" and not d.get("retrying"):
@@ -375,6 +399,28 @@ def event_text(event: TurnEvent) -> str:
     if event.type == "warning":
         return f"\n\n> warning: {d.get('text')}\n\n"
     return ""
+
+
+TOOL_PROGRESS_HEADER = "X-Hermes-Tool-Progress"
+"""The request header that asks a streamed completion for tool progress (see the module
+docstring): one of :data:`TOOL_PROGRESS_MODES`; absent: ``none``."""
+TOOL_PROGRESS_MODES = ("none", "reasoning", "content")
+"""``none``: the answer's text only; ``reasoning``: progress lines as
+``delta.reasoning_content``; ``content``: progress lines inside the answer's text."""
+
+
+def tool_progress(request: Request) -> str:
+    """The tool-progress mode the request asks for (:data:`TOOL_PROGRESS_HEADER`).
+
+    Raises:
+        Problem: ``malformed-request`` (400) for a value not in :data:`TOOL_PROGRESS_MODES`.
+    """
+    mode = request.headers.get(TOOL_PROGRESS_HEADER, "none").strip().lower() or "none"
+    if mode not in TOOL_PROGRESS_MODES:
+        raise Problem(
+            "malformed-request", f"{TOOL_PROGRESS_HEADER} must be one of {', '.join(TOOL_PROGRESS_MODES)}, not {mode[:40]!r}"
+        )
+    return mode
 
 
 MODELS = {"object": "list", "data": [{"id": MODEL_ID, "object": "model", "created": 0, "owned_by": "hermes"}]}

@@ -110,9 +110,14 @@ def console_logging(log_file: Path | None = None) -> None:
 
     On the terminal: warnings and errors, one line each, never a traceback (an activity
     retried under load logs one, and a user of ``hermes demo`` should not read it as a
-    failure). With ``log_file`` (commands that run a worker in their process): everything
+    failure); the Temporal SDK core's warnings among them, plain
+    (:func:`hermes.infra.sdk_logs.install_default_runtime`). With ``log_file`` (commands that run a worker in their process): everything
     from INFO, tracebacks included, appended there.
     """
+    from hermes.infra.sdk_logs import install_default_runtime
+
+    # The SDK core's own warnings too, as plain lines of this logging (not its ANSI colours).
+    install_default_runtime()
     root = logging.getLogger()
     if root.handlers:
         return
@@ -206,13 +211,11 @@ def quiet_runtime() -> Runtime:
     only errors. By default it prints a ``WARN ... gRPC call ... retried N times`` line on
     stderr for every retry while a server is unreachable; a command reports the failure
     itself, in one line. ``hermes dev`` and ``hermes worker`` keep the default runtime."""
-    from temporalio.runtime import LoggingConfig, Runtime, TelemetryConfig, TelemetryFilter
+    from temporalio.runtime import Runtime, TelemetryConfig
 
-    return Runtime(
-        telemetry=TelemetryConfig(
-            logging=LoggingConfig(filter=TelemetryFilter(core_level="ERROR", other_level="ERROR"))
-        )
-    )
+    from hermes.infra.sdk_logs import core_logging
+
+    return Runtime(telemetry=TelemetryConfig(logging=core_logging("ERROR")))
 
 
 async def connect(settings: Settings) -> HermesClient:

@@ -74,6 +74,9 @@ def serve(
         bound = server.servers[0].sockets[0].getsockname()[1] if server.servers else port
         out.print(f"Hermes API on http://{host}:{bound} (OpenAPI: /openapi.json)")
         out.print(f"Temporal {settings.resolved_temporal_address}, Redis {settings.resolved_redis_url}", style="dim")
+        if settings.resolved_temporal_ui_url is None:
+            out.print("no Temporal Web UI link in the web chat: set HERMES_TEMPORAL_UI_URL to the Web UI of "
+                      f"{settings.resolved_temporal_address} (e.g. http://temporal-ui.internal:8080)", style="dim")
         if len(keys) == 0:
             err_console.print(f"warning: no API keys in {keys.path}: add one with `hermes keys add --user USER`", style="yellow")
         else:

@@ -44,6 +44,24 @@ def _describe_model(settings: Settings, provider: Any) -> str:
 # --------------------------------------------------------------------------- dev / worker / demo
 
 
+DEV_PORTS = {
+    "temporal_port": ("the embedded Temporal server's gRPC frontend", 7233),
+    "ui_port": ("the embedded Temporal Web UI", 8233),
+    "redis_port": ("the embedded Redis", 6379),
+    "codec_port": ("the codec server", 8081),
+}
+"""The port settings (:class:`hermes.settings.Settings`, each ``HERMES_<NAME>``) ``hermes
+dev`` takes as options: what listens there, and the setting's default (for the help,
+which does not load the settings; tests/test_cli_options.py checks they agree)."""
+
+
+def _port_option(setting: str) -> Any:
+    """The ``hermes dev`` option of port setting ``setting`` (``--temporal-port`` for ``temporal_port``)."""
+    what, default = DEV_PORTS[setting]
+    flag = "--" + setting.replace("_", "-")
+    return typer.Option(flag, min=1, max=65535, help=f"Port of {what} (default: $HERMES_{setting.upper()}, else {default}).")
+
+
 @app.command()
 def dev(
     no_worker: Annotated[
@@ -54,13 +72,19 @@ def dev(
             "processes and clients at them; run the workers yourself, in other terminals.",
         ),
     ] = False,
+    temporal_port: Annotated[int | None, _port_option("temporal_port")] = None,
+    ui_port: Annotated[int | None, _port_option("ui_port")] = None,
+    redis_port: Annotated[int | None, _port_option("redis_port")] = None,
+    codec_port: Annotated[int | None, _port_option("codec_port")] = None,
 ) -> None:
     """Run the embedded Temporal server (with Web UI), Redis and a worker until Ctrl-C.
 
     With TEMPORAL_ADDRESS / REDIS_URL set, those servers are used instead of starting them.
-    Data stays in HERMES_DATA_DIR (default .hermes/).
+    Data stays in HERMES_DATA_DIR (default .hermes/). A port option wins over its
+    HERMES_*_PORT variable.
     """
-    settings = load_settings()
+    given = {"temporal_port": temporal_port, "ui_port": ui_port, "redis_port": redis_port, "codec_port": codec_port}
+    settings = load_settings().model_copy(update={k: v for k, v in given.items() if v is not None})
     if no_worker:
         if settings.temporal_address is not None and settings.redis_url is not None:
             raise fail(

@@ -262,11 +262,11 @@ class HermesClient:
         return EventLog(self.redis) if self.redis is not None else None
 
     def stream_message(
-        self, session_id: str, text: str, *, after: str | None = None, **send: Any
+        self, session_id: str, text: str, *, after: str | None = None, first_turn: int | None = None, **send: Any
     ) -> AsyncIterator[TurnEvent | TurnResult]:
-        """:meth:`send_message`, yielding the session's turn events while the turn runs
-        and, last, its result (:func:`hermes.client.streaming.stream_message`)."""
-        return stream_message(self, session_id, text, after=after, **send)
+        """:meth:`send_message`, yielding its own turn's events (no other turn's) while
+        the turn runs and, last, its result (:func:`hermes.client.streaming.stream_message`)."""
+        return stream_message(self, session_id, text, after=after, first_turn=first_turn, **send)
 
     async def get_stored_content(self, ref: str) -> str | None:
         """The whole text kept by reference under ``ref``, or ``None``

@@ -1,4 +1,10 @@
-"""Streaming a message: its session's turn events while the turn runs, then its result."""
+"""Streaming a message: its own turn's events while the turn runs, then its result.
+
+A message's stream holds the events of the message's turn only; a session's stream
+(:meth:`hermes.content.events.EventLog.follow`, ``GET /v1/sessions/{id}/events``) holds
+every turn's. A message sent while another turn runs (or is queued) is queued by the
+session behind them: its stream waits, silent, for its own turn.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 from hermes.content.events import TurnEvent, check_offset
-from hermes.models import TurnResult
+from hermes.errors import SessionNotFoundError
+from hermes.models import SessionState, TurnResult
 
 if TYPE_CHECKING:
     from hermes.client import HermesClient
@@ -21,22 +28,75 @@ STREAM_DRAIN_SECONDS = 2.0
 for the events still on their way (its turn's ``turn_finished`` ends the wait)."""
 
 
+def first_possible_turn(state: SessionState | None) -> int:
+    """The lowest turn number a message sent now can get: the session numbers its turns
+    in the order it takes their messages (one turn at a time, the rest queued), so a
+    message sent after ``state`` was read comes after its running and queued turns.
+
+    Args:
+        state: the session's state read just before the message is sent (None: no
+            session yet, the message starts it).
+
+    Returns:
+        A turn number, from 1.
+    """
+    if state is None:
+        return 1
+    return state.turn_count + state.queued_messages + 1
+
+
+class OwnTurn:
+    """Which events of a session belong to one message's turn (plain; no I/O).
+
+    The turn is not known before the session answers the message; until then, events of
+    turns below :func:`first_possible_turn` are someone else's, and the first turn at or
+    above it that starts after the message was sent is taken as the message's (exact
+    unless another client sends to the same session in the same moment: then the
+    result's turn, once known, settles it and the other turn's later events are left out).
+
+    Args:
+        first_turn: :func:`first_possible_turn` (None: unknown, every event is kept).
+    """
+
+    def __init__(self, first_turn: int | None):
+        self.first_turn = first_turn
+        self.turn: int | None = None
+
+    def settle(self, turn: int) -> None:
+        """The message's turn, from its result."""
+        self.turn = turn
+
+    def keeps(self, event: TurnEvent) -> bool:
+        """Whether ``event`` goes into the message's stream: its turn's events, and those
+        naming no turn (``truncated``: the reader may have missed some)."""
+        if event.turn is None or self.first_turn is None:
+            return True
+        if self.turn is None and event.turn >= self.first_turn:
+            self.turn = event.turn
+        return event.turn == self.turn
+
+
 async def stream_message(
-    hermes: HermesClient, session_id: str, text: str, *, after: str | None = None, **send: Any
+    hermes: HermesClient, session_id: str, text: str, *, after: str | None = None, first_turn: int | None = None,
+    **send: Any,
 ) -> AsyncIterator[TurnEvent | TurnResult]:
     """:meth:`~hermes.client.HermesClient.send_message` of ``hermes``, yielding the
-    session's turn events while the turn runs and, last, its :class:`TurnResult`.
+    events of the message's own turn while it runs and, last, its :class:`TurnResult`.
 
-    The events are those published after ``after`` (default: the session's newest
-    event when this is called), in order, each with its ``offset``: the turn's
-    ``turn_started``, ``text_delta`` (drop a step's text on ``attempt_discarded``),
-    tool calls, approvals, recalled memories, ``turn_finished``; also those of any
-    turn queued before this message. Without Redis, or while it does not answer,
-    only the result comes.
+    The events are those of this message's turn published after ``after`` (default:
+    the session's newest event when this is called), in order, each with its
+    ``offset``: the turn's ``turn_started``, ``text_delta`` (drop a step's text on
+    ``attempt_discarded``), tool calls, approvals, recalled memories, warnings,
+    ``turn_finished`` (see :class:`OwnTurn`). Other turns' events are left out: a
+    message queued behind a running turn streams nothing until its own turn starts
+    (the session's stream, :meth:`hermes.content.events.EventLog.follow`, has them
+    all). Without Redis, or while it does not answer, only the result comes.
 
     Args:
         after: an event offset to start after (``hermes.content.events.check_offset``), no
             later than the session's newest event.
+        first_turn: :func:`first_possible_turn` of a state the caller read just before
+            (saves the query of the session's state this makes otherwise).
         send: the keyword arguments of :meth:`~hermes.client.HermesClient.send_message`.
 
     Raises:
@@ -58,6 +118,9 @@ async def stream_message(
         except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without them
             log.warning("turn events of %s not available (%s); the result alone follows", session_id, err)
             log_ = None
+    if first_turn is None and log_ is not None:
+        first_turn = await _first_turn(hermes, session_id)
+    own = OwnTurn(first_turn)
     sending = asyncio.ensure_future(hermes.send_message(session_id, text, **send))
     try:
         loop = asyncio.get_running_loop()
@@ -69,6 +132,7 @@ async def stream_message(
                 if sending.exception() is not None:
                     break
                 finished_turn = sending.result().turn
+                own.settle(finished_turn)
                 drain_until = loop.time() + STREAM_DRAIN_SECONDS
                 if finished_turn in finished_turns:
                     break
@@ -84,6 +148,8 @@ async def stream_message(
             for event in batch:
                 if event.type != "truncated":
                     offset = event.offset
+                if not own.keeps(event):
+                    continue
                 if event.type == "turn_finished":
                     finished_turns.add(event.turn)
                     ended = True
@@ -101,3 +167,15 @@ async def stream_message(
             with contextlib.suppress(BaseException):
                 await sending
 
+
+
+async def _first_turn(hermes: HermesClient, session_id: str) -> int | None:
+    """:func:`first_possible_turn` of the session now (None if its state did not come:
+    then the stream keeps every turn's events, as a session's stream does)."""
+    try:
+        return first_possible_turn(await asyncio.wait_for(hermes.get_state(session_id), 5.0))
+    except SessionNotFoundError:
+        return 1
+    except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without the filter
+        log.warning("the state of %s did not come (%s); its message's stream keeps every turn's events", session_id, err)
+        return None

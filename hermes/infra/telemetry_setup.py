@@ -51,6 +51,7 @@ from temporalio.contrib.opentelemetry import (
 from temporalio.runtime import MetricBuffer, Runtime, TelemetryConfig
 
 from hermes.errors import ConfigError
+from hermes.infra.sdk_logs import core_logging
 from hermes.settings import Settings
 
 log = logging.getLogger("hermes.telemetry")
@@ -176,7 +177,7 @@ class Telemetry:
         global _runtime, _buffer
         if _runtime is None:
             _buffer = MetricBuffer(METRIC_BUFFER_SIZE)
-            _runtime = Runtime(telemetry=TelemetryConfig(metrics=_buffer))
+            _runtime = Runtime(telemetry=TelemetryConfig(metrics=_buffer, logging=core_logging()))
         return _runtime
 
     def start_metrics_export(self) -> None:

@@ -147,6 +147,19 @@ class SearchMemoriesInput(BaseModel):
     max_chars: int = Field(default=200, ge=20, le=MAX_MEMORY_CHARS)
 
 
+def recall_warning(error: str) -> str:
+    """The one sentence a turn says when its memories were not searched: the search's
+    ``warning`` turn event and the turn result's ``warnings`` carry the same text, so a
+    view that shows both shows one warning (issue 32 saw two wordings of each).
+
+    Args:
+        error: :attr:`SearchMemoriesResult.error` (a leading "the memory store was not
+            searched: " is not said twice).
+    """
+    reason = error.removeprefix("the memory store was not searched: ")
+    return f"Long-term memory was not searched: {reason}"
+
+
 class SearchMemoriesResult(BaseModel):
     memories: list[RetrievedMemory] = Field(default_factory=list)
     error: str | None = None

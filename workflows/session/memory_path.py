@@ -15,7 +15,7 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes.memory.models import ExtractMemoriesInput, SearchMemoriesInput
+    from hermes.memory.models import ExtractMemoriesInput, SearchMemoriesInput, recall_warning
     from hermes.memory.rules import detect_triggers
     from hermes.models import ToolCallRecord
 
@@ -83,7 +83,7 @@ class MemoryPath:
             core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
             return
         if result.error:
-            core.warnings.append(f"Long-term memory was not searched: {result.error}")
+            core.warnings.append(recall_warning(result.error))  # the same text as the search's event
             core.degraded("memory", f"memories were not searched for turn {turn}: {result.error}", workflow.now())
         core.memories = [m.line() for m in result.memories]
         if result.memories or result.error:
