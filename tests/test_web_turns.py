@@ -87,6 +87,23 @@ async def wait_mid_reply(page: Any, turn: int) -> None:
     await page.wait_for_selector(f".turn[data-turn='{turn}'] .msg.assistant.streaming:has-text('a4')", timeout=60_000)
 
 
+async def watch_story(page: Any) -> None:
+    """Record every text turn 1's reply shows as it streams (``window.seen``)."""
+    await page.evaluate(
+        """() => { window.seen = new Set(); new MutationObserver(() => {
+            const b = document.querySelector(".turn[data-turn='1'] .msg.assistant");
+            if (b) window.seen.add(b.textContent.trim());
+          }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true}); }"""
+    )
+
+
+async def assert_story_never_doubled(page: Any) -> None:
+    """Each text turn 1's reply showed was the start of the story: no word twice, none lost."""
+    seen = await page.evaluate("[...window.seen]")
+    assert len(seen) >= 3, seen
+    assert all(STORY.startswith(text) for text in seen), [text for text in seen if not STORY.startswith(text)]
+
+
 async def wait_turn_done(page: Any, turn: int, text: str) -> None:
     await page.wait_for_selector(
         f".turn[data-turn='{turn}'] .msg.assistant:not(.streaming):has-text({text!r})", timeout=60_000
@@ -108,6 +125,7 @@ async def test_a_message_sent_with_enter_while_a_reply_streams_is_queued_and_ans
                     if (text && text.textContent && !window.firsts.includes('text')) window.firsts.push('text');
                   }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true, attributes: true}); }"""
             )
+            await watch_story(page)
             await send(page, "tell me a story")
             await wait_mid_reply(page, 1)
             assert (await page.text_content(".turn[data-turn='1'] .step")) == "Writing the reply…"
@@ -125,6 +143,7 @@ async def test_a_message_sent_with_enter_while_a_reply_streams_is_queued_and_ans
             await wait_turn_done(page, 1, "twice46")
             await page.wait_for_selector(".turn[data-turn='2'] .msg.assistant:not(.streaming) strong", timeout=60_000)
             assert await reply_text(page, 1) == STORY  # no doubled words
+            await assert_story_never_doubled(page)
             assert await page.locator(".msg.user.queued").count() == 0
             # Each message is followed by its own turn's view.
             order = await page.evaluate(
@@ -163,9 +182,11 @@ async def test_a_reload_mid_reply_and_mid_approval_shows_the_running_turn_and_it
             await page.reload()
             # The session reopens by itself, its running reply streaming on.
             await page.wait_for_selector(f"#session-title:has-text('{session_id}')")
+            await watch_story(page)
             await page.wait_for_selector(".turn[data-turn='1'] .msg.assistant.streaming", timeout=30_000)
             await wait_turn_done(page, 1, "twice46")
             assert await reply_text(page, 1) == STORY
+            assert all(STORY.startswith(text) for text in await page.evaluate("[...window.seen]"))
             assert await page.locator(".msg.user").count() == 1
 
             # In Chinese: a write call waits for approval; reload; approve it on the page.
@@ -192,6 +213,7 @@ async def test_a_dropped_connection_mid_reply_resumes_from_the_last_event_and_en
 ):
     async with run_worker(SCRIPT, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
         async with chat_page(str(http.base_url), keys["alice"]) as page:
+            await watch_story(page)
             await send(page, "tell me a story")
             await wait_mid_reply(page, 1)
             await page.context.set_offline(True)
@@ -205,6 +227,7 @@ async def test_a_dropped_connection_mid_reply_resumes_from_the_last_event_and_en
             await page.wait_for_selector("#offline[hidden]", state="attached", timeout=30_000)
             await wait_turn_done(page, 1, "twice46")
             assert await reply_text(page, 1) == STORY  # nothing lost, nothing twice
+            await assert_story_never_doubled(page)
             assert await page.locator(".msg.user").count() == 1
             await page.press("#text", "Enter")
             await page.wait_for_selector(".turn[data-turn='2'] .msg.assistant:not(.streaming):has-text('Hello!')", timeout=60_000)
