@@ -381,6 +381,9 @@ function turnView(turn, me) {
     fillUserMessage(view);
   }
   views.set(turn, view);
+  // A session runs one turn at a time: one that started ends those before it, even where
+  // their turn_finished event was lost (no cursor or step line is left on them).
+  views.forEach((v) => { if (v.turn < turn && !v.done) finish(v); });
   scrollDown();
   return view;
 }
