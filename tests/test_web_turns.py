@@ -196,14 +196,19 @@ async def test_a_reload_mid_reply_and_mid_approval_shows_the_running_turn_and_it
             await page.reload()
             approve = page.locator(".turn[data-turn='2'] .card.approval button.approve")
             await approve.wait_for(timeout=30_000)
-            step = page.locator(".turn[data-turn='2'] .step")
-            assert await step.get_attribute("data-state") == "approval"
+            step = page.locator(".turn[data-turn='2'] .step[data-state='approval']")
+            await step.wait_for(timeout=30_000)
             assert (await step.text_content() or "").startswith("等待审批")
             await page.screenshot(path=str(DOCS / "web-chat-zh.png"))
             await approve.click()
             await page.wait_for_selector(".turn[data-turn='2'] .card.tool .outcome.code0:has-text('完成')", timeout=60_000)
             await wait_turn_done(page, 2, "Saved your note")
             assert await page.locator(".card.approval").count() == 1
+            # Switching the language retranslates what is shown, cards included.
+            await page.click("#lang")
+            assert await page.text_content(".turn[data-turn='2'] .card.tool .outcome") == "done"
+            assert await page.text_content(".turn[data-turn='2'] .card.approval .decided") == "approved by alice"
+            assert await page.text_content(".turn[data-turn='2'] .card.approval strong") == "Approval needed: save_note"
             assert await page.locator("#messages .card.warning").count() == 0, await page.text_content("#messages")
 
 

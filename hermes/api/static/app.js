@@ -14,8 +14,8 @@ const T = {
   en: {
     signin_title: "Sign in", key_label: "API key", signin: "Sign in", signout: "Sign out",
     new_session: "New session", send: "Send", placeholder: "Type a message…", ui_link: "Temporal Web UI",
-    bad_key: "That key was not accepted.", signed_in: "signed in as {0}", tool: "tool", result: "result",
-    tool_ok: "done", tool_failed: "failed (code {0})", approval_needed: "Approval needed: {0}", approve: "Approve",
+    bad_key: "That key was not accepted.", signed_in: "signed in as {0}", tool_head: "tool {0} ",
+    tool_ok: "done", tool_failed: "failed (code {0}){1}", approval_needed: "Approval needed: {0}", approve: "Approve",
     reject: "Reject", decided: "{0} by {1}", approved: "approved", rejected: "rejected", memories: "Memories used",
     restarted: "(the answer was cut off; it starts again)", error: "Error: {0}", waiting: "waiting…",
     no_sessions: "No sessions yet.", new_session_title: "New session", turn_status: "turn ended: {0}",
@@ -27,8 +27,8 @@ const T = {
   zh: {
     signin_title: "登录", key_label: "API 密钥", signin: "登录", signout: "退出",
     new_session: "新会话", send: "发送", placeholder: "输入消息…", ui_link: "Temporal 控制台",
-    bad_key: "密钥无效。", signed_in: "当前用户：{0}", tool: "工具", result: "结果",
-    tool_ok: "完成", tool_failed: "失败（代码 {0}）", approval_needed: "需要审批：{0}", approve: "批准",
+    bad_key: "密钥无效。", signed_in: "当前用户：{0}", tool_head: "工具 {0} ",
+    tool_ok: "完成", tool_failed: "失败（代码 {0}）{1}", approval_needed: "需要审批：{0}", approve: "批准",
     reject: "拒绝", decided: "{1} 已{0}", approved: "批准", rejected: "拒绝", memories: "用到的记忆",
     restarted: "（回答被中断，重新开始）", error: "错误：{0}", waiting: "等待中…",
     no_sessions: "还没有会话。", new_session_title: "新会话", turn_status: "本轮结束：{0}",
@@ -40,13 +40,24 @@ const T = {
 };
 let lang = localStorage.getItem("hermes.lang") || (navigator.language.startsWith("zh") ? "zh" : "en");
 const t = (k, ...a) => (T[lang][k] || k).replace(/\{(\d)\}/g, (_, i) => a[i] ?? "");
-const statusText = (s) => (T[lang][`status_${s}`] ? t(`status_${s}`) : s);
+// A turn's status as an argument of `tx`: translated where known.
+const statusText = (s) => (T.en[`status_${s}`] ? { t: `status_${s}` } : s);
+const tr = (key, args) => t(key, ...args.map((a) => (a && a.t ? t(a.t) : a)));
+
+// `node` showing the text of `key` with `args` (an argument {t: key} is translated too), again
+// in the new language whenever it changes.
+function tx(node, key, ...args) {
+  node.dataset.i18n = key;
+  if (args.length) node.dataset.i18nArgs = JSON.stringify(args);
+  node.textContent = tr(key, args);
+  return node;
+}
 const $ = (id) => document.getElementById(id);
 const enc = encodeURIComponent;
 
 function applyLanguage() {
   document.documentElement.lang = lang === "zh" ? "zh-CN" : "en";
-  document.querySelectorAll("[data-i18n]").forEach((node) => { node.textContent = t(node.dataset.i18n); });
+  document.querySelectorAll("[data-i18n]").forEach((node) => { node.textContent = tr(node.dataset.i18n, JSON.parse(node.dataset.i18nArgs || "[]")); });
   document.querySelectorAll("[data-i18n-placeholder]").forEach((node) => { node.placeholder = t(node.dataset.i18nPlaceholder); });
   $("lang").textContent = lang === "zh" ? "English" : "中文";
   if (info) $("who").textContent = t("signed_in", info.user_id);
@@ -139,7 +150,8 @@ async function signIn(candidate) {
   } catch (err) {
     key = null;
     sessionStorage.removeItem("hermes.key");
-    $("signin-error").textContent = err.status === 401 ? t("bad_key") : t("error", err.message);
+    if (err.status === 401) tx($("signin-error"), "bad_key");
+    else tx($("signin-error"), "error", err.message);
     return;
   }
   sessionStorage.setItem("hermes.key", key);
@@ -161,12 +173,13 @@ async function loadSessions() {
   if (current && !sessions.some((s) => s.session_id === current)) sessions.unshift({ session_id: current, title: "" });
   const list = $("sessions");
   list.replaceChildren();
-  if (!sessions.length) list.appendChild(el("li", "empty", t("no_sessions")));
+  if (!sessions.length) list.appendChild(tx(el("li", "empty"), "no_sessions"));
   for (const s of sessions) {
-    const li = el("li", s.session_id === current ? "current" : "", s.title || (s.session_id === current ? t("new_session_title") : s.session_id));
+    const li = el("li", s.session_id === current ? "current" : "", s.title || s.session_id);
+    if (!s.title && s.session_id === current) tx(li, "new_session_title");
     li.title = s.session_id;
     li.dataset.sessionId = s.session_id;
-    li.onclick = () => openSession(s.session_id).catch((err) => add(el("div", "card warning", t("error", err.message))));
+    li.onclick = () => openSession(s.session_id).catch((err) => add(tx(el("div", "card warning"), "error", err.message)));
     list.appendChild(li);
   }
 }
@@ -198,7 +211,7 @@ async function openSession(id) {
   try {
     messages = (await (await api("GET", `/v1/sessions/${enc(id)}/transcript`)).json()).messages;
   } catch (err) {
-    if (err.status !== 404) add(el("div", "card warning", t("error", err.message)));
+    if (err.status !== 404) add(tx(el("div", "card warning"), "error", err.message));
   }
   if (current !== id) return;
   // The running turn (if any) is shown from its events; the turns before it from the transcript.
@@ -221,7 +234,9 @@ async function openSession(id) {
     const view = turnView(running);
     const { approvals } = await (await api("GET", "/v1/approvals")).json();
     for (const a of approvals.filter((p) => p.session_id === id && p.turn >= running)) {
-      approvalRequested(turnView(a.turn), { tool_call_id: a.tool_call_id, name: a.tool_name, arguments: JSON.stringify(a.arguments) });
+      const waiting = turnView(a.turn);
+      approvalRequested(waiting, { tool_call_id: a.tool_call_id, name: a.tool_name, arguments: JSON.stringify(a.arguments) });
+      waiting.step = { state: "approval", name: a.tool_name };
     }
     showStep(view);
     after = localStorage.getItem(`hermes.resume.${id}`) || "0-0";
@@ -326,7 +341,7 @@ function onEvent(me, ev, id) {
     }
     case "attempt_discarded": {
       const b = view.bubbles.get(ev.step);
-      if (b && b.text) { b.text = ""; renderMarkdown(b.node, ""); add(el("div", "card warning", t("restarted")), view.body); }
+      if (b && b.text) { b.text = ""; renderMarkdown(b.node, ""); add(tx(el("div", "card warning"), "restarted"), view.body); }
       break;
     }
     case "tool_call_started": toolStarted(view, d); view.step = { state: "tool", name: d.name }; break;
@@ -336,7 +351,7 @@ function onEvent(me, ev, id) {
     case "memories_recalled":
       if (d.memories && d.memories.length) {
         const card = add(el("div", "card memories"), view.body);
-        card.append(el("strong", "", t("memories")));
+        card.append(tx(el("strong"), "memories"));
         const ul = el("ul");
         for (const m of d.memories) ul.appendChild(el("li", "", m.text));
         card.appendChild(ul);
@@ -344,7 +359,7 @@ function onEvent(me, ev, id) {
       break;
     case "warning": view.warned = true; add(el("div", "card warning", d.text), view.body); break;
     case "turn_finished":
-      if (d.status && d.status !== "completed") add(el("div", "card warning", t("turn_status", statusText(d.status))), view.body);
+      if (d.status && d.status !== "completed") add(tx(el("div", "card warning"), "turn_status", statusText(d.status)), view.body);
       finish(view);
       break;
     default: break;
@@ -429,7 +444,7 @@ function finish(view, result) {
     else if (last.text.trim() !== result.reply.trim()) { last.text = result.reply; renderMarkdown(last.node, result.reply); }
   }
   if (result && !view.done) {
-    if (result.status !== "completed") add(el("div", "card warning", t("turn_status", statusText(result.status))), view.body);
+    if (result.status !== "completed") add(tx(el("div", "card warning"), "turn_status", statusText(result.status)), view.body);
     if (!view.warned) for (const w of result.warnings || []) add(el("div", "card warning", w), view.body);
   }
   view.done = true;
@@ -447,7 +462,7 @@ function toolStarted(view, d) {
   if (!entry.tool) {
     entry.tool = el("div", "card tool");
     entry.tool.dataset.toolCallId = d.tool_call_id;
-    entry.tool.append(el("strong", "", `${t("tool")} ${d.name} `), el("code", "", d.arguments || "{}"), el("div", "outcome", t("waiting")));
+    entry.tool.append(tx(el("strong"), "tool_head", d.name), el("code", "", d.arguments || "{}"), tx(el("div", "outcome"), "waiting"));
     if (entry.approval) entry.approval.before(entry.tool);
     else add(entry.tool, view && view.body);
     cards.set(d.tool_call_id, entry);
@@ -460,7 +475,8 @@ function toolFinished(view, d) {
   const outcome = cards.get(d.tool_call_id).tool.querySelector(".outcome");
   outcome.className = `outcome ${d.code === 0 ? "code0" : "codeN"}`;
   // The tool's own message is its data (in its language): shown when it failed, a hover otherwise.
-  outcome.textContent = d.code === 0 ? t("tool_ok") : `${t("tool_failed", d.code)}${d.message ? " · " + d.message : ""}`;
+  if (d.code === 0) tx(outcome, "tool_ok");
+  else tx(outcome, "tool_failed", d.code, d.message ? ` · ${d.message}` : "");
   if (d.message) outcome.title = d.message;
 }
 
@@ -469,10 +485,10 @@ function approvalRequested(view, d) {
   if (entry.approval) return;
   const card = add(el("div", "card approval"), view && view.body);
   card.dataset.toolCallId = d.tool_call_id;
-  card.append(el("strong", "", t("approval_needed", d.name)), el("div", "", ""), el("code", "", d.arguments || ""));
+  card.append(tx(el("strong"), "approval_needed", d.name), el("div", "", ""), el("code", "", d.arguments || ""));
   const row = el("div", "buttons");
   for (const [word, approve] of [["approve", true], ["reject", false]]) {
-    const b = el("button", word, t(word));
+    const b = tx(el("button", word), word);
     b.type = "button";
     b.dataset.testid = word;
     b.onclick = () => decide(current, d.tool_call_id, approve, card);
@@ -490,20 +506,20 @@ async function decide(sessionId, toolCallId, approve, card) {
     const record = await (await api("POST", path)).json();
     // The stream's approval_decided event may have answered the card already.
     const decided = card.querySelector(".decided") || el("div", "decided");
-    decided.textContent = t("decided", t(approve ? "approved" : "rejected"), info.user_id);
+    tx(decided, "decided", { t: approve ? "approved" : "rejected" }, info.user_id);
     decided.title = t("outcome", record.outcome);
     const buttons = card.querySelector(".buttons");
     if (buttons) buttons.replaceWith(decided);
   } catch (err) {
     card.querySelectorAll("button").forEach((b) => { b.disabled = false; });
-    card.appendChild(el("div", "error", t("error", err.message)));
+    card.appendChild(tx(el("div", "error"), "error", err.message));
   }
 }
 
 function approvalDecided(d) {
   const card = (cards.get(d.tool_call_id) || {}).approval;
   if (card && card.querySelector(".buttons")) {
-    card.querySelector(".buttons").replaceWith(el("div", "decided", t("decided", t(d.approved ? "approved" : "rejected"), d.approver || "")));
+    card.querySelector(".buttons").replaceWith(tx(el("div", "decided"), "decided", { t: d.approved ? "approved" : "rejected" }, d.approver || ""));
   }
 }
 
@@ -535,7 +551,7 @@ async function send(sessionId, text, user, accepted) {
           finish(turnView(data.turn), data);
         } else if (type === "error") {
           queue.includes(user) && queue.splice(queue.indexOf(user), 1);
-          user.after(el("div", "card warning", t("error", data.detail)));
+          user.after(tx(el("div", "card warning"), "error", data.detail));
         }
       });
       return;
@@ -560,17 +576,17 @@ async function submit() {
     // Queued when a turn runs, or another message waits: it is answered after them.
     const busy = queue.length > 0 || [...views.values()].some((v) => !v.done);
     const user = add(el("div", `msg user ${busy ? "queued" : "pending"}`, text));
-    if (busy) user.appendChild(el("span", "badge", t("queued")));
+    if (busy) user.appendChild(tx(el("span", "badge"), "queued"));
     queue.push(user);
     let taken = false;
     await send(sessionId, text, user, () => { taken = true; handing = false; updateSend(); }).catch((err) => {
       // Taken and then cut off: the turn goes on, and the session's stream shows it.
       if (taken && !(err instanceof ApiError)) return;
-      user.after(el("div", "card warning", t("error", err.message)));
+      user.after(tx(el("div", "card warning"), "error", err.message));
       if (queue.includes(user)) queue.splice(queue.indexOf(user), 1);
     });
   } catch (err) {
-    add(el("div", "card warning", t("error", err.message)));
+    add(tx(el("div", "card warning"), "error", err.message));
   } finally {
     handing = false;
     updateSend();
@@ -582,7 +598,7 @@ async function submit() {
 $("lang").onclick = () => { lang = lang === "zh" ? "en" : "zh"; localStorage.setItem("hermes.lang", lang); applyLanguage(); };
 $("signin-form").onsubmit = (e) => { e.preventDefault(); signIn($("key").value.trim()); };
 $("signout").onclick = () => { sessionStorage.removeItem("hermes.key"); location.reload(); };
-$("new-session").onclick = () => newSession().catch((err) => add(el("div", "card warning", t("error", err.message))));
+$("new-session").onclick = () => newSession().catch((err) => add(tx(el("div", "card warning"), "error", err.message)));
 $("composer").onsubmit = (e) => { e.preventDefault(); submit(); };
 $("text").addEventListener("keydown", (e) => {
   if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); submit(); }
