@@ -11,6 +11,7 @@ is set (``.ci/run``), where it fails.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from pathlib import Path
@@ -129,8 +130,25 @@ async def test_sign_in_stream_a_reply_approve_a_write_call_and_read_chinese(run_
     assert (ARTIFACTS / "4-approved.png").stat().st_size > 10_000
 
 
+VENDORED = {
+    # name: (npm package, sha256 of the file as published in it)
+    "marked.js": ("marked@18.3.0 lib/marked.umd.js", "f8c7f128939415995e2219e8a84bec42fab27f5980d22e361339e6901da5eadf"),
+    "purify.js": ("dompurify@3.5.0 dist/purify.min.js", "f69a46022ab1f53e969c8ebbca98172c8995785a9b3be72ea4a12d25b1a1bf67"),
+}
+
+
 def test_the_page_fetches_nothing_from_elsewhere():
     static = Path(__file__).resolve().parents[1] / "hermes" / "api" / "static"
     for path in static.iterdir():
+        if path.name in VENDORED:
+            continue
         text = path.read_text(encoding="utf-8")
         assert "http://" not in text and "https://" not in text and "//cdn" not in text, path.name
+
+
+def test_the_vendored_markdown_libraries_are_the_pinned_npm_files_with_their_licenses():
+    api = Path(__file__).resolve().parents[1] / "hermes" / "api"
+    for name, (package, digest) in VENDORED.items():
+        assert hashlib.sha256((api / "static" / name).read_bytes()).hexdigest() == digest, f"{name} is not {package}"
+    licenses = {p.name for p in (api / "third_party").iterdir()}
+    assert {"marked-LICENSE.md", "dompurify-LICENSE", "dompurify-LICENSE-MPL"} <= licenses
