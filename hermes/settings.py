@@ -513,15 +513,10 @@ class Settings(BaseSettings):
 
     @property
     def resolved_temporal_ui_url(self) -> str | None:
-        """The Temporal Web UI sessions are linked to (``/v1/info``), without a trailing ``/``.
-
-        Returns:
-            ``temporal_ui_url`` when set (``""``: None); unset, ``hermes dev``'s Web UI
-            when Temporal is the embedded one, :data:`TEMPORAL_CLOUD_UI_URL` when
-            ``temporal_address`` is a Temporal Cloud endpoint (``*.tmprl.cloud`` or
-            ``*.api.temporal.io``: the Cloud's UI serves every namespace), else None (a
-            self-hosted server's UI address cannot be told from its gRPC address).
-        """
+        """The Temporal Web UI sessions are linked to (``/v1/info``), no trailing ``/``:
+        ``temporal_ui_url`` when set (``""``: None); else ``hermes dev``'s for the embedded
+        Temporal, :data:`TEMPORAL_CLOUD_UI_URL` for a Temporal Cloud endpoint, or None (a
+        self-hosted server's UI address cannot be told from its gRPC address)."""
         if self.temporal_ui_url is not None:
             return self.temporal_ui_url.rstrip("/") or None
         if not self.temporal_address:
