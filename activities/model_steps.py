@@ -128,7 +128,7 @@ def _finishes_after(details: activity.ActivityCancellationDetails | None) -> boo
     return details.timed_out or details.not_found
 
 
-def _remaining_seconds(info: activity.Info) -> float | None:
+def remaining_seconds(info: activity.Info) -> float | None:
     """Seconds left of the attempt's start-to-close timeout (None: not set)."""
     if not info.start_to_close_timeout:
         return None
@@ -209,7 +209,7 @@ class ModelSteps:
         """The step's recorded result, waiting for it while another attempt's lease lives;
         None when there is none to wait for (or the wait would eat this attempt's time)."""
         loop = asyncio.get_running_loop()
-        remaining = _remaining_seconds(info)
+        remaining = remaining_seconds(info)
         deadline = None if remaining is None else loop.time() + remaining - START_TO_CLOSE_MARGIN_SECONDS
         waited_on = None
         while True:
@@ -252,7 +252,7 @@ class ModelSteps:
             if not _finishes_after(activity.cancellation_details()):
                 task.cancel()
                 raise
-            remaining = _remaining_seconds(info)
+            remaining = remaining_seconds(info)
             log.warning(
                 "turn %d step %s: attempt %d timed out while its worker lives; finishing its provider request "
                 "for the retry (up to %s s)",

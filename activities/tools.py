@@ -34,6 +34,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from activities.heartbeat import heartbeating, with_heartbeat
+from activities.model_steps import remaining_seconds
 from hermes import names
 from hermes.infra import telemetry
 from hermes.security import encryption
@@ -811,29 +812,40 @@ class ToolActivities:
 
 async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) -> ToolResult:
     """``work``'s result; a cancellation of the attempt stops ``work`` only when someone
-    asked for it (the session cancelled the call, an operator paused or reset it).
+    asked for it (the session cancelled the call, an operator paused or reset it) or the
+    attempt's start-to-close timeout (the tool's own time limit) has run out.
 
-    An attempt that Temporal ended for a late heartbeat (``not_found``, ``timed_out``)
-    or that the worker's shutdown grace period ran out on has a started side effect: it
-    finishes and records its result, which a later attempt reads instead of reporting
-    the outcome unknown (issue 31: "a non-idempotent MCP tool's at-most-once record write
-    was cancelled and reported 'its worker stopped' while the worker lived").
+    An attempt that Temporal ended for a late heartbeat (``not_found``, ``timed_out``
+    before its start-to-close deadline) or whose worker is shutting down has a started
+    side effect: it finishes, within what is left of its start-to-close timeout, and
+    records its result, which a later attempt reads instead of reporting the outcome
+    unknown (issue 31: "a non-idempotent MCP tool's at-most-once record write was cancelled
+    and reported 'its worker stopped' while the worker lived").
     """
-    noted = False
+    loop = asyncio.get_running_loop()
+    deadline: float | None = None
     while True:
         try:
-            return await asyncio.shield(work)
+            if deadline is None:
+                return await asyncio.shield(work)
+            return await asyncio.wait_for(asyncio.shield(work), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            await _stopped(work)  # its start-to-close deadline: the tool's time is up
+            raise asyncio.CancelledError() from None
         except asyncio.CancelledError:
-            details = activity.cancellation_details() if activity.in_activity() else None
             if work.done() and not work.cancelled():
                 return work.result()
-            if details is None or details.cancel_requested or details.paused or details.reset:
-                work.cancel()
+            details = activity.cancellation_details() if activity.in_activity() else None
+            left = remaining_seconds(activity.info()) if activity.in_activity() else None
+            if (details is None or details.cancel_requested or details.paused or details.reset
+                    or (left is not None and left <= 0)):
+                await _stopped(work)
                 raise
-            if not noted:
-                log.warning("tool call %s: its attempt was ended (%s) while it ran; finishing it and recording "
-                            "its result", what, details)
-                noted = True
+            if deadline is None:
+                log.warning("tool call %s: its attempt was ended (%s) while it ran; finishing it (%s s left) and "
+                            "recording its result", what, details, "?" if left is None else f"{left:.1f}")
+            if left is not None:
+                deadline = loop.time() + left
 
 
 async def _stopped(task: asyncio.Task[Any]) -> None:
