@@ -350,7 +350,7 @@ async def test_a_call_whose_outcome_is_unknown_is_not_run_again_without_a_human(
     async with run_worker(model, registry=registry) as hermes:
         first = await hermes.send_message(session_id, "wire 100", user_id="alice")
         assert first.reply == "codes=4" and attempts == ["run"]
-        assert first.warnings and "may or may not have run" in first.warnings[0]
+        assert any("may or may not have run" in w for w in first.warnings), first.warnings  # (memory may warn too)
         keys = [k async for k in redis.scan_iter(match=f"hermes:toolcall:{session_id}:*")]
         assert len(keys) == 1 and keys[0].decode().endswith(first.tool_calls[0].tool_call_id)
         record = json.loads(await redis.get(keys[0]))
