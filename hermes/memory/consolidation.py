@@ -225,15 +225,23 @@ class MemoryConsolidation:
                 return  # forgotten meanwhile
             merged = dict(found[0])
             # A row already folded in (its id among the sources) was absorbed by another run
-            # of consolidation that moved it at the same time: counted once.
+            # of consolidation that moved it at the same time: what that run folded counts
+            # once, and only what this run's copy holds beyond it (a restatement a write
+            # added in between) is added; never a source lost for having been seen.
             folded = set(merged.get("sources") or [])
-            for r in (r for r in rest if r["memory_id"] not in folded):
-                merged["mentions"] = int(merged["mentions"]) + int(r["mentions"])
-                merged["hit_count"] = int(merged["hit_count"]) + int(r["hit_count"])
+            for r in rest:
+                ids = [*(r.get("sources") or []), r["memory_id"]]
+                seen_before = sum(1 for i in ids if i in folded)
+                if r["memory_id"] in folded and seen_before == len(ids):
+                    continue
+                merged["mentions"] = int(merged["mentions"]) + max(int(r["mentions"]) - seen_before, 0)
+                if r["memory_id"] not in folded:
+                    merged["hit_count"] = int(merged["hit_count"]) + int(r["hit_count"])
                 merged["importance"] = max(float(merged["importance"]), float(r["importance"]))
                 merged["confidence"] = max(float(merged["confidence"]), float(r["confidence"]))
                 merged["updated_at"] = max(_utc(merged["updated_at"]), _utc(r["updated_at"]))
-                merged["sources"] = (list(merged.get("sources") or []) + list(r.get("sources") or []) + [r["memory_id"]])[-MAX_SOURCES:]
+                merged["sources"] = (list(merged.get("sources") or []) + [i for i in ids if i not in folded])[-MAX_SOURCES:]
+                folded.update(ids)
                 if r.get("source") in PINNED_SOURCES and merged.get("source") not in PINNED_SOURCES:
                     merged["source"] = r["source"]  # a merged "remember" keeps the survivor
                 if not merged.get("subject") and r.get("subject"):
