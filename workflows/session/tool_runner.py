@@ -268,7 +268,9 @@ class ToolRunner:
     async def _wait_verdict(self, turn: int, pending: PendingApproval) -> tuple[str, ApprovalDecision | None]:
         """:meth:`wait_verdict` without its telemetry."""
         core, book = self.core, self.core.book
-        started = workflow.now()
+        # The approval's trace step runs from its request (its expiry counts from there),
+        # not from when this wait began (after the request's own audit and events).
+        started = min(pending.requested_at, workflow.now())
         tcid = pending.tool_call_id
 
         def decided() -> bool:
