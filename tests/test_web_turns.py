@@ -5,11 +5,13 @@ the step indicator, Markdown replies with their HTML sanitised.
 
 The scripted model streams its replies word by word (``stream_chunk_seconds``), so a test
 can act while a reply is half shown. The screenshots of the README's web chat section are
-written to ``docs/`` by these tests.
+taken by these tests: into ``test-artifacts/web`` (ignored by git), or into ``docs/`` with
+``HERMES_UPDATE_SCREENSHOTS=1`` (a test run never changes tracked files otherwise).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,7 +22,10 @@ import pytest
 from tests.test_api import api_server, keys  # noqa: F401 - the fixture
 from tests.test_web import chromium
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[1] / (
+    "docs" if os.environ.get("HERMES_UPDATE_SCREENSHOTS") == "1" else "test-artifacts/web"
+)
+DOCS.mkdir(parents=True, exist_ok=True)
 
 STORY = " ".join(
     f"{word}{i}" for i, word in enumerate(

@@ -40,6 +40,9 @@ __all__ = [
 
 QUERY_TIMEOUT_SECONDS = 15.0
 """How long a command waits for a session to answer a query (a worker must be running)."""
+SLOW_QUERY_EXTRA_SECONDS = 45.0
+"""How much longer a command waits for a session's answer when a worker polls its task
+queue (the session is slow, not unserved: a starved or busy worker)."""
 
 _T = TypeVar("_T")
 
@@ -180,11 +183,23 @@ async def answer(
         CliError: no answer within ``timeout_seconds``; the message says whether a worker
             polls the task queue (asked of Temporal through ``hermes``).
     """
+    task = asyncio.ensure_future(awaitable)
+    waited = timeout_seconds
     try:
-        return await asyncio.wait_for(awaitable, timeout_seconds)
+        return await asyncio.wait_for(asyncio.shield(task), timeout_seconds)
     except asyncio.TimeoutError:
+        workers = None if hermes is None else await hermes.count_workers()
+        if workers:
+            # A worker polls: the session is slow (a starved or busy worker), not unserved;
+            # a query is cheap to wait for, and giving up adds nothing but a retry.
+            waited += SLOW_QUERY_EXTRA_SECONDS
+            try:
+                return await asyncio.wait_for(asyncio.shield(task), SLOW_QUERY_EXTRA_SECONDS)
+            except asyncio.TimeoutError:
+                pass
+        task.cancel()
         hint = await worker_hint(hermes, settings)
-        raise CliError(f"the session did not answer within {timeout_seconds:g} s: {hint}", EXIT_UNAVAILABLE) from None
+        raise CliError(f"the session did not answer within {waited:g} s: {hint}", EXIT_UNAVAILABLE) from None
 
 
 async def worker_hint(hermes: HermesClient | None, settings: Settings) -> str:
