@@ -70,6 +70,12 @@ async def test_a_saturated_worker_runs_only_its_minimum_activities_while_every_c
     settings.worker_min_activity_slots = 1
     model = EchoModel(delay_seconds=0.3)
     async with run_worker(model, memory=False) as hermes:
+        # The tuner reads CPU use from two samples (sysinfo, in the SDK's core: 0% before
+        # the second): a turn first, so the four below meet a worker it has measured.
+        # A CI run sending at once saw two activities run at a worker's start.
+        await asyncio.wait_for(hermes.send_message(f"bp-{uuid.uuid4().hex[:8]}", "warm up"), 120)
+        await asyncio.sleep(1.0)
+        model.calls = model.max_active = 0
         sessions = [f"bp-{uuid.uuid4().hex[:8]}" for _ in range(4)]
         results = await asyncio.wait_for(
             asyncio.gather(*(hermes.send_message(sid, f"hello {n}") for n, sid in enumerate(sessions))), 180

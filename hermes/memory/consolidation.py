@@ -164,6 +164,12 @@ class MemoryConsolidation:
         where = self._where(user_id, statuses=("active", "superseded"), model=False)
         rows = self._rows(self.table, where, vectors=True)
         report.rows_before = len(rows)
+        ghosts = self._archived_ids([r["memory_id"] for r in rows if r["status"] == "active"])
+        if ghosts:
+            # A row revived by a write that raced its move to the archive (deleted again by
+            # that write), or one another run is moving: not this run's to merge or move.
+            rows = [r for r in rows if r["memory_id"] not in ghosts]
+            report.details.append(f"left {len(ghosts)} row(s) also in the archive (a move in progress)")
         moves = age_out(rows, now, archive_after_days, report)
         active = [r for r in rows if r["status"] == "active" and r["memory_id"] not in moves]
         updates = subject_conflicts(active, now, report)
@@ -215,14 +221,33 @@ class MemoryConsolidation:
                 # check deletes them itself.)
                 self.archive.delete("memory_id IN (" + ", ".join(sql_str(m) for m in moves) + ")")
 
+    def _archived_ids(self, ids: list[str]) -> set[str]:
+        """The ``ids`` that have a row in the archive (queried 500 at a time)."""
+        found: set[str] = set()
+        for start in range(0, len(ids), 500):
+            chunk = ", ".join(sql_str(m) for m in ids[start:start + 500])
+            found.update(r["memory_id"] for r in self._rows(self.archive, f"memory_id IN ({chunk})"))
+        return found
+
     def _absorb(self, keep_id: str, rest: list[dict[str, Any]], attempts: int = 10) -> None:
         """Fold the counts and sources of ``rest`` (rows already moved to the archive) into
         the row ``keep_id``, re-reading it while a concurrent write changes it; a row whose
-        id ``keep_id``'s sources already hold is not folded twice."""
+        id ``keep_id``'s sources already hold is not folded twice.
+
+        A survivor that left the table meanwhile (merged by another run of consolidation)
+        is followed to the row it was merged into: ``rest`` always ends in a live row
+        unless the user was forgotten, or the chain ends; then ``rest`` goes back to the
+        table as it was (the next run merges it again), never lost."""
         for attempt in range(attempts if rest else 0):
             found = self._rows(self.table, f"memory_id = {sql_str(keep_id)}", vectors=True)
             if not found:
-                return  # forgotten meanwhile
+                moved = self._rows(self.archive, f"memory_id = {sql_str(keep_id)}")
+                if moved and moved[0].get("superseded_by") and moved[0]["superseded_by"] != keep_id:
+                    keep_id = moved[0]["superseded_by"]
+                    continue
+                if self.forgotten_at(rest[0]["user_id"]) is None:
+                    self._reinstate(rest)
+                return
             merged = dict(found[0])
             # A row already folded in (its id among the sources) was absorbed by another run
             # of consolidation that moved it at the same time: what that run folded counts
@@ -255,3 +280,9 @@ class MemoryConsolidation:
             time.sleep(random.uniform(0.01, 0.02 * 2**min(attempt, 4)))
         if rest:
             raise WriteConflict(f"memory {keep_id!r} kept changing while merging {len(rest)} rows into it")
+
+    def _reinstate(self, rows: list[dict[str, Any]]) -> None:
+        """Put ``rows`` (moved to the archive by this run) back in the table, active as they
+        were read, and drop their archive copies: their survivor is gone."""
+        self.table.merge_insert("memory_id").when_not_matched_insert_all().execute(self._table_rows(rows))
+        self.archive.delete("memory_id IN (" + ", ".join(sql_str(r["memory_id"]) for r in rows) + ")")

@@ -387,18 +387,24 @@ class MemoryWrites:
         since it was read: the plan's inserts and its other updates landed anyway; the
         caller plans again (``landed``).
 
-        One merge cannot tell an update from an insert: an update of a row that left the
-        table since it was read (moved to the archive by consolidation, forgotten) is
-        inserted, the row back with its counts already folded elsewhere. Such rows are
-        deleted again at once (:meth:`_drop_revived`)."""
+        One merge cannot tell an update from an insert: in a plan that inserts, an update
+        of a row that left the table since it was read (moved to the archive by
+        consolidation, forgotten) is inserted, the row back with its counts already folded
+        elsewhere. Such rows are deleted again at once (:meth:`_drop_revived`); until then
+        consolidation leaves them alone (their id is in the archive). A plan without
+        inserts merges its updates only: no row is revived."""
         rows = [dict(row, version=int(row["version"]) + 1) for row in plan.updates.values()]
         rows += [dict(row, version=1) for row in plan.inserts.values()]
         if not rows:
             return True
         with self._lock:
             # An insert's source version 1 never matches an existing row (version >= 1).
-            merge = (self.table.merge_insert("memory_id").when_matched_update_all(
-                where="target.version = source.version - 1").when_not_matched_insert_all())
+            merge = self.table.merge_insert("memory_id").when_matched_update_all(
+                where="target.version = source.version - 1")
+            if plan.inserts:
+                # Only a plan that inserts can revive a row (below); a plan of updates alone
+                # (a restatement: the common case) updates what is there and nothing else.
+                merge = merge.when_not_matched_insert_all()
             result = lance.retry_conflicts(lambda: merge.execute(self._table_rows(rows)))  # idempotent: conditional
             self.commits += 1
             updated = int(result.num_updated_rows)

