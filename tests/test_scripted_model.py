@@ -123,3 +123,32 @@ def test_a_script_without_captures_plays_its_fixed_arguments_as_before():
     )
     assert _calls(_ask(model, "calc please")) == [("calculate", {"expression": "1 + 1", "n": 3})]
     assert isinstance(_ask(model, "calc").tool_calls[0], ToolCall)
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces_at_least"), [("What is 2 ** 10?", 3), ("现在东京几点？", 4)],
+)
+async def test_the_packaged_script_streams_a_reply_in_pieces_in_either_language(demo, text, pieces_at_least):
+    # Issue 32: with the packaged script nothing visibly streamed (every reply at once).
+    from hermes.content import events
+
+    class Collect:
+        def __init__(self) -> None:
+            self.pieces: list[str] = []
+
+        def add(self, piece: str) -> None:
+            self.pieces.append(piece)
+
+    first = _ask(demo, text)
+    messages = [Message(role="user", content=text), first]
+    for call in first.tool_calls:
+        messages.append(Message(role="tool", tool_call_id=call.tool_call_id, name=call.name,
+                                content=json.dumps({"code": 0, "data": {"value": 1024, "time": "15:00"}})))
+    collect = Collect()
+    token = events._current_text.set(collect)  # type: ignore[arg-type]
+    try:
+        result = await demo.complete(CallModelInput(session_id="s", messages=messages, turn=1, step=1))
+    finally:
+        events._current_text.reset(token)
+    assert result.message.content and "".join(collect.pieces) == result.message.content
+    assert len(collect.pieces) >= pieces_at_least, collect.pieces

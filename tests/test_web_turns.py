@@ -176,44 +176,57 @@ async def test_a_message_sent_with_enter_while_a_reply_streams_is_queued_and_ans
 
 
 @pytest.mark.timeout(300)
-async def test_a_reload_mid_reply_and_mid_approval_shows_the_running_turn_and_its_approval_still_works(
+async def test_a_reload_mid_reply_and_mid_approval_shows_the_running_turn_the_queued_message_and_the_approval_works(
     run_worker, settings, keys  # noqa: F811
 ):
     async with run_worker(SCRIPT, memory=False) as hermes, api_server(settings, keys["path"], hermes) as http:
         async with chat_page(str(http.base_url), keys["alice"]) as page:
             await send(page, "tell me a story")
             await wait_mid_reply(page, 1)
+            await send(page, "now some markdown")  # queued behind the story
+            await page.locator(".msg.user.queued").wait_for(timeout=10_000)
             session_id = (await page.text_content("#session-title")) or ""
             await page.reload()
-            # The session reopens by itself, its running reply streaming on.
+            # The session reopens by itself, its running reply streaming on, the queued
+            # message still shown as queued after it.
             await page.wait_for_selector(f"#session-title:has-text('{session_id}')")
             await watch_story(page)
             await page.wait_for_selector(".turn[data-turn='1'] .msg.assistant.streaming", timeout=30_000)
+            queued = page.locator(".msg.user.queued")
+            assert await queued.count() == 1
+            assert "now some markdown" in ((await queued.text_content()) or "")
             await wait_turn_done(page, 1, "twice46")
             assert await reply_text(page, 1) == STORY
             assert all(STORY.startswith(text) for text in await page.evaluate("[...window.seen]"))
-            assert await page.locator(".msg.user").count() == 1
+            await page.wait_for_selector(".turn[data-turn='2'] .msg.assistant:not(.streaming) strong", timeout=60_000)
+            assert await page.locator(".msg.user.queued").count() == 0
+            order = await page.evaluate(
+                "[...document.querySelectorAll('#messages > *')].map(n => n.classList.contains('turn') ? 'turn' + n.dataset.turn : n.textContent)"
+            )
+            assert order[:2] == ["tell me a story", "turn1"] and order[2].startswith("now some markdown"), order
+            assert order[3:] == ["turn2"], order
 
             # In Chinese: a write call waits for approval; reload; approve it on the page.
             await page.click("#lang")
             await send(page, "记一条笔记")
-            await page.locator(".turn[data-turn='2'] .card.approval button.approve").wait_for(timeout=60_000)
+            await page.locator(".turn[data-turn='3'] .card.approval button.approve").wait_for(timeout=60_000)
             await page.reload()
-            approve = page.locator(".turn[data-turn='2'] .card.approval button.approve")
+            assert await page.locator(".msg.user.queued").count() == 0  # nothing waits: nothing shown queued
+            approve = page.locator(".turn[data-turn='3'] .card.approval button.approve")
             await approve.wait_for(timeout=30_000)
-            step = page.locator(".turn[data-turn='2'] .step[data-state='approval']")
+            step = page.locator(".turn[data-turn='3'] .step[data-state='approval']")
             await step.wait_for(timeout=30_000)
             assert (await step.text_content() or "").startswith("等待审批")
             await page.screenshot(path=str(DOCS / "web-chat-zh.png"))
             await approve.click()
-            await page.wait_for_selector(".turn[data-turn='2'] .card.tool .outcome.code0:has-text('完成')", timeout=60_000)
-            await wait_turn_done(page, 2, "Saved your note")
+            await page.wait_for_selector(".turn[data-turn='3'] .card.tool .outcome.code0:has-text('完成')", timeout=60_000)
+            await wait_turn_done(page, 3, "Saved your note")
             assert await page.locator(".card.approval").count() == 1
             # Switching the language retranslates what is shown, cards included.
             await page.click("#lang")
-            assert await page.text_content(".turn[data-turn='2'] .card.tool .outcome") == "done"
-            assert await page.text_content(".turn[data-turn='2'] .card.approval .decided") == "approved by alice"
-            assert await page.text_content(".turn[data-turn='2'] .card.approval strong") == "Approval needed: save_note"
+            assert await page.text_content(".turn[data-turn='3'] .card.tool .outcome") == "done"
+            assert await page.text_content(".turn[data-turn='3'] .card.approval .decided") == "approved by alice"
+            assert await page.text_content(".turn[data-turn='3'] .card.approval strong") == "Approval needed: save_note"
             assert await page.locator("#messages .card.warning").count() == 0, await page.text_content("#messages")
 
 

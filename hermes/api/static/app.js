@@ -241,7 +241,28 @@ async function openSession(id) {
     showStep(view);
     after = localStorage.getItem(`hermes.resume.${id}`) || "0-0";
   }
+  // Messages this page sent that no turn has taken yet: the session counts them; the newest
+  // that many of those kept here are still waiting (turns take messages oldest first).
+  const kept = storedQueue(id);
+  for (const text of state.queued_messages > 0 ? kept.slice(-state.queued_messages) : []) {
+    const user = add(el("div", "msg user queued", text));
+    user.dataset.text = text;
+    user.appendChild(tx(el("span", "badge"), "queued"));
+    queue.push(user);
+  }
+  saveQueue();
   follow(id, after);
+}
+
+function storedQueue(id) {
+  try { return JSON.parse(localStorage.getItem(`hermes.queued.${id}`) || "[]"); } catch (_) { return []; }
+}
+
+// Kept across a reload: the texts of the messages in `queue` (those sent from this page).
+function saveQueue() {
+  if (!current) return;
+  if (queue.length) localStorage.setItem(`hermes.queued.${current}`, JSON.stringify(queue.map((n) => n.dataset.text)));
+  else localStorage.removeItem(`hermes.queued.${current}`);
 }
 
 // ---------------------------------------------------------------- the session's event stream
@@ -389,6 +410,7 @@ function turnView(turn, me) {
     user.classList.remove("queued", "pending");
     user.querySelector(".badge")?.remove();
     userNodes.set(turn, user);
+    saveQueue();
   }
   if (user) user.after(view.node);
   else {
@@ -547,10 +569,10 @@ async function send(sessionId, text, user, accepted) {
       await readEvents(res, (type, data) => {
         if (sessionId !== current) return;
         if (type === "result") {
-          if (!userNodes.has(data.turn) && queue.includes(user)) { queue.splice(queue.indexOf(user), 1); userNodes.set(data.turn, user); }
+          if (!userNodes.has(data.turn) && queue.includes(user)) { queue.splice(queue.indexOf(user), 1); userNodes.set(data.turn, user); saveQueue(); }
           finish(turnView(data.turn), data);
         } else if (type === "error") {
-          queue.includes(user) && queue.splice(queue.indexOf(user), 1);
+          queue.includes(user) && queue.splice(queue.indexOf(user), 1) && saveQueue();
           user.after(tx(el("div", "card warning"), "error", data.detail));
         }
       });
@@ -576,14 +598,17 @@ async function submit() {
     // Queued when a turn runs, or another message waits: it is answered after them.
     const busy = queue.length > 0 || [...views.values()].some((v) => !v.done);
     const user = add(el("div", `msg user ${busy ? "queued" : "pending"}`, text));
+    user.dataset.text = text;
     if (busy) user.appendChild(tx(el("span", "badge"), "queued"));
     queue.push(user);
+    saveQueue();
     let taken = false;
     await send(sessionId, text, user, () => { taken = true; handing = false; updateSend(); }).catch((err) => {
       // Taken and then cut off: the turn goes on, and the session's stream shows it.
       if (taken && !(err instanceof ApiError)) return;
       user.after(tx(el("div", "card warning"), "error", err.message));
       if (queue.includes(user)) queue.splice(queue.indexOf(user), 1);
+      saveQueue();
     });
   } catch (err) {
     add(tx(el("div", "card warning"), "error", err.message));
