@@ -49,6 +49,9 @@ class BenchStack:
     redis: Any
     """A ``redis.asyncio.Redis`` connected to the embedded Redis."""
     redis_url: str
+    data_dir: Path
+    """A fresh directory for the run's ``Settings(data_dir=...)`` (memory, durable store):
+    the default ``./.hermes`` would carry one run's tables into the next and skew it."""
 
 
 @asynccontextmanager
@@ -66,7 +69,8 @@ async def bench_stack(*, dynamic_config: dict[str, str] | None = None) -> AsyncI
             await stack.start_async()
             redis = aioredis.Redis.from_url(stack.redis_url)
             try:
-                yield BenchStack(env=env, client=env.client, redis=redis, redis_url=stack.redis_url)
+                yield BenchStack(env=env, client=env.client, redis=redis, redis_url=stack.redis_url,
+                                 data_dir=Path(tmp) / "data")
             finally:
                 await redis.aclose()
                 await stack.stop_async()

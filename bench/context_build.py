@@ -279,7 +279,7 @@ async def history_growth(quick: bool) -> None:
     turns = 200 if quick else 1_000
     async with _common.bench_stack() as stack:
         queue = f"bench-{uuid.uuid4().hex[:8]}"
-        settings = Settings(redis_url=stack.redis_url, task_queue=queue)
+        settings = Settings(data_dir=stack.data_dir, redis_url=stack.redis_url, task_queue=queue)
         worker = build_worker(
             stack.client, settings, task_queue=queue, provider=_FiveKilobyteTurns(), registry=_report_registry(),
             redis=stack.redis,

@@ -69,7 +69,7 @@ async def main() -> None:
     async with _common.bench_stack() as stack:
         with tempfile.TemporaryDirectory(prefix="hermes-redis-soak-") as tmp:
             task_queue = f"bench-redis-soak-{uuid.uuid4()}"
-            settings = Settings(redis_url=stack.redis_url, task_queue=task_queue, temporal_address="unused:0",
+            settings = Settings(data_dir=stack.data_dir, redis_url=stack.redis_url, task_queue=task_queue, temporal_address="unused:0",
                                 data_dir=Path(tmp), redis_content_ttl_seconds=ttl, memory_enabled=False,
                                 events_max_per_session=100, events_marker_ttl_seconds=ttl)
             worker = build_worker(stack.client, settings, task_queue=task_queue, memory=False,

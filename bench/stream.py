@@ -204,7 +204,7 @@ async def main() -> None:
         keys = tmp / "keys.yaml"
         key = add_key(keys, "bench", ["user"])
         hermes = HermesClient(client, task_queue=queues[True], redis=stack.redis)
-        api_settings = Settings(redis_url=stack.redis_url, task_queue=queues[True], temporal_address="unused:0")
+        api_settings = Settings(data_dir=stack.data_dir, redis_url=stack.redis_url, task_queue=queues[True], temporal_address="unused:0")
         port = free_port()
         server = uvicorn.Server(uvicorn.Config(
             create_app(api_settings, keys=KeyRing(keys), hermes=hermes),

@@ -416,7 +416,7 @@ async def main() -> None:
     async with _common.bench_stack() as stack:
         client = stack.client
         task_queue = f"bench-tool-dispatch-{uuid.uuid4()}"
-        settings = Settings(redis_url=stack.redis_url, task_queue=task_queue, temporal_address="unused:0")
+        settings = Settings(data_dir=stack.data_dir, redis_url=stack.redis_url, task_queue=task_queue, temporal_address="unused:0")
         registry = ToolRegistry()
         _register_tools(registry)
         # build_worker's exact configuration, plus the bench's workflow and activity. The

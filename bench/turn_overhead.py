@@ -357,7 +357,7 @@ async def main() -> None:
     async with _common.bench_stack() as stack:
         client = stack.client
         task_queue = f"bench-turn-overhead-{uuid.uuid4()}"
-        settings = Settings(redis_url=stack.redis_url, task_queue=task_queue, temporal_address="unused:0")
+        settings = Settings(data_dir=stack.data_dir, redis_url=stack.redis_url, task_queue=task_queue, temporal_address="unused:0")
         registry = register_builtins(ToolRegistry())
         # build_worker's exact configuration, plus the bench's workflows. The template is
         # built on another task queue (one worker per queue per process) and never run.

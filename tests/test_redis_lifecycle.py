@@ -129,3 +129,30 @@ async def test_an_archived_sessions_content_leaves_redis_and_stays_readable_from
 
         assert await hermes.get_stored_content(ref) == large  # from the durable store
         assert 0 < await redis.ttl(BLOB_KEY.format(ref=ref)) <= 7 * 24 * 3600  # cached again, with a TTL
+
+
+@pytest.mark.timeout(60)
+async def test_a_body_read_again_soon_keeps_its_ttl_and_is_refreshed_once_an_eighth_of_it_has_passed(
+    redis, monkeypatch: pytest.MonkeyPatch
+):
+    # Each model call reads its whole context: one EXPIRE per message per call was most of
+    # the Redis work of a long session's model calls (issue 31).
+    import hermes.content.blobs as blobs
+
+    clock = [1000.0]
+    monkeypatch.setattr(blobs.time, "monotonic", lambda: clock[0])
+    store = BlobStore(redis, ttl_seconds=800)
+    body = Message(role="user", content="hello " + uuid.uuid4().hex, turn=1)
+    ref = message_ref(body)
+    key = BLOB_KEY.format(ref=ref)
+    await store.put_many({ref: body.model_dump_json()})
+    await redis.expire(key, 50)
+    assert await store.get_many([ref])
+    assert await redis.ttl(key) > 700  # the first read refreshes it
+    await redis.expire(key, 50)
+    clock[0] += 99  # under 800 / 8 s later: not again
+    assert await store.get_many([ref])
+    assert 0 < await redis.ttl(key) <= 50
+    clock[0] += 2  # past 100 s since the refresh
+    assert await store.get_many([ref])
+    assert await redis.ttl(key) > 700

@@ -24,6 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
+import time
+from collections import OrderedDict
 from typing import Any
 
 from hermes.content.previews import head_and_tail
@@ -50,6 +53,12 @@ CONTENT_TTL_SECONDS = 7 * 24 * 3600
 """How long a blob lives in Redis after its last write or read unless told otherwise (the
 default of ``HERMES_REDIS_CONTENT_TTL_SECONDS``): a bound on Redis per session; an expired
 blob is read from where it is kept for good (README "What Redis holds")."""
+REFRESH_FRACTION = 1 / 8
+"""A body read again is given its whole TTL again once this fraction of it has passed
+since this process last did so (7 days: at most every 21 hours), not on every read."""
+REFRESHED_MAX = 200_000
+"""How many refs a store remembers refreshing (the oldest forgotten first: refreshed again
+on their next read)."""
 BODY_FIELDS = ("role", "content", "tool_calls", "tool_call_id", "name")
 """What a model sees of a message; the rest (turn, time, ids) is session bookkeeping."""
 
@@ -152,6 +161,8 @@ class BlobStore:
         self.redis = redis
         self.ttl_seconds = ttl_seconds
         self.durable = durable
+        self._refreshed: OrderedDict[str, float] = OrderedDict()
+        """ref -> when this store last refreshed its TTL on a read (monotonic seconds)."""
 
     @property
     def can_keep(self) -> bool:
@@ -253,15 +264,31 @@ class BlobStore:
             for ref, value in zip(unique, values)
             if value is not None
         }
-        if found and self.ttl_seconds is not None:
+        stale = self._stale(found)
+        if stale:
             # A read of a hot blob keeps it: an active session never loses it to the TTL.
             pipe = self.redis.pipeline(transaction=False)
-            for ref in found:
+            for ref in stale:
                 pipe.expire(BLOB_KEY.format(ref=ref), self.ttl_seconds)
             await pipe.execute()
+            now = time.monotonic()
+            for ref in stale:
+                self._refreshed[ref] = now
+                self._refreshed.move_to_end(ref)
+            while len(self._refreshed) > REFRESHED_MAX:
+                self._refreshed.popitem(last=False)
         if any(v.startswith(encryption.SEALED_PREFIX) for v in found.values()):
             found = _opened(found)
         return found
+
+    def _stale(self, found: dict[str, str]) -> list[str]:
+        """The refs of ``found`` whose TTL this store has not refreshed within the last
+        :data:`REFRESH_FRACTION` of it: each model call reads its whole context, and
+        refreshing every body each time was one Redis command per message per call."""
+        if not found or self.ttl_seconds is None:
+            return []
+        since = time.monotonic() - self.ttl_seconds * REFRESH_FRACTION
+        return [ref for ref in found if self._refreshed.get(ref, -math.inf) < since]
 
     async def evict_kept(self, message_refs: list[str], content_refs: list[str]) -> int:
         """Drop from Redis the blobs of a session that has just been archived, but only

@@ -125,4 +125,28 @@ def skip_idle_payload_walks() -> bool:
     setattr(decode_activation, _SKIPPING, True)
     bridge.decode_activation = decode_activation
     bridge.encode_completion = encode_completion
+    _skip_idle_command_aware_converters()
     return True
+
+
+def _skip_idle_command_aware_converters() -> None:
+    """For each activation of a cached workflow the SDK builds a command-aware data
+    converter (a new payload converter and its empty type-adapter cache: 5% of the
+    worker's busy time in ``bench/tool_dispatch.py``) only to hand it to the walks
+    :func:`skip_idle_payload_walks` skips. When the walks are idle the converter it is
+    built from is handed over instead; otherwise the SDK's is built as before."""
+    from temporalio.worker import _workflow
+
+    aware = getattr(_workflow, "_CommandAwareDataConverter", None)
+    create = getattr(aware, "create", None)
+    if create is None or getattr(create, _SKIPPING, False):
+        return
+
+    def created(instance: Any, context_free_dc: Any, workflow_context_dc: Any, workflow_context: Any) -> Any:
+        if walks_are_idle(workflow_context_dc):
+            return workflow_context_dc
+        return create(instance=instance, context_free_dc=context_free_dc,
+                      workflow_context_dc=workflow_context_dc, workflow_context=workflow_context)
+
+    setattr(created, _SKIPPING, True)
+    aware.create = staticmethod(created)
