@@ -134,3 +134,32 @@ def test_consolidation_leaves_a_row_that_is_also_in_the_archive_to_the_move_in_p
     report = consolidate(store)
     assert report.merged == 0
     assert sorted(r["memory_id"] for r in store.list("u1", statuses=STATUSES)) == sorted([keep, gone])
+
+
+def test_a_batch_that_inserts_and_restates_a_row_moved_meanwhile_never_puts_the_restatement_in_a_revived_row(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer, janitor = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
+    keep, gone = two_rows_of_one_memory(writer)
+    real_merge = MemoryStore._merge
+    moved: list[bool] = []
+
+    def merge_after_a_move(self: MemoryStore, updates: Any, inserts: Any) -> bool:
+        if not moved:
+            moved.append(True)
+            assert gone in updates
+            assert consolidate(janitor).merged == 1
+        return real_merge(self, updates, inserts)
+
+    def no_revival(*args: Any) -> None:
+        raise AssertionError("a restatement was written into a row that had left the table")
+
+    monkeypatch.setattr(MemoryStore, "_merge", merge_after_a_move)
+    monkeypatch.setattr(MemoryStore, "_drop_revived", no_revival)
+    restated = cand("The user wants brief replies, please.", subject="answer_style", value="concise")
+    new = cand("The user's cat is called Miso.")
+    report = writer.write([new, restated])
+    assert report.inserted == [new.candidate_id] and report.updated == [keep]
+    assert holders(writer, restated.candidate_id) == [keep]
+    assert holders(writer, gone) == [keep]
+    assert sorted(r["memory_id"] for r in writer.list("u1", statuses=STATUSES)) == sorted([keep, new.candidate_id])

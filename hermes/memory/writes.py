@@ -381,41 +381,48 @@ class MemoryWrites:
             updates[mid] = row
 
     def _apply(self, plan: _Plan) -> bool:
-        """Apply ``plan`` in one commit (a reader never sees a new value without its
-        supersede): each update conditional on the version it was read at, each insert
-        only where the id is free (a retry's own row stays). False when a row changed
-        since it was read: the plan's inserts and its other updates landed anyway; the
-        caller plans again (``landed``).
+        """Apply ``plan``: its inserts and supersedes in one commit (a reader never sees a
+        new value without its supersede), each update conditional on the version it was
+        read at, each insert only where the id is free (a retry's own row stays). False
+        when a row changed since it was read: the plan's inserts and its other updates
+        landed anyway; the caller plans again (``landed``).
 
-        One merge cannot tell an update from an insert: in a plan that inserts, an update
-        of a row that left the table since it was read (moved to the archive by
-        consolidation, forgotten) is inserted, the row back with its counts already folded
-        elsewhere. Such rows are deleted again at once (:meth:`_drop_revived`); until then
-        consolidation leaves them alone (their id is in the archive). A plan without
-        inserts merges its updates only: no row is revived."""
-        rows = [dict(row, version=int(row["version"]) + 1) for row in plan.updates.values()]
-        rows += [dict(row, version=1) for row in plan.inserts.values()]
+        One merge that inserts cannot tell an update from an insert: an update of a row
+        that left the table since it was read (moved to the archive by consolidation,
+        forgotten) is inserted, the row back with its counts already folded elsewhere.
+        So rows a plan restates (they stay active, with new sources) are updated first in
+        a commit of their own that inserts nothing: no restatement ever lands in a revived
+        row. A superseded row revived by the second commit holds no new source and is
+        deleted again at once (:meth:`_drop_revived`); until then consolidation leaves it
+        alone (its id is in the archive)."""
+        restated = {m: r for m, r in plan.updates.items() if r["status"] == "active"} if plan.inserts else {}
+        others = {m: r for m, r in plan.updates.items() if m not in restated}
+        with self._lock:
+            ok = self._merge(restated, {}) if restated else True
+            return self._merge(others, plan.inserts) and ok
+
+    def _merge(self, updates: dict[str, dict[str, Any]], inserts: dict[str, dict[str, Any]]) -> bool:
+        """One conditional merge of ``updates`` (and ``inserts``, if any); True when every
+        update matched the version it was read at."""
+        rows = [dict(row, version=int(row["version"]) + 1) for row in updates.values()]
+        rows += [dict(row, version=1) for row in inserts.values()]
         if not rows:
             return True
-        with self._lock:
-            # An insert's source version 1 never matches an existing row (version >= 1).
-            merge = self.table.merge_insert("memory_id").when_matched_update_all(
-                where="target.version = source.version - 1")
-            if plan.inserts:
-                # Only a plan that inserts can revive a row (below); a plan of updates alone
-                # (a restatement: the common case) updates what is there and nothing else.
-                merge = merge.when_not_matched_insert_all()
-            result = lance.retry_conflicts(lambda: merge.execute(self._table_rows(rows)))  # idempotent: conditional
-            self.commits += 1
-            updated = int(result.num_updated_rows)
-            if updated < len(plan.updates) and int(result.num_inserted_rows) > 0:
-                self._drop_revived(plan, int(result.version))
-        return updated == len(plan.updates)
+        # An insert's source version 1 never matches an existing row (version >= 1).
+        merge = self.table.merge_insert("memory_id").when_matched_update_all(where="target.version = source.version - 1")
+        if inserts:
+            merge = merge.when_not_matched_insert_all()  # without inserts, nothing can be revived
+        result = lance.retry_conflicts(lambda: merge.execute(self._table_rows(rows)))  # idempotent: conditional
+        self.commits += 1
+        updated = int(result.num_updated_rows)
+        if updated < len(updates) and int(result.num_inserted_rows) > 0:
+            self._drop_revived(updates, int(result.version))
+        return updated == len(updates)
 
-    def _drop_revived(self, plan: _Plan, version: int) -> None:
-        """Delete the rows of ``plan.updates`` that the merge committed as ``version``
+    def _drop_revived(self, updates: dict[str, dict[str, Any]], version: int) -> None:
+        """Delete the rows of ``updates`` that the merge committed as ``version``
         inserted: absent from the table just before it (read at ``version - 1``)."""
-        ids = ", ".join(sql_str(m) for m in plan.updates)
+        ids = ", ".join(sql_str(m) for m in updates)
         try:
             before = self._db.open_table(self.table.name)
             before.checkout(version - 1)
@@ -423,10 +430,10 @@ class MemoryWrites:
         except Exception as err:  # noqa: BLE001 - a version cleaned up meanwhile: report, do not fail the write
             log.warning("memory write: could not read table version %d to find revived rows (%s)", version - 1, err)
             return
-        revived = [m for m in plan.updates if m not in existed]
+        revived = [m for m in updates if m not in existed]
         if revived:
             log.warning("memory write: %d row(s) updated after they left the table were inserted again; deleting %s",
                         len(revived), revived)
             self.table.delete(" OR ".join(
-                f"(memory_id = {sql_str(m)} AND version = {int(plan.updates[m]['version']) + 1})" for m in revived))
+                f"(memory_id = {sql_str(m)} AND version = {int(updates[m]['version']) + 1})" for m in revived))
             self.commits += 1
