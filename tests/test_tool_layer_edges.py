@@ -462,6 +462,42 @@ async def test_cancel_during_a_step_with_several_pending_approvals_settles_all_a
     assert after.reply == "codes=0"
 
 
+async def test_a_free_call_running_when_the_turn_is_cancelled_is_in_the_turn_result_with_an_unknown_outcome(
+    run_worker, session_id
+):
+    # A loaded CI run's cancel caught `calculate` running: its result message was in the
+    # transcript but the turn's result listed 3 of its 4 calls.
+    runs: list[str] = []
+    started = asyncio.Event()
+
+    async def slow_lookup(key: str) -> str:
+        """Look a key up, slowly.
+
+        Args:
+            key: what to look up.
+        """
+        started.set()
+        await asyncio.sleep(8)
+        return f"found {key}"
+
+    registry = admin_registry(runs)
+    registry.register(slow_lookup)
+    model = Calls([call("delete_account", account_id="acc-9"), call("slow_lookup", key="k1")])
+    async with run_worker(model, registry=registry) as hermes:
+        reply = asyncio.create_task(hermes.send_message(session_id, "do it", user_id="alice"))
+        await eventually(lambda: pending_count(hermes, session_id, 1))
+        await bounded(started.wait())
+        await hermes.cancel_turn(session_id)
+        result = await bounded(reply)
+        transcript = await hermes.get_transcript(session_id)
+    assert result.status == "cancelled" and runs == []
+    assert [(r.name, int(r.result.code)) for r in result.tool_calls] == [
+        ("delete_account", int(ToolResultCode.DENIED_BY_HUMAN)), ("slow_lookup", int(ToolResultCode.OUTCOME_UNKNOWN)),
+    ]
+    assert "cancelled while this tool call ran" in result.tool_calls[1].result.message
+    one_result_per_call(transcript)
+
+
 async def test_close_during_a_pending_approval_denies_it_and_refuses_new_messages(run_worker, session_id):
     runs: list[str] = []
     model = Calls([call("delete_account", account_id="acc-3"), call("delete_account", account_id="acc-4")])

@@ -142,17 +142,17 @@ class ToolRunner:
         """
         core = self.core
         done: dict[str, ToolCallRecord] = {}
-        running: set[str] = set()
+        running: dict[str, ToolCallRecord] = {}
 
         def record_of(call: ToolCall) -> ToolCallRecord:
             return ToolCallRecord(tool_call_id=call.tool_call_id, name=call.name, arguments=call.arguments, result=ToolResult())
 
         async def run(call: ToolCall, record: ToolCallRecord) -> None:
-            running.add(call.tool_call_id)
+            running[call.tool_call_id] = record
             record.result, record.fallback = await self.run_with_fallback(
                 turn, prepared.get(call.tool_call_id, call), specs[call.name], specs, note_cancel=False
             )
-            running.discard(call.tool_call_id)
+            running.pop(call.tool_call_id, None)
 
         async def run_free() -> None:
             for call in step:
@@ -195,8 +195,11 @@ class ToolRunner:
                 if call.tool_call_id in done:
                     records.append(done[call.tool_call_id])
                     core.transcript.tool_result(turn, call, done[call.tool_call_id].result, workflow.now(), core.count_fn())
-                elif call.tool_call_id in running:
-                    core.transcript.tool_result(turn, call, cancelled_while_running(), workflow.now(), core.count_fn())
+                elif call.tool_call_id in running:  # in the turn's result too, with its approval
+                    record = running[call.tool_call_id]
+                    record.result, record.fallback = cancelled_while_running(), None
+                    records.append(record)
+                    core.transcript.tool_result(turn, call, record.result, workflow.now(), core.count_fn())
                 else:  # the turn stopped first
                     core.transcript.not_run(turn, call, records, workflow.now(), core.count_fn())
 
