@@ -26,6 +26,7 @@ from hermes.models import TurnResult
 from hermes.providers.scripted import ScriptedModel
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
+from tests.support import eventually
 from worker import build_worker
 
 STREAMING_SCRIPT: dict[str, Any] = {
@@ -196,3 +197,24 @@ async def test_a_message_queued_behind_a_running_turn_streams_only_its_own_turn(
     kinds = [e.type for e in events]
     assert kinds[0] == "turn_started" and kinds[-1] == "turn_finished"
     assert "".join(e.data["text"] for e in events if e.type == "text_delta") == result.reply
+
+
+async def test_a_listener_that_leaves_before_the_session_has_the_message_loses_nothing(run_worker, session_id):
+    # A page reloaded right after Enter: the request's listener went away while the
+    # message was still on its way, and the send was cancelled with it (issue 32).
+    async with run_worker(STREAMING_SCRIPT) as hermes:
+        listener = asyncio.ensure_future(anext(hermes.stream_message(session_id, "plain words please", user_id="u1")))
+        await asyncio.sleep(0)
+        listener.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await listener
+        state = await eventually(lambda: _turns_done(hermes, session_id, 1), timeout_seconds=60)
+    assert state.turn_count == 1 and not state.busy
+
+
+async def _turns_done(hermes: Any, session_id: str, count: int) -> Any:
+    try:
+        state = await hermes.get_state(session_id)
+    except Exception:  # noqa: BLE001 - not started yet
+        return None
+    return state if state.turn_count >= count and not state.busy else None

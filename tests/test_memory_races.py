@@ -163,3 +163,25 @@ def test_a_batch_that_inserts_and_restates_a_row_moved_meanwhile_never_puts_the_
     assert holders(writer, restated.candidate_id) == [keep]
     assert holders(writer, gone) == [keep]
     assert sorted(r["memory_id"] for r in writer.list("u1", statuses=STATUSES)) == sorted([keep, new.candidate_id])
+
+
+@pytest.mark.parametrize("kind", ["restatement", "new fact"])
+def test_a_write_landed_by_another_attempt_after_the_applied_check_is_not_counted_twice(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch, kind: str,
+) -> None:
+    # A loaded fresh-clone run counted two statements twice (mentions 10 for 8): a
+    # cancelled write activity's thread went on writing while its retry wrote the same
+    # candidates, and the retry's applied-check ran just before the first one's commit.
+    store = MemoryStore(tmp_path / "m", use)
+    two_rows_of_one_memory(store)
+    text = "The user wants brief replies, please." if kind == "restatement" else "The user's cat is called Miso."
+    again = cand(text, subject="answer_style", value="concise") if kind == "restatement" else cand(text)
+    first = store.write([again])
+    before = {r["memory_id"]: r["mentions"] for r in store.list("u1", statuses=STATUSES)}
+    monkeypatch.setattr(MemoryStore, "_already_applied", lambda self, user_id, ids: set())
+    report = store.write([again], retried=True)
+    after = {r["memory_id"]: r["mentions"] for r in store.list("u1", statuses=STATUSES)}
+    assert after == before
+    assert report.unchanged == 0  # read back: what the first attempt did
+    assert (report.updated, report.inserted) == (first.updated, first.inserted) and (first.updated or first.inserted)
+    assert len(holders(store, again.candidate_id)) == 1

@@ -9,7 +9,6 @@ session behind them: its stream waits, silent, for its own turn.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -107,19 +106,25 @@ async def stream_message(
     """
     log_ = hermes.events
     offset = check_offset(after) if after is not None else None
-    if log_ is not None:
-        try:
-            if offset is None:
-                offset = await asyncio.wait_for(log_.last_offset(session_id), 2.0)
-            else:
-                await asyncio.wait_for(log_.check_resume(session_id, offset), 2.0)
-        except ValueError:
-            raise
-        except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without them
-            log.warning("turn events of %s not available (%s); the result alone follows", session_id, err)
-            log_ = None
-    if first_turn is None and log_ is not None:
-        first_turn = await _first_turn(hermes, session_id)
+    try:
+        if log_ is not None:
+            try:
+                if offset is None:
+                    offset = await asyncio.wait_for(log_.last_offset(session_id), 2.0)
+                else:
+                    await asyncio.wait_for(log_.check_resume(session_id, offset), 2.0)
+            except ValueError:
+                raise
+            except Exception as err:  # noqa: BLE001 - events are a view: the turn goes on without them
+                log.warning("turn events of %s not available (%s); the result alone follows", session_id, err)
+                log_ = None
+        if first_turn is None and log_ is not None:
+            first_turn = await _first_turn(hermes, session_id)
+    except (asyncio.CancelledError, GeneratorExit):
+        # The listener left while the events were being set up: the message is sent all
+        # the same (see below), only nobody follows its events.
+        _detach(asyncio.ensure_future(hermes.send_message(session_id, text, **send)))
+        raise
     own = OwnTurn(first_turn)
     sending = asyncio.ensure_future(hermes.send_message(session_id, text, **send))
     try:
@@ -163,10 +168,26 @@ async def stream_message(
         yield await sending
     finally:
         if not sending.done():
-            sending.cancel()  # the caller stopped listening; the turn goes on in the session
-            with contextlib.suppress(BaseException):
-                await sending
+            # The caller stopped listening (a page reloaded, a connection dropped). The
+            # message is sent all the same: cancelling here, before the session had it,
+            # lost it silently; once taken, its turn goes on in the session either way.
+            _detach(sending)
 
+
+
+_detached: set[asyncio.Future[Any]] = set()
+"""Sends whose listener left before their result (kept referenced until they end)."""
+
+
+def _detach(sending: asyncio.Future[Any]) -> None:
+    _detached.add(sending)
+    sending.add_done_callback(_forget_detached)
+
+
+def _forget_detached(sending: asyncio.Future[Any]) -> None:
+    _detached.discard(sending)
+    if not sending.cancelled() and sending.exception() is not None:
+        log.info("a message whose listener left was not answered: %s", sending.exception())
 
 
 async def _first_turn(hermes: HermesClient, session_id: str) -> int | None:

@@ -288,6 +288,12 @@ class MemoryWrites:
                 if verdict.verdict == "same" and (verdict.certain or not judge) and cand.candidate_id not in landed:
                     same = r
                     break
+            if same is not None and (same["memory_id"] == cand.candidate_id or cand.candidate_id in (same.get("sources") or [])):
+                # Another attempt of this write (a retried activity whose first attempt
+                # still runs in its thread) landed it after the check above: already applied.
+                report.unchanged += 1
+                applied_now.append(cand.candidate_id)
+                continue
             if same is not None:
                 row = restated_row(same, cand, subject, value, now)
                 self._stage(row, inserts, updates)

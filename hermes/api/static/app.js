@@ -241,12 +241,15 @@ async function openSession(id) {
     showStep(view);
     after = localStorage.getItem(`hermes.resume.${id}`) || "0-0";
   }
-  // Messages this page sent that no turn has taken yet: the session counts them; the newest
-  // that many of those kept here are still waiting (turns take messages oldest first).
-  const kept = storedQueue(id);
-  for (const text of state.queued_messages > 0 ? kept.slice(-state.queued_messages) : []) {
-    const user = add(el("div", "msg user queued", text));
-    user.dataset.text = text;
+  // Messages this page sent that no turn had taken before the reload: each still waits
+  // unless a turn after the last one it was sent behind holds it (the transcript says).
+  const taken = new Set();
+  for (const entry of storedQueue(id)) {
+    const m = messages.find((x, i) => x.role === "user" && !taken.has(i) && x.turn > entry.after && x.content === entry.text);
+    if (m) { taken.add(messages.indexOf(m)); continue; }
+    const user = add(el("div", "msg user queued", entry.text));
+    user.dataset.text = entry.text;
+    user.dataset.after = entry.after;
     user.appendChild(tx(el("span", "badge"), "queued"));
     queue.push(user);
   }
@@ -255,15 +258,22 @@ async function openSession(id) {
 }
 
 function storedQueue(id) {
-  try { return JSON.parse(localStorage.getItem(`hermes.queued.${id}`) || "[]"); } catch (_) { return []; }
+  try {
+    const kept = JSON.parse(localStorage.getItem(`hermes.queued.${id}`) || "[]");
+    return kept.filter((e) => e && typeof e.text === "string").map((e) => ({ text: e.text, after: Number(e.after) || 0 }));
+  } catch (_) { return []; }
 }
 
-// Kept across a reload: the texts of the messages in `queue` (those sent from this page).
+// Kept across a reload: the messages in `queue` (sent from this page, no turn has taken
+// them yet), each with the newest turn this page knew when it was sent.
 function saveQueue() {
   if (!current) return;
-  if (queue.length) localStorage.setItem(`hermes.queued.${current}`, JSON.stringify(queue.map((n) => n.dataset.text)));
+  const kept = queue.map((n) => ({ text: n.dataset.text, after: Number(n.dataset.after) || 0 }));
+  if (kept.length) localStorage.setItem(`hermes.queued.${current}`, JSON.stringify(kept));
   else localStorage.removeItem(`hermes.queued.${current}`);
 }
+
+function newestTurn() { return Math.max(shownUpTo, 0, ...views.keys()); }
 
 // ---------------------------------------------------------------- the session's event stream
 
@@ -599,6 +609,7 @@ async function submit() {
     const busy = queue.length > 0 || [...views.values()].some((v) => !v.done);
     const user = add(el("div", `msg user ${busy ? "queued" : "pending"}`, text));
     user.dataset.text = text;
+    user.dataset.after = newestTurn();
     if (busy) user.appendChild(tx(el("span", "badge"), "queued"));
     queue.push(user);
     saveQueue();
