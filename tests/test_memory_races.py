@@ -51,26 +51,32 @@ def two_rows_of_one_memory(store: MemoryStore) -> tuple[str, str]:
     return keep, gone
 
 
+def move_before_the_first_merge(monkeypatch: pytest.MonkeyPatch, janitor: MemoryStore, gone: str) -> None:
+    """Make ``janitor`` consolidate ``gone`` (a row the write planned to update) away just
+    before the write's first commit, and fail the test if the write then revives a row."""
+    real_merge = MemoryStore._merge
+    moved: list[bool] = []
+
+    def merge_after_a_move(self: MemoryStore, updates: Any, inserts: Any) -> bool:
+        if not moved:  # the row this write planned to update leaves the table now
+            moved.append(True)
+            assert gone in updates
+            assert consolidate(janitor).merged == 1
+        return real_merge(self, updates, inserts)
+
+    def no_revival(*args: Any) -> None:
+        raise AssertionError("a restatement was written into a row that had left the table")
+
+    monkeypatch.setattr(MemoryStore, "_merge", merge_after_a_move)
+    monkeypatch.setattr(MemoryStore, "_drop_revived", no_revival)
+
+
 def test_a_restatement_of_a_row_consolidation_moved_meanwhile_is_folded_into_the_survivor_and_revives_nothing(
     tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     writer, janitor = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
     keep, gone = two_rows_of_one_memory(writer)
-    real_apply = MemoryStore._apply
-    moved: list[bool] = []
-
-    def apply_after_a_move(self: MemoryStore, plan: Any) -> bool:
-        if not moved:  # the row this restatement planned to update leaves the table now
-            moved.append(True)
-            assert gone in plan.updates
-            assert consolidate(janitor).merged == 1
-        return real_apply(self, plan)
-
-    def no_revival(*args: Any) -> None:
-        raise AssertionError("a restatement inserted a row it meant to update")
-
-    monkeypatch.setattr(MemoryStore, "_apply", apply_after_a_move)
-    monkeypatch.setattr(MemoryStore, "_drop_revived", no_revival)
+    move_before_the_first_merge(monkeypatch, janitor, gone)
     restated = cand("The user wants brief replies, please.", subject="answer_style", value="concise")
     report = writer.write([restated])
     assert report.updated == [keep]
@@ -141,21 +147,7 @@ def test_a_batch_that_inserts_and_restates_a_row_moved_meanwhile_never_puts_the_
 ) -> None:
     writer, janitor = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
     keep, gone = two_rows_of_one_memory(writer)
-    real_merge = MemoryStore._merge
-    moved: list[bool] = []
-
-    def merge_after_a_move(self: MemoryStore, updates: Any, inserts: Any) -> bool:
-        if not moved:
-            moved.append(True)
-            assert gone in updates
-            assert consolidate(janitor).merged == 1
-        return real_merge(self, updates, inserts)
-
-    def no_revival(*args: Any) -> None:
-        raise AssertionError("a restatement was written into a row that had left the table")
-
-    monkeypatch.setattr(MemoryStore, "_merge", merge_after_a_move)
-    monkeypatch.setattr(MemoryStore, "_drop_revived", no_revival)
+    move_before_the_first_merge(monkeypatch, janitor, gone)
     restated = cand("The user wants brief replies, please.", subject="answer_style", value="concise")
     new = cand("The user's cat is called Miso.")
     report = writer.write([new, restated])

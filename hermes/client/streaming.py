@@ -123,10 +123,10 @@ async def stream_message(
     except (asyncio.CancelledError, GeneratorExit):
         # The listener left while the events were being set up: the message is sent all
         # the same (see below), only nobody follows its events.
-        _detach(asyncio.ensure_future(hermes.send_message(session_id, text, **send)))
+        _detach(_start_sending(hermes, session_id, text, send))
         raise
     own = OwnTurn(first_turn)
-    sending = asyncio.ensure_future(hermes.send_message(session_id, text, **send))
+    sending = _start_sending(hermes, session_id, text, send)
     try:
         loop = asyncio.get_running_loop()
         finished_turn: int | None = None
@@ -173,6 +173,9 @@ async def stream_message(
             # lost it silently; once taken, its turn goes on in the session either way.
             _detach(sending)
 
+
+def _start_sending(hermes: HermesClient, session_id: str, text: str, send: dict[str, Any]) -> asyncio.Future[TurnResult]:
+    return asyncio.ensure_future(hermes.send_message(session_id, text, **send))
 
 
 _detached: set[asyncio.Future[Any]] = set()
