@@ -65,8 +65,11 @@ def test_a_resource_tuner_bounds_workflow_tasks_and_activities_by_the_settings_a
 async def test_a_saturated_worker_runs_only_its_minimum_activities_while_every_client_waits_and_gets_its_reply(
     run_worker: Any, settings: Settings
 ):
-    # A CPU target no machine is under: the worker counts as saturated the whole time.
+    # Targets no machine is under: the worker counts as saturated the whole time. Memory
+    # holds it there: the SDK's PID controller also weighs how fast a reading falls (its D
+    # term), and a loaded CI host's CPU falling sharply handed out 3 slots; memory is steady.
     settings.worker_target_cpu = 0.001
+    settings.worker_target_memory = 0.001
     settings.worker_min_activity_slots = 1
     model = EchoModel(delay_seconds=0.3)
     async with run_worker(model, memory=False) as hermes:
