@@ -7,7 +7,8 @@ it runs, with heartbeats. Whatever happens becomes a ``{code, message, data}`` r
 A non-idempotent tool runs at most once per ``session_id:tool_call_id``: before it
 runs, a record is set in Redis with ``SET NX`` (the fast, atomic claim) and in the durable
 store (:mod:`hermes.infra.durable`, table ``hermes_tool_calls``: the copy that survives a
-Redis loss); a later attempt that finds either record returns the stored result, or, if
+Redis loss; the result goes to ``hermes_tool_results``, appended: only the claim's holder
+writes it); a later attempt that finds either record returns the stored result, or, if
 the first attempt never finished, reports the outcome as unknown instead of running the
 tool again. Losing Redis therefore never re-runs a side effect.
 
@@ -39,7 +40,7 @@ from hermes import names
 from hermes.infra import telemetry
 from hermes.security import encryption
 from hermes.content.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
-from hermes.infra.durable import TOOL_CALLS, DurableStore, DurableStoreError, Record
+from hermes.infra.durable import TOOL_CALLS, TOOL_RESULTS, DurableStore, DurableStoreError, Record
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.content.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.models import (
@@ -705,8 +706,7 @@ class ToolActivities:
                         TOOL_CALLS, [Record(key=request.call_key, owner=request.session_id, value=started)]
                     )
                     if not inserted:
-                        found = (await self.durable.get(TOOL_CALLS, [request.call_key])).get(request.call_key)
-                        record = json.loads(found.value) if found is not None else {}
+                        record = await self._durable_record(request.call_key)
                         log.warning("tool call %s: Redis had no record, the durable store had one", key)
                 except DurableStoreError as err:
                     result = ToolResult(
@@ -758,6 +758,17 @@ class ToolActivities:
         await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok)
         return result
 
+    async def _durable_record(self, call_key: str) -> dict[str, Any]:
+        """The durable ledger's record of a call: its result ("done") if one was written,
+        else its claim (written before the result; a claim row that says "done" is one
+        written before results had their own table)."""
+        assert self.durable is not None
+        claims, results = await asyncio.gather(
+            self.durable.get(TOOL_CALLS, [call_key]), self.durable.get(TOOL_RESULTS, [call_key])
+        )
+        found = results.get(call_key) or claims.get(call_key)
+        return json.loads(found.value) if found is not None else {}
+
     async def _hold_lease(self, key: str) -> None:
         """Keep :func:`running_lease_key` alive until cancelled, then drop it."""
         assert self.redis is not None
@@ -799,7 +810,8 @@ class ToolActivities:
         text = json.dumps(record)
         if durable is not None and self.durable is not None:
             try:
-                await self.durable.upsert(TOOL_CALLS, [Record(key=durable[0], owner=durable[1], value=text)])
+                # Appended: only this attempt, the claim's holder, ever writes this key.
+                await self.durable.append(TOOL_RESULTS, [Record(key=durable[0], owner=durable[1], value=text)])
             except DurableStoreError as err:
                 log.warning("tool call %s: the durable record not updated: %s", key, err)
         if redis and self.redis is not None:

@@ -18,7 +18,7 @@ from activities.model import MAX_REPLY_BYTES, ModelActivities
 from activities.tools import ToolActivities, idempotency_key, to_tool_result
 from activities.transcript import TranscriptActivities, read_snapshot
 from hermes.content.blobs import BlobStore, value_ref
-from hermes.infra.durable import NOTES, TOOL_CALLS, DurableStore, DurableStoreError, Record
+from hermes.infra.durable import NOTES, TOOL_CALLS, TOOL_RESULTS, DurableStore, DurableStoreError, Record
 from hermes.models import (
     CallModelInput,
     CallModelResult,
@@ -28,6 +28,7 @@ from hermes.models import (
     SessionConfig,
     SnapshotInput,
     ToolCall,
+    ToolResult,
     ToolResultCode,
 )
 from hermes.providers.scripted import ScriptedModel
@@ -278,6 +279,25 @@ async def test_a_call_that_started_and_never_reported_is_an_unknown_outcome_afte
 
     assert runs == []
     assert retried.code == ToolResultCode.OUTCOME_UNKNOWN and retried.data["outcome"] == "unknown"
+
+
+async def test_a_result_recorded_in_the_claims_table_before_results_had_their_own_is_returned_not_run(
+    redis, _memory_store_per_test: Path
+):
+    runs: list[str] = []
+    durable = DurableStore(_memory_store_per_test)
+    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+    request = payment_call("t-old")
+    # What the ledger kept before results were appended to their own table: the claim's
+    # row, upserted to "done" with the result.
+    stored = ToolResult(code=ToolResultCode.OK, message="paid", data={"paid": 5})
+    done = json.dumps({"state": "done", "result": stored.model_dump(mode="json")})
+    await durable.insert(TOOL_CALLS, [Record(key=request.call_key, owner="pay-session", value=done)])
+
+    retried = await ActivityEnvironment().run(tools.run_tool, request)
+
+    assert runs == [] and retried == stored
+    assert await durable.get(TOOL_RESULTS, [request.call_key]) == {}
 
 
 @pytest.fixture
