@@ -152,3 +152,23 @@ async def test_the_packaged_script_streams_a_reply_in_pieces_in_either_language(
         events._current_text.reset(token)
     assert result.message.content and "".join(collect.pieces) == result.message.content
     assert len(collect.pieces) >= pieces_at_least, collect.pieces
+
+
+async def test_the_reported_prompt_tokens_are_the_context_tokens_also_for_texts_seen_before_and_large_ones(demo):
+    from hermes.content.tokens import count_message_tokens
+
+    call = ToolCall(tool_call_id="c1", name="calculate", arguments={"expression": "1 + 1"})
+    big = "数据 data " * 4_000  # counted in a thread: long enough
+    contexts = [
+        [Message(role="user", content="What is 1 + 1?")],
+        [
+            Message(role="user", content="What is 1 + 1?"),  # seen before: remembered
+            Message(role="assistant", tool_calls=[call]),
+            Message(role="tool", content='{"code": 0, "data": {"value": 2}}', tool_call_id="c1"),
+            Message(role="user", content=big),
+        ],
+        [Message(role="user", content=big), Message(role="user", content=big + "!")],
+    ]
+    for messages in contexts:
+        result = await demo.complete(CallModelInput(session_id="s", turn=1, messages=messages))
+        assert result.usage is not None and result.usage.prompt_tokens == count_message_tokens(messages)

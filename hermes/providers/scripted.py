@@ -49,8 +49,11 @@ turn or no step left and no ``fallback``, it raises :class:`ScriptExhaustedError
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import re
+import threading
+from collections import OrderedDict
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
@@ -59,7 +62,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from hermes.content.events import model_text
-from hermes.content.tokens import count_message_tokens, count_text_tokens
+from hermes.content.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, count_text_tokens
 from hermes.errors import ConfigError, ContextTooLongError, ScriptExhaustedError
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
 
@@ -429,7 +432,7 @@ class ScriptedModel:
         return Message(role="assistant", content=json.dumps({"verdict": verdict}))
 
     async def complete(self, request: CallModelInput) -> CallModelResult:
-        prompt_tokens = count_message_tokens(request.messages)
+        prompt_tokens = await _prompt_tokens(request.messages)
         if self.script.max_context_tokens is not None and prompt_tokens > self.script.max_context_tokens:
             raise ContextTooLongError(
                 f"400 from scripted: this model's maximum context length is {self.script.max_context_tokens} "
@@ -457,3 +460,54 @@ class ScriptedModel:
             provider=self.name,
             model=f"scripted:{Path(self.source).name}",
         )
+
+
+_COUNTED_TEXTS_MAX = 8192
+"""Texts whose token counts the scripted model remembers (by digest, not by text)."""
+_COUNT_IN_THREAD_CHARS = 20_000
+"""New text at least this long is counted in a thread, off the event loop that sends the
+activity's heartbeats (tiktoken releases the GIL while it encodes)."""
+_counted: OrderedDict[tuple[int, bytes], int] = OrderedDict()
+_counted_lock = threading.Lock()
+
+
+def _text_key(text: str) -> tuple[int, bytes]:
+    return len(text), hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
+def _count_new(texts: dict[tuple[int, bytes], str]) -> dict[tuple[int, bytes], int]:
+    return {key: count_text_tokens(text) for key, text in texts.items()}
+
+
+async def _prompt_tokens(messages: list[Message]) -> int:
+    """The prompt tokens a provider would report for ``messages``: the same figure as
+    :func:`hermes.content.tokens.count_message_tokens` (per-message overhead, reply primer).
+
+    A real provider counts remotely; this in-process stand-in remembers the count of each
+    text it has seen (a session sends its transcript again on every call), so that the
+    CPU a bench or a loaded demo measures is the worker's, not the stand-in's, and counts
+    a large new text in a thread rather than on the event loop.
+    """
+    texts: list[str] = []
+    for m in messages:
+        texts.append(m.content or "")
+        for call in m.tool_calls:
+            texts += [call.name, str(call.arguments)]
+    keys = [_text_key(t) for t in texts]
+    with _counted_lock:
+        known = {k: _counted[k] for k in keys if k in _counted}
+    new = {k: t for k, t in zip(keys, texts, strict=True) if k not in known}
+    if new:
+        large = sum(k[0] for k in new) >= _COUNT_IN_THREAD_CHARS
+        fresh = await asyncio.to_thread(_count_new, new) if large else _count_new(new)
+        with _counted_lock:
+            for k, n in fresh.items():
+                _counted[k] = n
+            while len(_counted) > _COUNTED_TEXTS_MAX:
+                _counted.popitem(last=False)
+        known.update(fresh)
+    with _counted_lock:
+        for k in known:
+            if k in _counted:
+                _counted.move_to_end(k)
+    return REPLY_PRIMER_TOKENS + PER_MESSAGE_TOKENS * len(messages) + sum(known[k] for k in keys)
