@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import faulthandler
 import functools
 import inspect
+import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -18,6 +20,7 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from _pytest.faulthandler import fault_handler_stderr_fd_key
 import redis.asyncio as aioredis
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
@@ -68,6 +71,31 @@ def _test_timeout_seconds(item: pytest.Item) -> float:
     if marker is not None and (marker.args or "timeout" in marker.kwargs):
         return float(marker.args[0] if marker.args else marker.kwargs["timeout"])
     return float(item.config.getini("timeout") or 0)
+
+
+WATCHDOG_MARGIN_SECONDS = 120.0
+"""The last backstop runs this long after a test's pytest-timeout limit: a test whose
+main thread is blocked inside C code (a native call that never returns) never runs
+Python's signal handler, so pytest-timeout's signal cannot end it; faulthandler's
+watchdog thread can. It prints every thread's stack and ends the process (exit code 1):
+the run fails, naming where it hung, instead of hanging until the CI's own limit."""
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
+    """Arm the watchdog of :data:`WATCHDOG_MARGIN_SECONDS` for the test's setup, call and teardown."""
+    limit = _test_timeout_seconds(item)
+    if limit <= 0:
+        return (yield)
+    # The terminal's stderr as pytest's faulthandler plugin keeps it (a test's own fd 2 is captured).
+    stderr = item.config.stash.get(fault_handler_stderr_fd_key, None)
+    faulthandler.dump_traceback_later(
+        limit + WATCHDOG_MARGIN_SECONDS, exit=True, file=stderr if stderr is not None else sys.__stderr__
+    )
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 @pytest.hookimpl(wrapper=True)
