@@ -165,7 +165,8 @@ class BaselineWorkflow:
 
 
 class _NoIndexMixin:
-    def _schedule_index_update(self) -> None:  # the Redis session index, skipped
+    def _schedule_index_update(self, finished: tuple[int, str] | None = None) -> None:
+        # The Redis session index (and, at a turn's end, its turn_finished event): skipped.
         return None
 
 
