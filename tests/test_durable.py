@@ -237,6 +237,12 @@ def counting_registry(runs: list[str]) -> ToolRegistry:
     return registry
 
 
+def payment_tools(redis: Any, durable: DurableStore) -> tuple[list[str], ToolActivities]:
+    """Tool activities with ``send_payment`` over ``durable``, and the list of its runs."""
+    runs: list[str] = []
+    return runs, ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+
+
 def payment_call(tool_call_id: str) -> RunToolInput:
     return RunToolInput(
         session_id="pay-session",
@@ -249,9 +255,8 @@ def payment_call(tool_call_id: str) -> RunToolInput:
 
 
 async def test_a_non_idempotent_call_retried_after_redis_is_flushed_is_not_run_again(redis, _memory_store_per_test: Path):
-    runs: list[str] = []
     durable = DurableStore(_memory_store_per_test)
-    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+    runs, tools = payment_tools(redis, durable)
     request = payment_call("t1")
 
     first = await ActivityEnvironment().run(tools.run_tool, request)
@@ -267,9 +272,8 @@ async def test_a_non_idempotent_call_retried_after_redis_is_flushed_is_not_run_a
 async def test_a_call_that_started_and_never_reported_is_an_unknown_outcome_after_redis_is_flushed(
     redis, _memory_store_per_test: Path
 ):
-    runs: list[str] = []
     durable = DurableStore(_memory_store_per_test)
-    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+    runs, tools = payment_tools(redis, durable)
     request = payment_call("t2")
     # What a worker killed mid-call leaves: the claim, and no result.
     started = json.dumps({"state": "started", "attempt": 1, "tool": "send_payment"})
@@ -284,9 +288,8 @@ async def test_a_call_that_started_and_never_reported_is_an_unknown_outcome_afte
 async def test_a_result_recorded_in_the_claims_table_before_results_had_their_own_is_returned_not_run(
     redis, _memory_store_per_test: Path
 ):
-    runs: list[str] = []
     durable = DurableStore(_memory_store_per_test)
-    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=durable)
+    runs, tools = payment_tools(redis, durable)
     request = payment_call("t-old")
     # What the ledger kept before results were appended to their own table: the claim's
     # row, upserted to "done" with the result.
@@ -320,8 +323,7 @@ async def test_a_note_the_store_cannot_take_is_reported_as_not_saved(broken_stor
 
 
 async def test_a_non_idempotent_call_is_not_run_when_its_durable_record_cannot_be_kept(broken_store, redis):
-    runs: list[str] = []
-    tools = ToolActivities(counting_registry(runs), redis, tier_seconds=lambda tier: 15.0, durable=broken_store)
+    runs, tools = payment_tools(redis, broken_store)
     request = payment_call("t3")
 
     first = await ActivityEnvironment().run(tools.run_tool, request)

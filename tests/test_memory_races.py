@@ -71,13 +71,23 @@ def move_before_the_first_merge(monkeypatch: pytest.MonkeyPatch, janitor: Memory
     monkeypatch.setattr(MemoryStore, "_drop_revived", no_revival)
 
 
-def test_a_restatement_of_a_row_consolidation_moved_meanwhile_is_folded_into_the_survivor_and_revives_nothing(
-    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
-) -> None:
+def a_restatement_raced_by_consolidation(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> tuple[MemoryStore, str, str, Any]:
+    """A writer over two rows of one memory (survivor ``keep``, ``gone``) whose next write
+    another store consolidates ``gone`` away from just before its first commit, and a
+    candidate that restates ``gone``: (writer, keep, gone, restated)."""
     writer, janitor = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
     keep, gone = two_rows_of_one_memory(writer)
     move_before_the_first_merge(monkeypatch, janitor, gone)
     restated = cand("The user wants brief replies, please.", subject="answer_style", value="concise")
+    return writer, keep, gone, restated
+
+
+def test_a_restatement_of_a_row_consolidation_moved_meanwhile_is_folded_into_the_survivor_and_revives_nothing(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    writer, keep, gone, restated = a_restatement_raced_by_consolidation(tmp_path, use, monkeypatch)
     report = writer.write([restated])
     assert report.updated == [keep]
     assert holders(writer, restated.candidate_id) == [keep]
@@ -145,10 +155,7 @@ def test_consolidation_leaves_a_row_that_is_also_in_the_archive_to_the_move_in_p
 def test_a_batch_that_inserts_and_restates_a_row_moved_meanwhile_never_puts_the_restatement_in_a_revived_row(
     tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    writer, janitor = MemoryStore(tmp_path / "m", use), MemoryStore(tmp_path / "m", use)
-    keep, gone = two_rows_of_one_memory(writer)
-    move_before_the_first_merge(monkeypatch, janitor, gone)
-    restated = cand("The user wants brief replies, please.", subject="answer_style", value="concise")
+    writer, keep, gone, restated = a_restatement_raced_by_consolidation(tmp_path, use, monkeypatch)
     new = cand("The user's cat is called Miso.")
     report = writer.write([new, restated])
     assert report.inserted == [new.candidate_id] and report.updated == [keep]

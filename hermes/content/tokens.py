@@ -496,12 +496,23 @@ def count_text_tokens(text: str) -> int:
     return _default_counter().text(text)
 
 
+def prompt_texts(messages: list[Message]) -> list[str]:
+    """The texts of a chat context that :func:`count_message_tokens` counts: each
+    message's content, and each tool call's name and arguments (as ``str``)."""
+    texts: list[str] = []
+    for m in messages:
+        texts.append(m.content or "")
+        for call in m.tool_calls:
+            texts += [call.name, str(call.arguments)]
+    return texts
+
+
+def prompt_overhead_tokens(messages: list[Message]) -> int:
+    """The tokens of a chat context beyond its texts: per message, and the reply primer."""
+    return REPLY_PRIMER_TOKENS + PER_MESSAGE_TOKENS * len(messages)
+
+
 def count_message_tokens(messages: list[Message]) -> int:
     """Tokens of a chat context with :data:`DEFAULT_ENCODING`, overhead and reply primer
     included (used for the scripted model's reported usage)."""
-    total = REPLY_PRIMER_TOKENS
-    for m in messages:
-        total += PER_MESSAGE_TOKENS + count_text_tokens(m.content or "")
-        for call in m.tool_calls:
-            total += count_text_tokens(call.name) + count_text_tokens(str(call.arguments))
-    return total
+    return prompt_overhead_tokens(messages) + sum(count_text_tokens(t) for t in prompt_texts(messages))

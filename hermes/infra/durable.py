@@ -25,8 +25,9 @@ Writes are idempotent: :meth:`DurableStore.insert` adds only keys not yet presen
 retried activity rewrites nothing, the first value wins) and :meth:`DurableStore.upsert`
 replaces a key's row. :meth:`DurableStore.append` adds rows without looking (one commit,
 no merge: about a third of an insert's CPU) for a key only one writer ever writes, such
-as the result of a call whose claim that writer holds; reads return one row per key. Filters quote every value as a SQL literal (``'`` doubled), so an id
-with quotes or SQL in it selects that id and nothing else.
+as the result of a call whose claim that writer holds; reads return one row per key.
+Filters quote every value as a SQL literal (``'`` doubled), so an id with quotes or SQL in
+it selects that id and nothing else.
 
 The connection is opened lazily, once per store object (one per worker process and one per
 client), outside workflow code; every call runs LanceDB's synchronous API in a thread.
@@ -45,7 +46,7 @@ import asyncio
 import json
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -193,15 +194,13 @@ class DurableStore:
         Raises:
             DurableStoreError: the store cannot be opened or written.
         """
-        records = _unique(records)
-        if not records:
+        result = self._write(
+            table, records, lambda handle, rows: handle.merge_insert("key").when_not_matched_insert_all().execute(rows)
+        )
+        if result is None:
             return 0
-        try:
-            result = self._table(table).merge_insert("key").when_not_matched_insert_all().execute(self._rows(records))
-        except Exception as err:  # noqa: BLE001 - any failure is "not written"
-            raise self._fail("write", table, err) from err
-        self._wrote(table)
-        return int(getattr(result, "num_inserted_rows", len(records)))
+        inserted = getattr(result, "num_inserted_rows", None)  # a LanceDB without it: all were new
+        return int(inserted) if inserted is not None else len(_unique(records))
 
     def upsert_sync(self, table: str, records: Sequence[Record]) -> None:
         """Write the records, replacing rows with the same keys.
@@ -209,20 +208,11 @@ class DurableStore:
         Raises:
             DurableStoreError: the store cannot be opened or written.
         """
-        records = _unique(records)
-        if not records:
-            return
-        try:
-            (
-                self._table(table)
-                .merge_insert("key")
-                .when_matched_update_all()
-                .when_not_matched_insert_all()
-                .execute(self._rows(records))
-            )
-        except Exception as err:  # noqa: BLE001
-            raise self._fail("write", table, err) from err
-        self._wrote(table)
+        self._write(
+            table,
+            records,
+            lambda handle, rows: handle.merge_insert("key").when_matched_update_all().when_not_matched_insert_all().execute(rows),
+        )
 
     def append_sync(self, table: str, records: Sequence[Record]) -> None:
         """Add the records without looking for their keys: for keys no other write uses
@@ -231,14 +221,24 @@ class DurableStore:
         Raises:
             DurableStoreError: the store cannot be opened or written.
         """
-        records = _unique(records)
-        if not records:
-            return
+        self._write(table, records, lambda handle, rows: handle.add(rows))
+
+    def _write(self, table: str, records: Sequence[Record], write: Callable[[Any, Any], Any]) -> Any:
+        """``write(table handle, arrow rows)`` of the records, the first of each key; None
+        (nothing written) when there are none. Counts the write for compaction.
+
+        Raises:
+            DurableStoreError: the store cannot be opened or written.
+        """
+        unique = _unique(records)
+        if not unique:
+            return None
         try:
-            self._table(table).add(self._rows(records))
-        except Exception as err:  # noqa: BLE001
+            result = write(self._table(table), self._rows(unique))
+        except Exception as err:  # noqa: BLE001 - any failure is "not written"
             raise self._fail("write", table, err) from err
         self._wrote(table)
+        return result
 
     # ------------------------------------------------------------ reads (sync)
 

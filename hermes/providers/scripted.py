@@ -62,7 +62,7 @@ import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
 from hermes.content.events import model_text
-from hermes.content.tokens import PER_MESSAGE_TOKENS, REPLY_PRIMER_TOKENS, count_text_tokens
+from hermes.content.tokens import count_text_tokens, prompt_overhead_tokens, prompt_texts
 from hermes.errors import ConfigError, ContextTooLongError, ScriptExhaustedError
 from hermes.models import CallModelInput, CallModelResult, Message, ToolCall, Usage
 
@@ -488,26 +488,21 @@ async def _prompt_tokens(messages: list[Message]) -> int:
     CPU a bench or a loaded demo measures is the worker's, not the stand-in's, and counts
     a large new text in a thread rather than on the event loop.
     """
-    texts: list[str] = []
-    for m in messages:
-        texts.append(m.content or "")
-        for call in m.tool_calls:
-            texts += [call.name, str(call.arguments)]
+    texts = prompt_texts(messages)
     keys = [_text_key(t) for t in texts]
+    known: dict[tuple[int, bytes], int] = {}
     with _counted_lock:
-        known = {k: _counted[k] for k in keys if k in _counted}
+        for k in keys:
+            if k in _counted:
+                _counted.move_to_end(k)  # recently used: evicted last
+                known[k] = _counted[k]
     new = {k: t for k, t in zip(keys, texts, strict=True) if k not in known}
     if new:
         large = sum(k[0] for k in new) >= _COUNT_IN_THREAD_CHARS
         fresh = await asyncio.to_thread(_count_new, new) if large else _count_new(new)
         with _counted_lock:
-            for k, n in fresh.items():
-                _counted[k] = n
+            _counted.update(fresh)
             while len(_counted) > _COUNTED_TEXTS_MAX:
                 _counted.popitem(last=False)
         known.update(fresh)
-    with _counted_lock:
-        for k in known:
-            if k in _counted:
-                _counted.move_to_end(k)
-    return REPLY_PRIMER_TOKENS + PER_MESSAGE_TOKENS * len(messages) + sum(known[k] for k in keys)
+    return prompt_overhead_tokens(messages) + sum(known[k] for k in keys)
