@@ -6,11 +6,12 @@ it runs, with heartbeats. Whatever happens becomes a ``{code, message, data}`` r
 
 A non-idempotent tool runs at most once per ``session_id:tool_call_id``: before it
 runs, a record is set in Redis with ``SET NX`` (the fast, atomic claim) and in the durable
-store (:mod:`hermes.infra.durable`, table ``hermes_tool_calls``: the copy that survives a
-Redis loss; the result goes to ``hermes_tool_results``, appended: only the claim's holder
-writes it); a later attempt that finds either record returns the stored result, or, if
-the first attempt never finished, reports the outcome as unknown instead of running the
-tool again. Losing Redis therefore never re-runs a side effect.
+ledger (:class:`hermes.infra.ledger.CallLedger`: the copy that survives a Redis loss, a
+file created exclusively beside the durable store, or its LanceDB tables on an object
+store; the result is written there by the claim's holder); a later attempt that finds
+either record returns the stored result, or, if the first attempt never finished, reports
+the outcome as unknown instead of running the tool again. Losing Redis therefore never
+re-runs a side effect.
 
 A result whose JSON is larger than ``max_result_bytes`` never enters history whole: the
 whole result is kept by reference (:meth:`hermes.content.blobs.BlobStore.keep_many`: the durable
@@ -40,7 +41,8 @@ from hermes import names
 from hermes.infra import telemetry
 from hermes.security import encryption
 from hermes.content.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
-from hermes.infra.durable import TOOL_CALLS, TOOL_RESULTS, DurableStore, DurableStoreError, Record
+from hermes.infra.durable import DurableStore, DurableStoreError
+from hermes.infra.ledger import CallLedger
 from hermes.errors import ToolArgumentsError, ToolFailure
 from hermes.content.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
 from hermes.models import (
@@ -406,6 +408,8 @@ class ToolActivities:
         self.registry = registry
         self.redis = redis
         self.durable = durable
+        self.ledger = CallLedger(durable) if durable is not None else None
+        """The exactly-once ledger's durable copy (None without a durable store)."""
         self.store = BlobStore(redis, durable=durable)
         """Where results over ``max_result_bytes`` are kept whole (never expire: a session
         may read them months later)."""
@@ -678,7 +682,7 @@ class ToolActivities:
         """
         async with contextlib.AsyncExitStack() as leases:
             key = idempotency_key(request.call_key)
-            if self.redis is None and self.durable is None:
+            if self.redis is None and self.ledger is None:
                 return ToolResult(
                     code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
                     message="no idempotency store (Redis or the durable store) is configured; a non-idempotent tool is not run without one",
@@ -690,9 +694,9 @@ class ToolActivities:
                 try:
                     claimed = await self.redis.set(key, encryption.seal(started), nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
                 except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
-                    if self.durable is None:
+                    if self.ledger is None:
                         raise
-                    log.warning("tool call %s: Redis unavailable (%s); claimed in the durable store alone", key, err)
+                    log.warning("tool call %s: Redis unavailable (%s); claimed in the durable ledger alone", key, err)
                     claimed, redis_ok = True, False
                 if claimed and redis_ok:
                     # From the claim on, a later attempt waits for this one while it lives.
@@ -700,14 +704,11 @@ class ToolActivities:
                 if not claimed:
                     # One that cannot be opened here reads as "started": outcome unknown, never run twice.
                     record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
-            if record is None and self.durable is not None:
+            if record is None and self.ledger is not None:
                 try:
-                    inserted = await self.durable.insert(
-                        TOOL_CALLS, [Record(key=request.call_key, owner=request.session_id, value=started)]
-                    )
-                    if not inserted:
-                        record = await self._durable_record(request.call_key)
-                        log.warning("tool call %s: Redis had no record, the durable store had one", key)
+                    record = await self.ledger.claim(request.call_key, request.session_id, started)
+                    if record is not None:
+                        log.warning("tool call %s: Redis had no record, the durable ledger had one", key)
                 except DurableStoreError as err:
                     result = ToolResult(
                         code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
@@ -758,17 +759,6 @@ class ToolActivities:
         await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok)
         return result
 
-    async def _durable_record(self, call_key: str) -> dict[str, Any]:
-        """The durable ledger's record of a call: its result ("done") if one was written,
-        else its claim (written before the result; a claim row that says "done" is one
-        written before results had their own table)."""
-        assert self.durable is not None
-        claims, results = await asyncio.gather(
-            self.durable.get(TOOL_CALLS, [call_key]), self.durable.get(TOOL_RESULTS, [call_key])
-        )
-        found = results.get(call_key) or claims.get(call_key)
-        return json.loads(found.value) if found is not None else {}
-
     async def _hold_lease(self, key: str) -> None:
         """Keep :func:`running_lease_key` alive until cancelled, then drop it."""
         assert self.redis is not None
@@ -808,10 +798,10 @@ class ToolActivities:
         durable store. Failures are logged, not raised: the tool has run (or is reported
         as not run), and a missing "done" record costs only an "outcome unknown" later."""
         text = json.dumps(record)
-        if durable is not None and self.durable is not None:
+        if durable is not None and self.ledger is not None:
             try:
-                # Appended: only this attempt, the claim's holder, ever writes this key.
-                await self.durable.append(TOOL_RESULTS, [Record(key=durable[0], owner=durable[1], value=text)])
+                # Only this attempt, the claim's holder, ever writes this key's result.
+                await self.ledger.finish(durable[0], durable[1], text)
             except DurableStoreError as err:
                 log.warning("tool call %s: the durable record not updated: %s", key, err)
         if redis and self.redis is not None:

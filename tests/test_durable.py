@@ -19,6 +19,7 @@ from activities.tools import ToolActivities, idempotency_key, to_tool_result
 from activities.transcript import TranscriptActivities, read_snapshot
 from hermes.content.blobs import BlobStore, value_ref
 from hermes.infra.durable import NOTES, TOOL_CALLS, TOOL_RESULTS, DurableStore, DurableStoreError, Record
+from hermes.infra.ledger import CallLedger
 from hermes.models import (
     CallModelInput,
     CallModelResult,
@@ -269,20 +270,88 @@ async def test_a_non_idempotent_call_retried_after_redis_is_flushed_is_not_run_a
     assert json.loads(await redis.get(idempotency_key(request.call_key)))["state"] == "done"
 
 
+STARTED = json.dumps({"state": "started", "attempt": 1, "tool": "send_payment"})
+"""The claim a worker killed mid-call leaves, with no result."""
+
+
 async def test_a_call_that_started_and_never_reported_is_an_unknown_outcome_after_redis_is_flushed(
     redis, _memory_store_per_test: Path
 ):
     durable = DurableStore(_memory_store_per_test)
     runs, tools = payment_tools(redis, durable)
     request = payment_call("t2")
-    # What a worker killed mid-call leaves: the claim, and no result.
-    started = json.dumps({"state": "started", "attempt": 1, "tool": "send_payment"})
-    await durable.insert(TOOL_CALLS, [Record(key=request.call_key, owner="pay-session", value=started)])
+    assert await CallLedger(durable).claim(request.call_key, "pay-session", STARTED) is None
 
     retried = await ActivityEnvironment().run(tools.run_tool, request)
 
     assert runs == []
     assert retried.code == ToolResultCode.OUTCOME_UNKNOWN and retried.data["outcome"] == "unknown"
+
+
+async def test_a_claim_file_left_empty_by_a_crash_reads_as_started_and_the_call_is_not_run(
+    redis, _memory_store_per_test: Path
+):
+    durable = DurableStore(_memory_store_per_test)
+    runs, tools = payment_tools(redis, durable)
+    request = payment_call("t-empty")
+    claim, _ = CallLedger(durable)._paths(request.call_key)
+    claim.parent.mkdir(parents=True)
+    claim.write_bytes(b"")  # created, then the worker died before writing it
+
+    retried = await ActivityEnvironment().run(tools.run_tool, request)
+
+    assert runs == []
+    assert retried.code == ToolResultCode.OUTCOME_UNKNOWN
+
+
+async def test_a_claim_kept_in_lancedb_by_an_earlier_version_still_stops_a_second_run(redis, _memory_store_per_test: Path):
+    durable = DurableStore(_memory_store_per_test)
+    runs, tools = payment_tools(redis, durable)
+    request = payment_call("t-legacy")
+    # A worker of the version before kept its claims in LanceDB (a rolling upgrade).
+    await durable.insert(TOOL_CALLS, [Record(key=request.call_key, owner="pay-session", value=STARTED)])
+
+    retried = await ActivityEnvironment().run(tools.run_tool, request)
+    again = await ActivityEnvironment().run(tools.run_tool, request)
+
+    assert runs == []
+    assert retried.code == again.code == ToolResultCode.OUTCOME_UNKNOWN
+
+
+async def test_claims_racing_for_one_call_grant_it_once_and_the_rest_read_its_result(_memory_store_per_test: Path):
+    ledger = CallLedger(DurableStore(_memory_store_per_test))
+    assert ledger.uses_files
+
+    outcomes = await asyncio.gather(*(ledger.claim("s:c:1:race", "s", STARTED) for _ in range(8)))
+    await ledger.finish("s:c:1:race", "s", json.dumps({"state": "done", "result": {"code": 0}}))
+
+    assert outcomes.count(None) == 1
+    assert all(o == json.loads(STARTED) for o in outcomes if o is not None)
+    assert await ledger.read("s:c:1:race") == {"state": "done", "result": {"code": 0}}
+    assert await ledger.claim("s:c:1:race", "s", STARTED) == {"state": "done", "result": {"code": 0}}
+    assert await ledger.read("s:c:1:never") == {}
+
+
+async def test_on_object_storage_the_ledger_is_the_lancedb_tables(s3_server: Any, monkeypatch: pytest.MonkeyPatch):
+    from hermes.settings import get_settings
+
+    for name, value in (("ENDPOINT_URL", s3_server.endpoint), ("REGION", "us-east-1"), ("ACCESS_KEY_ID", "testing"),
+                        ("SECRET_ACCESS_KEY", "testing")):
+        monkeypatch.setenv(f"HERMES_S3_{name}", value)
+    get_settings.cache_clear()
+    try:
+        durable = DurableStore(s3_server.fresh_uri())
+        ledger = CallLedger(durable)
+        assert not ledger.uses_files
+
+        assert await ledger.claim("s:c:1:t", "s", STARTED) is None
+        assert await ledger.claim("s:c:1:t", "s", STARTED) == json.loads(STARTED)
+        await ledger.finish("s:c:1:t", "s", json.dumps({"state": "done"}))
+
+        assert await ledger.read("s:c:1:t") == {"state": "done"}
+        assert set(await durable.get(TOOL_CALLS, ["s:c:1:t"])) == set(await durable.get(TOOL_RESULTS, ["s:c:1:t"])) == {"s:c:1:t"}
+    finally:
+        get_settings.cache_clear()
 
 
 async def test_a_result_recorded_in_the_claims_table_before_results_had_their_own_is_returned_not_run(

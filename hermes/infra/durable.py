@@ -18,7 +18,7 @@ owner), ``at`` (UTC) and ``value`` (text, usually JSON):
 | ``hermes_transcript``     | session, chain, index (JSON)  | session, chain | ``archive_messages``               |
 | ``hermes_approval_audit`` | session, entry_id (JSON)      | session_id     | ``record_approval_audit``          |
 | ``hermes_snapshots``      | session_id                    | session_id     | ``save_snapshot``                  |
-| ``hermes_tool_calls``     | call_key                      | session_id     | the exactly-once ledger of non-idempotent tools: claims |
+| ``hermes_tool_calls``     | call_key                      | session_id     | the exactly-once ledger on an object store: claims (a directory store keeps them as files, :mod:`hermes.infra.ledger`) |
 | ``hermes_tool_results``   | call_key                      | session_id     | the same ledger: results of the calls claimed |
 
 Writes are idempotent: :meth:`DurableStore.insert` adds only keys not yet present (a

@@ -1,0 +1,197 @@
+"""The durable copy of the exactly-once ledger of non-idempotent tool calls.
+
+Redis holds the fast copy (:mod:`activities.tools`); this is the copy that survives a Redis
+loss (a ``FLUSHALL``, an eviction, a restart without AOF): a **claim** written before the
+tool runs, inserted only if absent, and the **result** written after it by the claim's
+holder. A claim found here that Redis did not have means Redis lost the call's record: the
+tool is not run again.
+
+Where it is kept depends on the durable store's URI (``HERMES_MEMORY_URI``):
+
+* **A directory** (the default ``<data_dir>/memory``, or a filesystem every worker host
+  mounts): one file per claim under ``<uri>/hermes_tool_ledger/``, created with
+  ``O_CREAT | O_EXCL`` (an atomic insert-if-absent on POSIX filesystems and NFSv3 or later)
+  and flushed to disk (``fsync``) before the tool runs; the result is written beside it to
+  a temporary file, flushed and renamed into place (readers see all of it or nothing).
+  About 0.1 ms of CPU a call, against about 7 ms for a LanceDB ``merge_insert`` claim and
+  3 ms for the result's append, measured on a 2-core machine (issue 31: the ledger was two
+  thirds of a non-idempotent call's CPU).
+* **Any other LanceDB URI** (``s3://``, ``gs://``, ...): the durable store's tables
+  ``hermes_tool_calls`` (claims, :meth:`DurableStore.insert`) and ``hermes_tool_results``
+  (results, :meth:`DurableStore.append`).
+
+Records that versions before this one kept in a directory's LanceDB tables are still
+honoured: while those tables exist, a claim granted here also looks there, so a call
+claimed by an older worker (a rolling upgrade) is never run a second time.
+
+Values are the ledger's JSON text (``{"state": "started" | "done", ...}``); a claim file
+left empty by a crash between its creation and its write reads as ``started`` (outcome
+unknown, never run twice).
+
+Errors: every failure to create, write or read a record raises
+:class:`~hermes.infra.durable.DurableStoreError` naming the location, so the caller can
+report the tool as not run and never confirms what was not kept.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import uuid
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hermes.infra.durable import TOOL_CALLS, TOOL_RESULTS, DurableStore, DurableStoreError, Record
+
+LEDGER_DIR = "hermes_tool_ledger"
+"""The directory, inside a directory store's URI, that holds the claim and result files."""
+
+_STARTED_UNREADABLE = {"state": "started"}
+"""What a claim file that exists but cannot be parsed (a crash before its write) says."""
+
+
+class CallLedger:
+    """The durable side of the exactly-once ledger over ``durable``'s URI (see the module
+    docstring for where records go).
+
+    Args:
+        durable: the deployment's durable store; its URI decides the backend.
+    """
+
+    def __init__(self, durable: DurableStore) -> None:
+        self.durable = durable
+        self._directory = None if "://" in durable.uri else Path(durable.uri)
+
+    @property
+    def uses_files(self) -> bool:
+        """Whether records are files under the store's directory (else LanceDB tables)."""
+        return self._directory is not None
+
+    async def claim(self, key: str, owner: str, value: str) -> dict[str, Any] | None:
+        """Claim call ``key`` (of session ``owner``) with ``value``, if nobody has.
+
+        Returns:
+            None when this caller now holds the claim; otherwise the call's record: its
+            result if one was written, else the earlier claim.
+
+        Raises:
+            DurableStoreError: the claim could not be written or read.
+        """
+        if self._directory is None:
+            if await self.durable.insert(TOOL_CALLS, [Record(key=key, owner=owner, value=value)]):
+                return None
+            return await self._lance_record(key)
+        found = await self._io(self._claim_file, key, owner, value)
+        if found is None and self._legacy_tables():
+            legacy = await self._lance_record(key)
+            if legacy.get("state") == "done":  # so that the files answer later attempts the same
+                await self._io(self._write_result, key, owner, json.dumps(legacy))
+            return legacy or None
+        return found
+
+    async def finish(self, key: str, owner: str, value: str) -> None:
+        """Record the result ``value`` of call ``key``, claimed by this caller (only the
+        claim's holder writes it, so nothing is overwritten).
+
+        Raises:
+            DurableStoreError: the result could not be written.
+        """
+        if self._directory is None:
+            await self.durable.append(TOOL_RESULTS, [Record(key=key, owner=owner, value=value)])
+            return
+        await self._io(self._write_result, key, owner, value)
+
+    async def read(self, key: str) -> dict[str, Any]:
+        """The record of call ``key``: its result, else its claim, else ``{}``.
+
+        Raises:
+            DurableStoreError: the record could not be read.
+        """
+        if self._directory is None:
+            return await self._lance_record(key)
+        found = await self._io(self._read_files, key)
+        if found is None and self._legacy_tables():
+            return await self._lance_record(key)
+        return found or {}
+
+    # ------------------------------------------------------------ files
+
+    def _paths(self, key: str) -> tuple[Path, Path]:
+        assert self._directory is not None
+        digest = hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+        folder = self._directory / LEDGER_DIR / digest[:2]
+        return folder / f"{digest}.claim.json", folder / f"{digest}.result.json"
+
+    @staticmethod
+    def _body(key: str, owner: str, value: str) -> bytes:
+        at = datetime.now(timezone.utc).isoformat()
+        return json.dumps({"key": key, "owner": owner, "at": at, "value": value}).encode("utf-8", "surrogatepass")
+
+    def _claim_file(self, key: str, owner: str, value: str) -> dict[str, Any] | None:
+        claim, _ = self._paths(key)
+        claim.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            fd = os.open(claim, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self._read_files(key) or dict(_STARTED_UNREADABLE)
+        try:
+            os.write(fd, self._body(key, owner, value))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return None
+
+    def _write_result(self, key: str, owner: str, value: str) -> None:
+        _, result = self._paths(key)
+        result.parent.mkdir(parents=True, exist_ok=True)
+        temporary = result.with_name(f".{result.name}.{uuid.uuid4().hex}")
+        try:
+            with open(temporary, "wb") as out:
+                out.write(self._body(key, owner, value))
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, result)
+        finally:
+            temporary.unlink(missing_ok=True)
+
+    def _read_files(self, key: str) -> dict[str, Any] | None:
+        """The result file's value, else the claim file's (unparseable: ``started``), else None."""
+        for path in self._paths(key)[::-1]:
+            try:
+                raw = path.read_bytes()
+            except FileNotFoundError:
+                continue
+            try:
+                found = json.loads(json.loads(raw)["value"])
+            except (ValueError, KeyError, TypeError):
+                found = None
+            if isinstance(found, dict):
+                return found
+            if path.name.endswith(".claim.json"):
+                return dict(_STARTED_UNREADABLE)
+        return None
+
+    async def _io(self, fn: Any, *args: Any) -> Any:
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except OSError as err:
+            raise DurableStoreError(
+                f"durable store {self.durable.uri} ({LEDGER_DIR}): {fn.__name__.strip('_')} failed: {type(err).__name__}: {err}"
+            ) from err
+
+    # ------------------------------------------------------------ LanceDB
+
+    def _legacy_tables(self) -> bool:
+        """Whether the directory holds ledger tables written by an earlier version."""
+        assert self._directory is not None
+        return any((self._directory / f"{table}.lance").exists() for table in (TOOL_CALLS, TOOL_RESULTS))
+
+    async def _lance_record(self, key: str) -> dict[str, Any]:
+        """The LanceDB ledger's record of a call: its result if one was written, else its
+        claim (a claim row that says "done" is one written before results had their own table)."""
+        claims, results = await asyncio.gather(self.durable.get(TOOL_CALLS, [key]), self.durable.get(TOOL_RESULTS, [key]))
+        found = results.get(key) or claims.get(key)
+        return json.loads(found.value) if found is not None else {}
