@@ -60,20 +60,25 @@ class Ticker:
         self._entries: dict[int, list[Any]] = {}
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
+        self._wake_at = 0.0
+        """When the thread wakes next (monotonic seconds; inf: when told): an entry due
+        later does not wake it (each wake costs a thread switch and the GIL)."""
 
-    def add(self, fn: Callable[[], None], interval_seconds: float) -> int:
-        """Call ``fn()`` now and then every ``interval_seconds`` (> 0) until :meth:`remove`.
+    def add(self, fn: Callable[[], None], interval_seconds: float, *, first_after_seconds: float = 0.0) -> int:
+        """Call ``fn()`` after ``first_after_seconds`` (default: now) and then every
+        ``interval_seconds`` (> 0) until :meth:`remove`.
 
         Returns:
             The handle to pass to :meth:`remove`.
         """
         with self._cond:
             key = next(self._ids)
-            self._entries[key] = [time.monotonic(), interval_seconds, fn]
+            self._entries[key] = [time.monotonic() + first_after_seconds, interval_seconds, fn]
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            if self._entries[key][0] < self._wake_at:
+                self._cond.notify()
         return key
 
     def remove(self, key: int) -> None:
@@ -90,7 +95,9 @@ class Ticker:
                     self._entries[key][0] = now + self._entries[key][1]
                 if not due:
                     nearest = min((entry[0] for entry in self._entries.values()), default=None)
+                    self._wake_at = float("inf") if nearest is None else nearest
                     self._cond.wait(None if nearest is None else nearest - now)
+                    self._wake_at = 0.0  # awake: a new entry is seen before the next wait
                     continue
             for key, fn in due:
                 try:
@@ -191,7 +198,10 @@ def heartbeat_sender() -> Callable[[], None]:
 async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[None]:
     """Heartbeat from the :data:`HEARTBEATS` thread while the block runs.
 
-    The first heartbeat is sent at once, then one every ``interval_seconds``. Never
+    The first heartbeat is sent after ``interval_seconds``, then one every
+    ``interval_seconds``: a block done sooner sends none (the attempt's start told the
+    server it runs; a beat at once cost every short tool call a heartbeat RPC and a wake of
+    the thread, issue 31), and the first comes well within the heartbeat timeout. Never
     reacts to the worker shutting down: a graceful shutdown lets the block finish and
     report (see ``HERMES_WORKER_SHUTDOWN_SECONDS``). Nested blocks of one activity beat once.
 
@@ -210,7 +220,7 @@ async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[N
         interval_seconds = beat_interval_seconds(timeout.total_seconds() if timeout else None)
     if interval_seconds <= 0:
         raise ValueError(f"interval_seconds: expected a positive number of seconds, got {interval_seconds!r}")
-    key = HEARTBEATS.add(heartbeat_sender(), interval_seconds)
+    key = HEARTBEATS.add(heartbeat_sender(), interval_seconds, first_after_seconds=interval_seconds)
     token = _beating.set(True)
     try:
         yield

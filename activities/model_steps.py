@@ -194,7 +194,8 @@ class ModelSteps:
         except Exception as err:  # noqa: BLE001 - no lease: a retry calls the provider, as before
             log.warning("model step %s: no lease (%s)", key, err)
             return await call()
-        renewal = LEASES.add(renew, ttl_ms / 1000 / LEASE_RENEWALS)
+        every = ttl_ms / 1000 / LEASE_RENEWALS
+        renewal = LEASES.add(renew, every, first_after_seconds=every)  # just taken: renewed from the next interval on
         try:
             result = await self._finished(call, info, request)
             await self._record(redis, key, result)

@@ -29,6 +29,7 @@ import json
 import logging
 import time
 from datetime import timedelta
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -71,6 +72,11 @@ renewed every fifth of it while the call runs). A later attempt of the same call
 finds the call started waits for its result while this lease lives: a worker whose
 heartbeats were late (a starved event loop) is busy, not dead, and its call is finishing.
 Only when the lease lapses is the outcome reported unknown (issue 31)."""
+
+STARTED_EVENT_DELAY_SECONDS = 0.25
+"""How long a tool call runs before its ``tool_call_started`` turn event is published
+(seconds): a call done sooner publishes ``started`` and ``finished`` in one Redis write
+(one round trip a call less; issue 31), and a slower one shows as running after it."""
 
 _AWAIT_POLL_SECONDS = 0.2
 _MAX_RETRY_AFTER_SECONDS = 30.0
@@ -605,24 +611,38 @@ class ToolActivities:
         """:meth:`run_tool` without its span: heartbeats, the turn events, the bounds."""
         async with heartbeating():
             started = time.monotonic()
-            await self._tool_event(request, "tool_call_started")
+            events = self.events
+            announced = _Announcement(
+                (lambda: events.publish_quietly([self._tool_event(request, "tool_call_started")])) if events is not None else None
+            )
             try:
                 result = await self.bounded(await self._run_tool(request))
             except Exception as err:
                 # An attempt Temporal may retry: said, so a client does not wait on it.
                 failed = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"this attempt failed ({type(err).__name__}); it may be retried")
-                await self._tool_event(request, "tool_call_finished", failed, time.monotonic() - started, retrying=True)
+                await self._publish_finished(request, announced, failed, time.monotonic() - started, retrying=True)
                 raise
-            await self._tool_event(request, "tool_call_finished", result, time.monotonic() - started)
+            except BaseException:
+                announced.cancel()
+                raise
+            await self._publish_finished(request, announced, result, time.monotonic() - started)
             return result
 
-    async def _tool_event(
-        self, request: RunToolInput, kind: str, result: ToolResult | None = None, seconds: float = 0.0, *, retrying: bool = False
+    async def _publish_finished(
+        self, request: RunToolInput, announced: _Announcement, result: ToolResult, seconds: float, *, retrying: bool = False
     ) -> None:
-        """Publish a ``tool_call_started`` / ``tool_call_finished`` turn event (best effort;
-        arguments cut to :data:`EVENT_ARGUMENTS_CHARS` characters of JSON)."""
-        if self.events is None:
-            return
+        """Publish ``tool_call_finished``, after ``tool_call_started`` if that is out, else
+        with it in one write (a call done within :data:`STARTED_EVENT_DELAY_SECONDS`)."""
+        events = [] if await announced.settle() else [self._tool_event(request, "tool_call_started")]
+        if self.events is not None:
+            events.append(self._tool_event(request, "tool_call_finished", result, seconds, retrying=retrying))
+            await self.events.publish_quietly(events)
+
+    def _tool_event(
+        self, request: RunToolInput, kind: str, result: ToolResult | None = None, seconds: float = 0.0, *, retrying: bool = False
+    ) -> TurnEvent:
+        """A ``tool_call_started`` / ``tool_call_finished`` turn event (arguments cut to
+        :data:`EVENT_ARGUMENTS_CHARS` characters of JSON)."""
         call = request.tool_call
         data: dict[str, Any] = {"tool_call_id": call.tool_call_id, "name": call.name}
         if result is None:
@@ -634,8 +654,7 @@ class ToolActivities:
         data["attempt"] = activity.info().attempt if activity.in_activity() else 1
         if retrying:
             data["retrying"] = True
-        event = TurnEvent(type=kind, session_id=request.session_id, turn=request.turn, data=data)  # type: ignore[arg-type]
-        await self.events.publish_quietly([event])
+        return TurnEvent(type=kind, session_id=request.session_id, turn=request.turn, data=data)  # type: ignore[arg-type]
 
     async def _run_tool(self, request: RunToolInput) -> ToolResult:
         """:meth:`run_tool` before :meth:`bounded`."""
@@ -848,6 +867,35 @@ async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) ->
                             "recording its result", what, details, "?" if left is None else f"{left:.1f}")
             if left is not None:
                 deadline = loop.time() + left
+
+
+class _Announcement:
+    """A ``tool_call_started`` event published :data:`STARTED_EVENT_DELAY_SECONDS` after
+    the call starts unless it finishes first (``publish``: makes the publishing coroutine;
+    None: no event log). :meth:`settle` tells whether it got out, so that a fast call's two
+    events go out in one write, in order, and a slow call shows as running while it runs."""
+
+    def __init__(self, publish: Callable[[], Awaitable[Any]] | None) -> None:
+        self._publishing = False
+        self._task = asyncio.get_running_loop().create_task(self._later(publish)) if publish is not None else None
+
+    async def _later(self, publish: Callable[[], Awaitable[Any]]) -> None:
+        await asyncio.sleep(STARTED_EVENT_DELAY_SECONDS)
+        self._publishing = True  # from here on never cancelled: an event is not half sent
+        await publish()
+
+    async def settle(self) -> bool:
+        """True once ``started`` is out; False (and it never will be) if it was not due yet."""
+        if self._task is None or not self._publishing:
+            self.cancel()
+            return False
+        await asyncio.gather(self._task, return_exceptions=True)
+        return True
+
+    def cancel(self) -> None:
+        """Drop the event unless it is being sent."""
+        if self._task is not None and not self._publishing:
+            self._task.cancel()
 
 
 async def _stopped(task: asyncio.Task[Any]) -> None:

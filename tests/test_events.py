@@ -218,3 +218,45 @@ async def _turns_done(hermes: Any, session_id: str, count: int) -> Any:
     except Exception:  # noqa: BLE001 - not started yet
         return None
     return state if state.turn_count >= count and not state.busy else None
+
+
+async def test_a_slow_tool_call_shows_as_started_while_it_runs_and_a_fast_ones_events_come_in_order(redis, session_id):
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.tools import STARTED_EVENT_DELAY_SECONDS, ToolActivities
+    from hermes.models import RunToolInput, ToolCall
+
+    release = asyncio.Event()
+
+    async def slow_lookup(order_id: int) -> dict[str, int]:
+        """Look up an order slowly."""
+        await release.wait()
+        return {"order_id": order_id}
+
+    def fast_lookup(order_id: int) -> dict[str, int]:
+        """Look up an order."""
+        return {"order_id": order_id}
+
+    registry = ToolRegistry()
+    registry.register(slow_lookup, idempotency="idempotent", permission="read")
+    registry.register(fast_lookup, idempotency="idempotent", permission="read")
+    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 15.0)
+    tools.events = log = EventLog(redis)
+
+    def call(name: str, call_id: str) -> RunToolInput:
+        return RunToolInput(session_id=session_id, user_id="u", turn=1, tool_call=ToolCall(tool_call_id=call_id, name=name, arguments={"order_id": 7}))
+
+    async def kinds(call_id: str) -> list[str]:
+        return [e.type for e in await log.read(session_id) if e.data.get("tool_call_id") == call_id]
+
+    slow = asyncio.create_task(ActivityEnvironment().run(tools.run_tool, call("slow_lookup", "slow")))
+    async def started_shown() -> bool:
+        return await kinds("slow") == ["tool_call_started"]
+
+    await eventually(started_shown, what="the slow call's started event", timeout_seconds=STARTED_EVENT_DELAY_SECONDS + 10)
+    release.set()
+    assert (await slow).code == 0
+    fast = await ActivityEnvironment().run(tools.run_tool, call("fast_lookup", "fast"))
+
+    assert await kinds("slow") == ["tool_call_started", "tool_call_finished"]
+    assert fast.code == 0 and await kinds("fast") == ["tool_call_started", "tool_call_finished"]

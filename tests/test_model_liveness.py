@@ -217,6 +217,29 @@ def test_a_ticker_keeps_calling_while_the_calling_thread_is_busy_and_stops_when_
     assert len(calls) <= seen + 1
 
 
+def test_a_ticker_entry_first_runs_after_its_delay_and_one_due_now_wakes_a_sleeping_thread():
+    ticker = Ticker("test-ticker-delays")
+    started = time.monotonic()
+    ran: dict[str, float] = {}
+    events = {name: threading.Event() for name in ("delayed", "now")}
+
+    def note(name: str) -> Callable[[], None]:
+        def call() -> None:
+            ran.setdefault(name, time.monotonic() - started)
+            events[name].set()
+
+        return call
+
+    far = ticker.add(lambda: None, 60.0, first_after_seconds=60.0)  # the thread sleeps until then
+    delayed = ticker.add(note("delayed"), 60.0, first_after_seconds=2.0)
+    now = ticker.add(note("now"), 60.0)
+
+    assert events["now"].wait(10) and events["delayed"].wait(10)
+    assert ran["now"] < 2.0 <= ran["delayed"]
+    for key in (far, delayed, now):
+        ticker.remove(key)
+
+
 class GatedModel:
     """A provider that answers once :attr:`gate` is set, noting when it was asked
     (:attr:`asked`) and whether its request was cancelled (:attr:`cancelled`)."""
