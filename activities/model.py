@@ -33,6 +33,7 @@ from hermes.content.blobs import (
     BlobStore,
     arguments_stand_in,
     message_from_body,
+    message_of_ref,
     stored_preview,
     value_ref,
 )
@@ -375,7 +376,7 @@ class ModelActivities:
         if not refs:
             return request
         texts = await self._texts(request, refs)
-        messages = await self._with_whole_arguments([message_from_body(texts[r]) for r in message_refs]) or request.messages
+        messages = await self._with_whole_arguments([message_of_ref(r, texts[r]) for r in message_refs]) or request.messages
         tools = request.tools
         if request.tools_ref:
             tools = [ToolSpec.model_validate(t) for t in json.loads(texts[request.tools_ref])]

@@ -288,7 +288,7 @@ async def test_a_call_that_started_and_never_reported_is_an_unknown_outcome_afte
     assert retried.code == ToolResultCode.OUTCOME_UNKNOWN and retried.data["outcome"] == "unknown"
 
 
-async def test_a_claim_file_left_empty_by_a_crash_reads_as_started_and_the_call_is_not_run(
+async def test_a_claim_file_that_cannot_be_parsed_reads_as_started_and_the_call_is_not_run(
     redis, _memory_store_per_test: Path
 ):
     durable = DurableStore(_memory_store_per_test)
@@ -296,7 +296,7 @@ async def test_a_claim_file_left_empty_by_a_crash_reads_as_started_and_the_call_
     request = payment_call("t-empty")
     claim, _ = CallLedger(durable)._paths(request.call_key)
     claim.parent.mkdir(parents=True)
-    claim.write_bytes(b"")  # created, then the worker died before writing it
+    claim.write_bytes(b"\x00\x00")  # a disk fault
 
     retried = await ActivityEnvironment().run(tools.run_tool, request)
 
@@ -326,7 +326,7 @@ async def test_claims_racing_for_one_call_grant_it_once_and_the_rest_read_its_re
     await ledger.finish("s:c:1:race", "s", json.dumps({"state": "done", "result": {"code": 0}}))
 
     assert outcomes.count(None) == 1
-    assert all(o == json.loads(STARTED) for o in outcomes if o is not None)
+    assert all(o == json.loads(STARTED) for o in outcomes if o is not None), "a claim is never read half written"
     assert await ledger.read("s:c:1:race") == {"state": "done", "result": {"code": 0}}
     assert await ledger.claim("s:c:1:race", "s", STARTED) == {"state": "done", "result": {"code": 0}}
     assert await ledger.read("s:c:1:never") == {}

@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
+
+from hermes.content.blobs import BODIES
 from temporalio import workflow
 from temporalio import client as temporal_client_module
 from temporalio.client import Client
@@ -139,6 +141,9 @@ async def test_a_turn_whose_context_the_store_lost_is_answered_after_the_session
         keys = await _blob_keys(redis)
         assert keys
         await redis.delete(*keys)
+        # ... and the next step runs on a worker process that never held them (this
+        # process's body cache would answer, as it does for a worker that stays up).
+        BODIES.clear()
         second = await hermes.send_message(session_id, "question 2")
         assert second.reply == "turn 2: 14", second
         assert counter.queries == []
@@ -235,3 +240,18 @@ async def test_a_summary_of_a_session_that_stored_its_bodies_reads_its_input_and
     with pytest.raises(ApplicationError) as raised:
         await activities.summarize_context(request.model_copy(update={"bodies": {}}))
     assert raised.value.type == "ContextBodiesMissingError"
+
+
+async def test_bodies_this_process_stored_are_read_from_memory_and_its_cache_stays_bounded(redis):
+    from hermes.content.blobs import BlobStore, BodyCache
+
+    store = BlobStore(redis)
+    await store.put_many({"m:kept-here": "alpha"})
+    await redis.flushall()  # a body in memory is the same text: its reference is its hash
+    assert await store.get_many(["m:kept-here", "m:never"]) == {"m:kept-here": "alpha"}
+
+    cache = BodyCache(max_chars=100)
+    cache.put({f"m:{i}": str(i) * 25 for i in range(1, 5)})
+    cache.get(["m:1"])  # used: the least recently used is now m:2
+    cache.put({"m:5": "5" * 25, "m:huge": "h" * 26})  # over a quarter of the cache: not kept
+    assert set(cache.get([f"m:{i}" for i in range(1, 6)] + ["m:huge"])) == {"m:1", "m:3", "m:4", "m:5"}

@@ -25,6 +25,7 @@ import hashlib
 import json
 import logging
 import math
+import threading
 import time
 from collections import OrderedDict
 from typing import Any
@@ -142,6 +143,79 @@ def message_from_body(text: str) -> Message:
     return Message.model_validate_json(text)
 
 
+_PARSED_MAX = 8192
+_parsed: OrderedDict[str, Message] = OrderedDict()
+_parsed_lock = threading.Lock()
+
+
+def message_of_ref(ref: str, text: str) -> Message:
+    """:func:`message_from_body` of ``text``, the body of ``ref``, decoded once per process
+    while it stays among the last :data:`_PARSED_MAX` used (a model call decodes its whole
+    context every step); each call gets its own copy."""
+    with _parsed_lock:
+        parsed = _parsed.get(ref)
+        if parsed is not None:
+            _parsed.move_to_end(ref)
+    if parsed is None:
+        parsed = message_from_body(text)
+        with _parsed_lock:
+            _parsed[ref] = parsed
+            while len(_parsed) > _PARSED_MAX:
+                _parsed.popitem(last=False)
+    return parsed.model_copy(deep=True) if parsed.tool_calls else parsed.model_copy()
+
+
+PROCESS_CACHE_BYTES = 64 * 1024 * 1024
+"""Most characters of content this process keeps in memory (:class:`BodyCache`)."""
+
+
+class BodyCache:
+    """Texts by reference, kept in this process (least recently used first out, at most
+    ``max_chars`` characters). A reference is the hash of its text (:func:`message_ref`,
+    :func:`value_ref`), so a cached text is never stale: a body one activity stored or
+    read is read by the next from memory, not Redis (issue 31: a model call read and
+    decoded its whole context from Redis every step). Thread-safe."""
+
+    def __init__(self, max_chars: int = PROCESS_CACHE_BYTES) -> None:
+        self.max_chars = max_chars
+        self._texts: OrderedDict[str, str] = OrderedDict()
+        self._chars = 0
+        self._lock = threading.Lock()
+
+    def get(self, refs: list[str]) -> dict[str, str]:
+        """The cached texts of ``refs`` (missing ones are left out)."""
+        found: dict[str, str] = {}
+        with self._lock:
+            for ref in refs:
+                text = self._texts.get(ref)
+                if text is not None:
+                    self._texts.move_to_end(ref)
+                    found[ref] = text
+        return found
+
+    def put(self, items: dict[str, str]) -> None:
+        """Keep ``ref -> text`` (a text larger than a quarter of the cache is not kept)."""
+        with self._lock:
+            for ref, text in items.items():
+                if len(text) > self.max_chars // 4 or ref in self._texts:
+                    continue
+                self._texts[ref] = text
+                self._chars += len(text)
+            while self._chars > self.max_chars and self._texts:
+                _, dropped = self._texts.popitem(last=False)
+                self._chars -= len(dropped)
+
+    def clear(self) -> None:
+        """Forget everything (what a fresh worker process has)."""
+        with self._lock:
+            self._texts.clear()
+            self._chars = 0
+
+
+BODIES = BodyCache()
+"""This process's :class:`BodyCache`, shared by every :class:`BlobStore` with a Redis."""
+
+
 class BlobStore:
     """Bodies by reference in Redis (a ``redis.asyncio.Redis``; bytes or str replies), and
     content kept by reference in the durable store too.
@@ -252,18 +326,25 @@ class BlobStore:
             # With encryption on, Redis holds the bodies sealed like history does (issue 17).
             pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=ttl)
         await pipe.execute()
+        BODIES.put(items)
 
     async def get_many(self, refs: list[str]) -> dict[str, str]:
         """The stored texts of ``refs`` (missing ones are left out)."""
         if self.redis is None or not refs:
             return {}
         unique = list(dict.fromkeys(refs))
-        values = await mget(self.redis, [BLOB_KEY.format(ref=r) for r in unique])
+        cached = BODIES.get(unique)
+        rest = [r for r in unique if r not in cached]
+        values = await mget(self.redis, [BLOB_KEY.format(ref=r) for r in rest]) if rest else []
         found = {
             ref: value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
-            for ref, value in zip(unique, values)
+            for ref, value in zip(rest, values)
             if value is not None
         }
+        if any(v.startswith(encryption.SEALED_PREFIX) for v in found.values()):
+            found = _opened(found)
+        BODIES.put(found)
+        found.update(cached)
         stale = self._stale(found)
         if stale:
             # A read of a hot blob keeps it: an active session never loses it to the TTL.
@@ -277,8 +358,6 @@ class BlobStore:
                 self._refreshed.move_to_end(ref)
             while len(self._refreshed) > REFRESHED_MAX:
                 self._refreshed.popitem(last=False)
-        if any(v.startswith(encryption.SEALED_PREFIX) for v in found.values()):
-            found = _opened(found)
         return found
 
     def _stale(self, found: dict[str, str]) -> list[str]:
