@@ -33,6 +33,7 @@ from hermes.content.blobs import (
     BlobStore,
     arguments_stand_in,
     message_from_body,
+    BODIES,
     message_of_ref,
     stored_preview,
     value_ref,
@@ -301,7 +302,10 @@ class ModelActivities:
         """
         if self.store.redis is None:
             return False
-        return await self.store.cache_or_report(request.bodies, "read by the next model call (sent inline instead)")
+        stored = await self.store.cache_or_report(request.bodies, "read by the next model call (sent inline instead)")
+        if stored:
+            BODIES.put(request.bodies)  # the call, most likely on this worker, reads them from memory
+        return stored
 
     async def from_store(self, refs: list[str], inline: dict[str, str]) -> dict[str, str]:
         """Texts of ``refs``: from ``inline``, then the content store (Redis, then the
@@ -313,11 +317,22 @@ class ModelActivities:
         """
         found = {r: inline[r] for r in refs if r in inline}
         rest = [r for r in dict.fromkeys(refs) if r not in found]
+        cached = BODIES.get(rest)  # stored or read by this process before: never stale
+        rest = [r for r in rest if r not in cached]
         if rest:
             try:
-                found.update(await self.store.read_many(rest))
+                read = await self.store.read_many(rest)
             except Exception as err:  # noqa: BLE001 - Redis down: as lost as a flushed body
                 log.warning("content store unavailable (%s)", err)
+            else:
+                BODIES.put(read)
+                found.update(read)
+        if cached:
+            found.update(cached)
+            try:
+                await self.store.touch(list(cached))  # hot bodies keep their Redis TTL
+            except Exception as err:  # noqa: BLE001 - a TTL refresh only
+                log.debug("content TTL not refreshed: %s", err)
         if inline:
             await self._store_put(inline)  # the next call finds them
         missing = [r for r in rest if r not in found]

@@ -29,7 +29,6 @@ import json
 import logging
 import time
 from datetime import timedelta
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 from pydantic_core import to_jsonable_python
@@ -45,7 +44,7 @@ from hermes.content.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, argument
 from hermes.infra.durable import DurableStore, DurableStoreError
 from hermes.infra.ledger import CallLedger
 from hermes.errors import ToolArgumentsError, ToolFailure
-from hermes.content.events import EVENT_ARGUMENTS_CHARS, EventLog, TurnEvent, preview_json
+from hermes.content.events import EVENT_ARGUMENTS_CHARS, DelayedEvent, EventLog, TurnEvent, preview_json
 from hermes.models import (
     Degradation,
     ListToolsInput,
@@ -612,8 +611,9 @@ class ToolActivities:
         async with heartbeating():
             started = time.monotonic()
             events = self.events
-            announced = _Announcement(
-                (lambda: events.publish_quietly([self._tool_event(request, "tool_call_started")])) if events is not None else None
+            announced = DelayedEvent(
+                (lambda: events.publish_quietly([self._tool_event(request, "tool_call_started")])) if events is not None else None,
+                STARTED_EVENT_DELAY_SECONDS,
             )
             try:
                 result = await self.bounded(await self._run_tool(request))
@@ -629,7 +629,7 @@ class ToolActivities:
             return result
 
     async def _publish_finished(
-        self, request: RunToolInput, announced: _Announcement, result: ToolResult, seconds: float, *, retrying: bool = False
+        self, request: RunToolInput, announced: DelayedEvent, result: ToolResult, seconds: float, *, retrying: bool = False
     ) -> None:
         """Publish ``tool_call_finished``, after ``tool_call_started`` if that is out, else
         with it in one write (a call done within :data:`STARTED_EVENT_DELAY_SECONDS`)."""
@@ -867,35 +867,6 @@ async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) ->
                             "recording its result", what, details, "?" if left is None else f"{left:.1f}")
             if left is not None:
                 deadline = loop.time() + left
-
-
-class _Announcement:
-    """A ``tool_call_started`` event published :data:`STARTED_EVENT_DELAY_SECONDS` after
-    the call starts unless it finishes first (``publish``: makes the publishing coroutine;
-    None: no event log). :meth:`settle` tells whether it got out, so that a fast call's two
-    events go out in one write, in order, and a slow call shows as running while it runs."""
-
-    def __init__(self, publish: Callable[[], Awaitable[Any]] | None) -> None:
-        self._publishing = False
-        self._task = asyncio.get_running_loop().create_task(self._later(publish)) if publish is not None else None
-
-    async def _later(self, publish: Callable[[], Awaitable[Any]]) -> None:
-        await asyncio.sleep(STARTED_EVENT_DELAY_SECONDS)
-        self._publishing = True  # from here on never cancelled: an event is not half sent
-        await publish()
-
-    async def settle(self) -> bool:
-        """True once ``started`` is out; False (and it never will be) if it was not due yet."""
-        if self._task is None or not self._publishing:
-            self.cancel()
-            return False
-        await asyncio.gather(self._task, return_exceptions=True)
-        return True
-
-    def cancel(self) -> None:
-        """Drop the event unless it is being sent."""
-        if self._task is not None and not self._publishing:
-            self._task.cancel()
 
 
 async def _stopped(task: asyncio.Task[Any]) -> None:

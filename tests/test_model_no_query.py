@@ -166,6 +166,7 @@ async def test_a_store_that_loses_the_context_again_ends_the_turn_with_an_error_
     async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, counter):
         with monkeypatch.context() as patched:
             patched.setattr(BlobStore, "read_many", forgets)
+            patched.setattr(BODIES, "get", lambda refs: {})  # nor does this process keep them
             failed = await hermes.send_message(session_id, "question 1")
         assert failed.status == "model_error" and "not in the content store" in failed.reply, failed
         answered = await hermes.send_message(session_id, "question 2")
@@ -243,12 +244,20 @@ async def test_a_summary_of_a_session_that_stored_its_bodies_reads_its_input_and
 
 
 async def test_bodies_this_process_stored_are_read_from_memory_and_its_cache_stays_bounded(redis):
+    from temporalio.exceptions import ApplicationError
+
+    from activities.model import ModelActivities
     from hermes.content.blobs import BlobStore, BodyCache
+    from hermes.models import StoreBodiesInput
 
     store = BlobStore(redis)
-    await store.put_many({"m:kept-here": "alpha"})
+    activities = ModelActivities(CalculatesThenAnswers(), store=store)
+    assert await activities.store_message_bodies(StoreBodiesInput(session_id="s", bodies={"m:kept-here": "alpha"}))
     await redis.flushall()  # a body in memory is the same text: its reference is its hash
-    assert await store.get_many(["m:kept-here", "m:never"]) == {"m:kept-here": "alpha"}
+    assert await activities.from_store(["m:kept-here"], {}) == {"m:kept-here": "alpha"}
+    assert await store.get_many(["m:kept-here"]) == {}  # the store itself says what Redis holds
+    with pytest.raises(ApplicationError):
+        await activities.from_store(["m:never"], {})
 
     cache = BodyCache(max_chars=100)
     cache.put({f"m:{i}": str(i) * 25 for i in range(1, 5)})

@@ -172,8 +172,8 @@ PROCESS_CACHE_BYTES = 64 * 1024 * 1024
 class BodyCache:
     """Texts by reference, kept in this process (least recently used first out, at most
     ``max_chars`` characters). A reference is the hash of its text (:func:`message_ref`,
-    :func:`value_ref`), so a cached text is never stale: a body one activity stored or
-    read is read by the next from memory, not Redis (issue 31: a model call read and
+    :func:`value_ref`), so a cached text is never stale: the model activities read a body
+    they stored or read before from memory, not Redis (issue 31: a model call read and
     decoded its whole context from Redis every step). Thread-safe."""
 
     def __init__(self, max_chars: int = PROCESS_CACHE_BYTES) -> None:
@@ -213,7 +213,7 @@ class BodyCache:
 
 
 BODIES = BodyCache()
-"""This process's :class:`BodyCache`, shared by every :class:`BlobStore` with a Redis."""
+"""This process's :class:`BodyCache` of the bodies model calls read (``activities.model``)."""
 
 
 class BlobStore:
@@ -326,26 +326,27 @@ class BlobStore:
             # With encryption on, Redis holds the bodies sealed like history does (issue 17).
             pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=ttl)
         await pipe.execute()
-        BODIES.put(items)
 
     async def get_many(self, refs: list[str]) -> dict[str, str]:
         """The stored texts of ``refs`` (missing ones are left out)."""
         if self.redis is None or not refs:
             return {}
         unique = list(dict.fromkeys(refs))
-        cached = BODIES.get(unique)
-        rest = [r for r in unique if r not in cached]
-        values = await mget(self.redis, [BLOB_KEY.format(ref=r) for r in rest]) if rest else []
+        values = await mget(self.redis, [BLOB_KEY.format(ref=r) for r in unique])
         found = {
             ref: value.decode("utf-8", "surrogatepass") if isinstance(value, bytes) else value
-            for ref, value in zip(rest, values)
+            for ref, value in zip(unique, values)
             if value is not None
         }
+        await self.touch(list(found))
         if any(v.startswith(encryption.SEALED_PREFIX) for v in found.values()):
             found = _opened(found)
-        BODIES.put(found)
-        found.update(cached)
-        stale = self._stale(found)
+        return found
+
+    async def touch(self, refs: list[str]) -> None:
+        """Refresh the TTL of ``refs`` (read just now, from Redis or from this process's
+        :data:`BODIES`) where this store has not within :data:`REFRESH_FRACTION` of it."""
+        stale = self._stale(refs) if self.redis is not None else []
         if stale:
             # A read of a hot blob keeps it: an active session never loses it to the TTL.
             pipe = self.redis.pipeline(transaction=False)
@@ -358,9 +359,8 @@ class BlobStore:
                 self._refreshed.move_to_end(ref)
             while len(self._refreshed) > REFRESHED_MAX:
                 self._refreshed.popitem(last=False)
-        return found
 
-    def _stale(self, found: dict[str, str]) -> list[str]:
+    def _stale(self, found: list[str]) -> list[str]:
         """The refs of ``found`` whose TTL this store has not refreshed within the last
         :data:`REFRESH_FRACTION` of it: each model call reads its whole context, and
         refreshing every body each time was one Redis command per message per call."""

@@ -488,3 +488,32 @@ class model_call_events:  # noqa: N801 - used as a context manager, like context
         if self._text is not None and self._token is not None:
             _current_text.reset(self._token)
             await self._text.close()
+
+
+class DelayedEvent:
+    """An event published ``delay_seconds`` from now unless the work it announces ends
+    first (``publish``: makes the publishing coroutine; None: nothing to publish), e.g. a
+    tool call's ``tool_call_started``: :meth:`settle` tells whether it got out, so that a
+    fast call's two events go out in one write, in order, and a slow one shows as running."""
+
+    def __init__(self, publish: Callable[[], Awaitable[Any]] | None, delay_seconds: float) -> None:
+        self._publishing = False
+        self._task = asyncio.get_running_loop().create_task(self._later(publish, delay_seconds)) if publish is not None else None
+
+    async def _later(self, publish: Callable[[], Awaitable[Any]], delay_seconds: float) -> None:
+        await asyncio.sleep(delay_seconds)
+        self._publishing = True  # from here on never cancelled: an event is not half sent
+        await publish()
+
+    async def settle(self) -> bool:
+        """True once the event is out; False (and it never will be) if it was not due yet."""
+        if self._task is None or not self._publishing:
+            self.cancel()
+            return False
+        await asyncio.gather(self._task, return_exceptions=True)
+        return True
+
+    def cancel(self) -> None:
+        """Drop the event unless it is being sent."""
+        if self._task is not None and not self._publishing:
+            self._task.cancel()
