@@ -264,3 +264,21 @@ async def test_bodies_this_process_stored_are_read_from_memory_and_its_cache_sta
     cache.get(["m:1"])  # used: the least recently used is now m:2
     cache.put({"m:5": "5" * 25, "m:huge": "h" * 26})  # over a quarter of the cache: not kept
     assert set(cache.get([f"m:{i}" for i in range(1, 6)] + ["m:huge"])) == {"m:1", "m:3", "m:4", "m:5"}
+
+
+def test_decoded_context_messages_are_copies_and_their_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch):
+    from hermes.content import blobs
+    from hermes.content.blobs import body_json, message_of_ref, message_ref
+    from hermes.models import ToolCall
+
+    called = Message(role="assistant", content="x", tool_calls=[ToolCall(tool_call_id="c1", name="f", arguments={"a": [1]})])
+    first = message_of_ref(message_ref(called), body_json(called))
+    first.tool_calls[0].arguments["a"].append(2)  # a caller changing its copy
+    assert message_of_ref(message_ref(called), body_json(called)).tool_calls[0].arguments == {"a": [1]}
+
+    monkeypatch.setattr(blobs, "_PARSED_MAX_CHARS", 64 * 200)
+    for i in range(300):
+        said = Message(role="user", content=f"message {i:03d}")
+        message_of_ref(message_ref(said), body_json(said))
+    held = sum(size for _, size in blobs._parsed.values())
+    assert held == blobs._parsed_chars[0] <= 64 * 200

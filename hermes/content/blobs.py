@@ -143,25 +143,31 @@ def message_from_body(text: str) -> Message:
     return Message.model_validate_json(text)
 
 
-_PARSED_MAX = 8192
-_parsed: OrderedDict[str, Message] = OrderedDict()
+_PARSED_MAX_CHARS = 32 * 1024 * 1024
+"""Most characters of body text whose decoded messages this process keeps."""
+_parsed: OrderedDict[str, tuple[Message, int]] = OrderedDict()
+_parsed_chars = [0]
 _parsed_lock = threading.Lock()
 
 
 def message_of_ref(ref: str, text: str) -> Message:
     """:func:`message_from_body` of ``text``, the body of ``ref``, decoded once per process
-    while it stays among the last :data:`_PARSED_MAX` used (a model call decodes its whole
-    context every step); each call gets its own copy."""
+    while it stays among those used last (at most :data:`_PARSED_MAX_CHARS` characters of
+    body text; a model call decodes its whole context every step); each call gets its own copy."""
     with _parsed_lock:
-        parsed = _parsed.get(ref)
-        if parsed is not None:
+        held = _parsed.get(ref)
+        if held is not None:
             _parsed.move_to_end(ref)
-    if parsed is None:
-        parsed = message_from_body(text)
-        with _parsed_lock:
-            _parsed[ref] = parsed
-            while len(_parsed) > _PARSED_MAX:
-                _parsed.popitem(last=False)
+    if held is None:
+        held = (message_from_body(text), len(text))
+        if held[1] <= _PARSED_MAX_CHARS // 64:
+            with _parsed_lock:
+                if ref not in _parsed:
+                    _parsed[ref] = held
+                    _parsed_chars[0] += held[1]
+                while _parsed_chars[0] > _PARSED_MAX_CHARS and _parsed:
+                    _parsed_chars[0] -= _parsed.popitem(last=False)[1][1]
+    parsed = held[0]
     return parsed.model_copy(deep=True) if parsed.tool_calls else parsed.model_copy()
 
 
