@@ -29,11 +29,11 @@ from activities.model_steps import ModelSteps
 from hermes import names
 from hermes.infra import cpu_pool, telemetry
 from hermes.content.blobs import (
+    BODIES,
     MAX_INLINE_ARGUMENTS_BYTES,
     BlobStore,
     arguments_stand_in,
     message_from_body,
-    BODIES,
     message_of_ref,
     stored_preview,
     value_ref,

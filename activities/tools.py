@@ -633,10 +633,12 @@ class ToolActivities:
     ) -> None:
         """Publish ``tool_call_finished``, after ``tool_call_started`` if that is out, else
         with it in one write (a call done within :data:`STARTED_EVENT_DELAY_SECONDS`)."""
-        events = [] if await announced.settle() else [self._tool_event(request, "tool_call_started")]
-        if self.events is not None:
-            events.append(self._tool_event(request, "tool_call_finished", result, seconds, retrying=retrying))
-            await self.events.publish_quietly(events)
+        started_out = await announced.settle()
+        if self.events is None:
+            return
+        events = [] if started_out else [self._tool_event(request, "tool_call_started")]
+        events.append(self._tool_event(request, "tool_call_finished", result, seconds, retrying=retrying))
+        await self.events.publish_quietly(events)
 
     def _tool_event(
         self, request: RunToolInput, kind: str, result: ToolResult | None = None, seconds: float = 0.0, *, retrying: bool = False

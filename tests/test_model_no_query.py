@@ -268,7 +268,7 @@ async def test_bodies_this_process_stored_are_read_from_memory_and_its_cache_sta
 
 def test_decoded_context_messages_are_copies_and_their_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch):
     from hermes.content import blobs
-    from hermes.content.blobs import body_json, message_of_ref, message_ref
+    from hermes.content.blobs import BodyCache, body_json, message_of_ref, message_ref
     from hermes.models import ToolCall
 
     called = Message(role="assistant", content="x", tool_calls=[ToolCall(tool_call_id="c1", name="f", arguments={"a": [1]})])
@@ -276,9 +276,13 @@ def test_decoded_context_messages_are_copies_and_their_cache_stays_bounded(monke
     first.tool_calls[0].arguments["a"].append(2)  # a caller changing its copy
     assert message_of_ref(message_ref(called), body_json(called)).tool_calls[0].arguments == {"a": [1]}
 
-    monkeypatch.setattr(blobs, "_PARSED_MAX_CHARS", 64 * 200)
+    decoded = BodyCache(64 * 200, max_item_chars=200, size=lambda held: held[1])
+    monkeypatch.setattr(blobs, "DECODED", decoded)
+    refs = []
     for i in range(300):
         said = Message(role="user", content=f"message {i:03d}")
-        message_of_ref(message_ref(said), body_json(said))
-    held = sum(size for _, size in blobs._parsed.values())
-    assert held == blobs._parsed_chars[0] <= 64 * 200
+        refs.append(message_ref(said))
+        message_of_ref(refs[-1], body_json(said))
+    held = decoded.get(refs)
+    assert sum(size for _, size in held.values()) == decoded.chars <= 64 * 200
+    assert refs[-1] in held and refs[0] not in held

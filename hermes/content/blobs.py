@@ -28,7 +28,8 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from hermes.content.previews import head_and_tail
 from hermes.infra.durable import CONTENT, DurableStore, Record
@@ -143,83 +144,88 @@ def message_from_body(text: str) -> Message:
     return Message.model_validate_json(text)
 
 
-_PARSED_MAX_CHARS = 32 * 1024 * 1024
-"""Most characters of body text whose decoded messages this process keeps."""
-_parsed: OrderedDict[str, tuple[Message, int]] = OrderedDict()
-_parsed_chars = [0]
-_parsed_lock = threading.Lock()
-
-
-def message_of_ref(ref: str, text: str) -> Message:
-    """:func:`message_from_body` of ``text``, the body of ``ref``, decoded once per process
-    while it stays among those used last (at most :data:`_PARSED_MAX_CHARS` characters of
-    body text; a model call decodes its whole context every step); each call gets its own copy."""
-    with _parsed_lock:
-        held = _parsed.get(ref)
-        if held is not None:
-            _parsed.move_to_end(ref)
-    if held is None:
-        held = (message_from_body(text), len(text))
-        if held[1] <= _PARSED_MAX_CHARS // 64:
-            with _parsed_lock:
-                if ref not in _parsed:
-                    _parsed[ref] = held
-                    _parsed_chars[0] += held[1]
-                while _parsed_chars[0] > _PARSED_MAX_CHARS and _parsed:
-                    _parsed_chars[0] -= _parsed.popitem(last=False)[1][1]
-    parsed = held[0]
-    return parsed.model_copy(deep=True) if parsed.tool_calls else parsed.model_copy()
-
-
 PROCESS_CACHE_BYTES = 64 * 1024 * 1024
-"""Most characters of content this process keeps in memory (:class:`BodyCache`)."""
+"""Most characters of content this process keeps in memory (:data:`BODIES`)."""
+DECODED_CACHE_CHARS = 32 * 1024 * 1024
+"""Most characters of body text whose decoded messages this process keeps (:data:`DECODED`)."""
+
+V = TypeVar("V")
 
 
-class BodyCache:
-    """Texts by reference, kept in this process (least recently used first out, at most
-    ``max_chars`` characters). A reference is the hash of its text (:func:`message_ref`,
-    :func:`value_ref`), so a cached text is never stale: the model activities read a body
-    they stored or read before from memory, not Redis (issue 31: a model call read and
-    decoded its whole context from Redis every step). Thread-safe."""
+class BodyCache(Generic[V]):
+    """Values by reference, kept in this process (least recently used first out, at most
+    ``max_chars`` characters in all, ``size`` telling a value's; one over
+    ``max_item_chars``, default a quarter of the cache, is not kept). A reference is the
+    hash of its text (:func:`message_ref`, :func:`value_ref`), so a cached value is never
+    stale: the model activities read a body they stored or read before from memory, not
+    Redis, and decode it once (issue 31: a model call read and decoded its whole context
+    from Redis every step). Thread-safe."""
 
-    def __init__(self, max_chars: int = PROCESS_CACHE_BYTES) -> None:
+    def __init__(
+        self, max_chars: int, *, max_item_chars: int | None = None, size: Callable[[V], int] = len  # type: ignore[assignment]
+    ) -> None:
         self.max_chars = max_chars
-        self._texts: OrderedDict[str, str] = OrderedDict()
+        self.max_item_chars = max_chars // 4 if max_item_chars is None else max_item_chars
+        self._size = size
+        self._values: OrderedDict[str, V] = OrderedDict()
         self._chars = 0
         self._lock = threading.Lock()
 
-    def get(self, refs: list[str]) -> dict[str, str]:
-        """The cached texts of ``refs`` (missing ones are left out)."""
-        found: dict[str, str] = {}
+    @property
+    def chars(self) -> int:
+        """Characters held now."""
+        return self._chars
+
+    def get(self, refs: list[str]) -> dict[str, V]:
+        """The cached values of ``refs`` (missing ones are left out)."""
+        found: dict[str, V] = {}
         with self._lock:
             for ref in refs:
-                text = self._texts.get(ref)
-                if text is not None:
-                    self._texts.move_to_end(ref)
-                    found[ref] = text
+                value = self._values.get(ref)
+                if value is not None:
+                    self._values.move_to_end(ref)
+                    found[ref] = value
         return found
 
-    def put(self, items: dict[str, str]) -> None:
-        """Keep ``ref -> text`` (a text larger than a quarter of the cache is not kept)."""
+    def put(self, items: dict[str, V]) -> None:
+        """Keep ``ref -> value``."""
         with self._lock:
-            for ref, text in items.items():
-                if len(text) > self.max_chars // 4 or ref in self._texts:
+            for ref, value in items.items():
+                size = self._size(value)
+                if size > self.max_item_chars or ref in self._values:
                     continue
-                self._texts[ref] = text
-                self._chars += len(text)
-            while self._chars > self.max_chars and self._texts:
-                _, dropped = self._texts.popitem(last=False)
-                self._chars -= len(dropped)
+                self._values[ref] = value
+                self._chars += size
+            while self._chars > self.max_chars and self._values:
+                _, dropped = self._values.popitem(last=False)
+                self._chars -= self._size(dropped)
 
     def clear(self) -> None:
         """Forget everything (what a fresh worker process has)."""
         with self._lock:
-            self._texts.clear()
+            self._values.clear()
             self._chars = 0
 
 
-BODIES = BodyCache()
-"""This process's :class:`BodyCache` of the bodies model calls read (``activities.model``)."""
+BODIES: BodyCache[str] = BodyCache(PROCESS_CACHE_BYTES)
+"""This process's body texts read by model calls (``activities.model``)."""
+
+DECODED: BodyCache[tuple[Message, int]] = BodyCache(
+    DECODED_CACHE_CHARS, max_item_chars=DECODED_CACHE_CHARS // 64, size=lambda held: held[1]
+)
+"""This process's decoded context messages, with the characters of their bodies (:func:`message_of_ref`)."""
+
+
+def message_of_ref(ref: str, text: str) -> Message:
+    """:func:`message_from_body` of ``text``, the body of ``ref``, decoded once per process
+    while :data:`DECODED` keeps it (a model call decodes its whole context every step);
+    each call gets its own copy."""
+    held = DECODED.get([ref]).get(ref)
+    if held is None:
+        held = (message_from_body(text), len(text))
+        DECODED.put({ref: held})
+    parsed = held[0]
+    return parsed.model_copy(deep=True) if parsed.tool_calls else parsed.model_copy()
 
 
 class BlobStore:
@@ -366,14 +372,14 @@ class BlobStore:
             while len(self._refreshed) > REFRESHED_MAX:
                 self._refreshed.popitem(last=False)
 
-    def _stale(self, found: list[str]) -> list[str]:
-        """The refs of ``found`` whose TTL this store has not refreshed within the last
+    def _stale(self, refs: list[str]) -> list[str]:
+        """The ``refs`` whose TTL this store has not refreshed within the last
         :data:`REFRESH_FRACTION` of it: each model call reads its whole context, and
         refreshing every body each time was one Redis command per message per call."""
-        if not found or self.ttl_seconds is None:
+        if not refs or self.ttl_seconds is None:
             return []
         since = time.monotonic() - self.ttl_seconds * REFRESH_FRACTION
-        return [ref for ref in found if self._refreshed.get(ref, -math.inf) < since]
+        return [ref for ref in refs if self._refreshed.get(ref, -math.inf) < since]
 
     async def evict_kept(self, message_refs: list[str], content_refs: list[str]) -> int:
         """Drop from Redis the blobs of a session that has just been archived, but only

@@ -50,7 +50,7 @@ LEDGER_DIR = "hermes_tool_ledger"
 """The directory, inside a directory store's URI, that holds the claim and result files."""
 
 _STARTED_UNREADABLE = {"state": "started"}
-"""What a claim file that exists but cannot be parsed (a crash before its write) says."""
+"""What a claim file that exists but cannot be parsed (a disk fault) says."""
 
 
 class CallLedger:
@@ -103,19 +103,6 @@ class CallLedger:
             await self.durable.append(TOOL_RESULTS, [Record(key=key, owner=owner, value=value)])
             return
         await self._io(self._write_result, key, owner, value)
-
-    async def read(self, key: str) -> dict[str, Any]:
-        """The record of call ``key``: its result, else its claim, else ``{}``.
-
-        Raises:
-            DurableStoreError: the record could not be read.
-        """
-        if self._directory is None:
-            return await self._lance_record(key)
-        found = await self._io(self._read_files, key)
-        if found is None and self._legacy_tables():
-            return await self._lance_record(key)
-        return found or {}
 
     # ------------------------------------------------------------ files
 
