@@ -3,8 +3,9 @@
 A model call's input in workflow history carries references, not message bodies
 (DESIGN.md, "How history stays small"): :func:`resolve_context` turns them back into
 messages from the content store (Redis, then the durable store) and the bodies sent
-inline. The session wrote every body it refers to before the call
-(``store_message_bodies``, ``bodies_stored``), so the activity never queries it: a body
+inline (a step's new ones, stored here for the next call, which may also send its context
+list as a change to this one's). The session wrote every other body it refers to before
+the call (``store_message_bodies``, ``bodies_stored``), so the activity never queries it: a body
 missing from both is a ``ContextBodiesMissingError`` (not retried; the session writes it
 again and calls once more). Only calls of runs recorded before that (``bodies_stored``
 false) still ask their session, with the ``get_message_bodies`` query, for what the store
@@ -333,8 +334,8 @@ class ModelActivities:
                 await self.store.touch(list(cached))  # hot bodies keep their Redis TTL
             except Exception as err:  # noqa: BLE001 - a TTL refresh only
                 log.debug("content TTL not refreshed: %s", err)
-        if inline:
-            await self._store_put(inline)  # the next call finds them
+        if inline and self.store.redis is not None and await self._store_put(inline):
+            BODIES.put(inline)  # the next call finds them (here, from memory)
         missing = [r for r in rest if r not in found]
         if missing:
             err = ContextBodiesMissingError(missing)
@@ -378,7 +379,11 @@ class ModelActivities:
     async def resolve_context(self, request: CallModelInput) -> CallModelInput:
         """``request`` with ``messages`` and ``tools`` filled from its references."""
         message_refs = list(request.message_refs)
-        if request.context_ref and request.bodies_stored:
+        if request.context_ref and request.bodies_stored and request.context_base:
+            message_refs = await self._changed_context(request)
+            # Stored with the call's new bodies, in one write: the next call's base.
+            request = request.model_copy(update={"bodies": {**request.bodies, request.context_ref: json.dumps(message_refs)}})
+        elif request.context_ref and request.bodies_stored:
             listed = await self.from_store([request.context_ref], request.bodies)
             message_refs = json.loads(listed[request.context_ref])
         elif request.context_ref:
@@ -396,6 +401,25 @@ class ModelActivities:
         if request.tools_ref:
             tools = [ToolSpec.model_validate(t) for t in json.loads(texts[request.tools_ref])]
         return request.model_copy(update={"messages": messages, "tools": tools})
+
+    async def _changed_context(self, request: CallModelInput) -> list[str]:
+        """The message references of a context sent as a change to an earlier call's
+        (``context_base``, ``context_keep``, ``context_tail``), checked against
+        ``context_ref`` (the caller stores the list under it: the next call's base).
+
+        Raises:
+            ApplicationError: ``ContextBodiesMissingError`` (not retried): the base is in
+                neither store, or the change does not give the list ``context_ref`` names
+                (the session writes the whole list and calls once more).
+        """
+        assert request.context_ref is not None and request.context_base is not None
+        base = await self.from_store([request.context_base], {})
+        refs = [*json.loads(base[request.context_base])[: request.context_keep], *request.context_tail]
+        if value_ref(refs) != request.context_ref:
+            err = ContextBodiesMissingError([request.context_ref])
+            log.warning("context %s: its change to %s gives another list (%s)", request.context_ref, request.context_base, err)
+            raise ApplicationError(str(err), err.refs, type=type(err).__name__, non_retryable=True)
+        return refs
 
     async def _with_whole_arguments(self, messages: list[Message]) -> list[Message]:
         """``messages`` with the tool-call arguments kept by reference put back, so the

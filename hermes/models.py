@@ -222,10 +222,8 @@ class ToolGroup(BaseModel):
 
 
 class CallModelInput(BaseModel):
-    """One model call. In workflow history it carries references, not bodies: the
-    activity resolves ``message_refs`` and ``tools_ref`` from the content store (Redis)
-    and, on a miss, from the session itself with a query. ``messages`` and ``tools`` are
-    what a provider receives (filled by the activity; also accepted inline)."""
+    """One model call. In history it carries references, not bodies (the activity reads them
+    from the content store); ``messages`` and ``tools`` are what a provider receives."""
 
     session_id: str
     turn: int
@@ -252,20 +250,22 @@ class CallModelInput(BaseModel):
     context_tokens: int = 0
     """The workflow's estimate of the context's tokens (corrected by reported usage)."""
     usage_user_id: str | None = None
-    """With ``usage_day``, set when a daily token budget applies: the activity adds this
-    call's tokens to the user's count for that UTC day (Redis ``hermes:usage:<user>:<day>``,
-    once per activity, whatever its retries) and returns the day's total
-    (``CallModelResult.user_day_tokens``)."""
+    """With ``usage_day``, set when a daily token budget applies: the activity adds this call's
+    tokens to the user's count for that UTC day (Redis ``hermes:usage:<user>:<day>``, once per
+    activity, whatever its retries) and returns the day's total (``CallModelResult.user_day_tokens``)."""
     usage_day: str | None = None
     """The UTC day (``YYYY-MM-DD``, from workflow time) the call's tokens count for."""
     encoding: str = ""
-    """The session's tiktoken encoding: the activity counts the reply's tokens with it
-    (``Message.tokens`` of the result), so workflow code never encodes a reply."""
+    """The session's tiktoken encoding: the activity counts the reply's tokens (``Message.tokens``)."""
     bodies: dict[str, str] = Field(default_factory=dict)
-    """Bodies by reference sent inline: those the content store did not take (Redis down)."""
+    """Bodies by reference sent inline: those the content store did not take, or a step's
+    few new ones (:meth:`workflows.session.context_plan.ContextPlanner.delta`)."""
     bodies_stored: bool = False
-    """The session put every body the call reads in the store or ``bodies``: the activity
-    never queries it (False: runs recorded before the ``model-context-stored`` patch)."""
+    """Every body the call reads is in the store or ``bodies`` (False: runs before ``model-context-stored``)."""
+    context_base: str | None = None
+    """A context list sent as a change: this list's first ``context_keep``, then ``context_tail``."""
+    context_keep: int = 0
+    context_tail: list[str] = Field(default_factory=list)
 
 
 class Degradation(BaseModel):

@@ -286,3 +286,92 @@ def test_decoded_context_messages_are_copies_and_their_cache_stays_bounded(monke
     held = decoded.get(refs)
     assert sum(size for _, size in held.values()) == decoded.chars <= 64 * 200
     assert refs[-1] in held and refs[0] not in held
+
+
+def _store_markers(history: Any) -> int:
+    """``store_message_bodies`` local activities in a history (their markers)."""
+    from hermes import names
+
+    return sum(
+        names.STORE_MESSAGE_BODIES.encode()
+        in b"".join(p.data for v in e.marker_recorded_event_attributes.details.values() for p in v.payloads)
+        for e in history.events
+        if e.HasField("marker_recorded_event_attributes")
+    )
+
+
+@pytest.mark.timeout(240)
+async def test_a_steps_new_bodies_ride_with_the_model_call_and_no_local_activity_writes_them(
+    temporal_client, settings, redis, session_id
+):
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, counter):
+        for turn in range(1, 6):
+            result = await hermes.send_message(session_id, f"question {turn}")
+            assert result.reply == f"turn {turn}: {turn * 7}", result
+        history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+        assert counter.queries == []
+    # Only the run's first call wrote its bodies (the system prompt, the tool list) first;
+    # every later one sent its few new bodies inline and its context as a change.
+    assert _store_markers(history) == 1
+    changed = [c for c in model.calls[1:]]
+    assert all(c.context_base and c.context_tail for c in changed)
+    assert all(sum(len(b) for b in c.bodies.values()) < 20_000 for c in changed)
+    # ... and every model call still saw its whole context, in order.
+    last = [(m.role, m.content) for m in model.calls[-1].messages if m.role in ("user", "assistant") and m.content]
+    assert last == [(r, t) for n in range(1, 5) for r, t in (("user", f"question {n}"), ("assistant", f"turn {n}: {n * 7}"))] + [
+        ("user", "question 5")
+    ]
+
+
+@pytest.mark.timeout(240)
+async def test_large_new_bodies_are_written_by_the_local_activity_not_recorded_inline(
+    temporal_client, settings, redis, session_id
+):
+    from workflows.session.context_plan import INLINE_BODIES_CHARS
+
+    model = CalculatesThenAnswers()
+    async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, _):
+        assert (await hermes.send_message(session_id, "question 1")).reply == "turn 1: 7"
+        big = "question 2 " + "x" * (INLINE_BODIES_CHARS + 100)
+        assert (await hermes.send_message(session_id, big)).reply == "turn 2: 14"
+        history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    assert _store_markers(history) == 2  # the first call, and the one with the large message
+    step0 = [c for c in model.calls if c.turn == 2][0]
+    assert not step0.context_base and all(len(b) < INLINE_BODIES_CHARS for b in step0.bodies.values())
+    assert step0.messages[-1].content == big
+
+
+async def test_a_context_sent_as_a_change_is_checked_stored_and_its_lost_base_named(redis):
+    from temporalio.exceptions import ApplicationError
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore, body_json, message_ref, value_ref
+
+    first, second = Message(role="user", content="one"), Message(role="user", content="two")
+    base = [message_ref(first)]
+    base_ref, new = value_ref(base), [message_ref(first), message_ref(second)]
+    store = BlobStore(redis)
+    await store.put_many({base_ref: json.dumps(base), message_ref(first): body_json(first)})
+    BODIES.clear()
+    model = CalculatesThenAnswers()
+    activities = ModelActivities(model, store=store)
+    request = CallModelInput(
+        session_id="s", turn=1, step=0, context_ref=value_ref(new), bodies_stored=True, context_base=base_ref,
+        context_keep=1, context_tail=[message_ref(second)], bodies={message_ref(second): body_json(second)},
+    )
+    resolved = await activities.resolve_context(request)
+    assert [m.content for m in resolved.messages] == ["one", "two"]
+    BODIES.clear()
+    # The list is stored under its own reference: a retry or the next call reads it whole.
+    assert json.loads((await store.get_many([value_ref(new)]))[value_ref(new)]) == new
+    wrong = request.model_copy(update={"context_keep": 0})  # gives ["two"], not the list named
+    with pytest.raises(ApplicationError) as raised:
+        await activities.resolve_context(wrong)
+    assert raised.value.type == "ContextBodiesMissingError" and raised.value.details == ([value_ref(new)],)
+    await redis.delete(f"hermes:blob:{base_ref}")
+    BODIES.clear()
+    with pytest.raises(ApplicationError) as raised:
+        await activities.resolve_context(request)
+    assert raised.value.type == "ContextBodiesMissingError" and raised.value.details == ([base_ref],)
+    assert raised.value.non_retryable and not model.calls  # the provider never asked without its context

@@ -4,8 +4,10 @@ summary, the recent turns that fit the token budget) and the offered tool list.
 A model call's activity input carries content references, never the messages: its size
 does not grow with the context (issue 12). Before the call, the session writes the bodies
 the content store may lack (:meth:`ContextPlanner.unstored`) with a local activity, whose
-input is not recorded in history; runs recorded before that patch answer them with the
-``get_message_bodies`` query instead. Plain Python; nothing here knows of Temporal.
+input is not recorded in history, or, when they are a step's few new ones, sends them
+inline with its context list as a change to the previous call's (:meth:`ContextPlanner.delta`);
+runs recorded before those patches answer them with the ``get_message_bodies`` query
+instead. Plain Python; nothing here knows of Temporal.
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
 from workflows.session.transcript import Transcript
 from workflows.session.turn import ContextTooLarge
 
+INLINE_BODIES_CHARS = 16_384
+"""Most characters of new bodies a model call carries inline (recorded in history: a
+step's new messages) instead of a local activity writing them to the content store."""
+CONTEXT_TAIL_REFS = 16
+"""Most references a context list sent as a change appends (and most bodies inline)."""
 MAX_TOOL_LISTS = 16
 """Distinct offered tool lists kept (with their bodies) before the cache starts over."""
 MAX_SYNTHETIC = 64
@@ -48,6 +55,9 @@ class ContextPlanner:
         self.stored: set[str] = set()
         """References this run has written to the content store (workflow state, rebuilt
         on replay; a new run starts empty and writes its first context's bodies again)."""
+        self.sent: tuple[str, list[str]] | None = None
+        """The context list (reference, message references) of this run's last model call:
+        the base the next call's list is sent as a change to (:meth:`delta`)."""
         self._bounded: BoundedCounter | None = None
 
     def counter(self, encoding: str, bounded_work: bool) -> TokenCounter | BoundedCounter:
@@ -220,3 +230,40 @@ class ContextPlanner:
 
     def forget_stored(self) -> None:
         self.stored.clear()
+
+    def delta(self, context_ref: str | None, bodies: dict[str, str]) -> dict[str, Any] | None:
+        """How the model call in flight (:meth:`context_ref`) sends ``bodies``, the ones
+        :meth:`unstored` found, without a local activity writing them first: the fields of
+        its input, or None when they are too many or too large, or its context list is not
+        a short change to the previous call's (a new run's first call, a summary, a
+        context cut to fit its budget; then the local activity writes them).
+
+        Returns:
+            ``bodies`` (without the context list's own) and, when the list is among them,
+            ``context_base``, ``context_keep`` and ``context_tail`` (see
+            :class:`hermes.models.CallModelInput`).
+        """
+        inline = {ref: body for ref, body in bodies.items() if ref != context_ref}
+        if len(inline) > CONTEXT_TAIL_REFS or sum(len(body) for body in inline.values()) > INLINE_BODIES_CHARS:
+            return None
+        fields: dict[str, Any] = {"bodies": inline}
+        if context_ref is None or context_ref not in bodies:
+            return fields
+        if self.sent is None or self.inflight is None or self.sent[0] not in self.stored:
+            return None
+        base_ref, base = self.sent
+        refs = self.inflight[2]
+        keep = 0
+        for old, new in zip(base, refs):
+            if old != new:
+                break
+            keep += 1
+        if len(refs) - keep > CONTEXT_TAIL_REFS:
+            return None
+        return {**fields, "context_base": base_ref, "context_keep": keep, "context_tail": refs[keep:]}
+
+    def mark_sent(self, context_ref: str | None) -> None:
+        """The call in flight sends its context list under ``context_ref``: the base of
+        the next call's change."""
+        if context_ref is not None and self.inflight is not None:
+            self.sent = (context_ref, self.inflight[2])

@@ -169,10 +169,21 @@ class ModelSteps:
         core = self.core
         if not core.patched(patches.CONTEXT_STORED):
             return request
-        bodies = core.planner.unstored(refs, core.transcript)
+        planner = core.planner
+        bodies = planner.unstored(refs, core.transcript)
+        delta = None
+        if isinstance(request, CallModelInput):
+            if bodies and core.patched(patches.CONTEXT_DELTA):
+                delta = planner.delta(request.context_ref, bodies)
+            planner.mark_sent(request.context_ref)
+        if delta is not None:
+            # A step's few new bodies ride with the call (the activity stores them): no
+            # local activity, no workflow activation for it.
+            planner.mark_stored(list(bodies))
+            return request.model_copy(update={**delta, "bodies_stored": True})
         if bodies and not await calls.store_bodies(StoreBodiesInput(session_id=core.inp.session_id, bodies=bodies)):
             return request.model_copy(update={"bodies": bodies, "bodies_stored": True})
-        core.planner.mark_stored(list(bodies))
+        planner.mark_stored(list(bodies))
         return request.model_copy(update={"bodies_stored": True})
 
     # ------------------------------------------------------------ token budgets

@@ -90,9 +90,17 @@ them inline when the store cannot take them; the activity never queries the sess
 a body the store lost is written again once (issue 31: every model call queried its
 session, waiting on a workflow task of a busy worker)."""
 
+CONTEXT_DELTA = "model-context-delta"
+"""A model call whose new bodies are few and small (:data:`workflows.session.context_plan.INLINE_BODIES_CHARS`)
+carries them inline, and its context list as a change to the previous call's
+(``CallModelInput.context_base``), instead of a ``store_message_bodies`` local activity
+before it: two local activities (each a workflow activation and a history marker) less per
+turn of tool calls (issue 31: worker CPU per turn). Anything larger is written by the
+local activity as before."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED,
+    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""
