@@ -404,7 +404,7 @@ class ModelActivities:
 
     async def _changed_context(self, request: CallModelInput) -> list[str]:
         """The message references of a context sent as a change to an earlier call's
-        (``context_base``, ``context_keep``, ``context_tail``), checked against
+        (``context_base``, ``context_parts``), checked against
         ``context_ref`` (the caller stores the list under it: the next call's base).
 
         Raises:
@@ -414,7 +414,10 @@ class ModelActivities:
         """
         assert request.context_ref is not None and request.context_base is not None
         base = await self.from_store([request.context_base], {})
-        refs = [*json.loads(base[request.context_base])[: request.context_keep], *request.context_tail]
+        listed = json.loads(base[request.context_base])
+        refs: list[str] = []
+        for part in request.context_parts:
+            refs.extend([part] if isinstance(part, str) else listed[part[0] : part[1]] if len(part) == 2 else [])
         if value_ref(refs) != request.context_ref:
             err = ContextBodiesMissingError([request.context_ref])
             log.warning("context %s: its change to %s gives another list (%s)", request.context_ref, request.context_base, err)

@@ -263,9 +263,9 @@ class CallModelInput(BaseModel):
     bodies_stored: bool = False
     """Every body the call reads is in the store or ``bodies`` (False: runs before ``model-context-stored``)."""
     context_base: str | None = None
-    """A context list sent as a change: this list's first ``context_keep``, then ``context_tail``."""
-    context_keep: int = 0
-    context_tail: list[str] = Field(default_factory=list)
+    """A context list sent as a change to this one: ``context_parts`` in order."""
+    context_parts: list[str | list[int]] = Field(default_factory=list)
+    """Each a reference, or ``[start, end]``: the base list's references from ``start`` to ``end``."""
 
 
 class Degradation(BaseModel):

@@ -311,12 +311,13 @@ async def test_a_steps_new_bodies_ride_with_the_model_call_and_no_local_activity
             assert result.reply == f"turn {turn}: {turn * 7}", result
         history = await temporal_client.get_workflow_handle(session_id).fetch_history()
         assert counter.queries == []
-    # Only the run's first call wrote its bodies (the system prompt, the tool list) first;
-    # every later one sent its few new bodies inline and its context as a change.
-    assert _store_markers(history) == 1
-    changed = [c for c in model.calls[1:]]
-    assert all(c.context_base and c.context_tail for c in changed)
-    assert all(sum(len(b) for b in c.bodies.values()) < 20_000 for c in changed)
+    # Only the first call offering each tool list wrote bodies first (a tool list never
+    # goes inline: kilobytes of schemas). Every other call sent its few new bodies inline
+    # and its context list as a change to the previous call's.
+    firsts = {c.tools_ref: c for c in reversed(model.calls)}
+    assert _store_markers(history) == len(firsts) <= 3
+    changed = [c for c in model.calls if c not in firsts.values()]
+    assert len(changed) >= 7 and all(c.context_base and c.context_parts for c in changed)
     # ... and every model call still saw its whole context, in order.
     last = [(m.role, m.content) for m in model.calls[-1].messages if m.role in ("user", "assistant") and m.content]
     assert last == [(r, t) for n in range(1, 5) for r, t in (("user", f"question {n}"), ("assistant", f"turn {n}: {n * 7}"))] + [
@@ -333,12 +334,14 @@ async def test_large_new_bodies_are_written_by_the_local_activity_not_recorded_i
     model = CalculatesThenAnswers()
     async with counted_worker(temporal_client, settings, redis, model, memory=False) as (hermes, _):
         assert (await hermes.send_message(session_id, "question 1")).reply == "turn 1: 7"
-        big = "question 2 " + "x" * (INLINE_BODIES_CHARS + 100)
-        assert (await hermes.send_message(session_id, big)).reply == "turn 2: 14"
+        assert (await hermes.send_message(session_id, "question 2")).reply == "turn 2: 14"
+        before = _store_markers(await temporal_client.get_workflow_handle(session_id).fetch_history())
+        big = "question 3 " + "x" * (INLINE_BODIES_CHARS + 100)
+        assert (await hermes.send_message(session_id, big)).reply == "turn 3: 21"
         history = await temporal_client.get_workflow_handle(session_id).fetch_history()
-    assert _store_markers(history) == 2  # the first call, and the one with the large message
-    step0 = [c for c in model.calls if c.turn == 2][0]
-    assert not step0.context_base and all(len(b) < INLINE_BODIES_CHARS for b in step0.bodies.values())
+    assert _store_markers(history) == before + 1  # the call with the large message only
+    step0, step1 = [c for c in model.calls if c.turn == 3]
+    assert not step0.context_base and step1.context_base
     assert step0.messages[-1].content == big
 
 
@@ -358,14 +361,14 @@ async def test_a_context_sent_as_a_change_is_checked_stored_and_its_lost_base_na
     activities = ModelActivities(model, store=store)
     request = CallModelInput(
         session_id="s", turn=1, step=0, context_ref=value_ref(new), bodies_stored=True, context_base=base_ref,
-        context_keep=1, context_tail=[message_ref(second)], bodies={message_ref(second): body_json(second)},
+        context_parts=[[0, 1], message_ref(second)], bodies={message_ref(second): body_json(second)},
     )
     resolved = await activities.resolve_context(request)
     assert [m.content for m in resolved.messages] == ["one", "two"]
     BODIES.clear()
     # The list is stored under its own reference: a retry or the next call reads it whole.
     assert json.loads((await store.get_many([value_ref(new)]))[value_ref(new)]) == new
-    wrong = request.model_copy(update={"context_keep": 0})  # gives ["two"], not the list named
+    wrong = request.model_copy(update={"context_parts": [[0, 0], message_ref(second)]})  # ["two"]: not the list named
     with pytest.raises(ApplicationError) as raised:
         await activities.resolve_context(wrong)
     assert raised.value.type == "ContextBodiesMissingError" and raised.value.details == ([value_ref(new)],)
@@ -375,3 +378,28 @@ async def test_a_context_sent_as_a_change_is_checked_stored_and_its_lost_base_na
         await activities.resolve_context(request)
     assert raised.value.type == "ContextBodiesMissingError" and raised.value.details == ([base_ref],)
     assert raised.value.non_retryable and not model.calls  # the provider never asked without its context
+
+
+def test_a_context_list_is_sent_as_runs_of_the_previous_one_and_new_references():
+    from workflows.session.context_plan import list_change
+
+    def applied(base: list[str], parts: list[Any]) -> list[str]:
+        return [r for p in parts for r in ([p] if isinstance(p, str) else base[p[0] : p[1]])]
+
+    system, turns = ["sys"], [[f"u{t}", f"c{t}", f"r{t}", f"a{t}"] for t in range(40)]
+    base = system + [r for t in turns[:30] for r in t]
+    cases = {
+        "a step's new messages": base + ["u30"],
+        "the oldest turn dropped": system + [r for t in turns[1:31] for r in t],
+        "an older turn's tool step dropped": system + [r for t in turns[:30] for r in (t if t is not turns[5] else [t[0], t[3]])],
+        "a summary in front": ["sys", "summary"] + base[5:] + ["u30"],
+        "the same list": list(base),
+        "a list with repeats": base + ["sys", "u0", "c0"],
+    }
+    for name, new in cases.items():
+        parts = list_change(base, new)
+        assert parts is not None and applied(base, parts) == new, name
+        assert len(parts) <= 6, (name, parts)
+    assert list_change(base, [f"x{i}" for i in range(17)]) is None  # too many new references
+    assert list_change(base, base[::2]) is None  # too many runs
+    assert list_change([], ["a"]) == ["a"] and list_change(["a"], []) == []

@@ -23,11 +23,13 @@ from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
 from workflows.session.transcript import Transcript
 from workflows.session.turn import ContextTooLarge
 
-INLINE_BODIES_CHARS = 16_384
+INLINE_BODIES_CHARS = 8192
 """Most characters of new bodies a model call carries inline (recorded in history: a
-step's new messages) instead of a local activity writing them to the content store."""
-CONTEXT_TAIL_REFS = 16
-"""Most references a context list sent as a change appends (and most bodies inline)."""
+step's new messages, whose content history holds once already, in the update or an
+activity's result) instead of a local activity writing them to the content store."""
+CHANGE_PARTS = 16
+"""Most parts of a context list sent as a change (:func:`list_change`), and most bodies
+a model call carries inline."""
 MAX_TOOL_LISTS = 16
 """Distinct offered tool lists kept (with their bodies) before the cache starts over."""
 MAX_SYNTHETIC = 64
@@ -234,36 +236,63 @@ class ContextPlanner:
     def delta(self, context_ref: str | None, bodies: dict[str, str]) -> dict[str, Any] | None:
         """How the model call in flight (:meth:`context_ref`) sends ``bodies``, the ones
         :meth:`unstored` found, without a local activity writing them first: the fields of
-        its input, or None when they are too many or too large, or its context list is not
-        a short change to the previous call's (a new run's first call, a summary, a
-        context cut to fit its budget; then the local activity writes them).
+        its input, or None when they are too many or too large, one is a tool list, or
+        its context list is not a change of a few parts (:func:`list_change`) to the
+        previous call's (a new run's first call; then the local activity writes them).
 
         Returns:
             ``bodies`` (without the context list's own) and, when the list is among them,
-            ``context_base``, ``context_keep`` and ``context_tail`` (see
-            :class:`hermes.models.CallModelInput`).
+            ``context_base`` and ``context_parts`` (see :class:`hermes.models.CallModelInput`).
         """
         inline = {ref: body for ref, body in bodies.items() if ref != context_ref}
-        if len(inline) > CONTEXT_TAIL_REFS or sum(len(body) for body in inline.values()) > INLINE_BODIES_CHARS:
+        if (
+            len(inline) > CHANGE_PARTS
+            or sum(len(body) for body in inline.values()) > INLINE_BODIES_CHARS
+            or any(ref in self.tool_bodies for ref in inline)  # kilobytes of schemas: never in history
+        ):
             return None
         fields: dict[str, Any] = {"bodies": inline}
         if context_ref is None or context_ref not in bodies:
             return fields
         if self.sent is None or self.inflight is None or self.sent[0] not in self.stored:
             return None
-        base_ref, base = self.sent
-        refs = self.inflight[2]
-        keep = 0
-        for old, new in zip(base, refs):
-            if old != new:
-                break
-            keep += 1
-        if len(refs) - keep > CONTEXT_TAIL_REFS:
+        parts = list_change(self.sent[1], self.inflight[2])
+        if parts is None:
             return None
-        return {**fields, "context_base": base_ref, "context_keep": keep, "context_tail": refs[keep:]}
+        return {**fields, "context_base": self.sent[0], "context_parts": parts}
 
     def mark_sent(self, context_ref: str | None) -> None:
         """The call in flight sends its context list under ``context_ref``: the base of
         the next call's change."""
         if context_ref is not None and self.inflight is not None:
             self.sent = (context_ref, self.inflight[2])
+
+
+def list_change(base: list[str], new: list[str], *, max_parts: int = CHANGE_PARTS) -> list[str | list[int]] | None:
+    """``new`` as parts of ``base``: each a reference, or ``[start, end]``, the run
+    ``base[start:end]`` (a context keeps most of the previous call's list: its system
+    prompt and recent turns, with a turn's tool steps or the oldest turn dropped and new
+    messages added). One pass over ``new``, with ``base``'s positions by reference.
+
+    Returns:
+        The parts, or None when more than ``max_parts`` are needed.
+    """
+    at: dict[str, int] = {}
+    for index, ref in enumerate(base):
+        at.setdefault(ref, index)
+    parts: list[str | list[int]] = []
+    i = 0
+    while i < len(new):
+        if len(parts) >= max_parts:
+            return None
+        start = at.get(new[i])
+        if start is None:
+            parts.append(new[i])
+            i += 1
+            continue
+        end = start
+        while i < len(new) and end < len(base) and new[i] == base[end]:
+            i += 1
+            end += 1
+        parts.append([start, end])
+    return parts

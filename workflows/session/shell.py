@@ -116,8 +116,7 @@ class SessionWorkflow:
                 await workflow.wait_condition(
                     lambda: s.status == "closed"
                     or self._must_roll_over()
-                    or (self._should_roll_over() and self._idle())
-                    or (bool(s.book.audit_buffer) and self._idle()),
+                    or (self._idle() and (self._should_roll_over() or bool(s.book.audit_buffer))),
                     timeout=self._lifecycle_timeout(),
                     timeout_summary="idle check",
                 )
