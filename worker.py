@@ -454,6 +454,7 @@ async def run_worker(
     """
     from hermes.memory.location import check_memory_location
     from hermes.names import SEARCH_ATTRIBUTES
+    from hermes.infra.process import freeze_startup_heap
     from hermes.infra.stack import ensure_search_attributes
 
     from hermes.infra import telemetry
@@ -486,6 +487,7 @@ async def run_worker(
     )
     try:
         async with worker:
+            log.info("start-up heap frozen: %d objects out of the garbage collector's passes", freeze_startup_heap())
             if on_serving is not None:
                 on_serving(provider, registry, mcp)
             await stop.wait()

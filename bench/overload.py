@@ -354,7 +354,10 @@ async def count_history(client: Any, session_ids: list[str]) -> Counter[str]:
             elif event.HasField("workflow_task_failed_event_attributes"):
                 counts["workflow task failures"] += 1
             elif event.HasField("workflow_task_timed_out_event_attributes"):
-                counts["workflow task timeouts"] += 1
+                kind = event.workflow_task_timed_out_event_attributes.timeout_type
+                # schedule_to_start: its worker's sticky queue was not polled in time
+                # (the task went to any worker, which replays it unless cached).
+                counts[f"workflow task {TimeoutType.Name(kind).removeprefix('TIMEOUT_TYPE_').lower()} timeouts"] += 1
             elif event.HasField("workflow_task_completed_event_attributes"):
                 counts["workflow tasks"] += 1
     return counts
