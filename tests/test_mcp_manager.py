@@ -478,3 +478,36 @@ async def test_streamable_http_server_down_fails_within_timeout(make_manager):
     assert time.monotonic() - started < 3.5
     assert err.value.reason in ("start", "timeout")
     assert status_of(manager, "web").state in ("backoff", "failed")
+
+
+async def test_a_server_forked_late_still_has_its_pid_in_the_status(make_manager, monkeypatch):
+    # On a loaded machine the supervisor forked the server after the connection stopped
+    # looking (200 ms): the status of a running server said pid=None for good.
+    from hermes.mcp import stdio as stdio_module
+
+    async def gave_up(supervisor: int, **kwargs: object) -> None:
+        return None
+
+    monkeypatch.setattr(stdio_module, "child_pid", gave_up)
+    manager = make_manager({"stubborn": stdio("stubborn.py")})
+    grandchild = int(text_of(await manager.call_tool("stubborn", "grandchild", {})))
+    status = status_of(manager, "stubborn")
+    assert status.pid is not None and alive(status.pid) and alive(grandchild)
+    await manager.aclose()
+    assert not alive(status.pid) and not alive(grandchild)
+
+
+async def test_child_pid_waits_by_the_clock_and_stops_when_the_supervisor_exits():
+    from hermes.mcp.stdio import child_pid
+
+    childless = subprocess.Popen(["sleep", "30"])
+    try:
+        started = time.monotonic()
+        assert await child_pid(childless.pid, wait_seconds=0.3) is None
+        assert 0.3 <= time.monotonic() - started < 3
+        started = time.monotonic()
+        assert await child_pid(childless.pid, exited=lambda: True, wait_seconds=30) is None
+        assert time.monotonic() - started < 1
+    finally:
+        childless.kill()
+        childless.wait()

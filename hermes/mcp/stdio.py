@@ -24,7 +24,8 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -39,7 +40,9 @@ from hermes.mcp.config import ResolvedServer
 if TYPE_CHECKING:
     from hermes.mcp.state import Connection
 
-__all__ = ["KILL_GRACE_SECONDS", "StartError", "exit_code", "exit_note", "group_members", "open_stdio", "stop_tree"]
+__all__ = [
+    "KILL_GRACE_SECONDS", "StartError", "child_pid_now", "exit_code", "exit_note", "group_members", "open_stdio", "stop_tree",
+]
 
 log = logging.getLogger("hermes.mcp")
 
@@ -222,7 +225,7 @@ async def open_stdio(resolved: ResolvedServer, conn: Connection) -> AsyncIterato
             tg.start_soon(stdin_writer)
             tg.start_soon(stderr_drain)
             tg.start_soon(exit_watch)
-            conn.pid = await child_pid(process.pid)
+            conn.pid = await child_pid(process.pid, exited=lambda: process.returncode is not None)
             try:
                 yield read_stream, write_stream
             finally:
@@ -254,15 +257,33 @@ def exit_note(process: Process) -> str:
     return "" if process.returncode is None else f" (the server process exited with code {exit_code(process)})"
 
 
-async def child_pid(supervisor: int) -> int | None:
-    """The server's pid: the supervisor's child (forked right after it starts)."""
-    for _ in range(40):
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
-                children = f.read().split()
-            if children:
-                return int(children[0])
+CHILD_PID_WAIT_SECONDS = 5.0
+"""How long a connection waits for its supervisor to fork the server before it goes on
+without the server's pid (:func:`child_pid`; the status looks it up again later). A
+count of short sleeps was not enough: on a loaded machine the fork came after 200 ms,
+and a running server's status showed no pid for the rest of its life."""
+
+
+async def child_pid(supervisor: int, *, exited: Callable[[], bool] = lambda: False,
+                    wait_seconds: float = CHILD_PID_WAIT_SECONDS) -> int | None:
+    """The server's pid: the supervisor's child (forked right after it starts), waited
+    for up to ``wait_seconds`` (wall clock) or until ``exited()`` says the supervisor is
+    gone; None if it has none by then."""
+    deadline = time.monotonic() + wait_seconds
+    while True:
+        pid = child_pid_now(supervisor)
+        if pid is not None or exited() or time.monotonic() >= deadline:
+            return pid
         await anyio.sleep(0.005)
+
+
+def child_pid_now(supervisor: int) -> int | None:
+    """The supervisor's child now (Linux ``/proc``), or None."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(f"/proc/{supervisor}/task/{supervisor}/children") as f:
+            children = f.read().split()
+        if children:
+            return int(children[0])
     return None
 
 

@@ -60,7 +60,7 @@ from hermes.mcp.state import (
     ServerState,
     ServerStatus,
 )
-from hermes.mcp.stdio import StartError, exit_note
+from hermes.mcp.stdio import StartError, child_pid_now, exit_note
 from hermes.mcp.transport import open_transport
 
 __all__ = [
@@ -181,6 +181,8 @@ class Supervisor:
             else:
                 state = "stopped"
             running = conn is not None and not conn.finished.is_set()
+            if running and conn is not None and conn.pid is None and conn.group is not None:
+                conn.pid = child_pid_now(conn.group)  # forked after the connection stopped waiting
             out.append(
                 ServerStatus(
                     name=srv.name,
