@@ -195,6 +195,15 @@ def _large_arguments(calls: list[Any]) -> dict[int, tuple[str, str]]:
     return large
 
 
+def _bodies_missing(refs: list[str], why: str) -> ApplicationError:
+    """The ``ContextBodiesMissingError`` (not retried) naming ``refs``, logged with ``why``
+    (empty, or a clause ending in "; "): the session writes its context again and calls once more."""
+    err = ContextBodiesMissingError(refs)
+    session = activity.info().workflow_id if activity.in_activity() else "-"
+    log.warning("%s (%ssession %s writes them again)", err, why, session)
+    return ApplicationError(str(err), err.refs, type=type(err).__name__, non_retryable=True)
+
+
 def _counted(result: CallModelResult, encoding: str) -> CallModelResult:
     """``result`` with the reply's tokens counted (``Message.tokens``) in the session's
     ``encoding``, so that the session never encodes a reply itself (its tool-call
@@ -338,9 +347,7 @@ class ModelActivities:
             BODIES.put(inline)  # the next call finds them (here, from memory)
         missing = [r for r in rest if r not in found]
         if missing:
-            err = ContextBodiesMissingError(missing)
-            log.warning("%s (session %s writes them again)", err, activity.info().workflow_id if activity.in_activity() else "-")
-            raise ApplicationError(str(err), err.refs, type=type(err).__name__, non_retryable=True)
+            raise _bodies_missing(missing, "")
         return found
 
     async def _texts(self, request: CallModelInput | SummarizeInput, refs: list[str]) -> dict[str, str]:
@@ -417,11 +424,12 @@ class ModelActivities:
         listed = json.loads(base[request.context_base])
         refs: list[str] = []
         for part in request.context_parts:
-            refs.extend([part] if isinstance(part, str) else listed[part[0] : part[1]] if len(part) == 2 else [])
+            if isinstance(part, str):
+                refs.append(part)
+            elif len(part) == 2:  # anything else adds nothing: the check below refuses it
+                refs.extend(listed[part[0] : part[1]])
         if value_ref(refs) != request.context_ref:
-            err = ContextBodiesMissingError([request.context_ref])
-            log.warning("context %s: its change to %s gives another list (%s)", request.context_ref, request.context_base, err)
-            raise ApplicationError(str(err), err.refs, type=type(err).__name__, non_retryable=True)
+            raise _bodies_missing([request.context_ref], f"its change to {request.context_base} gives another list; ")
         return refs
 
     async def _with_whole_arguments(self, messages: list[Message]) -> list[Message]:
