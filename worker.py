@@ -28,6 +28,7 @@ from activities.model import ModelActivities
 from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
+from activities.turn_start import TurnStartActivities
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
 from hermes.infra import cpu_pool
@@ -204,6 +205,7 @@ def build_worker(
             model.count_tokens,
             model.store_message_bodies,
             tools.list_tools,
+            TurnStartActivities(tools, memory_activities).begin_turn,
             tools.validate_tool_call,
             tools.run_tool,
             index.update_session_index,

@@ -84,10 +84,28 @@ return 0
 """
 """Take or renew the lease unless another attempt holds it (a renewal after this one's
 lease lapsed takes it again: the attempt still runs)."""
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+_READ_OR_CLAIM = """
+if ARGV[3] == '1' then
+  local recorded = redis.call('GET', KEYS[2])
+  if recorded then return {'result', recorded} end
+end
+local held = redis.call('GET', KEYS[1])
+if held == false or held == ARGV[1] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {'claimed', ''}
+end
+return {'held', held}
 """
+"""The step's recorded result (``KEYS[2]``, read when ``ARGV[3]`` is ``'1'``); else the
+lease (``KEYS[1]``), taken as :data:`_CLAIM` takes it; else who holds it. One round trip
+where a result read and a claim were two (both keys share a hash tag: one Cluster slot)."""
+_RECORD_AND_RELEASE = """
+if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3]) end
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 1
+"""
+"""Record the step's result (``ARGV[2]``; empty: none) and give the lease up if this
+attempt still holds it, in one round trip."""
 
 _HOLDER_PREFIX = f"{socket.gethostname()}:{os.getpid()}"
 
@@ -181,56 +199,67 @@ class ModelSteps:
         info = activity.info()
         key = step_key(request, info.workflow_run_id)
         holder = f"{_HOLDER_PREFIX}/{info.activity_id}/{info.attempt}"
-        recorded = await self._wait_for_others(redis, key, holder, info, request)
+        ttl_ms = int(1000 * lease_seconds(info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None))
+        try:
+            recorded = await self._wait_for_others(redis, key, holder, ttl_ms, info, request)
+        except Exception as err:  # noqa: BLE001 - Redis down: no lease; a retry calls the provider, as before
+            log.warning("model step %s: liveness not checked, no lease (%s)", key, err)
+            return await call()
         if recorded is not None:
             return recorded
-        ttl_ms = int(1000 * lease_seconds(info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None))
 
         def renew() -> None:
             redis.eval(_CLAIM, 1, f"{key}:lease", holder, ttl_ms)
 
-        try:
-            await asyncio.to_thread(renew)
-        except Exception as err:  # noqa: BLE001 - no lease: a retry calls the provider, as before
-            log.warning("model step %s: no lease (%s)", key, err)
-            return await call()
         every = ttl_ms / 1000 / LEASE_RENEWALS
         renewal = LEASES.add(renew, every, first_after_seconds=every)  # just taken: renewed from the next interval on
+        result: CallModelResult | None = None
         try:
             result = await self._finished(call, info, request)
-            await self._record(redis, key, result)
             return result
         finally:
             LEASES.remove(renewal)
-            await self._quietly(redis.eval, _RELEASE, 1, f"{key}:lease", holder)
+            # Sealed like every Redis copy of a message (README "Encryption").
+            sealed = encryption.seal(result.model_dump_json()) if result is not None else ""
+            await self._quietly(
+                redis.eval, _RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed, RESULT_TTL_SECONDS
+            )
 
     async def _wait_for_others(
-        self, redis: Any, key: str, holder: str, info: activity.Info, request: CallModelInput
+        self, redis: Any, key: str, holder: str, ttl_ms: int, info: activity.Info, request: CallModelInput
     ) -> CallModelResult | None:
         """The step's recorded result, waiting for it while another attempt's lease lives;
-        None when there is none to wait for (or the wait would eat this attempt's time)."""
+        None once this attempt holds the lease (or the wait would eat its time: then it
+        goes on without, and its renewals take the lease when the other lapses).
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
         loop = asyncio.get_running_loop()
         remaining = remaining_seconds(info)
         deadline = None if remaining is None else loop.time() + remaining - START_TO_CLOSE_MARGIN_SECONDS
         waited_on = None
+        read_result = "1"
         while True:
-            try:
-                lease, recorded = await asyncio.to_thread(redis.mget, [f"{key}:lease", f"{key}:result"])
-            except Exception as err:  # noqa: BLE001 - Redis down: the provider is asked, as before
-                log.warning("model step %s: liveness not checked (%s)", key, err)
-                return None
-            text = encryption.open_quietly(recorded, what=f"model step result {key}")
-            if text is not None:
-                log.info(
-                    "turn %d step %s: attempt %d uses the result an earlier attempt recorded; no provider request",
-                    request.turn, request.step, info.attempt,
-                )
-                return CallModelResult.model_validate_json(text)
-            lease = lease.decode() if isinstance(lease, bytes) else lease
-            if lease is None or lease == holder:
+            kind, value = await asyncio.to_thread(
+                redis.eval, _READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, read_result
+            )
+            kind = _text(kind)
+            if kind == "result":
+                text = encryption.open_quietly(value, what=f"model step result {key}")
+                if text is not None:
+                    log.info(
+                        "turn %d step %s: attempt %d uses the result an earlier attempt recorded; no provider request",
+                        request.turn, request.step, info.attempt,
+                    )
+                    return CallModelResult.model_validate_json(text)
+                read_result = "0"  # sealed with another key: as if none, and claim
+                continue
+            if kind == "claimed":
                 if waited_on is not None:
                     log.warning("turn %d step %s: the lease of %s lapsed; its worker is gone", request.turn, request.step, waited_on)
                 return None
+            lease = _text(value)
             if deadline is not None and loop.time() >= deadline:
                 log.warning("turn %d step %s: %s still holds the step; calling the provider", request.turn, request.step, lease)
                 return None
@@ -262,14 +291,13 @@ class ModelSteps:
             # Core cancels an attempt once, so its start-to-close timeout is the bound here.
             return await asyncio.wait_for(task, None if remaining is None else max(remaining, 0.0))
 
-    async def _record(self, redis: Any, key: str, result: CallModelResult) -> None:
-        # Sealed like every Redis copy of a message (README "Encryption").
-        sealed = encryption.seal(result.model_dump_json())
-        await self._quietly(redis.set, f"{key}:result", sealed, ex=RESULT_TTL_SECONDS)
-
     @staticmethod
     async def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
         try:
             await asyncio.to_thread(fn, *args, **kwargs)
         except Exception as err:  # noqa: BLE001 - a lost record costs at most a second request
             log.warning("model step record not written (%s)", err)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

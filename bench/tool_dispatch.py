@@ -410,6 +410,7 @@ async def main() -> None:
     from hermes.settings import Settings
     from activities.tools import idempotency_key
     from hermes.tools.registry import ToolRegistry
+    from hermes.infra.process import freeze_startup_heap
     from worker import build_worker
 
     started = time.perf_counter()
@@ -441,6 +442,9 @@ async def main() -> None:
         tag = uuid.uuid4().hex[:8]
 
         async with worker:
+            # As run_worker does once its worker runs (hermes.infra.process): the start-up
+            # heap out of the garbage collector's passes; every series shares it.
+            freeze_startup_heap()
             session_id = f"bench-tool-dispatch-session-{tag}"
 
             async def hermes_turn(text: str) -> tuple[int, str]:

@@ -9,8 +9,9 @@ workflow) against one Temporal dev server and one Redis, and call the *same*
 registered activities with the same payload types: ``call_model`` (a scripted model that
 always calls ``calculate`` and then replies), ``run_tool`` (the built-in ``calculate``),
 ``call_model`` again. A turn is therefore model -> tool -> model in both; what differs is
-the session's own work: its per-turn ``list_tools`` local activity, the session-index
-activity, the transcript it carries into every model call, state bookkeeping, update
+the session's own work: its per-turn ``begin_turn`` local activity (the tool listing and
+the memory recall; ``list_tools`` and ``search_memories`` apart in a run's first turn),
+the session-index activity, the transcript it carries into every model call, state bookkeeping, update
 validation, and update-with-start on the client side.
 
 Series (turns interleaved in blocks, so machine noise hits all alike):
@@ -26,7 +27,8 @@ Series (turns interleaved in blocks, so machine noise hits all alike):
 
 With ``--breakdown``, bench-only subclasses of SessionWorkflow (workflow code unchanged)
 add series that each remove one piece: ``no_index`` (no session-index activity),
-``tools_once`` (``list_tools`` once per run instead of per turn), ``turn_only``
+``tools_once`` (the tools listed once per run instead of per turn; the recall then runs
+alone), ``turn_only``
 (model calls carry only the current turn, not the transcript), ``lean`` (all three).
 
 Printed per series: median / p95 / min / max of the per-turn wall-clock time; CPU per
@@ -173,9 +175,11 @@ class _NoIndexMixin:
 class _ToolsOnceMixin:
     _bench_specs: dict[str, ToolSpec] | None = None
 
-    async def _list_tools(self) -> dict[str, ToolSpec]:  # once per run, not per turn
+    async def _list_tools(self, turn: int, text: str) -> Any:  # once per run, not per turn
         if self._bench_specs is None:
-            self._bench_specs = await super()._list_tools()  # type: ignore[misc]
+            self._bench_specs = await super()._list_tools(turn, text)  # type: ignore[misc]
+            return self._bench_specs
+        self._s.early_recall = None  # type: ignore[attr-defined]  # the recall: its own local activity
         return self._bench_specs
 
 
@@ -353,6 +357,7 @@ async def main() -> None:
     from hermes.settings import Settings
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
+    from hermes.infra.process import freeze_startup_heap
     from worker import build_worker
 
     async with _common.bench_stack() as stack:
@@ -394,6 +399,9 @@ async def main() -> None:
         text = "What is (17 + 25) * 3?"
 
         async with worker:
+            # As run_worker does once its worker runs (hermes.infra.process): the start-up
+            # heap out of the garbage collector's passes; every series shares it.
+            freeze_startup_heap()
             session_id = f"bench-session-{tag}"
 
             async def session_turn(_: int) -> str:

@@ -120,3 +120,99 @@ async def test_a_move_said_in_chinese_is_written_after_its_turn_and_recalled_lat
         assert {r["text"]: r["status"] for r in rows} == {"The user lives in Leeds.": "superseded", "用户住在爱丁堡。": "active"}
         result = await hermes.send_message(session, "Where do I live now?", user_id=user)
     assert any("爱丁堡" in m for m in result.memories) and not any("Leeds" in m for m in result.memories), result.memories
+
+
+def local_activities(history: Any) -> list[str]:
+    """The activity types of a history's local activities, in order (their markers'
+    ``data`` detail, as Temporal's core writes it)."""
+    import json
+
+    found = []
+    for event in history.events:
+        if event.HasField("marker_recorded_event_attributes"):
+            details = event.marker_recorded_event_attributes.details
+            if "data" in details and details["data"].payloads:
+                found.append(json.loads(details["data"].payloads[0].data).get("activity_type", ""))
+    return found
+
+
+async def _said_bern(hermes: Any, settings: Settings, session_id: str, user: str) -> None:
+    await hermes.send_message(session_id, "I live in Bern.", user_id=user)
+    store = open_store(settings)
+    await eventually(lambda: _async(any("Bern" in r["text"] for r in store.list(user))),
+                     what="the home written", timeout_seconds=30)
+
+
+async def test_a_later_turn_lists_its_tools_and_recalls_its_memories_in_one_local_activity(
+    run_worker: Any, settings: Settings, temporal_client: Any,
+) -> None:
+    """Issue 31: each local activity is a workflow activation and a history marker; a
+    turn after the first (its worker known to serve memory) makes one, not two."""
+    from hermes import names
+
+    user, session_id = f"user-{uuid.uuid4()}", f"s-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True) as hermes:
+        await _said_bern(hermes, settings, session_id, user)
+        result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
+    assert any("Bern" in m for m in result.memories), result.memories
+    assert "The user lives in Bern." in model.contexts()[-1]
+    kinds = local_activities(await temporal_client.get_workflow_handle(session_id).fetch_history())
+    assert kinds.count(names.BEGIN_TURN) == 1, kinds
+    assert kinds.count(names.LIST_TOOLS) == 1 and kinds.count(names.SEARCH_MEMORIES) == 1, "the first turn: apart"
+
+
+async def test_a_recall_that_fails_beside_the_listing_is_searched_again_on_the_task_queue(
+    run_worker: Any, settings: Settings, temporal_client: Any, monkeypatch: Any,
+) -> None:
+    from temporalio import activity
+    from temporalio.api.enums.v1 import EventType
+
+    from activities.memory import MemoryActivities
+    from hermes import names
+
+    user, session_id = f"user-{uuid.uuid4()}", f"s-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True) as hermes:
+        await _said_bern(hermes, settings, session_id, user)
+        real_search = MemoryActivities._search
+
+        async def starved(self: MemoryActivities, inp: Any) -> Any:
+            if activity.info().is_local:
+                raise RuntimeError("local search timed out (a starved worker)")
+            return await real_search(self, inp)
+
+        monkeypatch.setattr(MemoryActivities, "_search", starved)
+        result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
+    assert any("Bern" in m for m in result.memories), result.memories
+    assert not any("memory" in w.lower() for w in result.warnings), result.warnings
+    history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    assert local_activities(history).count(names.BEGIN_TURN) == 1
+    again = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+             and e.activity_task_scheduled_event_attributes.activity_type.name == names.SEARCH_MEMORIES]
+    assert len(again) == 1, "searched again once, as a normal activity"
+
+
+async def test_a_turn_whose_listing_with_its_recall_fails_lists_and_searches_apart(
+    run_worker: Any, settings: Settings, temporal_client: Any, monkeypatch: Any,
+) -> None:
+    """A worker without ``begin_turn`` (an older build in a rolling deploy) or a listing
+    that failed in it: the turn lists and searches as it did before, and loses nothing."""
+    from activities.tools import ToolActivities
+    from hermes import names
+
+    user, session_id = f"user-{uuid.uuid4()}", f"s-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True) as hermes:
+        await _said_bern(hermes, settings, session_id, user)
+        # begin_turn looks the listing up on its object; the list_tools activity the
+        # fallback runs is the one registered before.
+        async def failing(self: ToolActivities, request: Any = None) -> Any:
+            raise RuntimeError("the listing failed")
+
+        monkeypatch.setattr(ToolActivities, "list_tools", failing)
+        result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
+    assert any("Bern" in m for m in result.memories), result.memories
+    assert "The user lives in Bern." in model.contexts()[-1]
+    kinds = local_activities(await temporal_client.get_workflow_handle(session_id).fetch_history())
+    assert kinds.count(names.BEGIN_TURN) == 1 and kinds.count(names.LIST_TOOLS) == 2 and kinds.count(names.SEARCH_MEMORIES) == 2, kinds

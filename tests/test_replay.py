@@ -60,7 +60,7 @@ class SessionWorkflowThatSkipsToolListing(SessionWorkflow):
     async def run(self, inp: SessionInput) -> SessionState:
         return await super().run(inp)
 
-    async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
+    async def _list_tools(self, turn: int, text: str) -> tuple[dict[str, ToolSpec], list[Any]]:
         return {}, []
 
 

@@ -114,7 +114,10 @@ async def write_or_report(
         if left <= 0:
             break
         try:
-            await asyncio.wait_for(write(), left)
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for runs the write as a
+            # task of its own, and every turn makes dozens of these writes.
+            async with asyncio.timeout(left):
+                await write()
             return True
         except TimeoutError as err:
             error = err if str(err) else f"timed out after {timeout_seconds:g} s"

@@ -48,6 +48,8 @@ with workflow.unsafe.imports_passed_through():
         ValidateToolCallResult,
     )
 
+    from hermes.turn_start import BeginTurnInput, BeginTurnResult
+
     from workflows.session.turn import TurnCancelled
     from workflows.tool_calls import tool_activity_options
 
@@ -92,6 +94,19 @@ async def list_tools(inp: ListToolsInput | None) -> ListToolsResult:
         *([inp] if inp is not None else []),
         result_type=ListToolsResult,
         start_to_close_timeout=timedelta(seconds=10),
+    )
+
+
+async def begin_turn(inp: BeginTurnInput) -> BeginTurnResult:
+    """The turn's tool listing and memory recall (a local activity, 15 s as the recall's,
+    one attempt: on a failure the session lists and searches apart, as before)."""
+    return await workflow.execute_local_activity(
+        names.BEGIN_TURN,
+        inp,
+        result_type=BeginTurnResult,
+        start_to_close_timeout=timedelta(seconds=15),
+        retry_policy=RetryPolicy(maximum_attempts=1),
+        summary="list tools, recall memories",
     )
 
 

@@ -15,7 +15,8 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
-    from hermes.memory.models import ExtractMemoriesInput, SearchMemoriesInput, recall_warning
+    from hermes.memory.models import ExtractMemoriesInput, SearchMemoriesInput, SearchMemoriesResult, recall_warning
+    from hermes.turn_start import BeginTurnResult
     from hermes.memory.rules import detect_triggers
     from hermes.models import ToolCallRecord
 
@@ -52,32 +53,43 @@ class MemoryPath:
             for extraction in carried:
                 self.start(extraction)
 
-    async def recall(self, turn: int, text: str) -> None:
-        """The read path: the user's memories for this message, injected into the system
-        context of every model call of the turn (seed 000 §4.3). A failure costs the turn
-        its memories, never the turn. "Forget me" deletes them all instead."""
+    def early_search(self, turn: int, text: str) -> SearchMemoriesInput | None:
+        """The recall's search when it can go with the turn's tool listing
+        (:meth:`ModelSteps.begin_turn`): memory is active as the last listing said, the
+        message does not say "forget me", and memories are injected; else None."""
         core = self.core
+        if not self.active():
+            return None
         core.turn_triggers = detect_triggers(text, everyday=core.patched(patches.EVERYDAY_FACTS))
-        if core.turn_triggers.forget_me:
-            await self._forget_me()
-            return
-        if core.cfg.memory_max_injected == 0:
-            return
-        started = workflow.now()
-        search = SearchMemoriesInput(
+        if core.turn_triggers.forget_me or core.cfg.memory_max_injected == 0:
+            return None
+        return self._search(turn, text)
+
+    def _search(self, turn: int, text: str) -> SearchMemoriesInput:
+        core = self.core
+        return SearchMemoriesInput(
             user_id=core.inp.user_id, query=text[:2000], session_id=core.inp.session_id, turn=turn,
             limit=core.cfg.memory_max_injected, max_chars=core.cfg.memory_max_chars,
         )
+
+    async def recall(self, turn: int, text: str) -> None:
+        """The read path: the user's memories for this message, injected into the system
+        context of every model call of the turn (seed 000 §4.3), as searched with the
+        turn's listing (``core.early_recall``) or now. A failure costs the turn its
+        memories, never the turn. "Forget me" deletes them all instead."""
+        core = self.core
+        early = core.early_recall
+        if early is None:
+            core.turn_triggers = detect_triggers(text, everyday=core.patched(patches.EVERYDAY_FACTS))
+            if core.turn_triggers.forget_me:
+                await self._forget_me()
+                return
+            if core.cfg.memory_max_injected == 0:
+                return
+        started = workflow.now()
+        search = self._search(turn, text)
         try:
-            try:
-                result = await calls.search_memories(search)
-            except FailureError:
-                if not core.patched(patches.RECALL_RETRY):
-                    raise
-                # A starved or lost worker: search again where any worker may take it,
-                # rather than answer this message as if the user had no memories.
-                workflow.logger.warning("the recall of turn %d failed locally; searching again", turn)
-                result = await calls.search_memories_again(search)
+            result = await self._searched(turn, search, early)
         except FailureError as err:
             core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
             core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
@@ -89,6 +101,29 @@ class MemoryPath:
         if result.memories or result.error:
             status = "error" if result.error else f"{len(result.memories)} memories"
             core.add_trace(turn, "memory", started, workflow.now(), provider="recall", status=status)
+
+    async def _searched(self, turn: int, search: SearchMemoriesInput, early: BeginTurnResult | None) -> SearchMemoriesResult:
+        """The recall's result: the one that came with the listing, else a local search; a
+        failed one is searched again as a normal activity (runs with the recall-retry patch).
+
+        Raises:
+            FailureError: the search failed (again).
+        """
+        if early is not None:
+            if early.recall is not None:
+                return early.recall
+            why = early.recall_failed or "no search was made"
+        else:
+            try:
+                return await calls.search_memories(search)
+            except FailureError as err:
+                if not self.core.patched(patches.RECALL_RETRY):
+                    raise
+                why = failure_text(err)
+        # A starved or lost worker: search again where any worker may take it, rather
+        # than answer this message as if the user had no memories.
+        workflow.logger.warning("the recall of turn %d failed locally (%s); searching again", turn, why)
+        return await calls.search_memories_again(search)
 
     async def _forget_me(self) -> None:
         core = self.core

@@ -22,6 +22,8 @@ with workflow.unsafe.imports_passed_through():
         CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, StoreBodiesInput, SummarizeInput, ToolSpec,
     )
     from hermes.content.tokens import BOUNDED_COUNT_CHARS, usage_correction
+    from hermes.memory.models import SearchMemoriesInput
+    from hermes.turn_start import BeginTurnInput
 
     from workflows.session import calls, lifecycle, patches
     from workflows.session.state import SessionCore
@@ -68,6 +70,25 @@ class ModelSteps:
             return self.take_listing(await calls.list_tools(None))
         encoding = core.encoding if core.patched(patches.BOUNDED_WORK) else ""
         return self.take_listing(await calls.list_tools(ListToolsInput(known_ref=core.planner.known_listing(), encoding=encoding)))
+
+    async def begin_turn(self, search: SearchMemoriesInput | None) -> tuple[dict[str, ToolSpec], list[Any]]:
+        """This turn's tools (:meth:`list_tools`). With ``search`` (the turn's recall, runs
+        with the begin-turn patch), one ``begin_turn`` local activity lists them and
+        searches, and ``core.early_recall`` keeps its result for
+        :meth:`MemoryPath.recall`; if it fails, the tools are listed apart and the recall
+        searches later, as before."""
+        core = self.core
+        core.early_recall = None
+        if search is not None:
+            listing = ListToolsInput(known_ref=core.planner.known_listing(), encoding=core.encoding)
+            try:
+                early = await calls.begin_turn(BeginTurnInput(listing=listing, recall=search))
+            except FailureError as err:
+                workflow.logger.warning("turn %s: listing and recall together failed (%s); apart now", search.turn, failure_text(err))
+            else:
+                core.early_recall = early
+                return self.take_listing(early.listing)
+        return await self.list_tools()
 
     async def count_exactly(self, message: Message) -> None:
         """Set the exact tokens of a user message too long to count in workflow code,

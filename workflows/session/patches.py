@@ -98,9 +98,16 @@ before it: two local activities (each a workflow activation and a history marker
 turn of tool calls (issue 31: worker CPU per turn). Anything larger is written by the
 local activity as before."""
 
+BEGIN_TURN = "turn-start-together"
+"""A turn whose recall can be made lists its tools and searches its memories in one
+``begin_turn`` local activity instead of ``list_tools`` then ``search_memories`` (issue 31:
+a local activity less per turn; each is a workflow activation and a history marker). The
+recall goes with the listing when the previous listing said the worker serves memory; if
+``begin_turn`` fails, the turn lists and searches apart as before."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA,
+    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

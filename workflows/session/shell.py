@@ -497,7 +497,7 @@ class SessionWorkflow:
         records: list[ToolCallRecord] = []
         status, groups = "completed", None
         try:
-            specs, tool_groups = await self._list_tools()
+            specs, tool_groups = await self._list_tools(turn, inp.text)
             s.all_specs = specs
             await self._model.count_exactly(user_message)
             if self._memory.active():
@@ -550,9 +550,9 @@ class SessionWorkflow:
             tool_calls=records, tool_groups=groups, warnings=list(s.warnings), memories=list(s.memories),
         )
 
-    async def _list_tools(self) -> tuple[dict[str, ToolSpec], list[Any]]:
-        """The worker's tools for this turn (:meth:`ModelSteps.list_tools`)."""
-        return await self._model.list_tools()
+    async def _list_tools(self, turn: int, text: str) -> tuple[dict[str, ToolSpec], list[Any]]:
+        """The worker's tools for this turn, with its recall when it can come along (:meth:`ModelSteps.begin_turn`)."""
+        return await self._model.begin_turn(self._memory.early_search(turn, text) if self._patched(patches.BEGIN_TURN) else None)
 
     def _notice(self, turn: int, text: str) -> None:
         self._s.transcript.notice(turn, text, workflow.now(), self._s.count_fn())

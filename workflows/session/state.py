@@ -17,6 +17,7 @@ from hermes.infra import telemetry
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.memory.rules import Triggers
 from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, TakenMessage, ToolSpec, TraceStep
+from hermes.turn_start import BeginTurnResult
 
 from workflows.session import patches
 from workflows.session.approvals import ApprovalBook
@@ -80,6 +81,8 @@ class SessionCore:
         self.carried_extractions: list[ExtractMemoriesInput] = list(carry.pending_extractions)
         self.memory_served = False
         self.turn_triggers: Triggers | None = None
+        self.early_recall: BeginTurnResult | None = None
+        """This turn's ``begin_turn`` result, when its recall came with the listing."""
         # The run's flags.
         self.idle_marked, self.archived_state = carry.status == "idle", False
         self.lifecycle_not_before = self.created_at
