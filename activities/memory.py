@@ -280,6 +280,14 @@ class MemoryActivities:
         session's turn, ``turn_started`` and then ``memories_recalled`` (or a ``warning``)
         are published as turn events.
         """
+        result = await self.search_quietly(inp)
+        await self.publish_recall(inp, result)
+        return result
+
+    async def search_quietly(self, inp: SearchMemoriesInput) -> SearchMemoriesResult:
+        """:meth:`search_memories` publishing ``turn_started`` but not yet what it found
+        (:meth:`publish_recall`): ``begin_turn`` publishes that only once its listing is
+        done too, since a listing that fails sends the turn to search again."""
         if self.events is not None and inp.session_id and inp.turn is not None:
             await self.events.begin_turn(inp.session_id, inp.turn)
         attributes = None
@@ -290,6 +298,10 @@ class MemoryActivities:
         with telemetry.span("hermes.memory.search", attributes) as span:
             result = await self._search(inp)
             telemetry.set_attributes(span, {"hermes.memory.found": len(result.memories), "hermes.memory.error": result.error and result.error[:200]})
+        return result
+
+    async def publish_recall(self, inp: SearchMemoriesInput, result: SearchMemoriesResult) -> None:
+        """Publish what a session's search found (``memories_recalled``), or its warning."""
         if self.events is not None and inp.session_id and inp.turn is not None:
             if result.error:
                 # Worded as the turn result's warning: one warning, not two wordings of it.
@@ -298,7 +310,6 @@ class MemoryActivities:
                 memories = [{"id": m.memory_id, "kind": m.kind, "text": m.text} for m in result.memories]
                 event = TurnEvent(type="memories_recalled", session_id=inp.session_id, turn=inp.turn, data={"memories": memories})
             await self.events.publish_quietly([event])
-        return result
 
     async def _search(self, inp: SearchMemoriesInput) -> SearchMemoriesResult:
         if self._store is None:

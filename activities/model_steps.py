@@ -260,6 +260,7 @@ class ModelSteps:
                     log.warning("turn %d step %s: the lease of %s lapsed; its worker is gone", request.turn, request.step, waited_on)
                 return None
             lease = _text(value)
+            read_result = "1"  # the holder may record a result this worker can read
             if deadline is not None and loop.time() >= deadline:
                 log.warning("turn %d step %s: %s still holds the step; calling the provider", request.turn, request.step, lease)
                 return None

@@ -49,16 +49,19 @@ class TurnStartActivities:
             if recall is not None:
                 recall.cancel()
             raise
-        if recall is None:
+        if recall is None or self.memory is None:
             return BeginTurnResult(listing=listing)
         found, failed = await recall
+        if found is not None:
+            # Only now: a listing that failed sends the turn to search again, which says it.
+            await self.memory.publish_recall(request.recall, found)
         return BeginTurnResult(listing=listing, recall=found, recall_failed=failed)
 
     async def _recall(self, request: BeginTurnInput) -> tuple[SearchMemoriesResult | None, str | None]:
         assert self.memory is not None
         try:
             async with asyncio.timeout(RECALL_SECONDS):
-                return await self.memory.search_memories(request.recall), None
+                return await self.memory.search_quietly(request.recall), None
         except TimeoutError:
             return None, f"the memory search took over {RECALL_SECONDS:g} s"
         except Exception as err:  # noqa: BLE001 - the session searches again

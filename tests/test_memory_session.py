@@ -216,3 +216,29 @@ async def test_a_turn_whose_listing_with_its_recall_fails_lists_and_searches_apa
     assert "The user lives in Bern." in model.contexts()[-1]
     kinds = local_activities(await temporal_client.get_workflow_handle(session_id).fetch_history())
     assert kinds.count(names.BEGIN_TURN) == 1 and kinds.count(names.LIST_TOOLS) == 2 and kinds.count(names.SEARCH_MEMORIES) == 2, kinds
+
+
+async def test_a_listing_that_fails_after_the_search_beside_it_says_the_recall_once(
+    run_worker: Any, settings: Settings, monkeypatch: Any,
+) -> None:
+    """The turn searches again when begin_turn fails; the first search's
+    ``memories_recalled`` must not be out already (found by a helper: it was, twice)."""
+    import asyncio
+
+    from activities.tools import ToolActivities
+
+    user, session_id = f"user-{uuid.uuid4()}", f"s-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True) as hermes:
+        await _said_bern(hermes, settings, session_id, user)
+
+        async def failing(self: ToolActivities, request: Any = None) -> Any:
+            await asyncio.sleep(2)  # the search beside it is done first
+            raise RuntimeError("the listing failed late")
+
+        monkeypatch.setattr(ToolActivities, "list_tools", failing)
+        result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
+        events = await hermes.events.read(session_id)
+    assert any("Bern" in m for m in result.memories), result.memories
+    kinds = [e.type for e in events if e.turn == 2]
+    assert kinds.count("turn_started") == 1 and kinds.count("memories_recalled") == 1, kinds

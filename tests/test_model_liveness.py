@@ -346,3 +346,44 @@ async def test_a_summary_attempt_timed_out_finishes_its_provider_request_and_the
     again = await asyncio.wait_for(environment(2).run(activities.summarize_context, request), 30)
     assert again.text == "the paid answer"
     assert model.calls == 1, "the retry used the first attempt's summary"
+
+
+def _attempt_environment(attempt: int) -> Any:
+    from temporalio.testing import ActivityEnvironment
+
+    env = ActivityEnvironment()
+    env.info = dataclasses.replace(
+        env.info, attempt=attempt, activity_id="1", started_time=datetime.now(timezone.utc),
+        start_to_close_timeout=timedelta(seconds=60), heartbeat_timeout=timedelta(seconds=2),
+    )
+    return env
+
+
+@pytest.mark.timeout(120)
+async def test_an_attempt_that_met_an_unreadable_result_still_uses_the_one_the_lease_holder_records(redis):
+    """A result this worker cannot open (sealed with another key ring) is as if none; but
+    while another attempt holds the step, each poll must read the result again, or the
+    holder's answer is missed and the provider is paid a second time (found by a helper
+    trying to break the one-round-trip lease script)."""
+    from activities.model_steps import ModelSteps
+    from hermes.security import encryption
+
+    calls: list[int] = []
+
+    async def call() -> CallModelResult:
+        calls.append(1)
+        return CallModelResult(message=Message(role="assistant", content="second attempt's own call"))
+
+    request = CallModelInput(session_id=f"s-{time.monotonic_ns()}", turn=1, step=0, messages=[Message(role="user", content="hi")])
+    key = step_key(request, _attempt_environment(1).info.workflow_run_id)
+    other = encryption.KeyRing(keys={"other": b"k" * 32}, current="other")
+    await redis.set(f"{key}:result", other.seal("{}"))
+    await redis.set(f"{key}:lease", "another-host:1/1/2", px=10_000)
+    attempt = asyncio.ensure_future(_attempt_environment(3).run(ModelSteps(redis).once, request, call))
+    await asyncio.sleep(0.5)
+    assert not attempt.done(), "it waits on the live lease"
+    answer = CallModelResult(message=Message(role="assistant", content="the holder's answer"))
+    await redis.set(f"{key}:result", encryption.seal(answer.model_dump_json()))
+    await redis.delete(f"{key}:lease")
+    result = await asyncio.wait_for(attempt, 30)
+    assert (calls, result.message.content) == ([], "the holder's answer")
