@@ -15,7 +15,7 @@ from activities.memory import MemoryActivities
 from activities.tools import ToolActivities
 from hermes import names
 from hermes.memory.models import SearchMemoriesResult
-from hermes.turn_start import BeginTurnInput, BeginTurnResult
+from hermes.sessions.turn_start import BeginTurnInput, BeginTurnResult
 
 log = logging.getLogger("hermes.activities.turn_start")
 

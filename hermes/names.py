@@ -43,7 +43,7 @@ local activity: its input is not recorded in history), so the call never queries
 SAVE_SNAPSHOT = "save_snapshot"
 SEARCH_MEMORIES = "search_memories"
 BEGIN_TURN = "begin_turn"
-"""A turn's tool listing and memory recall in one local activity (``hermes.turn_start``)."""
+"""A turn's tool listing and memory recall in one local activity (``hermes.sessions.turn_start``)."""
 EXTRACT_MEMORIES = "extract_memories"
 WRITE_MEMORIES = "write_memories"
 FORGET_MEMORIES = "forget_memories"

@@ -263,13 +263,7 @@ class Settings(BaseSettings):
     worker_min_activity_slots: int = Field(default=8, ge=1)
     """Activities a ``resource`` worker takes whatever the load (model calls mostly wait)."""
     worker_min_workflow_task_slots: int = Field(default=32, ge=2)
-    """Workflow tasks a ``resource`` worker takes whatever the load. A session's workflow
-    task left on the worker's sticky queue past ``sticky_schedule_to_start_seconds`` goes
-    back to the task queue, and the worker that takes it there replays the session's
-    whole history: work added by load. With 8, ``bench/overload.py --quick`` (50 sessions)
-    saw 12 of those in its quiet phase and 123 starved; with 32, none and 88, and less CPU
-    per turn in both (122.8 against 140.1 ms quiet, 168.6 against 177.9 starved). A
-    workflow task is a short burst of CPU on one thread; activities keep their own floor."""
+    """Workflow tasks a ``resource`` worker takes whatever the load (README "Overload": why 32)."""
     cpu_workers: int = Field(default=1, ge=0)
     """Child processes of the worker's CPU pool (``hermes.infra.cpu_pool``): the offline
     embedding model (memory searches and writes) and the token counting of large content

@@ -48,7 +48,7 @@ with workflow.unsafe.imports_passed_through():
         ValidateToolCallResult,
     )
 
-    from hermes.turn_start import BeginTurnInput, BeginTurnResult
+    from hermes.sessions.turn_start import BeginTurnInput, BeginTurnResult
 
     from workflows.session.turn import TurnCancelled
     from workflows.tool_calls import tool_activity_options

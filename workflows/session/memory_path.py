@@ -16,7 +16,7 @@ from temporalio.exceptions import ActivityError, FailureError
 
 with workflow.unsafe.imports_passed_through():
     from hermes.memory.models import ExtractMemoriesInput, SearchMemoriesInput, SearchMemoriesResult, recall_warning
-    from hermes.turn_start import BeginTurnResult
+    from hermes.sessions.turn_start import BeginTurnResult
     from hermes.memory.rules import detect_triggers
     from hermes.models import ToolCallRecord
 

@@ -23,7 +23,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from hermes.content.tokens import BOUNDED_COUNT_CHARS, usage_correction
     from hermes.memory.models import SearchMemoriesInput
-    from hermes.turn_start import BeginTurnInput
+    from hermes.sessions.turn_start import BeginTurnInput
 
     from workflows.session import calls, lifecycle, patches
     from workflows.session.state import SessionCore

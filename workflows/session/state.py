@@ -17,7 +17,7 @@ from hermes.infra import telemetry
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.memory.rules import Triggers
 from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, TakenMessage, ToolSpec, TraceStep
-from hermes.turn_start import BeginTurnResult
+from hermes.sessions.turn_start import BeginTurnResult
 
 from workflows.session import patches
 from workflows.session.approvals import ApprovalBook
