@@ -74,16 +74,6 @@ LEASES = Ticker("hermes-model-leases")
 """The thread that renews the leases of this process' model calls (a Redis round trip
 each, so apart from the heartbeats' thread)."""
 
-_CLAIM = """
-local held = redis.call('GET', KEYS[1])
-if held == false or held == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-  return 1
-end
-return 0
-"""
-"""Take or renew the lease unless another attempt holds it (a renewal after this one's
-lease lapsed takes it again: the attempt still runs)."""
 _READ_OR_CLAIM = """
 if ARGV[3] == '1' then
   local recorded = redis.call('GET', KEYS[2])
@@ -97,8 +87,10 @@ end
 return {'held', held}
 """
 """The step's recorded result (``KEYS[2]``, read when ``ARGV[3]`` is ``'1'``); else the
-lease (``KEYS[1]``), taken as :data:`_CLAIM` takes it; else who holds it. One round trip
-where a result read and a claim were two (both keys share a hash tag: one Cluster slot)."""
+lease (``KEYS[1]``), taken or renewed unless another attempt holds it (a renewal after
+this one's lease lapsed takes it again: the attempt still runs); else who holds it. One
+round trip where a result read and a claim were two (both keys share a hash tag: one
+Cluster slot); the renewals run it without the read."""
 _RECORD_AND_RELEASE = """
 if ARGV[2] ~= '' then redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3]) end
 if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
@@ -209,7 +201,7 @@ class ModelSteps:
             return recorded
 
         def renew() -> None:
-            redis.eval(_CLAIM, 1, f"{key}:lease", holder, ttl_ms)
+            redis.eval(_READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, "0")
 
         every = ttl_ms / 1000 / LEASE_RENEWALS
         renewal = LEASES.add(renew, every, first_after_seconds=every)  # just taken: renewed from the next interval on

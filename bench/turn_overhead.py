@@ -11,8 +11,8 @@ always calls ``calculate`` and then replies), ``run_tool`` (the built-in ``calcu
 ``call_model`` again. A turn is therefore model -> tool -> model in both; what differs is
 the session's own work: its per-turn ``begin_turn`` local activity (the tool listing and
 the memory recall; ``list_tools`` and ``search_memories`` apart in a run's first turn),
-the session-index activity, the transcript it carries into every model call, state bookkeeping, update
-validation, and update-with-start on the client side.
+the session-index activity, the transcript it carries into every model call, state
+bookkeeping, update validation, and update-with-start on the client side.
 
 Series (turns interleaved in blocks, so machine noise hits all alike):
 
@@ -28,8 +28,8 @@ Series (turns interleaved in blocks, so machine noise hits all alike):
 With ``--breakdown``, bench-only subclasses of SessionWorkflow (workflow code unchanged)
 add series that each remove one piece: ``no_index`` (no session-index activity),
 ``tools_once`` (the tools listed once per run instead of per turn; the recall then runs
-alone), ``turn_only``
-(model calls carry only the current turn, not the transcript), ``lean`` (all three).
+alone), ``turn_only`` (model calls carry only the current turn, not the transcript),
+``lean`` (all three).
 
 Printed per series: median / p95 / min / max of the per-turn wall-clock time; CPU per
 turn of this process (worker + client) and of the dev server; history events and bytes

@@ -68,8 +68,12 @@ class ModelSteps:
         core = self.core
         if not core.patched(patches.BOUNDED_CONTEXT):
             return self.take_listing(await calls.list_tools(None))
+        return self.take_listing(await calls.list_tools(self._listing_input()))
+
+    def _listing_input(self) -> ListToolsInput:
+        core = self.core
         encoding = core.encoding if core.patched(patches.BOUNDED_WORK) else ""
-        return self.take_listing(await calls.list_tools(ListToolsInput(known_ref=core.planner.known_listing(), encoding=encoding)))
+        return ListToolsInput(known_ref=core.planner.known_listing(), encoding=encoding)
 
     async def begin_turn(self, search: SearchMemoriesInput | None) -> tuple[dict[str, ToolSpec], list[Any]]:
         """This turn's tools (:meth:`list_tools`). With ``search`` (the turn's recall, runs
@@ -80,9 +84,8 @@ class ModelSteps:
         core = self.core
         core.early_recall = None
         if search is not None:
-            listing = ListToolsInput(known_ref=core.planner.known_listing(), encoding=core.encoding)
             try:
-                early = await calls.begin_turn(BeginTurnInput(listing=listing, recall=search))
+                early = await calls.begin_turn(BeginTurnInput(listing=self._listing_input(), recall=search))
             except FailureError as err:
                 workflow.logger.warning("turn %s: listing and recall together failed (%s); apart now", search.turn, failure_text(err))
             else:
