@@ -47,6 +47,7 @@ from temporalio import activity
 
 from activities.heartbeat import Ticker
 from hermes.infra.connections import sync_twin
+from hermes.infra.redis_keys import model_step_key
 from hermes.models import CallModelInput, CallModelResult
 from hermes.security import encryption
 
@@ -115,7 +116,7 @@ def step_key(request: CallModelInput, run_id: str) -> str:
     """
     digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:16]
     name = f"{request.session_id}:{run_id}:{request.turn}:{request.step}:{request.purpose}:{digest}"
-    return "hermes:model_step:{" + name.replace("}", "") + "}"
+    return model_step_key(name)
 
 
 def lease_seconds(heartbeat_timeout_seconds: float | None) -> float:

@@ -94,11 +94,12 @@ def test_users_index_keys_spread_over_slots():
 
 
 MULTI_KEY_CALL = re.compile(r"\.(mget|mset|msetnx|rename|renamenx|sunionstore|sinterstore|zunionstore|zinterstore|"
-                            r"smove|lmove|rpoplpush|copy|blmove)\(|transaction=True|\.pipeline\(\)|\.eval\(\w+, *[2-9]")
+                            r"smove|lmove|rpoplpush|copy|blmove)\(|transaction=True|\.pipeline\(\)|\.eval(\(|, *)\w+, *[2-9]")
 KNOWN = {
     "hermes/infra/redis_keys.py": 1,   # mget(): split by slot on a cluster
     "hermes/sessions/index.py": 1,  # MULTI over the user's row and set (MULTI_KEY_OPERATIONS)
     "activities/audit.py": 1,  # MULTI over a session's hash and the index (MULTI_KEY_OPERATIONS)
+    "activities/model_steps.py": 3,  # a step's lease and result scripts (MULTI_KEY_OPERATIONS)
 }
 
 

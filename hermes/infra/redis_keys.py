@@ -14,6 +14,9 @@ the same tag (https://redis.io/docs/latest/operate/oss_and_stack/reference/clust
 - the approval audit: the per-session hashes and the index of all entries share the tag
   ``{hermes:audit}`` (the upsert is a MULTI over a session's hash and the index), so the
   audit lives on one node; approvals are rare, that is small;
+- a model step's lease and recorded result (``hermes:model_step:{<step>}:lease`` and
+  ``:result``) share the step's tag: one script reads the result or takes the lease,
+  another records the result and gives the lease up;
 - content-store bodies (``hermes:blob:<ref>``) are keyed by the content's hash and shared
   by every session that holds the same text, so no tag can group them; reads of several
   go through :func:`mget`, which splits them by slot on a cluster.
@@ -44,6 +47,7 @@ __all__ = [
     "is_cluster",
     "legacy_audit_session_key",
     "mget",
+    "model_step_key",
     "MULTI_KEY_OPERATIONS",
 ]
 
@@ -90,6 +94,13 @@ def legacy_audit_session_key(session_id: str) -> str:
     return f"hermes:audit:approval:{session_id}"
 
 
+def model_step_key(name: str) -> str:
+    """The Redis name (without ``:lease``/``:result``) of the model step ``name``
+    (``<session>:<run>:<turn>:<step>:<purpose>:<digest>``, never empty), the whole name as
+    its hash tag (a ``}`` in it is dropped, so the tag cannot end early)."""
+    return "hermes:model_step:{" + name.replace("}", "") + "}"
+
+
 def is_cluster(redis: Any) -> bool:
     """Whether ``redis`` is a ``redis.asyncio.RedisCluster`` (its commands route by slot)."""
     from redis.asyncio.cluster import RedisCluster
@@ -123,6 +134,9 @@ MULTI_KEY_OPERATIONS: dict[str, Any] = {
         index_user_key(entity), index_row_key(entity, other), index_row_key(entity, other + "-2")
     ],
     "approval audit upsert (MULTI)": lambda entity, other: [audit_session_key(entity), AUDIT_INDEX_KEY],
+    "model step read-or-claim and record-and-release (EVAL)": lambda entity, other: [
+        model_step_key(f"{entity}:{other}:3:1:reply:0f") + suffix for suffix in (":lease", ":result")
+    ],
 }
 """Each operation that sends several keys in one command or MULTI, as ``(entity, other) ->
 keys`` for any two ids (a user and a session, two sessions): they must share one slot
