@@ -214,9 +214,13 @@ class ModelSteps:
             LEASES.remove(renewal)
             # Sealed like every Redis copy of a message (README "Encryption").
             sealed = encryption.seal(result.model_dump_json()) if result is not None else ""
-            await self._quietly(
-                redis.eval, _RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed, RESULT_TTL_SECONDS
-            )
+            args = (_RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed, RESULT_TTL_SECONDS)
+            if result is not None and not _cancelling():
+                await self._quietly(self._source.eval, *args)
+            else:
+                # Cancelled or failed: in a thread, which writes it even if this await is
+                # cancelled in turn (a shutdown).
+                await self._quietly(asyncio.to_thread, redis.eval, *args)
 
     async def _wait_for_others(
         self, redis: Any, key: str, holder: str, ttl_ms: int, info: activity.Info, request: CallModelInput
@@ -234,8 +238,10 @@ class ModelSteps:
         waited_on = None
         read_result = "1"
         while True:
-            kind, value = await asyncio.to_thread(
-                redis.eval, _READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, read_result
+            # On the event loop (the worker's asyncio client): a thread hop cost twice the
+            # round trip's CPU. Renewals stay on the blocking twin, in the lease thread.
+            kind, value = await self._source.eval(
+                _READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, read_result
             )
             kind = _text(kind)
             if kind == "result":
@@ -286,11 +292,17 @@ class ModelSteps:
             return await asyncio.wait_for(task, None if remaining is None else max(remaining, 0.0))
 
     @staticmethod
-    async def _quietly(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    async def _quietly(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
         try:
-            await asyncio.to_thread(fn, *args, **kwargs)
+            await fn(*args)
         except Exception as err:  # noqa: BLE001 - a lost record costs at most a second request
             log.warning("model step record not written (%s)", err)
+
+
+def _cancelling() -> bool:
+    """Whether the running task has been asked to cancel."""
+    task = asyncio.current_task()
+    return task is not None and task.cancelling() > 0
 
 
 def _text(value: Any) -> str:

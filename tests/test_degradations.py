@@ -109,6 +109,9 @@ class _EventsNotLanding(EventLog):
     async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> bool:  # type: ignore[override]
         return False
 
+    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str) -> bool:  # type: ignore[override]
+        return False
+
 
 async def test_a_model_call_whose_turn_events_did_not_land_says_so_in_its_result(redis, session_id):
     activities = ModelActivities(ScriptedModel.from_dict(NOTED), store=BlobStore(None))

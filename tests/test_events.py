@@ -98,6 +98,23 @@ async def test_turn_started_is_published_once_and_a_step_started_again_discards_
     assert events[1].data["text"] == "Hello wor" and events[3].data["text"] == "Hello world"
 
 
+async def test_a_first_step_alone_starts_its_turn_once_in_one_write_of_markers(redis, session_id):
+    log = EventLog(redis)
+    async with model_call_events(log, session_id, 2, 0, "0.a.1") as text:
+        text.add("Hi")
+    async with model_call_events(log, session_id, 2, 0, "0.a.1") as text:  # the same attempt again: nothing to drop
+        pass
+    async with model_call_events(log, session_id, 2, 1, "1.b.1") as text:  # a later step never starts the turn
+        text.add("There")
+    async with model_call_events(log, session_id, 2, 0, "0.a.2") as text:
+        text.add("Hi again")
+    kinds = [(e.type, e.step, e.attempt) for e in await log.read(session_id, START)]
+    assert kinds == [
+        ("turn_started", None, None), ("text_delta", 0, "0.a.1"), ("text_delta", 1, "1.b.1"),
+        ("attempt_discarded", 0, "0.a.1"), ("text_delta", 0, "0.a.2"),
+    ]
+
+
 async def test_an_unreachable_redis_costs_the_work_nothing(session_id):
     import redis.asyncio as aioredis
 

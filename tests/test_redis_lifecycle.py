@@ -73,6 +73,10 @@ async def test_content_keys_carry_a_ttl_that_reads_refresh_and_an_expired_blob_i
 
     await redis.expire(key, 10)
     assert await store.get_many([body_ref])
+    # Its writer gave it the whole TTL a moment ago: its own read sends no refresh.
+    assert await redis.ttl(key) <= 10
+    other_worker = BlobStore(redis, durable=durable, ttl_seconds=TTL_SECONDS)
+    assert await other_worker.get_many([body_ref])
     assert await redis.ttl(key) > 10  # the read of a hot blob kept it
 
     text = "kept by reference " + uuid.uuid4().hex
@@ -145,8 +149,7 @@ async def test_a_body_read_again_soon_keeps_its_ttl_and_is_refreshed_once_an_eig
     body = Message(role="user", content="hello " + uuid.uuid4().hex, turn=1)
     ref = message_ref(body)
     key = BLOB_KEY.format(ref=ref)
-    await store.put_many({ref: body.model_dump_json()})
-    await redis.expire(key, 50)
+    await redis.set(key, body.model_dump_json(), ex=50)  # written by another worker
     assert await store.get_many([ref])
     assert await redis.ttl(key) > 700  # the first read refreshes it
     await redis.expire(key, 50)

@@ -158,6 +158,11 @@ def test_reused_or_empty_tool_call_ids_are_replaced_with_unique_ones():
     assert [c.tool_call_id for c in unique] == ["hc_2_0_0", "hc_2_0_1", "hc_2_0_2"]
     fresh = transcript.unique_tool_call_ids([ToolCall(tool_call_id="new", name="a")], 2, 1, settled=[])
     assert fresh[0].tool_call_id == "new"
+    # Two calls of one step with one id: the second gets a minted one.
+    twins = transcript.unique_tool_call_ids([ToolCall(tool_call_id="x", name="a"), ToolCall(tool_call_id="x", name="b")], 2, 2, [])
+    assert [c.tool_call_id for c in twins] == ["x", "hc_2_2_1"]
+    transcript.add(Message(role="assistant", turn=2, tool_calls=twins), None)
+    assert transcript.unique_tool_call_ids([ToolCall(tool_call_id="x", name="a")], 3, 0, [])[0].tool_call_id == "hc_3_0_0"
 
 
 def test_open_tool_calls_get_a_not_run_result_and_never_twice():
@@ -194,6 +199,11 @@ def test_the_archive_cut_keeps_whole_turns_and_drop_forgets_them():
     # A failed chunk that ended mid-turn: only the whole turns before it leave.
     assert transcript.drop_archived(6, sizes, starts) == 4
     assert transcript.archived == 4 and transcript.messages[0].turn == 2 and ref not in transcript.by_ref
+    # What the run holds is what it knows: a dropped turn's message and tool call ids are
+    # no longer held; the held ones still are (kept with the messages, not scanned for).
+    assert not transcript.knows_message("m1") and transcript.knows_message("m2")
+    again = transcript.unique_tool_call_ids([ToolCall(tool_call_id="c1", name="a"), ToolCall(tool_call_id="c2", name="a")], 6, 0, [])
+    assert [c.tool_call_id for c in again] == ["c1", "hc_6_0_1"]
 
 
 def test_excerpts_and_fold_refs_cover_the_asked_turns():

@@ -338,6 +338,9 @@ class BlobStore:
             # With encryption on, Redis holds the bodies sealed like history does (issue 17).
             pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=ttl)
         await pipe.execute()
+        if expire:
+            # Written with the whole TTL just now: the next read need not refresh it.
+            self._refreshed_now(list(items))
 
     async def get_many(self, refs: list[str]) -> dict[str, str]:
         """The stored texts of ``refs`` (missing ones are left out)."""
@@ -365,12 +368,15 @@ class BlobStore:
             for ref in stale:
                 pipe.expire(BLOB_KEY.format(ref=ref), self.ttl_seconds)
             await pipe.execute()
-            now = time.monotonic()
-            for ref in stale:
-                self._refreshed[ref] = now
-                self._refreshed.move_to_end(ref)
-            while len(self._refreshed) > REFRESHED_MAX:
-                self._refreshed.popitem(last=False)
+            self._refreshed_now(stale)
+
+    def _refreshed_now(self, refs: list[str]) -> None:
+        now = time.monotonic()
+        for ref in refs:
+            self._refreshed[ref] = now
+            self._refreshed.move_to_end(ref)
+        while len(self._refreshed) > REFRESHED_MAX:
+            self._refreshed.popitem(last=False)
 
     def _stale(self, refs: list[str]) -> list[str]:
         """The ``refs`` whose TTL this store has not refreshed within the last

@@ -268,6 +268,37 @@ class EventLog:
 
         return await self._quietly(work, f"attempt start {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
 
+    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
+        """:meth:`begin_attempt`, and for a turn's first step (``step`` 0) also
+        :meth:`begin_turn`, in one Redis round trip for the markers (a model call's
+        start; the events they call for follow in one more, only when there are any).
+        Best effort, like :meth:`publish_quietly`.
+
+        Returns:
+            False if skipped (and reported)."""
+
+        async def work() -> None:
+            stream = stream_key(session_id)
+            pipe = self.redis.pipeline(transaction=False)
+            if step == 0:
+                pipe.set(f"{stream}:turn:{turn}", "1", nx=True, ex=self.marker_ttl_seconds)
+            pipe.getset(f"{stream}:step:{turn}.{step}", attempt)
+            pipe.expire(f"{stream}:step:{turn}.{step}", self.marker_ttl_seconds)
+            answers = await pipe.execute()
+            events = [TurnEvent(type="turn_started", session_id=session_id, turn=turn)] if step == 0 and answers[0] else []
+            previous = answers[-2]
+            if previous is not None and _text(previous) != attempt:
+                events.append(
+                    TurnEvent(
+                        type="attempt_discarded", session_id=session_id, turn=turn, step=step,
+                        attempt=_text(previous), data={"reason": f"model step {step} started again (attempt {attempt})"},
+                    )
+                )
+            if events:
+                await self.publish(events)
+
+        return await self._quietly(work, f"start of attempt {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
+
     async def last_offset(self, session_id: str) -> str:
         """The offset of ``session_id``'s newest event (:data:`START` if none): reading
         after it returns only events published later."""
@@ -472,9 +503,7 @@ class model_call_events:  # noqa: N801 - used as a context manager, like context
         text = self._text
         if text is not None:
             # A publication that reports it did not land (False) is counted; None: not told.
-            if text.step == 0 and await text.log.begin_turn(text.session_id, text.turn) is False:
-                text.unpublished += 1
-            if await text.log.begin_attempt(text.session_id, text.turn, text.step, text.attempt) is False:
+            if await text.log.begin_step(text.session_id, text.turn, text.step, text.attempt) is False:
                 text.unpublished += 1
             self._token = _current_text.set(text)
         return text

@@ -9,7 +9,8 @@ deterministic and unit-tested without a server.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterable
+from collections import Counter
+from collections.abc import Callable, Container, Iterable
 from datetime import datetime
 
 from hermes.content import previews
@@ -38,6 +39,10 @@ class Transcript:
         self.messages: list[Message] = list(messages)
         self.archived = archived
         self.by_ref: dict[str, Message] = {}
+        self._call_ids: Counter[str] = Counter()
+        """Tool call ids of the held messages (kept with them: no scan of the run per step)."""
+        self._client_ids: Counter[str] = Counter()
+        """Client message ids of the held user messages."""
         self.live_bytes = sum(message_bytes(m) for m in self.messages)
         """Size of the messages held, kept up to date once per turn (:meth:`account`)."""
         for m in self.messages:
@@ -60,6 +65,13 @@ class Transcript:
         if message.tokens is None and count is not None and not message.internal:
             message.tokens = count(message)
         self.by_ref[message.ref] = message
+        self._held(message, 1)
+
+    def _held(self, message: Message, change: int) -> None:
+        for call in message.tool_calls:
+            self._call_ids[call.tool_call_id] += change
+        if message.role == "user" and message.client_message_id is not None:
+            self._client_ids[message.client_message_id] += change
 
     def count_all(self, count: TokenCount) -> None:
         """Tokens for every message without them (the session's encoding just became known)."""
@@ -113,24 +125,27 @@ class Transcript:
         )
         self.tool_result(turn, call, result, now, count)
 
-    def unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int, settled: Iterable[str]) -> list[ToolCall]:
+    def unique_tool_call_ids(self, calls: list[ToolCall], turn: int, iteration: int, settled: Container[str]) -> list[ToolCall]:
         """The model's tool calls, each with an id unique in this session.
 
         Some OpenAI-compatible servers send the same id (``call_0``) in every response, or
         an empty one; approvals, results and the exactly-once record are keyed by the id,
         so a reused id is replaced by one minted here (``hc_<turn>_<step>_<index>``), and
         the model sees that id from then on, with its result."""
-        used = {c.tool_call_id for m in self.messages for c in m.tool_calls}
-        used.update(settled)
+        minted: set[str] = set()
+
+        def used(tcid: str) -> bool:
+            return self._call_ids[tcid] > 0 or tcid in settled or tcid in minted
+
         unique: list[ToolCall] = []
         for index, call in enumerate(calls):
             tcid = call.tool_call_id
-            if not tcid or len(tcid) > 128 or tcid in used:
+            if not tcid or len(tcid) > 128 or used(tcid):
                 tcid = f"hc_{turn}_{iteration}_{index}"
-                while tcid in used:
+                while used(tcid):
                     tcid += "_"
                 call = call.model_copy(update={"tool_call_id": tcid})
-            used.add(tcid)
+            minted.add(tcid)
             unique.append(call)
         return unique
 
@@ -138,7 +153,7 @@ class Transcript:
 
     def knows_message(self, cid: str) -> bool:
         """Whether a user message with client message id ``cid`` is held."""
-        return any(m.role == "user" and m.client_message_id == cid for m in self.messages)
+        return self._client_ids[cid] > 0
 
     def answer(self, session_id: str, cid: str) -> TurnResult | None:
         """The reply to message ``cid`` rebuilt from the held turn (its cached reply was
@@ -266,6 +281,7 @@ class Transcript:
             for m in self.messages[:drop]:
                 if m.ref is not None and self.by_ref.get(m.ref) is m:
                     del self.by_ref[m.ref]
+                self._held(m, -1)
             del self.messages[:drop]
         return drop
 
