@@ -23,6 +23,7 @@ from hermes.models import (
     Message,
     SessionCarry,
     SessionConfig,
+    SessionIndexEntry,
     SessionInput,
     Summary,
     ToolCall,
@@ -572,6 +573,9 @@ def test_the_core_carries_what_it_was_given_and_bounds_what_grows():
     state = core.state(history_length=42, history_bytes=4096)
     assert (state.history_length, state.history_size_bytes, state.turn_count, state.status) == (42, 4096, 1, "idle")
     assert asked == []  # nothing above depended on a patch
+    # The index row is the state's, built without the whole state.
+    assert core.index_entry((1, "completed")) == SessionIndexEntry.from_state(state, (1, "completed"))
+    assert core.index_entry() == SessionIndexEntry.from_state(state)
     core.book.halted_on.add("c")
     assert core.session_status() == "halted"
     core.status = "closed"

@@ -37,7 +37,6 @@ with workflow.unsafe.imports_passed_through():
         PendingApproval,
         SendMessageInput,
         SessionConfig,
-        SessionIndexEntry,
         SessionInput,
         SessionState,
         SnapshotInput,
@@ -561,7 +560,7 @@ class SessionWorkflow:
         # The index is a cache: Temporal stays the source of truth, `hermes sessions`
         # rebuilds it. A Redis outage must not fail a turn. At a turn's end it also
         # publishes the turn_finished event (hermes.content.events).
-        entry = SessionIndexEntry.from_state(self._state(), finished)
+        entry = self._s.index_entry(finished)
         self._background = [t for t in self._background if not t.done()]
         self._background.append(
             asyncio.create_task(calls.cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))

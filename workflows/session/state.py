@@ -16,7 +16,17 @@ from typing import Any
 from hermes.infra import telemetry
 from hermes.memory.models import ExtractMemoriesInput, WorkingItem
 from hermes.memory.rules import Triggers
-from hermes.models import Message, SessionCarry, SessionInput, SessionState, Summary, TakenMessage, ToolSpec, TraceStep
+from hermes.models import (
+    Message,
+    SessionCarry,
+    SessionIndexEntry,
+    SessionInput,
+    SessionState,
+    Summary,
+    TakenMessage,
+    ToolSpec,
+    TraceStep,
+)
 from hermes.sessions.turn_start import BeginTurnResult
 
 from workflows.session import patches
@@ -197,6 +207,17 @@ class SessionCore:
     def carry_bytes(self) -> int:
         """Bytes of the continue-as-new input: the carry and the configuration, as JSON."""
         return len(self.carry().model_dump_json().encode("utf-8", "surrogatepass")) + len(self.cfg.model_dump_json())
+
+    def index_entry(self, finished: tuple[int, str] | None = None) -> SessionIndexEntry:
+        """The session index row (:meth:`SessionIndexEntry.from_state` of :meth:`state`,
+        without building the whole state); ``finished``: (turn, status) of the turn that
+        just ended."""
+        return SessionIndexEntry(
+            finished_turn=finished[0] if finished else None, finished_status=finished[1] if finished else None,
+            session_id=self.inp.session_id, user_id=self.inp.user_id, channel=self.inp.channel,
+            status=self.session_status(),  # type: ignore[arg-type]
+            title=self.title, created_at=self.created_at, last_active_at=self.last_active_at, turn_count=self.turn_count,
+        )
 
     def state(self, *, history_length: int, history_bytes: int) -> SessionState:
         """The answer of the ``get_state`` query (``history_*``: the run's, from Temporal)."""
