@@ -214,13 +214,13 @@ class ModelSteps:
             LEASES.remove(renewal)
             # Sealed like every Redis copy of a message (README "Encryption").
             sealed = encryption.seal(result.model_dump_json()) if result is not None else ""
-            args = (_RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed, RESULT_TTL_SECONDS)
-            if result is not None and not _cancelling():
-                await self._quietly(self._source.eval, *args)
-            else:
-                # Cancelled or failed: in a thread, which writes it even if this await is
-                # cancelled in turn (a shutdown).
-                await self._quietly(asyncio.to_thread, redis.eval, *args)
+            # From a thread, with the lease thread's client: the write lands even when this
+            # await is cancelled before it is sent (a heartbeat timeout the worker has not
+            # heard of yet, a shutdown), and never waits behind a busy event-loop pool.
+            await self._quietly(
+                asyncio.to_thread, redis.eval, _RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed,
+                RESULT_TTL_SECONDS,
+            )
 
     async def _wait_for_others(
         self, redis: Any, key: str, holder: str, ttl_ms: int, info: activity.Info, request: CallModelInput
@@ -297,12 +297,6 @@ class ModelSteps:
             await fn(*args)
         except Exception as err:  # noqa: BLE001 - a lost record costs at most a second request
             log.warning("model step record not written (%s)", err)
-
-
-def _cancelling() -> bool:
-    """Whether the running task has been asked to cancel."""
-    task = asyncio.current_task()
-    return task is not None and task.cancelling() > 0
 
 
 def _text(value: Any) -> str:

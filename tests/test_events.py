@@ -21,6 +21,7 @@ from hermes.content.events import (
     TurnEvent,
     check_offset,
     model_call_events,
+    stream_key,
 )
 from hermes.models import TurnResult
 from hermes.providers.scripted import ScriptedModel
@@ -113,6 +114,24 @@ async def test_a_first_step_alone_starts_its_turn_once_in_one_write_of_markers(r
         ("turn_started", None, None), ("text_delta", 0, "0.a.1"), ("text_delta", 1, "1.b.1"),
         ("attempt_discarded", 0, "0.a.1"), ("text_delta", 0, "0.a.2"),
     ]
+
+
+async def test_a_failed_step_marker_write_does_not_lose_turn_started(redis, session_id):
+    # The turn marker and the step marker go in one pipeline: the turn marker taken while
+    # the step marker failed must still publish turn_started (no later call would; found
+    # by a helper trying to break the one-write start).
+    log = EventLog(redis)
+    marker = f"{stream_key(session_id)}:step:1.0"
+    await redis.rpush(marker, "x")  # the step marker's write will fail (WRONGTYPE)
+    async with model_call_events(log, session_id, 1, 0, "0.a.1") as text:
+        assert text is not None
+        text.add("Hi")
+    assert text.unpublished == 1  # said, never silent
+    await redis.delete(marker)
+    async with model_call_events(log, session_id, 1, 0, "0.a.2") as text:
+        text.add("Hi")
+    await log.begin_turn(session_id, 1)
+    assert [e.type for e in await log.read(session_id, START)] == ["turn_started", "text_delta", "text_delta"]
 
 
 async def test_an_unreachable_redis_costs_the_work_nothing(session_id):

@@ -387,3 +387,48 @@ async def test_an_attempt_that_met_an_unreadable_result_still_uses_the_one_the_l
     await redis.delete(f"{key}:lease")
     result = await asyncio.wait_for(attempt, 30)
     assert (calls, result.message.content) == ([], "the holder's answer")
+
+
+@pytest.mark.timeout(120)
+async def test_a_finished_answer_is_recorded_when_the_timeout_lands_while_its_record_is_on_its_way(redis, monkeypatch):
+    """Temporal timed the attempt out for a late heartbeat just as its answer was being
+    recorded: the record must land all the same (the retry reads it, no second provider
+    request). A record written with an await that the cancellation cut before it was
+    sent lost the paid answer (found by a helper trying to break the lease path)."""
+    from activities.model_steps import ModelSteps
+
+    steps = ModelSteps(redis)
+    twin = steps.client()
+    real_async, real_sync = redis.eval, twin.eval
+
+    async def slow_async(script: str, *args: Any) -> Any:
+        if "DEL" in script:
+            await asyncio.sleep(0.5)  # the record is slow before it is sent
+        return await real_async(script, *args)
+
+    def slow_sync(script: str, *args: Any) -> Any:
+        if "DEL" in script:
+            time.sleep(0.5)
+        return real_sync(script, *args)
+
+    monkeypatch.setattr(redis, "eval", slow_async)
+    monkeypatch.setattr(twin, "eval", slow_sync)
+    request = CallModelInput(session_id=f"s-{time.monotonic_ns()}", turn=1, step=0, messages=[Message(role="user", content="hi")])
+    calls: list[int] = []
+
+    async def call() -> CallModelResult:
+        calls.append(1)
+        return CallModelResult(message=Message(role="assistant", content="the paid answer"))
+
+    first = _attempt_environment(1)
+    task = asyncio.ensure_future(first.run(steps.once, request, call))
+    await asyncio.sleep(0.2)
+    first.cancel(activity.ActivityCancellationDetails(timed_out=True, not_found=True))
+    try:
+        await asyncio.wait_for(task, 10)
+    except BaseException:  # noqa: BLE001 - cancelled or not: the record is what counts
+        pass
+    await asyncio.sleep(1.0)
+    retry = await asyncio.wait_for(_attempt_environment(2).run(steps.once, request, call), 20)
+    assert retry.message.content == "the paid answer"
+    assert len(calls) == 1, f"the provider was asked {len(calls)} times"

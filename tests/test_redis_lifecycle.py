@@ -95,6 +95,11 @@ async def test_content_that_only_redis_holds_never_expires(redis):
     ref = value_ref(text)
     await store.keep_many({ref: text})
     assert await redis.ttl(BLOB_KEY.format(ref=ref)) == -1
+    # Read back, by its writer and by another worker: still no TTL (a read's refresh
+    # gave the only copy one, and it expired a week after its last read).
+    assert await store.read_many([ref]) == {ref: text}
+    assert await BlobStore(redis, ttl_seconds=TTL_SECONDS).read_many([ref]) == {ref: text}
+    assert await redis.ttl(BLOB_KEY.format(ref=ref)) == -1
 
 
 @pytest.mark.timeout(60)

@@ -55,6 +55,10 @@ CONTENT_TTL_SECONDS = 7 * 24 * 3600
 """How long a blob lives in Redis after its last write or read unless told otherwise (the
 default of ``HERMES_REDIS_CONTENT_TTL_SECONDS``): a bound on Redis per session; an expired
 blob is read from where it is kept for good (README "What Redis holds")."""
+_REFRESH = "if redis.call('TTL', KEYS[1]) > 0 then return redis.call('EXPIRE', KEYS[1], ARGV[1]) end return 0"
+"""A read's TTL refresh of one key: only a key that has a TTL gets it again; content kept
+with none (the only copy, without a durable store) keeps none. (``EXPIRE ... XX`` does
+this from Redis 7 on; the script works on Redis 6 too. One key: any Cluster slot.)"""
 REFRESH_FRACTION = 1 / 8
 """A body read again is given its whole TTL again once this fraction of it has passed
 since this process last did so (7 days: at most every 21 hours), not on every read."""
@@ -366,7 +370,7 @@ class BlobStore:
             # A read of a hot blob keeps it: an active session never loses it to the TTL.
             pipe = self.redis.pipeline(transaction=False)
             for ref in stale:
-                pipe.expire(BLOB_KEY.format(ref=ref), self.ttl_seconds)
+                pipe.eval(_REFRESH, 1, BLOB_KEY.format(ref=ref), self.ttl_seconds)
             await pipe.execute()
             self._refreshed_now(stale)
 

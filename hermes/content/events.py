@@ -284,10 +284,14 @@ class EventLog:
                 pipe.set(f"{stream}:turn:{turn}", "1", nx=True, ex=self.marker_ttl_seconds)
             pipe.getset(f"{stream}:step:{turn}.{step}", attempt)
             pipe.expire(f"{stream}:step:{turn}.{step}", self.marker_ttl_seconds)
-            answers = await pipe.execute()
-            events = [TurnEvent(type="turn_started", session_id=session_id, turn=turn)] if step == 0 and answers[0] else []
+            # Each answer on its own: a turn marker set while the step marker failed still
+            # publishes turn_started (no later call would: the marker is taken).
+            answers = await pipe.execute(raise_on_error=False)
+            started = step == 0 and answers[0] is True
+            events = [TurnEvent(type="turn_started", session_id=session_id, turn=turn)] if started else []
             previous = answers[-2]
-            if previous is not None and _text(previous) != attempt:
+            failed = next((a for a in answers if isinstance(a, Exception)), None)
+            if previous is not None and not isinstance(previous, Exception) and _text(previous) != attempt:
                 events.append(
                     TurnEvent(
                         type="attempt_discarded", session_id=session_id, turn=turn, step=step,
@@ -296,6 +300,8 @@ class EventLog:
                 )
             if events:
                 await self.publish(events)
+            if failed is not None:
+                raise failed
 
         return await self._quietly(work, f"start of attempt {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
 
