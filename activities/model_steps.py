@@ -218,8 +218,7 @@ class ModelSteps:
             # await is cancelled before it is sent (a heartbeat timeout the worker has not
             # heard of yet, a shutdown), and never waits behind a busy event-loop pool.
             await self._quietly(
-                asyncio.to_thread, redis.eval, _RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed,
-                RESULT_TTL_SECONDS,
+                redis.eval, _RECORD_AND_RELEASE, 2, f"{key}:lease", f"{key}:result", holder, sealed, RESULT_TTL_SECONDS
             )
 
     async def _wait_for_others(
@@ -292,9 +291,9 @@ class ModelSteps:
             return await asyncio.wait_for(task, None if remaining is None else max(remaining, 0.0))
 
     @staticmethod
-    async def _quietly(fn: Callable[..., Awaitable[Any]], *args: Any) -> None:
+    async def _quietly(fn: Callable[..., Any], *args: Any) -> None:
         try:
-            await fn(*args)
+            await asyncio.to_thread(fn, *args)
         except Exception as err:  # noqa: BLE001 - a lost record costs at most a second request
             log.warning("model step record not written (%s)", err)
 

@@ -107,7 +107,7 @@ async def test_a_turns_event_markers_expire_after_a_day_while_its_stream_lives_a
     events = EventLog(redis)
     session_id = "markers-" + uuid.uuid4().hex
     assert await events.begin_turn(session_id, 1)
-    assert await events.begin_attempt(session_id, 1, 0, "attempt-1")
+    assert await events.begin_step(session_id, 1, 0, "attempt-1")
     for marker in (f"{stream_key(session_id)}:turn:1", f"{stream_key(session_id)}:step:1.0"):
         assert 0 < await redis.ttl(marker) <= MARKER_TTL_SECONDS
     assert MARKER_TTL_SECONDS < await redis.ttl(stream_key(session_id)) <= DEFAULT_TTL_SECONDS

@@ -99,6 +99,11 @@ def _describe(events: list[TurnEvent]) -> str:
     return f"{len(events)} turn event(s) ({kinds}) of session {sessions}"
 
 
+def _turn_marker(session_id: str, turn: int) -> str:
+    """The key whose ``SET NX`` publishes ``turn``'s ``turn_started`` once."""
+    return f"{stream_key(session_id)}:turn:{turn}"
+
+
 def stream_key(session_id: str) -> str:
     """The Redis key of ``session_id``'s event stream."""
     return f"hermes:events:{session_id}"
@@ -238,16 +243,17 @@ class EventLog:
             False if skipped (and reported)."""
 
         async def work() -> None:
-            marker = f"{stream_key(session_id)}:turn:{turn}"
-            if await self.redis.set(marker, "1", nx=True, ex=self.marker_ttl_seconds):
+            if await self.redis.set(_turn_marker(session_id, turn), "1", nx=True, ex=self.marker_ttl_seconds):
                 await self.publish([TurnEvent(type="turn_started", session_id=session_id, turn=turn)])
 
         return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}", session_id=session_id)
 
-    async def begin_attempt(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
+    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
         """Note that model ``attempt`` of ``step`` starts; if another attempt of the same
         step ran before it (a retry, a step started again), publish ``attempt_discarded``
-        naming that attempt, so clients drop the text it streamed. Best effort, like
+        naming that attempt, so clients drop the text it streamed. For a turn's first step
+        (``step`` 0) also :meth:`begin_turn`. The markers go in one Redis round trip, the
+        events they call for in one more, only when there are any. Best effort, like
         :meth:`publish_quietly`.
 
         Returns:
@@ -256,34 +262,10 @@ class EventLog:
         async def work() -> None:
             marker = f"{stream_key(session_id)}:step:{turn}.{step}"
             pipe = self.redis.pipeline(transaction=False)
+            if step == 0:
+                pipe.set(_turn_marker(session_id, turn), "1", nx=True, ex=self.marker_ttl_seconds)
             pipe.getset(marker, attempt)
             pipe.expire(marker, self.marker_ttl_seconds)
-            previous, _ = await pipe.execute()
-            if previous is not None and _text(previous) != attempt:
-                discarded = TurnEvent(
-                    type="attempt_discarded", session_id=session_id, turn=turn, step=step,
-                    attempt=_text(previous), data={"reason": f"model step {step} started again (attempt {attempt})"},
-                )
-                await self.publish([discarded])
-
-        return await self._quietly(work, f"attempt start {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
-
-    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
-        """:meth:`begin_attempt`, and for a turn's first step (``step`` 0) also
-        :meth:`begin_turn`, in one Redis round trip for the markers (a model call's
-        start; the events they call for follow in one more, only when there are any).
-        Best effort, like :meth:`publish_quietly`.
-
-        Returns:
-            False if skipped (and reported)."""
-
-        async def work() -> None:
-            stream = stream_key(session_id)
-            pipe = self.redis.pipeline(transaction=False)
-            if step == 0:
-                pipe.set(f"{stream}:turn:{turn}", "1", nx=True, ex=self.marker_ttl_seconds)
-            pipe.getset(f"{stream}:step:{turn}.{step}", attempt)
-            pipe.expire(f"{stream}:step:{turn}.{step}", self.marker_ttl_seconds)
             # Each answer on its own: a turn marker set while the step marker failed still
             # publishes turn_started (no later call would: the marker is taken).
             answers = await pipe.execute(raise_on_error=False)
