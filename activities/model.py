@@ -37,6 +37,7 @@ from hermes.content.blobs import (
     message_from_body,
     message_of_ref,
     stored_preview,
+    tools_of_ref,
     value_ref,
 )
 from hermes.content.events import EventLog, model_call_events
@@ -406,7 +407,7 @@ class ModelActivities:
         messages = await self._with_whole_arguments([message_of_ref(r, texts[r]) for r in message_refs]) or request.messages
         tools = request.tools
         if request.tools_ref:
-            tools = [ToolSpec.model_validate(t) for t in json.loads(texts[request.tools_ref])]
+            tools = tools_of_ref(request.tools_ref, texts[request.tools_ref])
         return request.model_copy(update={"messages": messages, "tools": tools})
 
     async def _changed_context(self, request: CallModelInput) -> list[str]:

@@ -266,15 +266,13 @@ async def test_bodies_this_process_stored_are_read_from_memory_and_its_cache_sta
     assert set(cache.get([f"m:{i}" for i in range(1, 6)] + ["m:huge"])) == {"m:1", "m:3", "m:4", "m:5"}
 
 
-def test_decoded_context_messages_are_copies_and_their_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch):
+def test_decoded_context_messages_are_shared_and_their_cache_stays_bounded(monkeypatch: pytest.MonkeyPatch):
     from hermes.content import blobs
     from hermes.content.blobs import BodyCache, body_json, message_of_ref, message_ref
-    from hermes.models import ToolCall
 
     called = Message(role="assistant", content="x", tool_calls=[ToolCall(tool_call_id="c1", name="f", arguments={"a": [1]})])
-    first = message_of_ref(message_ref(called), body_json(called))
-    first.tool_calls[0].arguments["a"].append(2)  # a caller changing its copy
-    assert message_of_ref(message_ref(called), body_json(called)).tool_calls[0].arguments == {"a": [1]}
+    # Decoded once per process: every step reading it gets the same (read-only) message.
+    assert message_of_ref(message_ref(called), body_json(called)) is message_of_ref(message_ref(called), body_json(called))
 
     decoded = BodyCache(64 * 200, max_item_chars=200, size=lambda held: held[1])
     monkeypatch.setattr(blobs, "DECODED", decoded)
@@ -286,6 +284,51 @@ def test_decoded_context_messages_are_copies_and_their_cache_stays_bounded(monke
     held = decoded.get(refs)
     assert sum(size for _, size in held.values()) == decoded.chars <= 64 * 200
     assert refs[-1] in held and refs[0] not in held
+
+
+@pytest.mark.parametrize("profile", ["openai", "deepseek", "ollama", "scripted"])
+async def test_no_model_call_changes_the_shared_decoded_context(profile: str, redis: Any):
+    """The decoded messages of a context are shared by every step of every session in the
+    process (``message_of_ref``): a provider, a profile's dialect or the activity's own
+    handling (tool-call arguments kept by reference, streamed or not) must leave them as
+    they were decoded, or another session's next step would send changed messages."""
+    from activities.model import ModelActivities
+    from hermes.content.blobs import DECODED, BlobStore, body_json, message_from_body, message_ref, value_ref
+    from hermes.providers.openai import OpenAIProvider
+    from hermes.providers.scripted import ScriptedModel
+    from tests.fake_providers import FakeProvider, opening_messages, tool_messages
+
+    store = BlobStore(redis)
+    fake = FakeProvider("openai" if profile == "scripted" else profile)
+    with fake:
+        plain = OpenAIProvider(model="m", base_url=fake.base_url, api_key="k", profile="openai" if profile == "scripted" else profile, stream=False)
+        calls = (await plain.complete(CallModelInput(session_id="s", turn=1, messages=opening_messages()))).message
+        calls = calls.model_copy(update={"reasoning": "thinking it over", "turn": 1})
+        kept = calls.tool_calls[0]
+        arguments_ref = value_ref(json.dumps(kept.arguments))
+        await store.put_many({arguments_ref: json.dumps(kept.arguments)})
+        # One call's arguments are kept by reference: the activity puts them back (on a copy).
+        calls.tool_calls[0] = kept.model_copy(update={"arguments": {}, "arguments_ref": arguments_ref})
+        context = [*opening_messages(), calls, *tool_messages(calls)]
+        refs = [message_ref(m) for m in context]
+        bodies = {r: body_json(m) for r, m in zip(refs, context, strict=True)}
+        context_ref = value_ref(json.dumps(refs))
+        bodies[context_ref] = json.dumps(refs)
+        providers: list[Any] = (
+            [ScriptedModel.from_dict({"turns": [{"match": ".", "steps": [{"reply": "first"}, {"reply": "second"}]}]})]
+            if profile == "scripted"
+            else [plain, OpenAIProvider(model="m", base_url=fake.base_url, api_key="k", profile=profile)]
+        )
+        for step, provider in enumerate(providers):
+            activities = ModelActivities(provider, store=store)
+            request = CallModelInput(session_id="s", turn=1, step=step, context_ref=context_ref, bodies=bodies, bodies_stored=True)
+            before = {r: held[0].model_dump() for r, held in DECODED.get(refs).items()}
+            result = await activities.call_model(request)
+            assert result.message.content or result.message.tool_calls
+            after = DECODED.get(refs)
+            assert set(after) == set(refs)
+            assert {r: held[0].model_dump() for r, held in after.items() if r in before} == before
+            assert {r: held[0].model_dump() for r, held in after.items()} == {r: message_from_body(bodies[r]).model_dump() for r in refs}
 
 
 def _store_markers(history: Any) -> int:

@@ -463,19 +463,29 @@ class ScriptedModel:
 
 
 _COUNTED_TEXTS_MAX = 8192
-"""Texts whose token counts the scripted model remembers (by digest, not by text)."""
+"""Texts whose token counts the scripted model remembers."""
+_KEYED_BY_TEXT_CHARS = 1024
+"""Texts up to this long are remembered by the text itself (a string's hash is computed
+once per string, and a context's messages are the same strings at every step), longer ones
+by digest: at most 8 MiB of text held."""
 _COUNT_IN_THREAD_CHARS = 20_000
 """New text at least this long is counted in a thread, off the event loop that sends the
 activity's heartbeats (tiktoken releases the GIL while it encodes)."""
-_counted: OrderedDict[tuple[int, bytes], int] = OrderedDict()
+_counted: OrderedDict[str | tuple[int, bytes], int] = OrderedDict()
 _counted_lock = threading.Lock()
 
 
-def _text_key(text: str) -> tuple[int, bytes]:
+def _text_key(text: str) -> str | tuple[int, bytes]:
+    if len(text) <= _KEYED_BY_TEXT_CHARS:
+        return text
     return len(text), hashlib.blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
-def _count_new(texts: dict[tuple[int, bytes], str]) -> dict[tuple[int, bytes], int]:
+def _key_chars(key: str | tuple[int, bytes]) -> int:
+    return len(key) if isinstance(key, str) else key[0]
+
+
+def _count_new(texts: dict[str | tuple[int, bytes], str]) -> dict[str | tuple[int, bytes], int]:
     return {key: count_text_tokens(text) for key, text in texts.items()}
 
 
@@ -490,7 +500,7 @@ async def _prompt_tokens(messages: list[Message]) -> int:
     """
     texts = prompt_texts(messages)
     keys = [_text_key(t) for t in texts]
-    known: dict[tuple[int, bytes], int] = {}
+    known: dict[str | tuple[int, bytes], int] = {}
     with _counted_lock:
         for k in keys:
             if k in _counted:
@@ -498,7 +508,7 @@ async def _prompt_tokens(messages: list[Message]) -> int:
                 known[k] = _counted[k]
     new = {k: t for k, t in zip(keys, texts, strict=True) if k not in known}
     if new:
-        large = sum(k[0] for k in new) >= _COUNT_IN_THREAD_CHARS
+        large = sum(_key_chars(k) for k in new) >= _COUNT_IN_THREAD_CHARS
         fresh = await asyncio.to_thread(_count_new, new) if large else _count_new(new)
         with _counted_lock:
             _counted.update(fresh)

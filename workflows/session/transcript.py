@@ -158,6 +158,8 @@ class Transcript:
     def answer(self, session_id: str, cid: str) -> TurnResult | None:
         """The reply to message ``cid`` rebuilt from the held turn (its cached reply was
         evicted), so a late resend never runs a second turn; None if not held."""
+        if not self.knows_message(cid):
+            return None  # a new message (most calls): no scan of the run
         turn = next((m.turn for m in self.messages if m.role == "user" and m.client_message_id == cid), None)
         if turn is None:
             return None
