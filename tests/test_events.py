@@ -63,6 +63,18 @@ async def test_reading_after_any_offset_gives_the_rest_in_order_without_gap_or_r
     assert await log.last_offset(f"{session_id}-none") == START
 
 
+async def test_events_of_several_sessions_in_one_write_land_in_order_and_every_stream_expires(redis, session_id):
+    log = EventLog(redis, ttl_seconds=600)
+    other = f"{session_id}-other"
+    events = [_event(session_id, text="a1"), _event(other, text="b1"), _event(session_id, text="a2")]
+    offsets = await log.publish(events)
+    assert len(offsets) == 3
+    assert [e.offset for e in await log.read(session_id, START)] == [offsets[0], offsets[2]]
+    assert [e.data["text"] for e in await log.read(other, START)] == ["b1"]
+    for sid in (session_id, other):
+        assert 0 < await redis.ttl(stream_key(sid)) <= 600  # never a stream kept forever
+
+
 async def test_a_reader_behind_the_truncated_events_is_told_first(redis, session_id):
     log = EventLog(redis, max_events=100)
     first = await log.publish([_event(session_id, text="first")])

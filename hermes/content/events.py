@@ -198,14 +198,17 @@ class EventLog:
         if not events:
             return []
         pipe = self.redis.pipeline(transaction=False)
+        keys: dict[str, None] = {}
         for event in events:
             key = stream_key(event.session_id)
+            keys[key] = None
             # Sealed when encryption is on: text deltas are the reply's text.
             body = encryption.seal(event.model_dump_json(exclude={"offset", "session_id"}))
             pipe.xadd(key, {"e": body}, maxlen=self.max_events, approximate=True)
+        for key in keys:  # once per stream, after its events
             pipe.expire(key, self.ttl_seconds)
         answers = await pipe.execute()
-        return [_text(a) for a in answers[::2]]
+        return [_text(a) for a in answers[: len(events)]]
 
     async def publish_quietly(self, events: Iterable[TurnEvent]) -> bool:
         """:meth:`publish` within :data:`PUBLISH_TIMEOUT_SECONDS` (a wait for a free pool
