@@ -288,15 +288,15 @@ def test_decoded_context_messages_are_shared_and_their_cache_stays_bounded(monke
 
 @pytest.mark.parametrize("profile", ["openai", "deepseek", "ollama", "scripted"])
 async def test_no_model_call_changes_the_shared_decoded_context(profile: str, redis: Any):
-    """The decoded messages of a context are shared by every step of every session in the
-    process (``message_of_ref``): a provider, a profile's dialect or the activity's own
+    """The decoded messages of a context and its tool list are shared by every step of
+    every session in the process (``message_of_ref``, ``tools_of_ref``): a provider, a profile's dialect or the activity's own
     handling (tool-call arguments kept by reference, streamed or not) must leave them as
     they were decoded, or another session's next step would send changed messages."""
     from activities.model import ModelActivities
-    from hermes.content.blobs import DECODED, BlobStore, body_json, message_from_body, message_ref, value_ref
+    from hermes.content.blobs import DECODED, TOOL_LISTS, BlobStore, body_json, message_from_body, message_ref, value_ref
     from hermes.providers.openai import OpenAIProvider
     from hermes.providers.scripted import ScriptedModel
-    from tests.fake_providers import FakeProvider, opening_messages, tool_messages
+    from tests.fake_providers import TOOLS, FakeProvider, opening_messages, tool_messages
 
     store = BlobStore(redis)
     fake = FakeProvider("openai" if profile == "scripted" else profile)
@@ -312,8 +312,11 @@ async def test_no_model_call_changes_the_shared_decoded_context(profile: str, re
         context = [*opening_messages(), calls, *tool_messages(calls)]
         refs = [message_ref(m) for m in context]
         bodies = {r: body_json(m) for r, m in zip(refs, context, strict=True)}
-        context_ref = value_ref(json.dumps(refs))
+        context_ref = value_ref(refs)
         bodies[context_ref] = json.dumps(refs)
+        tools_json = [t.model_dump(mode="json") for t in TOOLS]
+        tools_ref = value_ref(tools_json)  # the tool list by reference, as a session sends it
+        bodies[tools_ref] = json.dumps(tools_json, ensure_ascii=False)
         providers: list[Any] = (
             [ScriptedModel.from_dict({"turns": [{"match": ".", "steps": [{"reply": "first"}, {"reply": "second"}]}]})]
             if profile == "scripted"
@@ -321,7 +324,9 @@ async def test_no_model_call_changes_the_shared_decoded_context(profile: str, re
         )
         for step, provider in enumerate(providers):
             activities = ModelActivities(provider, store=store)
-            request = CallModelInput(session_id="s", turn=1, step=step, context_ref=context_ref, bodies=bodies, bodies_stored=True)
+            request = CallModelInput(
+                session_id="s", turn=1, step=step, context_ref=context_ref, tools_ref=tools_ref, bodies=bodies, bodies_stored=True
+            )
             before = {r: held[0].model_dump() for r, held in DECODED.get(refs).items()}
             result = await activities.call_model(request)
             assert result.message.content or result.message.tool_calls
@@ -329,6 +334,7 @@ async def test_no_model_call_changes_the_shared_decoded_context(profile: str, re
             assert set(after) == set(refs)
             assert {r: held[0].model_dump() for r, held in after.items() if r in before} == before
             assert {r: held[0].model_dump() for r, held in after.items()} == {r: message_from_body(bodies[r]).model_dump() for r in refs}
+            assert [spec.model_dump(mode="json") for spec in TOOL_LISTS.get([tools_ref])[tools_ref][0]] == tools_json
 
 
 def _store_markers(history: Any) -> int:

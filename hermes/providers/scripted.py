@@ -467,7 +467,7 @@ _COUNTED_TEXTS_MAX = 8192
 _KEYED_BY_TEXT_CHARS = 1024
 """Texts up to this long are remembered by the text itself (a string's hash is computed
 once per string, and a context's messages are the same strings at every step), longer ones
-by digest: at most 8 MiB of text held."""
+by digest: at most 8 Mi characters of text held (up to 32 MiB in memory)."""
 _COUNT_IN_THREAD_CHARS = 20_000
 """New text at least this long is counted in a thread, off the event loop that sends the
 activity's heartbeats (tiktoken releases the GIL while it encodes)."""
