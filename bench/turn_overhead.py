@@ -184,16 +184,28 @@ class _ToolsOnceMixin:
 
 
 class _TurnOnlyMixin:
-    _messages: list[Message]
+    _s: Any
+    _model: Any
 
-    async def _call_model(self, turn: int, tools: list[ToolSpec]) -> CallModelResult:
-        # The model sees this turn only; the transcript is kept and restored.
-        full = self._messages
-        self._messages = [m for m in full if m.turn == turn]
-        try:
-            return await super()._call_model(turn, tools)  # type: ignore[misc]
-        finally:
-            self._messages = full
+    async def _run_turn_inner(self, inp: SendMessageInput) -> Any:
+        # The model sees this turn only: each model request is planned over the turn's
+        # messages; the transcript itself is kept whole and restored.
+        steps = self._model
+        if not getattr(steps, "_bench_turn_only", False):
+            planned = steps.model_request
+
+            def turn_only_request(turn: int, tools: list[ToolSpec], step: int) -> CallModelInput:
+                transcript = self._s.transcript
+                whole = transcript.messages
+                transcript.messages = [m for m in whole if m.turn == turn]
+                try:
+                    return planned(turn, tools, step)
+                finally:
+                    transcript.messages = whole
+
+            steps.model_request = turn_only_request
+            steps._bench_turn_only = True
+        return await super()._run_turn_inner(inp)  # type: ignore[misc]
 
 
 @workflow.defn(name="TurnOverheadNoIndexSession")
