@@ -59,7 +59,6 @@ from hermes.models import (
     StoreBodiesInput,
     SummarizeInput,
     Summary,
-    ToolSpec,
 )
 from hermes.content.previews import head_and_tail
 from hermes.providers.base import ModelProvider
