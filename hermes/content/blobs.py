@@ -230,11 +230,7 @@ def tools_of_ref(ref: str, text: str) -> list[ToolSpec]:
     """The tool list whose body (a JSON array of :class:`ToolSpec`) is ``text``, decoded
     once per process while :data:`TOOL_LISTS` keeps it (a session offers the same list at
     every step). A new list each call; its specs are shared, read-only."""
-    held = TOOL_LISTS.get([ref]).get(ref)
-    if held is None:
-        held = ([ToolSpec.model_validate(t) for t in json.loads(text)], len(text))
-        TOOL_LISTS.put({ref: held})
-    return list(held[0])
+    return list(_decoded_once(TOOL_LISTS, ref, text, lambda t: [ToolSpec.model_validate(s) for s in json.loads(t)]))
 
 
 def message_of_ref(ref: str, text: str) -> Message:
@@ -246,10 +242,16 @@ def message_of_ref(ref: str, text: str) -> Message:
     tool-call arguments do); a copy per call cost more than the rest of resolving a
     context (issue 31: about 0.7 ms of CPU a turn, most of it deep copies of tool calls).
     """
-    held = DECODED.get([ref]).get(ref)
+    return _decoded_once(DECODED, ref, text, message_from_body)
+
+
+def _decoded_once(cache: BodyCache[tuple[V, int]], ref: str, text: str, decode: Callable[[str], V]) -> V:
+    """``decode(text)``, the body of ``ref``, from ``cache`` when it holds it, else decoded
+    and kept there with the body's size in characters."""
+    held = cache.get([ref]).get(ref)
     if held is None:
-        held = (message_from_body(text), len(text))
-        DECODED.put({ref: held})
+        held = (decode(text), len(text))
+        cache.put({ref: held})
     return held[0]
 
 
