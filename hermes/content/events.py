@@ -44,6 +44,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from hermes.infra.connections import raise_if_cancelled
 from hermes.infra.redis_writes import write_or_report
 from hermes.security import encryption
 
@@ -358,11 +359,15 @@ class EventLog:
     async def follow(self, session_id: str, after: str = START, *, poll_ms: int = 1_000) -> AsyncIterator[list[TurnEvent]]:
         """The events of ``session_id`` after ``after`` as they come, a batch per read
         (empty when none came within ``poll_ms``, so a caller can do other work between
-        them), until the caller stops iterating. A Redis error is retried 1 s later from
-        the last offset read, so a Redis restart costs the reader a pause, not events.
+        them), until the caller stops iterating or its task is cancelled. A Redis error
+        is retried 1 s later from the last offset read, so a Redis restart costs the
+        reader a pause, not events. Iterate it in a task of its own: a cancel that
+        redis-py swallowed is found by the task's pending cancel requests
+        (:func:`~hermes.infra.connections.raise_if_cancelled`).
 
         Raises:
             ValueError: ``after`` is not an offset.
+            asyncio.CancelledError: the task iterating it was cancelled.
         """
         offset = check_offset(after)
         while True:
@@ -372,6 +377,7 @@ class EventLog:
                 log.warning("reading the events of %s failed (%s); again in 1 s", session_id, err)
                 await asyncio.sleep(1.0)
                 batch = []
+            raise_if_cancelled()  # a cancel redis-py swallowed: this loop ends only by one
             for event in batch:
                 if event.type != "truncated":
                     offset = event.offset

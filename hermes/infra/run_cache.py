@@ -32,6 +32,7 @@ import logging
 import uuid
 from typing import Any
 
+from hermes.infra.connections import raise_if_cancelled
 from hermes.infra.redis_keys import is_cluster
 
 log = logging.getLogger("hermes.run_cache")
@@ -132,9 +133,9 @@ class MovedRunEviction:
         return True
 
     async def _stop(self, listener: asyncio.Task[Any]) -> None:
-        # A stop flag as well as the cancel: a cancel that lands while redis-py's read
-        # timeout expires can be swallowed (asyncio.timeout on Python 3.11), and the
-        # listener would then run on and hold the worker's shutdown forever (seen in CI).
+        # A stop flag as well as the cancel: redis-py can swallow a cancel that lands as
+        # a read ends (raise_if_cancelled), and the listener would then run on and hold
+        # the worker's shutdown forever (seen in CI).
         self._stopping = True
         listener.cancel()
         done, _ = await asyncio.wait({listener}, timeout=STOP_WAIT_SECONDS)
@@ -188,6 +189,7 @@ class MovedRunEviction:
                 delay = RECONNECT_SECONDS[0]
                 while not self._stopping:
                     message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                    raise_if_cancelled()
                     if message is not None and message.get("type") == "message":
                         self.on_message(message["data"])
             except asyncio.CancelledError:

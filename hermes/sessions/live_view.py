@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,12 +27,17 @@ from hermes.models import (
 )
 from hermes.sessions.approvals import decide
 
+log = logging.getLogger(__name__)
+
 __all__ = ["TurnFollower", "TurnView", "Verdict", "follow_turn", "send_watched", "tool_result_of"]
 
 _POLL_SECONDS = 0.1
 _POLL_QUERY_TIMEOUT_SECONDS = 5.0
 _SLOW_TURN_SECONDS = 10.0
 """After this long with no sign of a worker, :func:`send_watched` tells the view."""
+_STOP_WAIT_SECONDS = 5.0
+"""How long :meth:`TurnFollower.stop` waits for the follower's Redis read to end (one read
+blocks 0.2 s; a Redis that does not answer fails it within the 5 s socket timeout)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class TurnFollower:
         self.shown_calls, self.shown_results = shown_calls, shown_results
         self.finished: int | None = None
         self.finished_turns: set[int] = set()
+        self._stopping = False
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -117,7 +124,7 @@ class TurnFollower:
                     self.view.tool_result(event.data["tool_call_id"], event.data.get("name", "?"), result)
                 elif event.type == "turn_finished" and event.turn is not None:
                     self.finished_turns.add(event.turn)
-            if self.finished is not None and self.finished in self.finished_turns:
+            if self._stopping or (self.finished is not None and self.finished in self.finished_turns):
                 return
 
     async def finish(self, turn: int) -> None:
@@ -127,9 +134,18 @@ class TurnFollower:
             await asyncio.wait_for(asyncio.shield(self.task), 2.0)
 
     async def stop(self) -> None:
+        """End the follower: within one read (0.2 s), at most :data:`_STOP_WAIT_SECONDS`.
+
+        A stop flag as well as the cancel, and a bounded wait: the reply is already in
+        hand, and a cancel redis-py swallowed (:func:`~hermes.infra.connections.raise_if_cancelled`)
+        kept ``hermes send`` from exiting (seen in CI)."""
+        self._stopping = True
         self.task.cancel()
-        with contextlib.suppress(BaseException):
-            await self.task
+        done, _ = await asyncio.wait({self.task}, timeout=_STOP_WAIT_SECONDS)
+        if not done:
+            log.warning("the turn event follower of %s did not stop within %.0f s; leaving it", self.session_id, _STOP_WAIT_SECONDS)
+        elif not self.task.cancelled() and self.task.exception() is not None:
+            log.debug("the turn event follower of %s ended with %r", self.session_id, self.task.exception())
 
 
 def _parsed(preview: Any, key: str) -> Any:
@@ -241,12 +257,14 @@ async def send_watched(
         if streaming is not None:
             await streaming.finish(result.turn)
     finally:
-        if streaming is not None:
-            await streaming.stop()
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(BaseException):
-                await task
+        try:
+            if streaming is not None:
+                await streaming.stop()
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
     watch.report_rest(result)
     return result
 
