@@ -41,6 +41,7 @@ from hermes import names
 from hermes.infra import telemetry
 from hermes.security import encryption
 from hermes.content.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
+from hermes.infra.connections import raise_if_cancelled
 from hermes.infra.durable import DurableStore, DurableStoreError
 from hermes.infra.ledger import CallLedger
 from hermes.errors import ToolArgumentsError, ToolFailure
@@ -790,6 +791,9 @@ class ToolActivities:
                     await self.redis.set(lease, "1", px=int(STARTED_LEASE_SECONDS * 1000))
                 except Exception as err:  # noqa: BLE001 - a lapsed lease costs only an "outcome unknown"
                     log.warning("tool call %s: its running lease not renewed: %s", key, err)
+                # Only a cancel ends this loop; one redis-py swallowed would renew the lease,
+                # and hold the call's end, for as long as the worker lives.
+                raise_if_cancelled()
                 await asyncio.sleep(STARTED_LEASE_SECONDS / 5)
         finally:
             with contextlib.suppress(Exception):
@@ -812,6 +816,7 @@ class ToolActivities:
                 except Exception as err:  # noqa: BLE001 - no answer: the caller reports what it has
                     log.warning("tool call %s: cannot wait for its earlier attempt: %s", key, err)
                     return None
+                raise_if_cancelled()  # a cancelled attempt stops waiting (a cancel redis-py swallowed too)
                 await asyncio.sleep(_AWAIT_POLL_SECONDS)
 
     async def _record(self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool) -> None:
