@@ -46,7 +46,7 @@ from typing import Any
 from temporalio import activity
 
 from activities.heartbeat import Ticker
-from hermes.infra.connections import sync_twin
+from hermes.infra.connections import cancel_requests, raise_if_cancelled, sync_twin
 from hermes.infra.redis_keys import model_step_key
 from hermes.models import CallModelInput, CallModelResult
 from hermes.security import encryption
@@ -239,9 +239,12 @@ class ModelSteps:
         while True:
             # On the event loop (the worker's asyncio client): a thread hop cost twice the
             # round trip's CPU. Renewals stay on the blocking twin, in the lease thread.
+            asked = cancel_requests()
             kind, value = await self._source.eval(
                 _READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, read_result
             )
+            # A cancelled attempt must not go on to the provider (a cancel redis-py swallowed too).
+            raise_if_cancelled(asked)
             kind = _text(kind)
             if kind == "result":
                 text = encryption.open_quietly(value, what=f"model step result {key}")

@@ -93,3 +93,31 @@ async def test_a_running_lease_cancelled_at_any_moment_stops_renewing_and_is_dro
     assert hung == [], f"{len(hung)} of {LEASE_ROUNDS} cancelled lease renewals kept renewing"
     held = [i for i in range(LEASE_ROUNDS) if await redis.exists(running_lease_key(f"hermes:toolcall:{session_id}:{i}"))]
     assert held == []  # each stopped renewal dropped its lease
+
+
+async def test_a_follower_in_a_task_that_handled_an_earlier_cancel_reads_on(redis, session_id):
+    """Only a cancel asked during a read ends the loop: a task whose Python 3.11
+    ``TaskGroup`` cancelled it and left ``cancelling()`` at 1 (a child failed after the
+    group's body; handled) still follows the events it asks for."""
+    log = EventLog(redis)
+    await log.publish([TurnEvent(type="warning", session_id=session_id, turn=1, data={"text": "first"})])
+
+    async def boom() -> None:
+        await asyncio.sleep(0.01)
+        raise ValueError("a child failed")
+
+    try:
+        async with asyncio.TaskGroup() as group:
+            group.create_task(boom())
+    except* ValueError:
+        pass
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 1  # what the TaskGroup left
+    await log.publish([TurnEvent(type="warning", session_id=session_id, turn=1, data={"text": "second"})])
+    texts = []
+    async for batch in log.follow(session_id, START, poll_ms=10):
+        texts += [event.data["text"] for event in batch]
+        if "second" in texts:
+            break
+    assert texts == ["first", "second"]
+    current.uncancel()

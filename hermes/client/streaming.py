@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from hermes.content.events import TurnEvent, check_offset
 from hermes.errors import SessionNotFoundError
+from hermes.infra.connections import cancel_requests, raise_if_cancelled
 from hermes.models import SessionState, TurnResult
 
 if TYPE_CHECKING:
@@ -143,12 +144,15 @@ async def stream_message(
                     break
             if drain_until is not None and loop.time() >= drain_until:
                 break
+            asked = cancel_requests()
             try:
                 batch = await log_.read(session_id, offset, block_ms=200)
             except Exception as err:  # noqa: BLE001 - wait for the result without events
                 log.warning("reading the turn events of %s failed (%s)", session_id, err)
+                raise_if_cancelled(asked)
                 await asyncio.wait({sending}, timeout=0.5)
                 continue
+            raise_if_cancelled(asked)  # a listener cancelled mid-read stops (a turn can wait hours)
             ended = False
             for event in batch:
                 if event.type != "truncated":

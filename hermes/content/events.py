@@ -44,7 +44,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hermes.infra.connections import raise_if_cancelled
+from hermes.infra.connections import cancel_requests, raise_if_cancelled
 from hermes.infra.redis_writes import write_or_report
 from hermes.security import encryption
 
@@ -361,8 +361,7 @@ class EventLog:
         (empty when none came within ``poll_ms``, so a caller can do other work between
         them), until the caller stops iterating or its task is cancelled. A Redis error
         is retried 1 s later from the last offset read, so a Redis restart costs the
-        reader a pause, not events. Iterate it in a task of its own: a cancel that
-        redis-py swallowed is found by the task's pending cancel requests
+        reader a pause, not events. A cancel that redis-py swallowed ends it too
         (:func:`~hermes.infra.connections.raise_if_cancelled`).
 
         Raises:
@@ -371,13 +370,14 @@ class EventLog:
         """
         offset = check_offset(after)
         while True:
+            asked = cancel_requests()
             try:
                 batch = await self.read(session_id, offset, block_ms=poll_ms)
             except Exception as err:  # noqa: BLE001 - a reader outlives a Redis blip
                 log.warning("reading the events of %s failed (%s); again in 1 s", session_id, err)
                 await asyncio.sleep(1.0)
                 batch = []
-            raise_if_cancelled()  # a cancel redis-py swallowed: this loop ends only by one
+            raise_if_cancelled(asked)  # a cancel redis-py swallowed: this loop ends only by one
             for event in batch:
                 if event.type != "truncated":
                     offset = event.offset

@@ -311,22 +311,33 @@ def redis_client(settings: Settings, url: str | None = None) -> Any:
     return aioredis.Redis.from_pool(pool)
 
 
-def raise_if_cancelled() -> None:
-    """Raise the cancellation a Redis command lost, in a loop of Redis reads.
+def cancel_requests() -> int:
+    """The current task's pending cancel requests (``Task.cancelling()``, Python 3.11; 0
+    outside a task): taken before a Redis call, for :func:`raise_if_cancelled`."""
+    task = asyncio.current_task()
+    return 0 if task is None else task.cancelling()
+
+
+def raise_if_cancelled(before: int = 0) -> None:
+    """Raise the cancellation a Redis command lost, in a loop of Redis calls.
 
     redis-py can lose a cancel that lands as a reply arrives: the command returns its
     reply and the task runs on as if it had never been cancelled (redis/redis-py#2028;
     here about 1 cancel in 30 of a loop of 10 ms ``XREAD BLOCK`` reads, with either
     parser). A loop that only a cancel ends then never ends: ``hermes send`` hung after
-    its reply, waiting for its event follower (seen in CI). Every loop of Redis reads
-    calls this after each read. It must run in a task of its own (the loop's), since it
-    reads that task's pending cancel requests (``Task.cancelling()``, Python 3.11).
+    its reply, waiting for its event follower (seen in CI). Every loop of Redis calls
+    calls this after each call.
+
+    Args:
+        before: :func:`cancel_requests` taken just before the call. 0 (the default) is
+            right only in a task of the loop's own; a loop that may run in a caller's task
+            (a generator) passes the count, so a cancel that task handled earlier without
+            ``uncancel()`` (a Python 3.11 ``TaskGroup`` does) is not raised again.
 
     Raises:
-        asyncio.CancelledError: the current task was asked to stop and has not yet.
+        asyncio.CancelledError: the current task was asked to stop during the call.
     """
-    task = asyncio.current_task()
-    if task is not None and task.cancelling():
+    if cancel_requests() > before:
         raise asyncio.CancelledError
 
 
