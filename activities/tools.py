@@ -41,7 +41,7 @@ from hermes import names
 from hermes.infra import telemetry
 from hermes.security import encryption
 from hermes.content.blobs import MAX_INLINE_ARGUMENTS_BYTES, BlobStore, arguments_stand_in, value_ref
-from hermes.infra.connections import raise_if_cancelled
+from hermes.infra.connections import cancel_requests, raise_if_cancelled
 from hermes.infra.durable import DurableStore, DurableStoreError
 from hermes.infra.ledger import CallLedger
 from hermes.errors import ToolArgumentsError, ToolFailure
@@ -806,6 +806,7 @@ class ToolActivities:
         assert self.redis is not None
         async with heartbeating():
             while True:
+                asked = cancel_requests()  # this task may have handled a cancel before
                 try:
                     raw = await self.redis.get(key)
                     record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
@@ -816,7 +817,7 @@ class ToolActivities:
                 except Exception as err:  # noqa: BLE001 - no answer: the caller reports what it has
                     log.warning("tool call %s: cannot wait for its earlier attempt: %s", key, err)
                     return None
-                raise_if_cancelled()  # a cancelled attempt stops waiting (a cancel redis-py swallowed too)
+                raise_if_cancelled(asked)  # a cancelled attempt stops waiting (a cancel redis-py swallowed too)
                 await asyncio.sleep(_AWAIT_POLL_SECONDS)
 
     async def _record(self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool) -> None:

@@ -29,12 +29,15 @@ key without its certificate, TLS files for the embedded plain servers, are a
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
 from hermes.errors import ConfigError
 from hermes.settings import Settings
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "TemporalTlsError",
@@ -339,6 +342,23 @@ def raise_if_cancelled(before: int = 0) -> None:
     """
     if cancel_requests() > before:
         raise asyncio.CancelledError
+
+
+async def stop_task(task: asyncio.Task[Any], *, wait_seconds: float, what: str) -> bool:
+    """Cancel ``task`` (a loop of Redis calls) and wait for it at most ``wait_seconds``;
+    a task still running then is left, with a warning naming ``what``. The caller's own
+    cancel is not suppressed.
+
+    Returns:
+        Whether the task ended.
+    """
+    task.cancel()
+    done, _ = await asyncio.wait({task}, timeout=wait_seconds)
+    if not done:
+        log.warning("%s did not stop within %.0f s; going on without it", what, wait_seconds)
+    elif not task.cancelled() and task.exception() is not None:
+        log.debug("%s ended with %r", what, task.exception())
+    return bool(done)
 
 
 def _common_redis_args(settings: Settings, url: str) -> dict[str, Any]:

@@ -32,7 +32,7 @@ import logging
 import uuid
 from typing import Any
 
-from hermes.infra.connections import raise_if_cancelled
+from hermes.infra.connections import raise_if_cancelled, stop_task
 from hermes.infra.redis_keys import is_cluster
 
 log = logging.getLogger("hermes.run_cache")
@@ -133,16 +133,10 @@ class MovedRunEviction:
         return True
 
     async def _stop(self, listener: asyncio.Task[Any]) -> None:
-        # A stop flag as well as the cancel: redis-py can swallow a cancel that lands as
-        # a read ends (raise_if_cancelled), and the listener would then run on and hold
-        # the worker's shutdown forever (seen in CI).
+        # A stop flag as well as the cancel: it also ends the reconnect backoff, and a
+        # cancel redis-py swallows (raise_if_cancelled) cannot hold the worker's shutdown.
         self._stopping = True
-        listener.cancel()
-        done, _ = await asyncio.wait({listener}, timeout=STOP_WAIT_SECONDS)
-        if not done:
-            log.warning("run-taken listener did not stop within %.0f s; shutting down without it", STOP_WAIT_SECONDS)
-        elif not listener.cancelled() and listener.exception() is not None:
-            log.debug("run-taken listener ended with %r", listener.exception())
+        await stop_task(listener, wait_seconds=STOP_WAIT_SECONDS, what="the run-taken listener")
 
     def _announce(self, run_id: str) -> None:
         task = asyncio.ensure_future(self._publish(run_id))

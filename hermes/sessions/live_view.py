@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +16,7 @@ from pydantic import ValidationError
 
 from hermes.client import HermesClient
 from hermes.errors import HermesError, SessionNotFoundError
+from hermes.infra.connections import stop_task
 from hermes.models import (
     DecisionRecord,
     Message,
@@ -26,8 +26,6 @@ from hermes.models import (
     TurnResult,
 )
 from hermes.sessions.approvals import decide
-
-log = logging.getLogger(__name__)
 
 __all__ = ["TurnFollower", "TurnView", "Verdict", "follow_turn", "send_watched", "tool_result_of"]
 
@@ -93,7 +91,6 @@ class TurnFollower:
         self.shown_calls, self.shown_results = shown_calls, shown_results
         self.finished: int | None = None
         self.finished_turns: set[int] = set()
-        self._stopping = False
         self.task = asyncio.ensure_future(self._run())
 
     async def _run(self) -> None:
@@ -124,7 +121,7 @@ class TurnFollower:
                     self.view.tool_result(event.data["tool_call_id"], event.data.get("name", "?"), result)
                 elif event.type == "turn_finished" and event.turn is not None:
                     self.finished_turns.add(event.turn)
-            if self._stopping or (self.finished is not None and self.finished in self.finished_turns):
+            if self.finished is not None and self.finished in self.finished_turns:
                 return
 
     async def finish(self, turn: int) -> None:
@@ -134,18 +131,10 @@ class TurnFollower:
             await asyncio.wait_for(asyncio.shield(self.task), 2.0)
 
     async def stop(self) -> None:
-        """End the follower: within one read (0.2 s), at most :data:`_STOP_WAIT_SECONDS`.
-
-        A stop flag as well as the cancel, and a bounded wait: the reply is already in
-        hand, and a cancel redis-py swallowed (:func:`~hermes.infra.connections.raise_if_cancelled`)
-        kept ``hermes send`` from exiting (seen in CI)."""
-        self._stopping = True
-        self.task.cancel()
-        done, _ = await asyncio.wait({self.task}, timeout=_STOP_WAIT_SECONDS)
-        if not done:
-            log.warning("the turn event follower of %s did not stop within %.0f s; leaving it", self.session_id, _STOP_WAIT_SECONDS)
-        elif not self.task.cancelled() and self.task.exception() is not None:
-            log.debug("the turn event follower of %s ended with %r", self.session_id, self.task.exception())
+        """End the follower: within one read (0.2 s), at most :data:`_STOP_WAIT_SECONDS`
+        (a cancel redis-py swallowed kept ``hermes send`` from exiting, seen in CI;
+        :meth:`EventLog.follow` now ends on it)."""
+        await stop_task(self.task, wait_seconds=_STOP_WAIT_SECONDS, what=f"the turn event follower of {self.session_id}")
 
 
 def _parsed(preview: Any, key: str) -> Any:
