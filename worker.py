@@ -20,7 +20,7 @@ from datetime import timedelta
 from typing import Any
 
 from temporalio.client import Client
-from temporalio.worker import UnsandboxedWorkflowRunner, Worker
+from temporalio.worker import Worker
 
 from activities.audit import AuditActivities
 from activities.memory import MemoryActivities
@@ -29,10 +29,11 @@ from activities.session_index import SessionIndexActivities
 from activities.tools import ToolActivities
 from activities.transcript import TranscriptActivities
 from activities.turn_start import TurnStartActivities
+from hermes import names
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
 from hermes.infra import cpu_pool
-from hermes.infra.activation import sandbox_runner, skip_idle_payload_walks
+from hermes.infra.activation import sink_runner, skip_idle_payload_walks
 from hermes.infra.deploy import deployment_config
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.tuning import describe_cpu_reading, worker_tuner
@@ -215,7 +216,8 @@ def build_worker(
             *(memory_activities.activities() if memory_activities is not None else []),
         ],
         max_cached_workflows=settings.max_cached_workflows if max_cached_workflows is None else max_cached_workflows,
-        workflow_runner=sandbox_runner() if settings.workflow_sandbox else UnsandboxedWorkflowRunner(),
+        # The session writes its index row through a sink, not a local activity (hermes.infra.sinks).
+        workflow_runner=sink_runner({names.SESSION_INDEX_SINK: index.write}, sandboxed=settings.workflow_sandbox),
         # Slots: a saturated worker takes less work, the rest waits in the task queue.
         tuner=worker_tuner(settings),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),

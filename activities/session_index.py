@@ -48,7 +48,15 @@ class SessionIndexActivities:
 
     @activity.defn(name=names.UPDATE_SESSION_INDEX)
     async def update_session_index(self, entry: SessionIndexEntry) -> bool:
-        """Upsert one session's row. Idempotent: a retry writes the same values.
+        """:meth:`write` as a local activity: the runs recorded before the session wrote
+        its row through the worker's sink (``workflows.session.patches.INDEX_SINK``)."""
+        return await self.write(entry)
+
+    async def write(self, entry: SessionIndexEntry) -> bool:
+        """Upsert one session's row, after publishing ``turn_finished`` when the row
+        follows a turn's end. Idempotent: a retry writes the same values. The session's
+        sink (:mod:`hermes.infra.sinks`, ``SESSION_INDEX_SINK``) and the local activity
+        of older runs both call it.
 
         Returns:
             True if written; False if not (Redis unreachable, or skipped during the

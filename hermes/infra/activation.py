@@ -37,10 +37,17 @@ If they are missing, :func:`skip_idle_payload_walks` returns False and changes n
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
+from temporalio.worker import UnsandboxedWorkflowRunner, WorkflowInstance, WorkflowInstanceDetails, WorkflowRunner
 from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner, SandboxRestrictions
+
+from hermes.infra import sinks as sink_calls
 
 log = logging.getLogger("hermes.activation")
 
@@ -61,6 +68,7 @@ PASSTHROUGH_MODULES: tuple[str, ...] = (
     "hermes.tools.arguments",
     "hermes.tools.routing",
     "hermes.infra.telemetry",
+    "hermes.infra.sinks",
 )
 """Modules the workflow sandbox takes from the worker process instead of importing them
 again for each run (a module and its submodules, when a workflow imports them): pydantic,
@@ -79,6 +87,146 @@ def sandbox_runner() -> SandboxedWorkflowRunner:
         A runner for ``Worker(workflow_runner=...)``.
     """
     return SandboxedWorkflowRunner(restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES))
+
+
+Sink = Callable[[Any], Awaitable[Any]]
+"""A sink's handler (:mod:`hermes.infra.sinks`): an idempotent coroutine function of one
+value, which reports its own failures."""
+
+
+def sink_runner(sinks: Mapping[str, Sink], *, sandboxed: bool = True) -> WorkflowRunner:
+    """The worker's workflow runner (:func:`sandbox_runner`, or the SDK's unsandboxed one),
+    running each activation's sink calls (:mod:`hermes.infra.sinks`) once it ends.
+
+    Args:
+        sinks: handlers by name; they run on the event loop of the worker that made the
+            workflow instance.
+        sandboxed: False for the SDK's unsandboxed runner (``HERMES_WORKFLOW_SANDBOX``).
+
+    Returns:
+        A runner for ``Worker(workflow_runner=...)``, of the class it wraps (a
+        ``SandboxedWorkflowRunner`` keeps its restrictions).
+    """
+    calls = SinkCalls(sinks)
+    if sandboxed:
+        return _SandboxedSinkRunner(
+            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES), sink_calls=calls
+        )
+    return _UnsandboxedSinkRunner(calls)
+
+
+class SinkCalls:
+    """Runs an activation's sink calls on the worker's event loop, from the thread the
+    activation ran on, and waits for them at most :data:`hermes.infra.sinks.SINK_WAIT_SECONDS`.
+
+    Args:
+        sinks: handlers by name.
+    """
+
+    def __init__(self, sinks: Mapping[str, Sink]):
+        self.sinks = dict(sinks)
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.late = 0
+        """Activations that ended before their sink calls did (those finished later)."""
+
+    def bind(self) -> None:
+        """Take the running event loop as the one to run sink calls on (the SDK makes
+        workflow instances on its worker's loop); outside a loop, nothing changes."""
+        if self.loop is None:
+            try:
+                self.loop = asyncio.get_running_loop()
+            except RuntimeError:
+                pass
+
+    def run(self, calls: list[tuple[str, Any]]) -> None:
+        """Run ``calls`` (``(sink, value)`` in the order made), waiting for them at most
+        ``SINK_WAIT_SECONDS``; never raises (each failure is logged)."""
+        loop = self.loop
+        if loop is None or loop.is_closed():
+            log.warning("sink calls %s dropped: their worker's event loop is not running", [name for name, _ in calls])
+            return
+        try:
+            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop:  # the SDK's debug mode activates on the loop itself: no wait there
+            loop.create_task(self._handle(calls))
+            return
+        future = asyncio.run_coroutine_threadsafe(self._handle(calls), loop)
+        try:
+            future.result(timeout=sink_calls.SINK_WAIT_SECONDS)
+        except concurrent.futures.TimeoutError:
+            self.late += 1
+            log.warning(
+                "sink calls %s still running after %.1f s; the workflow task completes, they finish meanwhile",
+                [name for name, _ in calls], sink_calls.SINK_WAIT_SECONDS,
+            )
+
+    async def _handle(self, calls: list[tuple[str, Any]]) -> None:
+        for name, value in calls:
+            handler = self.sinks.get(name)
+            if handler is None:
+                log.warning("sink call to %r dropped: this worker has no such sink", name)
+                continue
+            try:
+                await handler(value)
+            except Exception:  # noqa: BLE001 - a sink is a projection: its failure never fails the task
+                log.exception("sink %r failed", name)
+
+
+class SinkInstance(WorkflowInstance):
+    """A workflow instance whose activations' sink calls :class:`SinkCalls` runs when
+    each activation ends in a successful completion (a failed one is run again, and
+    calls its sinks then)."""
+
+    def __init__(self, inner: WorkflowInstance, calls: SinkCalls):
+        self._inner, self._calls = inner, calls
+
+    def activate(self, act: Any) -> Any:
+        made = sink_calls.collect()
+        try:
+            completion = self._inner.activate(act)
+        finally:
+            sink_calls.stop_collecting()
+        if made and completion.HasField("successful"):
+            self._calls.run(made)
+        return completion
+
+    def get_serialization_context(self, command_info: Any) -> Any:
+        return self._inner.get_serialization_context(command_info)
+
+    def get_external_store_context(self, command_info: Any) -> Any:
+        return self._inner.get_external_store_context(command_info)
+
+    def get_info(self) -> Any:
+        return self._inner.get_info()
+
+    def get_thread_id(self) -> int | None:
+        return self._inner.get_thread_id()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+@dataclass(frozen=True)
+class _SandboxedSinkRunner(SandboxedWorkflowRunner):
+    sink_calls: SinkCalls | None = None
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        instance = super().create_instance(det)
+        if self.sink_calls is None:
+            return instance
+        self.sink_calls.bind()
+        return SinkInstance(instance, self.sink_calls)
+
+
+class _UnsandboxedSinkRunner(UnsandboxedWorkflowRunner):
+    def __init__(self, calls: SinkCalls):
+        self.sink_calls = calls
+
+    def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
+        self.sink_calls.bind()
+        return SinkInstance(super().create_instance(det), self.sink_calls)
 
 
 def walks_are_idle(data_converter: Any) -> bool:

@@ -12,6 +12,7 @@ Timeouts (DESIGN.md, tiered): local activities for cheap Redis writes and checks
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -27,6 +28,7 @@ unaffected. A continue-as-new's options are not compared on replay: no patch."""
 
 with workflow.unsafe.imports_passed_through():
     from hermes import names
+    from hermes.infra import sinks
     from hermes.memory.models import ExtractMemoriesInput, ExtractMemoriesResult, ForgetReport, SearchMemoriesInput, SearchMemoriesResult
     from hermes.models import (
         ApprovalAuditBatch,
@@ -39,6 +41,7 @@ with workflow.unsafe.imports_passed_through():
         ListToolsResult,
         RunToolInput,
         SessionConfig,
+        SessionIndexEntry,
         SnapshotInput,
         StoreBodiesInput,
         Summary,
@@ -328,6 +331,17 @@ async def record_audit(batch: ApprovalAuditBatch) -> bool:
         workflow.logger.warning("approval audit: %d entries not written", len(batch.entries), exc_info=True)
         return False
     return True
+
+
+def write_index(entry: SessionIndexEntry, *, by_sink: bool) -> asyncio.Task[None] | None:
+    """Write the session index row ``entry``: through the worker's sink when the activation
+    ends (``by_sink``: the run's ``index-through-sink`` patch; :mod:`hermes.infra.sinks`),
+    else by a local activity, whose task is returned for the session to drain."""
+    if not by_sink:
+        return asyncio.create_task(cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))
+    if not sinks.emit(names.SESSION_INDEX_SINK, entry):
+        workflow.logger.warning("session index row not written: this worker's workflow runner takes no sink calls")
+    return None
 
 
 async def cache_write(activity: str, arg: Any, *, summary: str, attempts: int) -> None:

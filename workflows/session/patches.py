@@ -105,9 +105,15 @@ a local activity less per turn; each is a workflow activation and a history mark
 recall goes with the listing when the previous listing said the worker serves memory; if
 ``begin_turn`` fails, the turn lists and searches apart as before."""
 
+INDEX_SINK = "index-through-sink"
+"""The session index row (and a turn's ``turn_finished``) is written through the worker's
+sink when the activation that decided it ends (:mod:`hermes.infra.sinks`), not by an
+``update_session_index`` local activity (issue 31: an activation, an activity task and a
+history marker less per turn)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN,
+    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN, INDEX_SINK,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

@@ -560,11 +560,9 @@ class SessionWorkflow:
         # The index is a cache: Temporal stays the source of truth, `hermes sessions`
         # rebuilds it. A Redis outage must not fail a turn. At a turn's end it also
         # publishes the turn_finished event (hermes.content.events).
-        entry = self._s.index_entry(finished)
         self._background = [t for t in self._background if not t.done()]
-        self._background.append(
-            asyncio.create_task(calls.cache_write(names.UPDATE_SESSION_INDEX, entry, summary="session index", attempts=3))
-        )
+        task = calls.write_index(self._s.index_entry(finished), by_sink=self._patched(patches.INDEX_SINK))
+        self._background.extend([task] if task is not None else [])
 
 
 async def traced_turn(
