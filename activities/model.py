@@ -35,7 +35,7 @@ from hermes.content.blobs import (
     BlobStore,
     arguments_stand_in,
     message_from_body,
-    message_of_ref,
+    messages_of_refs,
     stored_preview,
     tools_of_ref,
     value_ref,
@@ -403,7 +403,7 @@ class ModelActivities:
         if not refs:
             return request
         texts = await self._texts(request, refs)
-        messages = await self._with_whole_arguments([message_of_ref(r, texts[r]) for r in message_refs]) or request.messages
+        messages = await self._with_whole_arguments(messages_of_refs(message_refs, texts)) or request.messages
         tools = request.tools
         if request.tools_ref:
             tools = tools_of_ref(request.tools_ref, texts[request.tools_ref])

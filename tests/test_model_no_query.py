@@ -4,6 +4,8 @@ body the store lost is written again, not asked for."""
 
 from __future__ import annotations
 
+import uuid
+
 import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -284,6 +286,20 @@ def test_decoded_context_messages_are_shared_and_their_cache_stays_bounded(monke
     held = decoded.get(refs)
     assert sum(size for _, size in held.values()) == decoded.chars <= 64 * 200
     assert refs[-1] in held and refs[0] not in held
+
+
+def test_a_context_decoded_in_one_go_gives_each_reference_its_shared_message_in_order():
+    from hermes.content.blobs import body_json, message_of_ref, message_ref, messages_of_refs
+
+    said = [Message(role="user", content=f"one-go {i} {uuid.uuid4()}") for i in range(3)]
+    called = Message(role="assistant", content="", tool_calls=[ToolCall(tool_call_id="c9", name="f", arguments={"b": 2})])
+    texts = {message_ref(m): body_json(m) for m in [*said, called]}
+    refs = [message_ref(said[0]), message_ref(called), message_ref(said[0]), message_ref(said[2])]
+    known = message_of_ref(refs[1], texts[refs[1]])  # decoded before, by the one-by-one path
+    messages = messages_of_refs(refs, texts)
+    assert [m.content for m in messages] == [said[0].content, "", said[0].content, said[2].content]
+    assert messages[1] is known and messages[0] is messages[2]
+    assert messages_of_refs(refs, texts)[3] is messages[3] is message_of_ref(refs[3], texts[refs[3]])
 
 
 @pytest.mark.parametrize("profile", ["openai", "deepseek", "ollama", "scripted"])

@@ -28,7 +28,7 @@ import math
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from hermes.content.previews import head_and_tail
@@ -243,6 +243,17 @@ def message_of_ref(ref: str, text: str) -> Message:
     context (issue 31: about 0.7 ms of CPU a turn, most of it deep copies of tool calls).
     """
     return _decoded_once(DECODED, ref, text, message_from_body)
+
+
+def messages_of_refs(refs: list[str], texts: Mapping[str, str]) -> list[Message]:
+    """:func:`message_of_ref` of each of ``refs`` (bodies in ``texts``), in order, with one
+    look into :data:`DECODED` for them all (a context is tens of messages a step)."""
+    held = DECODED.get(refs)
+    decoded = {ref: (message_from_body(texts[ref]), len(texts[ref])) for ref in dict.fromkeys(refs) if ref not in held}
+    if decoded:
+        DECODED.put(decoded)
+        held.update(decoded)
+    return [held[ref][0] for ref in refs]
 
 
 def _decoded_once(cache: BodyCache[tuple[V, int]], ref: str, text: str, decode: Callable[[str], V]) -> V:
