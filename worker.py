@@ -33,7 +33,7 @@ from hermes import names
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
 from hermes.infra import cpu_pool
-from hermes.infra.activation import sink_runner, skip_idle_payload_walks
+from hermes.infra.activation import cache_workflow_code, sink_runner, skip_idle_payload_walks
 from hermes.infra.deploy import deployment_config
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.tuning import describe_cpu_reading, worker_tuner
@@ -195,6 +195,7 @@ def build_worker(
     tools.memory = memory_activities is not None
     _publish_events(settings, redis, model, tools, audit, index, memory_activities)
     skip_idle_payload_walks()  # none when no codec or external storage could change a payload
+    cache_workflow_code()  # each run's sandbox executes the workflow modules' code, compiled once
     worker = _validated(
         Worker,
         client,

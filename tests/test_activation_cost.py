@@ -97,6 +97,28 @@ async def test_the_sandbox_takes_payload_models_and_pydantic_from_the_worker_and
     assert logic != id(workflow_module), "workflow code stays sandboxed (its non-determinism is still checked)"
 
 
+async def test_each_run_executes_workflow_modules_afresh_from_code_compiled_once_per_process(
+    temporal_client, settings, redis
+):
+    from hermes.infra.activation import _CodeCachingLoader, cache_workflow_code
+
+    runner = build_worker(
+        temporal_client, settings, provider=ScriptedModel.demo(), registry=register_builtins(ToolRegistry()), redis=redis
+    ).config()["workflow_runner"]
+    assert not cache_workflow_code(), "build_worker installs it (once per process)"
+    queue = f"probe-{uuid.uuid4()}"
+    seen = []
+    async with Worker(temporal_client, task_queue=queue, workflows=[PassthroughProbe], workflow_runner=runner,
+                      max_cached_workflows=0):
+        for _ in range(3):
+            seen.append(await temporal_client.execute_workflow(PassthroughProbe.run, id=f"probe-{uuid.uuid4()}", task_queue=queue))
+            compiled = _CodeCachingLoader.compiled if len(seen) == 1 else compiled
+    assert _CodeCachingLoader.compiled == compiled, "a later run compiled a workflow module again"
+    assert all(logic != id(workflow_module) for _, _, logic in seen), "workflow code stays sandboxed"
+    cached = [key for key in _CodeCachingLoader.codes if key[0].endswith("workflows/session/patches.py")]
+    assert len(cached) == 1, "the sandbox's workflow modules go through the code cache"
+
+
 class _Jobs:
     def __iter__(self) -> Any:
         raise AssertionError("the jobs of an ordinary activation were read")
