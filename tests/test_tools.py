@@ -393,3 +393,26 @@ def test_a_missing_or_malformed_script_file_is_a_config_error(tmp_path: Path):
     listing.write_text("- reply: hi\n", encoding="utf-8")
     with pytest.raises(ConfigError, match="mapping"):
         ScriptedModel.from_file(listing)
+
+
+async def test_a_tool_listing_reuses_each_unchanged_tools_spec_and_sees_a_changed_one():
+    from activities.tools import ToolActivities
+    from hermes.models import ListToolsInput
+
+    registry = register_builtins(ToolRegistry())
+    activities = ToolActivities(registry, None, tier_seconds=lambda tier: 60.0)
+    first = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+    second = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+    assert second == first and second.ref == first.ref
+    assert all(a is b for a, b in zip(first.tools, second.tools)), "an unchanged tool's spec was built again"
+    assert all(s.tokens for s in first.tools)
+
+    registry.get("calculate").description = "Evaluates arithmetic, exactly."  # a field set anew
+    changed = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+    spec = next(s for s in changed.tools if s.name == "calculate")
+    assert spec.description.startswith("Evaluates arithmetic, exactly.") and changed.ref != first.ref
+    others = [s for s in changed.tools if s.name != "calculate"]
+    assert all(any(s is t for t in first.tools) for s in others)
+
+    uncounted = await activities.list_tools(ListToolsInput())
+    assert all(s.tokens is None for s in uncounted.tools) and uncounted.ref != changed.ref
