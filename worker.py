@@ -516,9 +516,6 @@ def main() -> None:
     asyncio.run(run_worker())
 
 
-if __name__ == "__main__":
-    main()
-
 
 def _warm_reference_bank(embedder: Any) -> None:
     """Embed the read path's reference bank (:mod:`hermes.memory.relevance`) now: the
@@ -529,3 +526,7 @@ def _warm_reference_bank(embedder: Any) -> None:
 
     if embedder.thresholds.retrieval_lift > -1.0:
         relevance.bank_for(embedder).matrix  # noqa: B018 - computed and kept on first read
+
+
+if __name__ == "__main__":
+    main()

@@ -49,3 +49,31 @@ def test_every_package_of_hermes_says_its_concern_and_star_imports_nothing():
         assert ast.get_docstring(tree), f"{path}: a package's docstring says its concern"
         stars = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.names[0].name == "*"]
         assert not stars, f"{path}:{stars}: a star import hides what the package exports"
+
+
+def _is_main_guard(node: ast.stmt) -> bool:
+    test = getattr(node, "test", None)
+    return (
+        isinstance(node, ast.If)
+        and isinstance(test, ast.Compare)
+        and isinstance(test.left, ast.Name)
+        and test.left.id == "__name__"
+        and any(isinstance(c, ast.Constant) and c.value == "__main__" for c in test.comparators)
+    )
+
+
+def test_a_scripts_main_guard_is_its_last_statement():
+    # Run as a script (``python worker.py``), a module runs main() when it reaches the
+    # guard: a function defined after it did not exist yet (worker.py's embedder preload
+    # failed with a NameError this way, and the first memory searches paid for it).
+    late: list[str] = []
+    for path in sorted(REPO_ROOT.rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT).parts
+        if parts[0].startswith(".") or "site-packages" in parts or "node_modules" in parts:
+            continue
+        body = ast.parse(path.read_text(encoding="utf-8")).body
+        guards = [i for i, node in enumerate(body) if _is_main_guard(node)]
+        if guards and guards[-1] != len(body) - 1:
+            after = body[guards[-1] + 1]
+            late.append(f"{path.relative_to(REPO_ROOT)}:{after.lineno}")
+    assert not late, f"statements after the `if __name__ == '__main__':` guard, undefined when run as a script: {late}"
