@@ -11,7 +11,7 @@ always calls ``calculate`` and then replies), ``run_tool`` (the built-in ``calcu
 ``call_model`` again. A turn is therefore model -> tool -> model in both; what differs is
 the session's own work: its per-turn ``begin_turn`` local activity (the tool listing and
 the memory recall; ``list_tools`` and ``search_memories`` apart in a run's first turn),
-the session-index activity, the transcript it carries into every model call, state
+the session-index write (a worker sink), the transcript it carries into every model call, state
 bookkeeping, update validation, and update-with-start on the client side.
 
 Series (turns interleaved in blocks, so machine noise hits all alike):
@@ -26,7 +26,7 @@ Series (turns interleaved in blocks, so machine noise hits all alike):
   the system prompt, the current turn's messages and the same tool list as the session.
 
 With ``--breakdown``, bench-only subclasses of SessionWorkflow (workflow code unchanged)
-add series that each remove one piece: ``no_index`` (no session-index activity),
+add series that each remove one piece: ``no_index`` (no session-index write),
 ``tools_once`` (the tools listed once per run instead of per turn; the recall then runs
 alone), ``turn_only`` (model calls carry only the current turn, not the transcript),
 ``lean`` (all three).
