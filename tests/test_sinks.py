@@ -152,3 +152,21 @@ async def test_a_turn_writes_its_index_row_and_turn_finished_through_the_sink_be
         if e.HasField("marker_recorded_event_attributes") and e.marker_recorded_event_attributes.marker_name == "core_patch"
     ]
     assert any(b"index-through-sink" in p for p in patches)
+
+
+def test_sink_calls_meeting_a_loop_closed_meanwhile_are_dropped_with_a_warning_not_raised(caplog):
+    from hermes.infra.activation import SinkCalls
+
+    caplog.set_level(logging.WARNING, logger="hermes.activation")
+    recorder = _Recorder()
+    calls = SinkCalls({"probe": recorder})
+    loop = asyncio.new_event_loop()
+    loop.close()
+    loop.is_closed = lambda: False  # type: ignore[method-assign]  # closed after the check: the worker stopping
+    calls.loop = loop
+    try:
+        calls.run([("probe", "gone")])
+    finally:
+        del loop.is_closed
+    assert recorder.values == []
+    assert any("sink calls ['probe'] dropped" in r.getMessage() for r in caplog.records)

@@ -164,7 +164,13 @@ class SinkCalls:
         if running is loop:  # the SDK's debug mode activates on the loop itself: no wait there
             loop.create_task(self._handle(calls))
             return
-        future = asyncio.run_coroutine_threadsafe(self._handle(calls), loop)
+        handling = self._handle(calls)
+        try:
+            future = asyncio.run_coroutine_threadsafe(handling, loop)
+        except RuntimeError as err:  # the loop closed meanwhile: the worker is stopping
+            handling.close()
+            log.warning("sink calls %s dropped: %s", [name for name, _ in calls], err)
+            return
         try:
             future.result(timeout=sink_calls.SINK_WAIT_SECONDS)
         except concurrent.futures.TimeoutError:
@@ -173,6 +179,8 @@ class SinkCalls:
                 "sink calls %s still running after %.1f s; the workflow task completes, they finish meanwhile",
                 [name for name, _ in calls], sink_calls.SINK_WAIT_SECONDS,
             )
+        except concurrent.futures.CancelledError:
+            log.warning("sink calls %s cancelled: their worker is stopping", [name for name, _ in calls])
 
     async def _handle(self, calls: list[tuple[str, Any]]) -> None:
         for name, value in calls:
