@@ -33,7 +33,7 @@ from hermes import names
 from hermes.security import command_auth
 from hermes.content.blobs import BlobStore
 from hermes.infra import cpu_pool
-from hermes.infra.activation import cache_workflow_code, sink_runner, skip_idle_payload_walks
+from hermes.infra.activation import SDK_DEADLOCK_SECONDS, cache_workflow_code, sink_runner, skip_idle_payload_walks
 from hermes.infra.deploy import deployment_config
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
 from hermes.infra.tuning import describe_cpu_reading, worker_tuner
@@ -195,6 +195,10 @@ def build_worker(
     tools.memory = memory_activities is not None
     _publish_events(settings, redis, model, tools, audit, index, memory_activities)
     skip_idle_payload_walks()  # none when no codec or external storage could change a payload
+    runner = sink_runner(
+        {names.SESSION_INDEX_SINK: index.write}, sandboxed=settings.workflow_sandbox,
+        deadlock_seconds=settings.workflow_deadlock_seconds,
+    )
     cache_workflow_code()  # each run's sandbox executes the workflow modules' code, compiled once
     worker = _validated(
         Worker,
@@ -218,7 +222,8 @@ def build_worker(
         ],
         max_cached_workflows=settings.max_cached_workflows if max_cached_workflows is None else max_cached_workflows,
         # The session writes its index row through a sink, not a local activity (hermes.infra.sinks).
-        workflow_runner=sink_runner({names.SESSION_INDEX_SINK: index.write}, sandboxed=settings.workflow_sandbox),
+        workflow_runner=runner,
+        unsandboxed_workflow_runner=runner.unsandboxed(),
         # Slots: a saturated worker takes less work, the rest waits in the task queue.
         tuner=worker_tuner(settings),
         sticky_queue_schedule_to_start_timeout=timedelta(seconds=settings.sticky_schedule_to_start_seconds),
@@ -232,7 +237,8 @@ def build_worker(
         # HERMES_DEPLOYMENT_NAME + HERMES_BUILD_ID: a versioned worker (README "Rolling deploys").
         deployment_config=deployment_config(settings),
     )
-    set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)
+    if not set_deadlock_timeout(worker, settings.workflow_deadlock_seconds):
+        runner.sink_calls.deadlock_seconds = SDK_DEADLOCK_SECONDS  # the SDK's bound stands: sink waits fit it
     # Runs this worker takes are announced on Redis, and this worker's stale copies of runs
     # taken elsewhere leave its cache (hermes.infra.run_cache).
     eviction = MovedRunEviction(worker, redis)

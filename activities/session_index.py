@@ -3,6 +3,7 @@ status / title, in Redis, so that `hermes sessions` lists them fast."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -53,21 +54,26 @@ class SessionIndexActivities:
         return await self.write(entry)
 
     async def write(self, entry: SessionIndexEntry) -> bool:
-        """Upsert one session's row, after publishing ``turn_finished`` when the row
-        follows a turn's end. Idempotent: a retry writes the same values. The session's
-        sink (:mod:`hermes.infra.sinks`, ``SESSION_INDEX_SINK``) and the local activity
-        of older runs both call it.
+        """Upsert one session's row and, when the row follows a turn's end, publish
+        ``turn_finished``, both at once (together within ``timeout_seconds``, which the
+        sink's wait covers: :data:`hermes.infra.sinks.SINK_WAIT_SECONDS`). Idempotent: a
+        retry writes the same values. The session's sink (:mod:`hermes.infra.sinks`,
+        ``SESSION_INDEX_SINK``) and the local activity of older runs both call it.
 
         Returns:
-            True if written; False if not (Redis unreachable, or skipped during the
-            backoff after a failure), which is reported, never silent.
+            True if the row was written; False if not (Redis unreachable, or skipped
+            during the backoff after a failure), which is reported, never silent.
         """
-        if self.events is not None and entry.finished_turn is not None:
-            finished = TurnEvent(
-                type="turn_finished", session_id=entry.session_id, turn=entry.finished_turn,
-                data={"status": entry.finished_status, "turn_count": entry.turn_count},
-            )
-            await self.events.publish_quietly([finished])
+        if self.events is None or entry.finished_turn is None:
+            return await self._write_row(entry)
+        finished = TurnEvent(
+            type="turn_finished", session_id=entry.session_id, turn=entry.finished_turn,
+            data={"status": entry.finished_status, "turn_count": entry.turn_count},
+        )
+        _, written = await asyncio.gather(self.events.publish_quietly([finished]), self._write_row(entry))
+        return written
+
+    async def _write_row(self, entry: SessionIndexEntry) -> bool:
         if self.redis is None:
             return False
         what = f"the session index row of session {entry.session_id!r} (turn {entry.turn_count})"

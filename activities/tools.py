@@ -79,8 +79,7 @@ STARTED_EVENT_DELAY_SECONDS = 0.25
 (one round trip a call less; issue 31), and a slower one shows as running after it."""
 
 MAX_HELD_SPECS = 4096
-"""Tool specs a worker keeps between its listings (all dropped when full: an MCP server
-that lists new tool objects every time never grows it past this)."""
+"""Registry tool specs a worker keeps between its listings (all dropped when full)."""
 _AWAIT_POLL_SECONDS = 0.2
 _MAX_RETRY_AFTER_SECONDS = 30.0
 _MAX_MESSAGE_CHARS = 2000
@@ -427,10 +426,10 @@ class ToolActivities:
         self.heartbeat_timeout_seconds = heartbeat_timeout_seconds
         self.events: EventLog | None = None
         """Where tool calls are published as turn events (:mod:`hermes.content.events`), if anywhere."""
-        self._specs: dict[int, tuple[Tool, dict[str, Any], str, ToolSpec, dict[str, Any]]] = {}
-        """id(tool) -> (the tool, its fields then, the encoding its schema was counted with,
-        its spec, the spec's JSON): a listing rebuilds no spec of a tool it listed before
-        unchanged (issue 31)."""
+        self._specs: dict[tuple[int, str], tuple[Tool, dict[str, Any], ToolSpec, dict[str, Any]]] = {}
+        """(id(tool), encoding) -> (the registry's tool, its fields then, its spec with its
+        schema's tokens in that encoding, the spec's JSON): a listing rebuilds no spec of a
+        registry tool it listed before unchanged (issue 31)."""
 
     async def bounded(self, result: ToolResult) -> ToolResult:
         """``result``, or, when its JSON exceeds ``max_result_bytes``, a preview of it
@@ -457,33 +456,38 @@ class ToolActivities:
         """Every tool a turn may offer: the registry's, then the MCP servers' (as they
         list them now; the result is recorded in the turn's history). When the list is
         the one ``request.known_ref`` names, only its reference is returned."""
-        tools: list[Tool] = list(self.registry)
+        encoding = request.encoding if request is not None else ""
+        held = [self._spec_of(t, encoding) for t in self.registry]
         groups = self.registry.groups
         if self.mcp is not None:
-            tools += await self.mcp.discover()
+            # Listed anew each time (new tool objects): made each time, never held.
+            held += [self._spec_of(t, encoding, hold=False) for t in await self.mcp.discover()]
             known = {g.name for g in groups}
             groups = groups + [g for g in self.mcp.groups if g.name not in known]
-        held = [self._spec_of(t, request.encoding if request is not None else "") for t in tools]
-        specs = [spec for *_, spec, _ in held]
-        ref = value_ref([[spec_json for *_, spec_json in held], [g.model_dump(mode="json") for g in groups]])
+        specs = [spec for spec, _ in held]
+        ref = value_ref([[spec_json for _, spec_json in held], [g.model_dump(mode="json") for g in groups]])
         if request is not None and request.known_ref == ref:
             return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding, memory=self.memory, degraded=self._degraded())
         return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding, memory=self.memory, degraded=self._degraded())
 
-    def _spec_of(self, tool: Tool, encoding: str) -> tuple[Tool, dict[str, Any], str, ToolSpec, dict[str, Any]]:
+    def _spec_of(self, tool: Tool, encoding: str, *, hold: bool = True) -> tuple[ToolSpec, dict[str, Any]]:
         """``tool``'s spec (with its schema's tokens in ``encoding``, counted here so that
-        workflow code never encodes schemas) and the spec's JSON, made again only for
-        another tool object, another encoding, or a field of the tool set anew. Specs are
-        shared by the listings: read-only."""
-        held = self._specs.get(id(tool))
-        if held is None or held[0] is not tool or held[2] != encoding or held[1] != vars(tool):
+        workflow code never encodes schemas) and the spec's JSON. With ``hold`` (a registry
+        tool) they are made once per tool object and encoding, and again only when a field
+        of the tool is set anew (tools are read-only once registered: a schema changed in
+        place is not seen). Specs are shared by the listings: read-only."""
+        key = (id(tool), encoding)
+        held = self._specs.get(key) if hold else None
+        if held is None or held[0] is not tool or held[1] != vars(tool):
             spec = tool.spec(tier_seconds=self.tier_seconds, heartbeat_timeout_seconds=self.heartbeat_timeout_seconds)
             if encoding:
                 spec = spec.model_copy(update={"tokens": schema_tokens(encoding, spec)})
-            if len(self._specs) >= MAX_HELD_SPECS:  # MCP servers' tools come and go
+            if not hold:
+                return spec, spec.model_dump(mode="json")
+            if len(self._specs) >= MAX_HELD_SPECS:
                 self._specs.clear()
-            held = self._specs[id(tool)] = (tool, dict(vars(tool)), encoding, spec, spec.model_dump(mode="json"))
-        return held
+            held = self._specs[key] = (tool, dict(vars(tool)), spec, spec.model_dump(mode="json"))
+        return held[2], held[3]
 
     def _degraded(self) -> list[Degradation]:
         """What this worker does less well for the turn listing its tools (issue 27)."""

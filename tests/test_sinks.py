@@ -170,3 +170,68 @@ def test_sink_calls_meeting_a_loop_closed_meanwhile_are_dropped_with_a_warning_n
         del loop.is_closed
     assert recorder.values == []
     assert any("sink calls ['probe'] dropped" in r.getMessage() for r in caplog.records)
+
+
+@workflow.defn(name="UnsandboxedSinkProbe", sandboxed=False)
+class UnsandboxedSinkProbe:
+    @workflow.run
+    async def run(self, value: str) -> bool:
+        return sinks.emit("probe", value)
+
+
+async def test_a_workflow_defined_unsandboxed_on_a_sandboxed_worker_reaches_the_same_sinks(temporal_client, task_queue):
+    recorder = _Recorder()
+    runner = sink_runner({"probe": recorder})
+    async with Worker(temporal_client, task_queue=task_queue, workflows=[UnsandboxedSinkProbe], workflow_runner=runner,
+                      unsandboxed_workflow_runner=runner.unsandboxed()):
+        taken = await temporal_client.execute_workflow(
+            "UnsandboxedSinkProbe", "plain", id=f"probe-{uuid.uuid4().hex[:8]}", task_queue=task_queue, result_type=bool
+        )
+    assert (taken, recorder.values) == (True, ["plain"])
+
+
+def _loop_in_thread() -> tuple[asyncio.AbstractEventLoop, Any]:
+    import threading
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    return loop, thread
+
+
+def test_a_sink_wait_ends_before_the_activations_deadlock_bound_and_the_call_still_finishes(caplog):
+    import time
+
+    from hermes.infra.activation import DEADLOCK_MARGIN_SECONDS, SinkCalls
+
+    caplog.set_level(logging.WARNING, logger="hermes.activation")
+    recorder = _Recorder(delay=1.0)
+    calls = SinkCalls({"probe": recorder}, deadlock_seconds=1.0)
+    loop, thread = _loop_in_thread()
+    try:
+        calls.loop, calls.loop_thread = loop, thread.ident  # as bind() on that loop does
+        began = time.monotonic()
+        calls.run([("probe", "near the bound")], activation_seconds=1.0 - DEADLOCK_MARGIN_SECONDS - 0.1)
+        assert time.monotonic() - began < 0.6, "the wait ran past what the activation left of its deadlock bound"
+        assert calls.late == 1 and len(calls.unfinished) == 1
+        time.sleep(1.5)
+        assert recorder.values == ["near the bound"] and not calls.unfinished
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)
+        loop.close()
+
+
+async def test_an_activation_on_the_loops_own_thread_never_waits_for_its_sink_calls():
+    import time
+
+    from hermes.infra.activation import SinkCalls
+
+    recorder = _Recorder(delay=0.5)
+    calls = SinkCalls({"probe": recorder}, deadlock_seconds=10.0)
+    calls.bind()  # on this loop's thread, as the SDK's debug mode activates
+    began = time.monotonic()
+    calls.run([("probe", "debug")])
+    assert time.monotonic() - began < 0.2 and recorder.values == []
+    await asyncio.sleep(0.8)
+    assert recorder.values == ["debug"]

@@ -416,3 +416,26 @@ async def test_a_tool_listing_reuses_each_unchanged_tools_spec_and_sees_a_change
 
     uncounted = await activities.list_tools(ListToolsInput())
     assert all(s.tokens is None for s in uncounted.tools) and uncounted.ref != changed.ref
+
+    recounted = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+    assert all(a is b for a, b in zip(recounted.tools, changed.tools)), "each encoding's specs are kept apart"
+
+
+async def test_a_listing_holds_no_spec_of_an_mcp_tool_listed_anew_each_time():
+    from activities.tools import ToolActivities
+    from hermes.models import ListToolsInput
+
+    class Listed:
+        groups: list = []
+        unavailable: dict = {}
+
+        async def discover(self) -> list:
+            return [t for t in register_builtins(ToolRegistry()) if t.name == "calculate"]  # new objects each time
+
+    activities = ToolActivities(register_builtins(ToolRegistry()), None, tier_seconds=lambda tier: 60.0, mcp=Listed())
+    first = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+    held = len(activities._specs)
+    for _ in range(5):
+        again = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+        assert again.ref == first.ref
+    assert len(activities._specs) == held == len(list(activities.registry))

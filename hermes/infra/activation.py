@@ -51,6 +51,8 @@ import importlib.machinery
 import logging
 import os
 import sys
+import threading
+import time
 from types import CodeType
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -106,7 +108,17 @@ Sink = Callable[[Any], Awaitable[Any]]
 value, which reports its own failures."""
 
 
-def sink_runner(sinks: Mapping[str, Sink], *, sandboxed: bool = True) -> WorkflowRunner:
+SDK_DEADLOCK_SECONDS = 2.0
+"""The Python SDK's bound on one activation (``[TMPRL1101]``) when nothing raises it."""
+
+DEADLOCK_MARGIN_SECONDS = 0.5
+"""What a sink wait leaves of the activation's deadlock bound (the SDK's own handling of
+the completion runs within it too)."""
+
+
+def sink_runner(
+    sinks: Mapping[str, Sink], *, sandboxed: bool = True, deadlock_seconds: float = SDK_DEADLOCK_SECONDS
+) -> WorkflowRunner:
     """The worker's workflow runner (:func:`sandbox_runner`, or the SDK's unsandboxed one),
     running each activation's sink calls (:mod:`hermes.infra.sinks`) once it ends.
 
@@ -114,12 +126,16 @@ def sink_runner(sinks: Mapping[str, Sink], *, sandboxed: bool = True) -> Workflo
         sinks: handlers by name; they run on the event loop of the worker that made the
             workflow instance.
         sandboxed: False for the SDK's unsandboxed runner (``HERMES_WORKFLOW_SANDBOX``).
+        deadlock_seconds: the worker's bound on one activation (the SDK's 2 s, or
+            :func:`worker.set_deadlock_timeout`'s): the wait for the sink calls counts
+            against it, so it is cut to what the activation left of it.
 
     Returns:
         A runner for ``Worker(workflow_runner=...)``, of the class it wraps (a
-        ``SandboxedWorkflowRunner`` keeps its restrictions).
+        ``SandboxedWorkflowRunner`` keeps its restrictions). Its ``unsandboxed()`` is the
+        runner for ``Worker(unsandboxed_workflow_runner=...)``, with the same sinks.
     """
-    calls = SinkCalls(sinks)
+    calls = SinkCalls(sinks, deadlock_seconds=deadlock_seconds)
     if sandboxed:
         return _SandboxedSinkRunner(
             restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES), sink_calls=calls
@@ -129,39 +145,45 @@ def sink_runner(sinks: Mapping[str, Sink], *, sandboxed: bool = True) -> Workflo
 
 class SinkCalls:
     """Runs an activation's sink calls on the worker's event loop, from the thread the
-    activation ran on, and waits for them at most :data:`hermes.infra.sinks.SINK_WAIT_SECONDS`.
+    activation ran on, and waits for them at most :data:`hermes.infra.sinks.SINK_WAIT_SECONDS`
+    (and never past the activation's deadlock bound, less :data:`DEADLOCK_MARGIN_SECONDS`).
 
     Args:
         sinks: handlers by name.
+        deadlock_seconds: the worker's bound on one activation.
     """
 
-    def __init__(self, sinks: Mapping[str, Sink]):
+    def __init__(self, sinks: Mapping[str, Sink], *, deadlock_seconds: float = SDK_DEADLOCK_SECONDS):
         self.sinks = dict(sinks)
+        self.deadlock_seconds = deadlock_seconds
         self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop_thread: int | None = None
         self.late = 0
         """Activations that ended before their sink calls did (those finished later)."""
+        self.unfinished: set[concurrent.futures.Future[None]] = set()
+        """Sink calls still running after their activation ended."""
 
     def bind(self) -> None:
-        """Take the running event loop as the one to run sink calls on (the SDK makes
-        workflow instances on its worker's loop); outside a loop, nothing changes."""
-        if self.loop is None:
-            try:
-                self.loop = asyncio.get_running_loop()
-            except RuntimeError:
-                pass
+        """Take the running event loop (and its thread) as the one to run sink calls on:
+        the SDK makes workflow instances on its worker's loop. Outside a loop, nothing
+        changes."""
+        try:
+            self.loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        self.loop_thread = threading.get_ident()
 
-    def run(self, calls: list[tuple[str, Any]]) -> None:
+    def run(self, calls: list[tuple[str, Any]], *, activation_seconds: float = 0.0) -> None:
         """Run ``calls`` (``(sink, value)`` in the order made), waiting for them at most
-        ``SINK_WAIT_SECONDS``; never raises (each failure is logged)."""
+        ``SINK_WAIT_SECONDS`` and what the activation (which took ``activation_seconds``)
+        left of its deadlock bound; never raises (each failure is logged)."""
+        names = [name for name, _ in calls]
         loop = self.loop
         if loop is None or loop.is_closed():
-            log.warning("sink calls %s dropped: their worker's event loop is not running", [name for name, _ in calls])
+            log.warning("sink calls %s dropped: their worker's event loop is not running", names)
             return
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is loop:  # the SDK's debug mode activates on the loop itself: no wait there
+        if threading.get_ident() == self.loop_thread:
+            # The SDK's debug mode activates on the loop's own thread: waiting would block it.
             loop.create_task(self._handle(calls))
             return
         handling = self._handle(calls)
@@ -169,18 +191,21 @@ class SinkCalls:
             future = asyncio.run_coroutine_threadsafe(handling, loop)
         except RuntimeError as err:  # the loop closed meanwhile: the worker is stopping
             handling.close()
-            log.warning("sink calls %s dropped: %s", [name for name, _ in calls], err)
+            log.warning("sink calls %s dropped: %s", names, err)
             return
+        wait = min(sink_calls.SINK_WAIT_SECONDS, self.deadlock_seconds - DEADLOCK_MARGIN_SECONDS - activation_seconds)
         try:
-            future.result(timeout=sink_calls.SINK_WAIT_SECONDS)
+            future.result(timeout=max(wait, 0.0))
         except concurrent.futures.TimeoutError:
             self.late += 1
+            self.unfinished.add(future)
+            future.add_done_callback(self.unfinished.discard)
             log.warning(
-                "sink calls %s still running after %.1f s; the workflow task completes, they finish meanwhile",
-                [name for name, _ in calls], sink_calls.SINK_WAIT_SECONDS,
+                "sink calls %s still running after %.1f s (the activation took %.1f s); the workflow task "
+                "completes, they finish meanwhile", names, max(wait, 0.0), activation_seconds,
             )
         except concurrent.futures.CancelledError:
-            log.warning("sink calls %s cancelled: their worker is stopping", [name for name, _ in calls])
+            log.warning("sink calls %s cancelled: their worker is stopping", names)
 
     async def _handle(self, calls: list[tuple[str, Any]]) -> None:
         for name, value in calls:
@@ -190,6 +215,9 @@ class SinkCalls:
                 continue
             try:
                 await handler(value)
+            except asyncio.CancelledError:
+                log.warning("sink call to %r cancelled before it finished: its worker is stopping", name)
+                raise
             except Exception:  # noqa: BLE001 - a sink is a projection: its failure never fails the task
                 log.exception("sink %r failed", name)
 
@@ -203,13 +231,14 @@ class SinkInstance(WorkflowInstance):
         self._inner, self._calls = inner, calls
 
     def activate(self, act: Any) -> Any:
+        began = time.monotonic()
         made = sink_calls.collect()
         try:
             completion = self._inner.activate(act)
         finally:
             sink_calls.stop_collecting()
         if made and completion.HasField("successful"):
-            self._calls.run(made)
+            self._calls.run(made, activation_seconds=time.monotonic() - began)
         return completion
 
     def get_serialization_context(self, command_info: Any) -> Any:
@@ -232,6 +261,10 @@ class SinkInstance(WorkflowInstance):
 class _SandboxedSinkRunner(SandboxedWorkflowRunner):
     sink_calls: SinkCalls | None = None
 
+    def unsandboxed(self) -> WorkflowRunner:
+        """The runner of this worker's ``sandboxed=False`` workflows, with the same sinks."""
+        return UnsandboxedWorkflowRunner() if self.sink_calls is None else _UnsandboxedSinkRunner(self.sink_calls)
+
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         instance = super().create_instance(det)
         if self.sink_calls is None:
@@ -243,6 +276,9 @@ class _SandboxedSinkRunner(SandboxedWorkflowRunner):
 class _UnsandboxedSinkRunner(UnsandboxedWorkflowRunner):
     def __init__(self, calls: SinkCalls):
         self.sink_calls = calls
+
+    def unsandboxed(self) -> WorkflowRunner:
+        return self
 
     def create_instance(self, det: WorkflowInstanceDetails) -> WorkflowInstance:
         self.sink_calls.bind()
