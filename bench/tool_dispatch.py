@@ -411,7 +411,7 @@ async def main() -> None:
     from activities.tools import idempotency_key
     from hermes.tools.registry import ToolRegistry
     from hermes.infra.process import freeze_startup_heap
-    from worker import build_worker
+    from worker import build_worker, set_deadlock_timeout
 
     started = time.perf_counter()
     async with _common.bench_stack() as stack:
@@ -433,6 +433,7 @@ async def main() -> None:
         config["workflows"] = [*config["workflows"], BaselineWorkflow]
         config["activities"] = [*config["activities"], bare_lookup]
         worker = Worker(**config)
+        set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)  # as build_worker does
         session_config = SessionConfig()
         hermes = HermesClient(client, task_queue=task_queue, redis=stack.redis, config=session_config)
         specs = [

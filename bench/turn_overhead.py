@@ -370,7 +370,7 @@ async def main() -> None:
     from hermes.tools.builtin import register_builtins
     from hermes.tools.registry import ToolRegistry
     from hermes.infra.process import freeze_startup_heap
-    from worker import build_worker
+    from worker import build_worker, set_deadlock_timeout
 
     async with _common.bench_stack() as stack:
         client = stack.client
@@ -401,6 +401,7 @@ async def main() -> None:
         extra = [BaselineWorkflow, *(VARIANTS.values() if args.breakdown else [])]
         config["workflows"] = [*config["workflows"], *extra]
         worker = Worker(**config)
+        set_deadlock_timeout(worker, settings.workflow_deadlock_seconds)  # as build_worker does
         session_config = SessionConfig()
         hermes = HermesClient(client, task_queue=task_queue, redis=stack.redis, config=session_config)
         specs = [
