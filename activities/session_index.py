@@ -70,7 +70,11 @@ class SessionIndexActivities:
             type="turn_finished", session_id=entry.session_id, turn=entry.finished_turn,
             data={"status": entry.finished_status, "turn_count": entry.turn_count},
         )
-        _, written = await asyncio.gather(self.events.publish_quietly([finished]), self._write_row(entry))
+        # Both report their own failures; one that raised anyway must not stop the other.
+        _, written = await asyncio.gather(self.events.publish_quietly([finished]), self._write_row(entry), return_exceptions=True)
+        if isinstance(written, BaseException):
+            log.warning("the session index row of session %r not written: %s", entry.session_id, written)
+            return False
         return written
 
     async def _write_row(self, entry: SessionIndexEntry) -> bool:

@@ -162,6 +162,7 @@ class SinkCalls:
         """Activations that ended before their sink calls did (those finished later)."""
         self.unfinished: set[concurrent.futures.Future[None]] = set()
         """Sink calls still running after their activation ended."""
+        self._on_loop: set[asyncio.Task[None]] = set()
 
     def bind(self) -> None:
         """Take the running event loop (and its thread) as the one to run sink calls on:
@@ -184,7 +185,9 @@ class SinkCalls:
             return
         if threading.get_ident() == self.loop_thread:
             # The SDK's debug mode activates on the loop's own thread: waiting would block it.
-            loop.create_task(self._handle(calls))
+            task = loop.create_task(self._handle(calls))
+            self._on_loop.add(task)  # held until done (the loop keeps only a weak reference)
+            task.add_done_callback(self._on_loop.discard)
             return
         handling = self._handle(calls)
         try:
@@ -201,7 +204,7 @@ class SinkCalls:
             self.unfinished.add(future)
             future.add_done_callback(self.unfinished.discard)
             log.warning(
-                "sink calls %s still running after %.1f s (the activation took %.1f s); the workflow task "
+                "sink calls %s still running after %.2f s (the activation took %.2f s); the workflow task "
                 "completes, they finish meanwhile", names, max(wait, 0.0), activation_seconds,
             )
         except concurrent.futures.CancelledError:
