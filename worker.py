@@ -194,12 +194,7 @@ def build_worker(
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
     _publish_events(settings, redis, model, tools, audit, index, memory_activities)
-    skip_idle_payload_walks()  # none when no codec or external storage could change a payload
-    runner = sink_runner(
-        {names.SESSION_INDEX_SINK: index.write}, sandboxed=settings.workflow_sandbox,
-        deadlock_seconds=settings.workflow_deadlock_seconds,
-    )
-    cache_workflow_code()  # each run's sandbox executes the workflow modules' code, compiled once
+    runner = _workflow_runner(settings, index)
     worker = _validated(
         Worker,
         client,
@@ -254,6 +249,19 @@ def build_worker(
         # fail that validation (KeyError(<thread id>), python/cpython#91351).
         memory_activities.open_in_background()
     return worker
+
+
+def _workflow_runner(settings: Settings, index: SessionIndexActivities) -> Any:
+    """The worker's workflow runner (:mod:`hermes.infra.activation`): sandboxed or not as
+    ``settings`` say, the session index written through its sink, the workflow modules'
+    code compiled once per process, and no payload walks when none could change a payload
+    (no codec, no external storage)."""
+    skip_idle_payload_walks()
+    cache_workflow_code()
+    return sink_runner(
+        {names.SESSION_INDEX_SINK: index.write}, sandboxed=settings.workflow_sandbox,
+        deadlock_seconds=settings.workflow_deadlock_seconds,
+    )
 
 
 def _publish_events(settings: Settings, redis: Any, *activities: Any) -> None:

@@ -78,8 +78,6 @@ STARTED_EVENT_DELAY_SECONDS = 0.25
 (seconds): a call done sooner publishes ``started`` and ``finished`` in one Redis write
 (one round trip a call less; issue 31), and a slower one shows as running after it."""
 
-MAX_HELD_SPECS = 4096
-"""Registry tool specs a worker keeps between its listings (all dropped when full)."""
 _AWAIT_POLL_SECONDS = 0.2
 _MAX_RETRY_AFTER_SECONDS = 30.0
 _MAX_MESSAGE_CHARS = 2000
@@ -427,9 +425,8 @@ class ToolActivities:
         self.events: EventLog | None = None
         """Where tool calls are published as turn events (:mod:`hermes.content.events`), if anywhere."""
         self._specs: dict[tuple[int, str], tuple[Tool, dict[str, Any], ToolSpec, dict[str, Any]]] = {}
-        """(id(tool), encoding) -> (the registry's tool, its fields then, its spec with its
-        schema's tokens in that encoding, the spec's JSON): a listing rebuilds no spec of a
-        registry tool it listed before unchanged (issue 31)."""
+        """(id(tool), encoding) -> (a registry tool, its fields then, its spec, the spec's JSON),
+        at most one per registry tool and encoding (issue 31: listings rebuilt every spec)."""
 
     async def bounded(self, result: ToolResult) -> ToolResult:
         """``result``, or, when its JSON exceeds ``max_result_bytes``, a preview of it
@@ -484,8 +481,6 @@ class ToolActivities:
                 spec = spec.model_copy(update={"tokens": schema_tokens(encoding, spec)})
             if not hold:
                 return spec, spec.model_dump(mode="json")
-            if len(self._specs) >= MAX_HELD_SPECS:
-                self._specs.clear()
             held = self._specs[key] = (tool, dict(vars(tool)), spec, spec.model_dump(mode="json"))
         return held[2], held[3]
 
