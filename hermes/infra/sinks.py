@@ -31,7 +31,10 @@ What a sink call is:
   (the index row is an upsert; a second ``turn_finished`` of a turn is read once).
 * **Lost only with a write that failed**, which the handler reports, as the local
   activity's final failure was: the worker waits for it before the task completes, so a
-  worker that dies meanwhile leaves the task to be run again elsewhere.
+  worker that dies meanwhile leaves the task to be run again elsewhere. Past the wait
+  (:data:`SINK_WAIT_SECONDS`, or less when the activation nears the SDK's deadlock
+  bound) the call finishes in the background; one cancelled there by a worker stopping
+  is logged (the session's next index write brings the row up to date).
 
 Workflow code sees no result: a sink cannot change what the workflow decides.
 """
