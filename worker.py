@@ -530,7 +530,6 @@ def main() -> None:
     asyncio.run(run_worker())
 
 
-
 def _warm_reference_bank(embedder: Any) -> None:
     """Embed the read path's reference bank (:mod:`hermes.memory.relevance`) now: the
     first search of a worker otherwise embedded its hundred questions (3 s on an idle

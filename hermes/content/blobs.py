@@ -242,7 +242,7 @@ def message_of_ref(ref: str, text: str) -> Message:
     tool-call arguments do); a copy per call cost more than the rest of resolving a
     context (issue 31: about 0.7 ms of CPU a turn, most of it deep copies of tool calls).
     """
-    return _decoded_once(DECODED, ref, text, message_from_body)
+    return messages_of_refs([ref], {ref: text})[0]
 
 
 def messages_of_refs(refs: list[str], texts: Mapping[str, str]) -> list[Message]:

@@ -137,9 +137,7 @@ def sink_runner(
     """
     calls = SinkCalls(sinks, deadlock_seconds=deadlock_seconds)
     if sandboxed:
-        return _SandboxedSinkRunner(
-            restrictions=SandboxRestrictions.default.with_passthrough_modules(*PASSTHROUGH_MODULES), sink_calls=calls
-        )
+        return _SandboxedSinkRunner(restrictions=sandbox_runner().restrictions, sink_calls=calls)
     return _UnsandboxedSinkRunner(calls)
 
 
