@@ -193,6 +193,7 @@ def build_worker(
     audit = AuditActivities(redis, durable)
     memory_activities = _memory_activities(settings, memory, provider, client, task_queue or settings.task_queue, redis)
     tools.memory = memory_activities is not None
+    model.turn_start = TurnStartActivities(tools, memory_activities)
     _publish_events(settings, redis, model, tools, audit, index, memory_activities)
     runner = _workflow_runner(settings, index)
     worker = _validated(
@@ -206,7 +207,7 @@ def build_worker(
             model.count_tokens,
             model.store_message_bodies,
             tools.list_tools,
-            TurnStartActivities(tools, memory_activities).begin_turn,
+            model.turn_start.begin_turn,
             tools.validate_tool_call,
             tools.run_tool,
             index.update_session_index,

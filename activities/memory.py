@@ -284,11 +284,12 @@ class MemoryActivities:
         await self.publish_recall(inp, result)
         return result
 
-    async def search_quietly(self, inp: SearchMemoriesInput) -> SearchMemoriesResult:
-        """:meth:`search_memories` publishing ``turn_started`` but not yet what it found
-        (:meth:`publish_recall`): ``begin_turn`` publishes that only once its listing is
-        done too, since a listing that fails sends the turn to search again."""
-        if self.events is not None and inp.session_id and inp.turn is not None:
+    async def search_quietly(self, inp: SearchMemoriesInput, *, announce: bool = True) -> SearchMemoriesResult:
+        """:meth:`search_memories` publishing ``turn_started`` (unless not ``announce``: a
+        model call published it) but not yet what it found (:meth:`publish_recall`):
+        ``begin_turn`` publishes that only once its listing is done too, since a listing
+        that fails sends the turn to search again."""
+        if announce and self.events is not None and inp.session_id and inp.turn is not None:
             await self.events.begin_turn(inp.session_id, inp.turn)
         attributes = None
         if telemetry.enabled():

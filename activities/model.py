@@ -59,6 +59,7 @@ from hermes.models import (
     StoreBodiesInput,
     SummarizeInput,
     Summary,
+    TurnStartOutcome,
 )
 from hermes.content.previews import head_and_tail
 from hermes.providers.base import ModelProvider
@@ -254,6 +255,10 @@ class ModelActivities:
         """Where a session's model calls are published as turn events, if anywhere."""
         self.steps = ModelSteps(self.store.redis)
         """Leases and recorded results of the sessions' model steps."""
+        self.turn_start: Any = None
+        """The worker's :class:`activities.turn_start.TurnStartActivities`: a turn's first
+        step's listing check and recall (``CallModelInput.turn_start``); None: such a
+        call is not sent, and its session lists and searches with its own activities."""
 
     async def _store_get(self, refs: list[str]) -> dict[str, str]:
         try:
@@ -546,6 +551,8 @@ class ModelActivities:
     async def _answer(self, request: CallModelInput) -> CallModelResult:
         """The provider's answer with the user's day tokens counted (once per step)."""
         result = await self._call_model(request)
+        if result.turn_start is not None and not result.turn_start.sent:
+            return result  # the provider was not asked: nothing to count
         day_tokens = await usage.record_for_activity(
             self.store.redis, request.usage_user_id, request.usage_day,
             result.usage.prompt_tokens + result.usage.completion_tokens,
@@ -573,7 +580,14 @@ class ModelActivities:
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
         async with heartbeating(), events as text:
             resolved = await self.resolve_context(request)
+            start = None
+            if request.turn_start is not None:
+                resolved, start = await self._start_turn(request, resolved)
+                if not start.sent:
+                    return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
             result = await self._complete(resolved)
+            if start is not None:
+                result = result.model_copy(update={"turn_start": start})
             if text is not None and not text.published and result.message.content:
                 text.add(result.message.content)  # a provider that did not stream it
             if _is_small(result):
@@ -588,6 +602,12 @@ class ModelActivities:
             result = await self._bounded(request.session_id, result)
             result = await _off_loop(not _is_small(result, COUNT_IN_POOL_CHARS), _counted, result, request.encoding)
             return await self._keep_large_arguments(result)
+
+    async def _start_turn(self, request: CallModelInput, resolved: CallModelInput) -> tuple[CallModelInput, TurnStartOutcome]:
+        """The turn start of a first step (:meth:`activities.turn_start.TurnStartActivities.prepare`)."""
+        if self.turn_start is None:
+            return resolved, TurnStartOutcome(why="this worker does not start turns in model calls")
+        return await self.turn_start.prepare(request, resolved)
 
     def _text_events(self, request: CallModelInput) -> model_call_events:
         """Where the reply text of ``request`` is published as it arrives: a session's

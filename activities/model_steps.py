@@ -114,7 +114,10 @@ def step_key(request: CallModelInput, run_id: str) -> str:
         ``hermes:model_step:{<session>:<run>:<turn>:<step>:<purpose>:<digest>}``: one hash
         tag, so the lease and the result live on one Redis Cluster node.
     """
-    digest = hashlib.sha256(request.model_dump_json().encode()).hexdigest()[:16]
+    # Without an unset turn start, a call's JSON is what workers before that field
+    # hashed: a step they began keeps its name on a newer worker (a rolling deploy).
+    dumped = request.model_dump_json(exclude={"turn_start"} if request.turn_start is None else None)
+    digest = hashlib.sha256(dumped.encode()).hexdigest()[:16]
     name = f"{request.session_id}:{run_id}:{request.turn}:{request.step}:{request.purpose}:{digest}"
     return model_step_key(name)
 

@@ -1,20 +1,34 @@
-"""The ``begin_turn`` activity: what a turn needs before its first model call, the
-worker's tool listing and the user's memories for the message, in one local activity
-(issue 31: a local activity is a workflow activation and a history marker of its own,
-and every turn with long-term memory ran ``list_tools`` and ``search_memories`` back to
-back; their work is unchanged, and runs concurrently here)."""
+"""What a turn needs before its first model call: the worker's tool listing and the
+user's memories for the message.
+
+Two ways (issue 31: a local activity is a workflow activation and a history marker of
+its own, and every turn ran one):
+
+- the ``begin_turn`` local activity lists and searches concurrently (a run's first turn,
+  when the session knows no listing yet, and runs recorded before the
+  ``turn-start-in-model-call`` patch);
+- every later turn's first model call does it (:meth:`TurnStartActivities.prepare`,
+  ``CallModelInput.turn_start``): it checks that the worker still lists the tools the
+  call offers, searches, and puts the memories into the context before asking the
+  provider. When the tools changed, a search failed or the memories do not fit, the
+  provider is not asked: the session takes what was found and calls again.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 
 from temporalio import activity
 
 from activities.memory import MemoryActivities
 from activities.tools import ToolActivities
 from hermes import names
-from hermes.memory.models import SearchMemoriesResult
+from hermes.content.context import memories_message
+from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
+from hermes.memory.models import SearchMemoriesInput, SearchMemoriesResult
+from hermes.models import CallModelInput, TurnStartOutcome
 from hermes.sessions.turn_start import BeginTurnInput, BeginTurnResult
 
 log = logging.getLogger("hermes.activities.turn_start")
@@ -42,7 +56,7 @@ class TurnStartActivities:
             the two activities, as before. A failed or late search does not raise: its
             reason comes back in ``recall_failed``.
         """
-        recall = asyncio.ensure_future(self._recall(request)) if self.memory is not None else None
+        recall = asyncio.ensure_future(self._recall(request.recall)) if self.memory is not None else None
         try:
             listing = await self.tools.list_tools(request.listing)
         except BaseException:
@@ -57,13 +71,70 @@ class TurnStartActivities:
             await self.memory.publish_recall(request.recall, found)
         return BeginTurnResult(listing=listing, recall=found, recall_failed=failed)
 
-    async def _recall(self, request: BeginTurnInput) -> tuple[SearchMemoriesResult | None, str | None]:
+    async def prepare(self, request: CallModelInput, resolved: CallModelInput) -> tuple[CallModelInput, TurnStartOutcome]:
+        """A turn's first model call's start (``request.turn_start``): the listing checked,
+        the memories searched and, when they fit, put into ``resolved`` (the call with its
+        context read) as the session's context build would (after the system prompt).
+
+        Returns:
+            The call to send and the outcome; when ``outcome.sent`` is False the call must
+            not be sent (``outcome.why``).
+
+        Raises:
+            asyncio.CancelledError: the attempt was cancelled (the search is cancelled too).
+        """
+        start = request.turn_start
+        assert start is not None
+        search = start.recall
+        recall = asyncio.ensure_future(self._recall(search, announce=False)) if search is not None and self.memory is not None else None
+        try:
+            listing = await self.tools.list_tools(start.listing)
+        except Exception as err:  # noqa: BLE001 - the session lists with its own activity
+            if recall is not None:
+                recall.cancel()
+            log.warning("tool listing of session %s turn %s failed: %s", request.session_id, request.turn, err)
+            return resolved, TurnStartOutcome(why=f"listing the tools failed ({type(err).__name__}: {err})"[:300])
+        except BaseException:
+            if recall is not None:
+                recall.cancel()
+            raise
+        found, failed = (await recall) if recall is not None else (None, None)
+        if search is not None and self.memory is None:
+            failed = "this worker serves no long-term memory"
+        outcome = TurnStartOutcome(listing=listing, recall=found, recall_failed=failed)
+        if found is not None and search is not None and self.memory is not None:
+            await self.memory.publish_recall(search, found)  # final: the session keeps it whatever follows
+        if not listing.unchanged:
+            return resolved, outcome.model_copy(update={"why": "the worker's tools changed since the session listed them"})
+        if failed is not None:
+            return resolved, outcome.model_copy(update={"why": f"the memory search failed ({failed})"})
+        lines = [m.line() for m in found.memories] if found is not None else []
+        if not lines:
+            return resolved, outcome.model_copy(update={"sent": True})
+        message = memories_message(lines)
+        tokens = _counter(request.encoding).message(message)  # at most limit x max_chars characters
+        if math.ceil((request.context_tokens + tokens) * start.correction) > start.budget or not resolved.messages:
+            return resolved, outcome.model_copy(update={"why": "the memories do not fit the context as it was built"})
+        messages = [resolved.messages[0], message, *resolved.messages[1:]]
+        return resolved.model_copy(update={"messages": messages}), outcome.model_copy(update={"sent": True, "memories_tokens": tokens})
+
+    async def _recall(self, search: SearchMemoriesInput, *, announce: bool = True) -> tuple[SearchMemoriesResult | None, str | None]:
         assert self.memory is not None
         try:
             async with asyncio.timeout(RECALL_SECONDS):
-                return await self.memory.search_quietly(request.recall), None
+                return await self.memory.search_quietly(search, announce=announce), None
         except TimeoutError:
             return None, f"the memory search took over {RECALL_SECONDS:g} s"
         except Exception as err:  # noqa: BLE001 - the session searches again
-            log.warning("memory search for session %s turn %s failed: %s", request.recall.session_id, request.recall.turn, err)
+            log.warning("memory search for session %s turn %s failed: %s", search.session_id, search.turn, err)
             return None, f"{type(err).__name__}: {err}"[:300]
+
+
+def _counter(encoding: str) -> BoundedCounter:
+    """The session's counter for ``encoding`` (``ContextPlanner.counter``): the same count
+    of the memories message as the session's own context build makes."""
+    try:
+        exact = TokenCounter.get(encoding or DEFAULT_ENCODING)
+    except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
+        exact = TokenCounter.get(DEFAULT_ENCODING)
+    return BoundedCounter(exact)

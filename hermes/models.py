@@ -3,6 +3,11 @@
 Every type here is a pydantic model carried by ``pydantic_data_converter``; new fields
 always get defaults so that running sessions keep decoding. Types of openai, redis or
 any other client library never appear here.
+
+Why this module is long: it is the whole wire between workflows and activities, one
+payload type after another; the types refer to each other (a model call's input names
+its tool specs, its result its degradations and its turn start), and one module is
+where a reader finds what a recorded history holds.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from hermes.memory.models import ExtractMemoriesInput, WorkingItem
+from hermes.memory.models import ExtractMemoriesInput, SearchMemoriesInput, SearchMemoriesResult, WorkingItem
 from hermes.security.proof import CommandProof
 
 Role = Literal["system", "user", "assistant", "tool"]
@@ -266,6 +271,9 @@ class CallModelInput(BaseModel):
     """A context list sent as a change to this one: ``context_parts`` in order."""
     context_parts: list[str | list[int]] = Field(default_factory=list)
     """Each a reference, or ``[start, end]``: the base list's references from ``start`` to ``end``."""
+    turn_start: TurnStartRequest | None = None
+    """A turn's first step only (runs with the ``turn-start-in-model-call`` patch): what the
+    call does before it asks the provider, in place of the ``begin_turn`` local activity."""
 
 
 class Degradation(BaseModel):
@@ -288,6 +296,9 @@ class CallModelResult(BaseModel):
     Redis reachable; None otherwise)."""
     degraded: list[Degradation] = Field(default_factory=list)
     """What this call did less well (its turn events not all published)."""
+    turn_start: TurnStartOutcome | None = None
+    """What the call's ``CallModelInput.turn_start`` found; None when it had none (or a
+    worker that does not know the field ran it: the call went out as it was)."""
 
 
 class ArchiveMessagesInput(BaseModel):
@@ -330,6 +341,51 @@ class ListToolsResult(BaseModel):
     """The worker serves long-term memory (its activities are registered)."""
     degraded: list[Degradation] = Field(default_factory=list)
     """What the worker does less well for this turn (a fallback tokenizer, an MCP server down)."""
+
+
+class TurnStartRequest(BaseModel):
+    """What a turn's first model call does before it asks the provider, in place of the
+    ``begin_turn`` local activity (issue 31: a local activity is a workflow activation of
+    its own, and every turn ran one): it checks that the worker still lists the tools
+    the call offers (``listing.known_ref``), and searches the user's memories
+    (``recall``), putting them into the context it was sent when they fit."""
+
+    listing: ListToolsInput
+    """As the ``list_tools`` activity takes it; ``known_ref`` is the listing the call's
+    tools come from."""
+    recall: SearchMemoriesInput | None = None
+    """As the ``search_memories`` activity takes it; None: no recall this turn."""
+    budget: int = Field(default=0, ge=0)
+    """The context's token budget: the memories go in only when
+    ``ceil((CallModelInput.context_tokens + their tokens) * correction) <= budget``, the
+    test the session's own context build makes (:func:`hermes.content.context.build_context`)."""
+    correction: float = 1.0
+
+
+class TurnStartOutcome(BaseModel):
+    """What a :class:`TurnStartRequest` found, and whether the call went to the provider."""
+
+    listing: ListToolsResult | None = None
+    """The worker's tools (``unchanged`` when they are the known listing); None when
+    listing them failed (``why``)."""
+    recall: SearchMemoriesResult | None = None
+    """What the search found; None when none was asked for or it failed (``recall_failed``)."""
+    recall_failed: str | None = None
+    memories_tokens: int = 0
+    """Tokens of the memories message put into the context (0: none was)."""
+    sent: bool = False
+    """The provider was asked, with the memories in the context. False: it was not (the
+    result's message is empty and counts nothing); the session takes the listing and
+    the recall, and calls again after ``why``."""
+    why: str = ""
+    """Why the call was not sent: the tools changed, the listing or search failed, or
+    the memories do not fit the context as it was built."""
+
+
+# Built now, with the turn-start types they name defined: never lazily, on a first use
+# inside a workflow's sandbox (a schema build there cost an activation milliseconds).
+CallModelInput.model_rebuild()
+CallModelResult.model_rebuild()
 
 
 class SummarizeInput(BaseModel):

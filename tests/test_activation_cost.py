@@ -142,3 +142,23 @@ async def test_the_run_cache_hook_hands_on_an_activation_of_a_cached_announced_r
     act = type("Act", (), {"run_id": "run-1", "jobs": _Jobs(), "is_replaying": False})()
     await workflows._handle_activation(act)
     assert handled == [act] and eviction.published == 0
+
+
+def test_every_payload_type_is_built_at_import_never_lazily_inside_an_activation():
+    """A pydantic model that names a type defined later in its module is built on its
+    first use: inside a workflow's sandbox, in the middle of an activation (a schema
+    build of milliseconds, seen in a profile of the turn-start fields)."""
+    import pydantic
+
+    from hermes import models
+    from hermes.memory import models as memory_models
+    from hermes.sessions import turn_start
+
+    lazy = [
+        f"{module.__name__}.{name}"
+        for module in (models, memory_models, turn_start)
+        for name, value in vars(module).items()
+        if isinstance(value, type) and issubclass(value, pydantic.BaseModel) and value is not pydantic.BaseModel
+        and not value.__pydantic_complete__
+    ]
+    assert not lazy, f"built lazily on first use: {lazy} (call model_rebuild() once the types they name are defined)"

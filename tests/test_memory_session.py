@@ -143,11 +143,12 @@ async def _said_bern(hermes: Any, settings: Settings, session_id: str, user: str
                      what="the home written", timeout_seconds=30)
 
 
-async def test_a_later_turn_lists_its_tools_and_recalls_its_memories_in_one_local_activity(
+async def test_a_later_turn_lists_and_recalls_in_its_first_model_call_not_in_a_local_activity(
     run_worker: Any, settings: Settings, temporal_client: Any,
 ) -> None:
     """Issue 31: each local activity is a workflow activation and a history marker; a
-    turn after the first (its worker known to serve memory) makes one, not two."""
+    turn after the run's first makes none before its first model call, which checks the
+    listing and searches (``CallModelInput.turn_start``); the provider is asked once."""
     from hermes import names
 
     user, session_id = f"user-{uuid.uuid4()}", f"s-{uuid.uuid4()}"
@@ -155,18 +156,29 @@ async def test_a_later_turn_lists_its_tools_and_recalls_its_memories_in_one_loca
     async with run_worker(model, memory_ready=True) as hermes:
         await _said_bern(hermes, settings, session_id, user)
         result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
+        events = await hermes.events.read(session_id)
     assert any("Bern" in m for m in result.memories), result.memories
     assert "The user lives in Bern." in model.contexts()[-1]
+    assert len([r for r in model.requests if r.turn == 2 and r.purpose == "reply"]) == 1
     kinds = local_activities(await temporal_client.get_workflow_handle(session_id).fetch_history())
-    assert kinds.count(names.BEGIN_TURN) == 1, kinds
-    assert kinds.count(names.LIST_TOOLS) == 1 and kinds.count(names.SEARCH_MEMORIES) == 1, "the first turn: apart"
+    assert kinds.count(names.BEGIN_TURN) == 0, kinds
+    assert kinds.count(names.LIST_TOOLS) == 1 and kinds.count(names.SEARCH_MEMORIES) == 1, "the run's first turn: apart"
+    turn_two = [e.type for e in events if e.turn == 2]
+    assert turn_two[0] == "turn_started" and turn_two.count("turn_started") == 1, turn_two
+    assert turn_two.count("memories_recalled") == 1 and turn_two.index("memories_recalled") < turn_two.index("turn_finished")
 
 
-async def test_a_recall_that_fails_beside_the_listing_is_searched_again_on_the_task_queue(
+def _scheduled(history: Any, activity_type: str) -> int:
+    from temporalio.api.enums.v1 import EventType
+
+    return len([e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
+                and e.activity_task_scheduled_event_attributes.activity_type.name == activity_type])
+
+
+async def test_a_recall_that_fails_in_the_first_model_call_is_searched_again_on_the_task_queue(
     run_worker: Any, settings: Settings, temporal_client: Any, monkeypatch: Any,
 ) -> None:
     from temporalio import activity
-    from temporalio.api.enums.v1 import EventType
 
     from activities.memory import MemoryActivities
     from hermes import names
@@ -178,26 +190,26 @@ async def test_a_recall_that_fails_beside_the_listing_is_searched_again_on_the_t
         real_search = MemoryActivities._search
 
         async def starved(self: MemoryActivities, inp: Any) -> Any:
-            if activity.info().is_local:
-                raise RuntimeError("local search timed out (a starved worker)")
+            if activity.info().is_local or activity.info().activity_type == names.CALL_MODEL:
+                raise RuntimeError("the search timed out (a starved worker)")
             return await real_search(self, inp)
 
         monkeypatch.setattr(MemoryActivities, "_search", starved)
         result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
     assert any("Bern" in m for m in result.memories), result.memories
     assert not any("memory" in w.lower() for w in result.warnings), result.warnings
+    assert "The user lives in Bern." in model.contexts()[-1]
+    assert len([r for r in model.requests if r.turn == 2 and r.purpose == "reply"]) == 1, "the unsent call asked no provider"
     history = await temporal_client.get_workflow_handle(session_id).fetch_history()
-    assert local_activities(history).count(names.BEGIN_TURN) == 1
-    again = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED
-             and e.activity_task_scheduled_event_attributes.activity_type.name == names.SEARCH_MEMORIES]
-    assert len(again) == 1, "searched again once, as a normal activity"
+    assert _scheduled(history, names.SEARCH_MEMORIES) == 1, "searched again once, as a normal activity"
+    assert _scheduled(history, names.CALL_MODEL) == 3, "turn 1, then turn 2's first call (not sent) and its call again"
 
 
-async def test_a_turn_whose_listing_with_its_recall_fails_lists_and_searches_apart(
+async def test_a_turn_whose_listing_fails_in_its_first_model_call_lists_and_searches_apart(
     run_worker: Any, settings: Settings, temporal_client: Any, monkeypatch: Any,
 ) -> None:
-    """A worker without ``begin_turn`` (an older build in a rolling deploy) or a listing
-    that failed in it: the turn lists and searches as it did before, and loses nothing."""
+    """A listing that failed in the model call: the turn lists and searches as it did
+    before, and loses nothing."""
     from activities.tools import ToolActivities
     from hermes import names
 
@@ -205,7 +217,7 @@ async def test_a_turn_whose_listing_with_its_recall_fails_lists_and_searches_apa
     model = RecordingModel({"turns": [], "fallback": "Noted."})
     async with run_worker(model, memory_ready=True) as hermes:
         await _said_bern(hermes, settings, session_id, user)
-        # begin_turn looks the listing up on its object; the list_tools activity the
+        # The turn start looks the listing up on its object; the list_tools activity the
         # fallback runs is the one registered before.
         async def failing(self: ToolActivities, request: Any = None) -> Any:
             raise RuntimeError("the listing failed")
@@ -214,8 +226,10 @@ async def test_a_turn_whose_listing_with_its_recall_fails_lists_and_searches_apa
         result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
     assert any("Bern" in m for m in result.memories), result.memories
     assert "The user lives in Bern." in model.contexts()[-1]
-    kinds = local_activities(await temporal_client.get_workflow_handle(session_id).fetch_history())
-    assert kinds.count(names.BEGIN_TURN) == 1 and kinds.count(names.LIST_TOOLS) == 2 and kinds.count(names.SEARCH_MEMORIES) == 2, kinds
+    history = await temporal_client.get_workflow_handle(session_id).fetch_history()
+    kinds = local_activities(history)
+    assert kinds.count(names.BEGIN_TURN) == 0 and kinds.count(names.LIST_TOOLS) == 2 and kinds.count(names.SEARCH_MEMORIES) == 1, kinds
+    assert _scheduled(history, names.SEARCH_MEMORIES) == 1
 
 
 async def test_a_listing_that_fails_after_the_search_beside_it_says_the_recall_once(

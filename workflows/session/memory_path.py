@@ -75,9 +75,12 @@ class MemoryPath:
     async def recall(self, turn: int, text: str) -> None:
         """The read path: the user's memories for this message, injected into the system
         context of every model call of the turn (seed 000 §4.3), as searched with the
-        turn's listing (``core.early_recall``) or now. A failure costs the turn its
-        memories, never the turn. "Forget me" deletes them all instead."""
+        turn's listing (``core.early_recall``) or now, or by the turn's first model call
+        (``core.turn_start``: :meth:`took_recall` records it then). A failure costs the
+        turn its memories, never the turn. "Forget me" deletes them all instead."""
         core = self.core
+        if core.turn_start is not None and core.turn_start.recall is not None:
+            return
         early = core.early_recall
         if early is None:
             core.turn_triggers = detect_triggers(text, everyday=core.patched(patches.EVERYDAY_FACTS))
@@ -88,8 +91,20 @@ class MemoryPath:
                 return
         started = workflow.now()
         search = self._search(turn, text)
+        await self._record(turn, started, self._searched(turn, search, early))
+
+    async def took_recall(self, turn: int, search: SearchMemoriesInput, found: SearchMemoriesResult | None, failed: str) -> None:
+        """Record the recall of the turn's first model call (``core.turn_start``): what it
+        ``found``, else (it ``failed``, or was not made) a search again as a normal activity."""
+        started = workflow.now()
+        await self._record(turn, started, self._again(turn, search, failed) if found is None else _given(found))
+
+    async def _record(self, turn: int, started: Any, searched: Any) -> None:
+        """Keep the memories ``searched`` (an awaitable search result) finds for the turn's
+        model calls, with its warnings and trace step."""
+        core = self.core
         try:
-            result = await self._searched(turn, search, early)
+            result = await searched
         except FailureError as err:
             core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
             core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
@@ -120,6 +135,9 @@ class MemoryPath:
                 if not self.core.patched(patches.RECALL_RETRY):
                     raise
                 why = failure_text(err)
+        return await self._again(turn, search, why)
+
+    async def _again(self, turn: int, search: SearchMemoriesInput, why: str) -> SearchMemoriesResult:
         # A starved or lost worker: search again where any worker may take it, rather
         # than answer this message as if the user had no memories.
         workflow.logger.warning("the recall of turn %d failed locally (%s); searching again", turn, why)
@@ -210,3 +228,7 @@ class MemoryPath:
             except (asyncio.CancelledError, ActivityError):
                 pass
         self.extractions = []
+
+
+async def _given(result: SearchMemoriesResult) -> SearchMemoriesResult:
+    return result

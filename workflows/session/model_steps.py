@@ -8,6 +8,7 @@ Workflow code, called by :class:`SessionWorkflow`. What a call is sent is decide
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -20,12 +21,15 @@ with workflow.unsafe.imports_passed_through():
     from hermes.content.context import ContextPolicy
     from hermes.models import (
         CallModelInput, CallModelResult, ListToolsInput, ListToolsResult, Message, StoreBodiesInput, SummarizeInput, ToolSpec,
+        TurnStartOutcome, TurnStartRequest,
     )
+    from hermes.tools.routing import route_groups
     from hermes.content.tokens import BOUNDED_COUNT_CHARS, usage_correction
     from hermes.memory.models import SearchMemoriesInput
     from hermes.sessions.turn_start import BeginTurnInput
 
     from workflows.session import calls, lifecycle, patches
+    from workflows.session.memory_path import MemoryPath
     from workflows.session.state import SessionCore
     from workflows.session.turn import BudgetExceeded, ContextTooLarge, ModelFailed, TurnCancelled
     from workflows.tool_calls import failure_text
@@ -40,12 +44,15 @@ def bodies_missing(err: ActivityError) -> bool:
 
 
 class ModelSteps:
-    """A session's model calls and summaries (``core``: the session's state)."""
+    """A session's model calls and summaries (``core``: the session's state; ``memory``:
+    its memory path, which records a recall a turn's first model call made)."""
 
-    def __init__(self, core: SessionCore) -> None:
+    def __init__(self, core: SessionCore, memory: MemoryPath | None = None) -> None:
         self.core = core
+        self.memory = memory
         self.summarizing = False
         self.summary_task: asyncio.Task[None] | None = None
+        self._routed: tuple[str, list[str] | None] = ("", None)
 
     def _trace(self, turn: int, kind: str, started: Any, **fields: Any) -> None:
         self.core.add_trace(turn, kind, started, workflow.now(), **fields)
@@ -80,9 +87,16 @@ class ModelSteps:
         with the begin-turn patch), one ``begin_turn`` local activity lists them and
         searches, and ``core.early_recall`` keeps its result for
         :meth:`MemoryPath.recall`; if it fails, the tools are listed apart and the recall
-        searches later, as before."""
+        searches later, as before. In a run with the turn-start-in-model-call patch that
+        has listed its tools once, nothing runs now: the run's last listing is offered,
+        and the turn's first model call checks it and searches (``core.turn_start``)."""
         core = self.core
-        core.early_recall = None
+        core.early_recall = core.turn_start = None
+        held = core.planner.listing
+        if held is not None and core.patched(patches.START_IN_CALL) and core.patched(patches.BOUNDED_CONTEXT):
+            budget = ContextPolicy.from_config(core.cfg).budget
+            core.turn_start = TurnStartRequest(listing=self._listing_input(), recall=search, budget=budget)
+            return held[1], held[2]
         if search is not None:
             try:
                 early = await calls.begin_turn(BeginTurnInput(listing=self._listing_input(), recall=search))
@@ -92,6 +106,46 @@ class ModelSteps:
                 core.early_recall = early
                 return self.take_listing(early.listing)
         return await self.list_tools()
+
+    def route(self, text: str, groups: list[Any]) -> list[str] | None:
+        """The tool groups to offer for this turn's message ``text`` (keyword routing, when
+        the session routes), kept as ``core.last_groups``."""
+        core = self.core
+        self._routed = (text, core.last_groups)
+        routed = None
+        if core.cfg.tool_routing == "keywords":
+            routed = route_groups(text, groups, core.all_specs.values(), max_groups=core.cfg.max_routed_groups, previous=core.last_groups)
+        core.last_groups = routed
+        return routed
+
+    async def _took_start(self, turn: int, start: TurnStartRequest, outcome: TurnStartOutcome | None) -> None:
+        """Take what the turn's first model call found (``start`` asked it to): the listing
+        (new tools are offered from the next call on, routed again) and the recall (a
+        failed one searches again). ``outcome`` None: a worker that does not know
+        ``turn_start`` answered the call as it was; the recall is made now, for the
+        turn's later steps, and the notice says the first went without it."""
+        core = self.core
+        if outcome is None:
+            core.degraded("memory", f"turn {turn}'s first model call was answered without its memory recall (a worker "
+                          "that does not search in model calls ran it); later calls of the turn have it", workflow.now())
+        elif outcome.listing is None:
+            workflow.logger.warning("turn %d: %s; listing apart", turn, outcome.why)
+            core.all_specs, groups = await self.list_tools()
+            self._route_again(groups)
+        elif not outcome.listing.unchanged:
+            core.all_specs, groups = self.take_listing(outcome.listing)
+            self._route_again(groups)
+        else:
+            self.take_listing(outcome.listing)  # its degradations, and whether the worker serves memory
+        if start.recall is not None and self.memory is not None:
+            found = outcome.recall if outcome is not None else None
+            failed = (outcome.recall_failed if outcome is not None else None) or "no search was made"
+            await self.memory.took_recall(turn, start.recall, found, failed)
+
+    def _route_again(self, groups: list[Any]) -> None:
+        text, previous = self._routed
+        self.core.last_groups = previous
+        self.route(text, groups)
 
     async def count_exactly(self, message: Message) -> None:
         """Set the exact tokens of a user message too long to count in workflow code,
@@ -107,9 +161,12 @@ class ModelSteps:
             return
         message.tokens = core.counter().message(message.model_copy(update={"content": "", "tokens": None})) + tokens
 
-    async def call_model(self, turn: int, tools: list[ToolSpec], step: int = 0) -> CallModelResult:
-        """One model step. The context goes by reference; a provider's "context too long"
-        triggers one forced compaction and one retry (never a loop).
+    async def call_model(self, turn: int, tools: Callable[[], list[ToolSpec]], step: int = 0) -> CallModelResult:
+        """One model step offering ``tools()``. The context goes by reference; a
+        provider's "context too long" triggers one forced compaction and one retry (never
+        a loop). A turn's first step may start the turn (``core.turn_start``): when that
+        call comes back unsent (the tools changed, a search failed, the memories did not
+        fit), the step is called again with what it found.
 
         Raises:
             ContextTooLarge: the current turn alone does not fit the budget, or the
@@ -121,7 +178,10 @@ class ModelSteps:
         while True:
             self.check_budget()
             started = workflow.now()
-            request = self.model_request(turn, tools, step)
+            request = self.model_request(turn, tools(), step)
+            start = core.turn_start
+            if start is not None:
+                request.turn_start = start.model_copy(update={"correction": core.token_correction})
             refs = core.planner.call_refs(request.context_ref, request.tools_ref, turn, step)
             request = await self.with_bodies(request, refs)
             try:
@@ -149,11 +209,19 @@ class ModelSteps:
                         why = "even after the earlier conversation was compacted"
                     raise ContextTooLarge(f"the model refused the context as too long, {why} ({failure_text(err)})") from None
                 raise ModelFailed(failure_text(err)) from None
+            if start is not None:
+                core.turn_start = None  # answered (a failed call kept it for the call again)
+                await self._took_start(turn, start, result.turn_start)
+                if result.turn_start is not None and not result.turn_start.sent:
+                    continue
             break
+        sent_tokens = request.context_tokens
+        if result.turn_start is not None and result.turn_start.memories_tokens:
+            sent_tokens = core.context_tokens = request.context_tokens + result.turn_start.memories_tokens
         core.token_estimate = result.usage.prompt_tokens + result.usage.completion_tokens
         core.count_usage(result.usage.prompt_tokens + result.usage.completion_tokens, request.usage_day, result.user_day_tokens)
         if core.patched(patches.BOUNDED_CONTEXT) and request.context_tokens and result.usage.prompt_tokens:
-            core.token_correction = usage_correction(core.token_correction, request.context_tokens, result.usage.prompt_tokens)
+            core.token_correction = usage_correction(core.token_correction, sent_tokens, result.usage.prompt_tokens)
         self._trace(turn, "model", started, provider=result.provider, tokens=core.token_estimate)
         telemetry.count_tokens(result.model or request.model, core.inp.user_id, result.usage.prompt_tokens, result.usage.completion_tokens)
         for degradation in result.degraded:

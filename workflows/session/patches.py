@@ -111,9 +111,18 @@ sink when the activation that decided it ends (:mod:`hermes.infra.sinks`), not b
 ``update_session_index`` local activity (issue 31: an activation, an activity task and a
 history marker less per turn)."""
 
+START_IN_CALL = "turn-start-in-model-call"
+"""A turn after the run's first lists nothing and searches nothing before its first
+model call: that call does both (``CallModelInput.turn_start``,
+:meth:`activities.turn_start.TurnStartActivities.prepare`), offering the tools of the
+run's last listing and putting the memories it finds into the context (issue 31: the
+``begin_turn`` local activity was a workflow activation every turn). When the tools
+changed, the search failed or the memories do not fit, the provider is not asked and
+the session calls again with what the call found."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN, INDEX_SINK,
+    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN, INDEX_SINK, START_IN_CALL,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

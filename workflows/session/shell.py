@@ -47,7 +47,7 @@ with workflow.unsafe.imports_passed_through():
         TurnResult,
     )
     from hermes.content.tokens import DEFAULT_ENCODING, TokenCounter
-    from hermes.tools.routing import offered_tools, route_groups
+    from hermes.tools.routing import offered_tools
 
     from workflows.session import calls, commands, lifecycle, patches
     from workflows.session import turn as turns
@@ -74,8 +74,8 @@ class SessionWorkflow:
         self._lock = asyncio.Lock()
         self._background: list[asyncio.Task[None]] = []
         self._tools = ToolRunner(self._s, self._closed_mid_turn)
-        self._model = ModelSteps(self._s)
         self._memory = MemoryPath(self._s)
+        self._model = ModelSteps(self._s, self._memory)
         self._guard = SignalGuard(self._s, self._patched)
         self._start_refused = self._guard.start_refusal(inp)
 
@@ -501,14 +501,11 @@ class SessionWorkflow:
             await self._model.count_exactly(user_message)
             if self._memory.active():
                 await self._memory.recall(turn, inp.text)
-            if s.cfg.tool_routing == "keywords":
-                groups = route_groups(
-                    inp.text, tool_groups, specs.values(), max_groups=s.cfg.max_routed_groups, previous=s.last_groups
-                )
-            s.last_groups = groups
+            groups = self._model.route(inp.text, tool_groups)
             tally = StepTally()
             for iteration in range(s.cfg.max_iterations):
-                result: CallModelResult = await self._model.call_model(turn, offered_tools(specs, groups, tally.suggested), iteration)
+                result: CallModelResult = await self._model.call_model(turn, lambda: offered_tools(s.all_specs, s.last_groups, tally.suggested), iteration)
+                specs, groups = s.all_specs, s.last_groups  # a first call may have found the tools changed
                 step = s.transcript.unique_tool_call_ids(result.message.tool_calls, turn, iteration, s.book.settled)
                 assistant = result.message.model_copy(update={"turn": turn, "created_at": workflow.now(), "tool_calls": step})
                 s.transcript.add(assistant, s.count_fn())

@@ -26,6 +26,7 @@ from hermes.models import (
     TakenMessage,
     ToolSpec,
     TraceStep,
+    TurnStartRequest,
 )
 from hermes.sessions.turn_start import BeginTurnResult
 
@@ -93,6 +94,9 @@ class SessionCore:
         self.turn_triggers: Triggers | None = None
         self.early_recall: BeginTurnResult | None = None
         """This turn's ``begin_turn`` result, when its recall came with the listing."""
+        self.turn_start: TurnStartRequest | None = None
+        """What this turn's first model call does first, when it lists and recalls
+        (``patches.START_IN_CALL``); None once that call returned."""
         # The run's flags.
         self.idle_marked, self.archived_state = carry.status == "idle", False
         self.lifecycle_not_before = self.created_at
