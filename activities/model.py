@@ -578,30 +578,42 @@ class ModelActivities:
     async def _call_model_with(self, request: CallModelInput, events: model_call_events) -> CallModelResult:
         # Heartbeats while waiting on the store and the provider: a dead worker's call
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
-        async with heartbeating(), events as text:
+        async with heartbeating():
             resolved = await self.resolve_context(request)
             start = None
             if request.turn_start is not None:
                 resolved, start = await self._start_turn(request, resolved)
                 if not start.sent:
+                    # Before the step's events: an unsent call leaves no attempt behind
+                    # (the step's next call would announce it discarded).
+                    if self.turn_start is not None:
+                        await self.turn_start.announce(request, start, turn_started=True)
                     return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
-            result = await self._complete(resolved)
-            if start is not None:
-                result = result.model_copy(update={"turn_start": start})
-            if text is not None and not text.published and result.message.content:
-                text.add(result.message.content)  # a provider that did not stream it
-            if _is_small(result):
-                # Most replies: a few kilobytes, checked and counted in well under a
-                # millisecond; a thread hop would cost more than the work (bench/model_call.py).
-                return _counted(_refuse_deep_arguments(result), request.encoding)
-            # Checking and counting a reply is CPU work that grows with its size (a tool
-            # call's arguments may be megabytes): in a thread, and the counting in another
-            # process, so the event loop keeps sending heartbeats (a blocked loop, or a
-            # thread holding the GIL, would make the worker look dead: issue 31).
-            result = await asyncio.to_thread(_refuse_deep_arguments, result)
-            result = await self._bounded(request.session_id, result)
-            result = await _off_loop(not _is_small(result, COUNT_IN_POOL_CHARS), _counted, result, request.encoding)
-            return await self._keep_large_arguments(result)
+            async with events as text:
+                if start is not None and self.turn_start is not None:
+                    await self.turn_start.announce(request, start)  # after turn_started
+                return await self._completed(request, resolved, text, start)
+
+    async def _completed(self, request: CallModelInput, resolved: CallModelInput, text: Any, start: TurnStartOutcome | None) -> CallModelResult:
+        """The provider's answer to ``resolved``, checked, counted and bounded (``text``:
+        the step's text events; ``start``: its turn start, kept in the result)."""
+        result = await self._complete(resolved)
+        if start is not None:
+            result = result.model_copy(update={"turn_start": start})
+        if text is not None and not text.published and result.message.content:
+            text.add(result.message.content)  # a provider that did not stream it
+        if _is_small(result):
+            # Most replies: a few kilobytes, checked and counted in well under a
+            # millisecond; a thread hop would cost more than the work (bench/model_call.py).
+            return _counted(_refuse_deep_arguments(result), request.encoding)
+        # Checking and counting a reply is CPU work that grows with its size (a tool
+        # call's arguments may be megabytes): in a thread, and the counting in another
+        # process, so the event loop keeps sending heartbeats (a blocked loop, or a
+        # thread holding the GIL, would make the worker look dead: issue 31).
+        result = await asyncio.to_thread(_refuse_deep_arguments, result)
+        result = await self._bounded(request.session_id, result)
+        result = await _off_loop(not _is_small(result, COUNT_IN_POOL_CHARS), _counted, result, request.encoding)
+        return await self._keep_large_arguments(result)
 
     async def _start_turn(self, request: CallModelInput, resolved: CallModelInput) -> tuple[CallModelInput, TurnStartOutcome]:
         """The turn start of a first step (:meth:`activities.turn_start.TurnStartActivities.prepare`)."""

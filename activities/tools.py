@@ -453,7 +453,7 @@ class ToolActivities:
         """Every tool a turn may offer: the registry's, then the MCP servers' (as they
         list them now; the result is recorded in the turn's history). When the list is
         the one ``request.known_ref`` names, only its reference is returned."""
-        encoding = request.encoding if request is not None else ""
+        encoding = (request.encoding or self.encoding) if request is not None else ""  # empty: the worker's
         held = [self._spec_of(t, encoding) for t in self.registry]
         groups = self.registry.groups
         if self.mcp is not None:

@@ -102,8 +102,6 @@ class TurnStartActivities:
         if search is not None and self.memory is None:
             failed = "this worker serves no long-term memory"
         outcome = TurnStartOutcome(listing=listing, recall=found, recall_failed=failed)
-        if found is not None and search is not None and self.memory is not None:
-            await self.memory.publish_recall(search, found)  # final: the session keeps it whatever follows
         if not listing.unchanged:
             return resolved, outcome.model_copy(update={"why": "the worker's tools changed since the session listed them"})
         if failed is not None:
@@ -117,6 +115,18 @@ class TurnStartActivities:
             return resolved, outcome.model_copy(update={"why": "the memories do not fit the context as it was built"})
         messages = [resolved.messages[0], message, *resolved.messages[1:]]
         return resolved.model_copy(update={"messages": messages}), outcome.model_copy(update={"sent": True, "memories_tokens": tokens})
+
+    async def announce(self, request: CallModelInput, outcome: TurnStartOutcome, *, turn_started: bool = False) -> None:
+        """Publish what :meth:`prepare` recalled (``memories_recalled``, or the search's
+        warning): final, the session keeps it whatever follows. With ``turn_started`` (a
+        call not sent, which publishes no step events) the turn's ``turn_started`` first."""
+        search = request.turn_start.recall if request.turn_start is not None else None
+        if search is None or outcome.recall is None or self.memory is None:
+            return
+        events = self.memory.events
+        if turn_started and events is not None and search.session_id and search.turn is not None:
+            await events.begin_turn(search.session_id, search.turn)
+        await self.memory.publish_recall(search, outcome.recall)
 
     async def _recall(self, search: SearchMemoriesInput, *, announce: bool = True) -> tuple[SearchMemoriesResult | None, str | None]:
         assert self.memory is not None

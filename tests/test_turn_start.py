@@ -42,6 +42,7 @@ class Memory:
         self.error, self.delay = error, delay
         self.searched: list[tuple[SearchMemoriesInput, bool]] = []
         self.published: list[SearchMemoriesResult] = []
+        self.events = None
 
     async def search_quietly(self, inp: SearchMemoriesInput, *, announce: bool = True) -> SearchMemoriesResult:
         self.searched.append((inp, announce))
@@ -93,7 +94,9 @@ async def _call(tools: ToolActivities, memory: Memory | None, *, budget: int = 4
         ),
     )
     starter = TurnStartActivities(tools, memory)  # type: ignore[arg-type]
-    return await starter.prepare(request, request)
+    sent, outcome = await starter.prepare(request, request)
+    await starter.announce(request, outcome, turn_started=not outcome.sent)
+    return sent, outcome
 
 
 async def test_found_memories_go_into_the_context_where_and_as_the_sessions_own_build_puts_them():
@@ -266,6 +269,10 @@ async def test_a_tool_registered_between_turns_is_offered_and_run_in_the_next_tu
         assert (await hermes.send_message(session_id, "hi")).reply == "Hello."
         registry.register(fetch_quote, idempotent=True, permission="read")
         result = await hermes.send_message(session_id, "quote ACME please")
+        events = [e.type for e in await hermes.events.read(session_id) if e.turn == 2]
+    # The unsent call published nothing of its step: no attempt to discard (a client
+    # would show the answer as cut off and started again).
+    assert events[0] == "turn_started" and events.count("turn_started") == 1 and "attempt_discarded" not in events, events
     assert result.reply == "ACME is at 12.5.", result
     assert [r.name for r in result.tool_calls] == ["fetch_quote"] and result.tool_calls[0].result.code == 0
     turn_two = [r for r in model.requests if r.turn == 2]

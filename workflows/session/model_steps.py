@@ -213,6 +213,7 @@ class ModelSteps:
                 core.turn_start = None  # answered (a failed call kept it for the call again)
                 await self._took_start(turn, start, result.turn_start)
                 if result.turn_start is not None and not result.turn_start.sent:
+                    workflow.logger.info("turn %d: its first model call was not sent (%s); calling again", turn, result.turn_start.why)
                     continue
             break
         sent_tokens = request.context_tokens
