@@ -302,15 +302,21 @@ class MemoryActivities:
         return result
 
     async def publish_recall(self, inp: SearchMemoriesInput, result: SearchMemoriesResult) -> None:
-        """Publish what a session's search found (``memories_recalled``), or its warning."""
-        if self.events is not None and inp.session_id and inp.turn is not None:
-            if result.error:
-                # Worded as the turn result's warning: one warning, not two wordings of it.
-                event = TurnEvent(type="warning", session_id=inp.session_id, turn=inp.turn, data={"text": recall_warning(result.error)})
-            else:
-                memories = [{"id": m.memory_id, "kind": m.kind, "text": m.text} for m in result.memories]
-                event = TurnEvent(type="memories_recalled", session_id=inp.session_id, turn=inp.turn, data={"memories": memories})
-            await self.events.publish_quietly([event])
+        """Publish what a session's search found (:meth:`recall_events`)."""
+        events = self.recall_events(inp, result)
+        if events and self.events is not None:
+            await self.events.publish_quietly(events)
+
+    def recall_events(self, inp: SearchMemoriesInput, result: SearchMemoriesResult) -> list[TurnEvent]:
+        """The event saying what a session's search found (``memories_recalled``), or its
+        warning; none when this worker publishes no turn events or the search is no turn's."""
+        if self.events is None or not inp.session_id or inp.turn is None:
+            return []
+        if result.error:
+            # Worded as the turn result's warning: one warning, not two wordings of it.
+            return [TurnEvent(type="warning", session_id=inp.session_id, turn=inp.turn, data={"text": recall_warning(result.error)})]
+        memories = [{"id": m.memory_id, "kind": m.kind, "text": m.text} for m in result.memories]
+        return [TurnEvent(type="memories_recalled", session_id=inp.session_id, turn=inp.turn, data={"memories": memories})]
 
     async def _search(self, inp: SearchMemoriesInput) -> SearchMemoriesResult:
         if self._store is None:

@@ -587,11 +587,11 @@ class ModelActivities:
                     # Before the step's events: an unsent call leaves no attempt behind
                     # (the step's next call would announce it discarded).
                     if self.turn_start is not None:
-                        await self.turn_start.announce(request, start, turn_started=True)
+                        await self.turn_start.announce_unsent(request, start)
                     return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
+                if self.turn_start is not None:
+                    events.then = self.turn_start.recall_events(request, start)  # with turn_started: one write
             async with events as text:
-                if start is not None and self.turn_start is not None:
-                    await self.turn_start.announce(request, start)  # after turn_started
                 return await self._completed(request, resolved, text, start)
 
     async def _completed(self, request: CallModelInput, resolved: CallModelInput, text: Any, start: TurnStartOutcome | None) -> CallModelResult:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from typing import Any
 
 from temporalio import activity
 
@@ -116,17 +117,24 @@ class TurnStartActivities:
         messages = [resolved.messages[0], message, *resolved.messages[1:]]
         return resolved.model_copy(update={"messages": messages}), outcome.model_copy(update={"sent": True, "memories_tokens": tokens})
 
-    async def announce(self, request: CallModelInput, outcome: TurnStartOutcome, *, turn_started: bool = False) -> None:
-        """Publish what :meth:`prepare` recalled (``memories_recalled``, or the search's
-        warning): final, the session keeps it whatever follows. With ``turn_started`` (a
-        call not sent, which publishes no step events) the turn's ``turn_started`` first."""
+    def recall_events(self, request: CallModelInput, outcome: TurnStartOutcome) -> list[Any]:
+        """The events saying what :meth:`prepare` recalled (``memories_recalled``, or the
+        search's warning; final: the session keeps the recall whatever follows). A sent
+        call publishes them with its step's start, after ``turn_started``."""
         search = request.turn_start.recall if request.turn_start is not None else None
         if search is None or outcome.recall is None or self.memory is None:
-            return
-        events = self.memory.events
-        if turn_started and events is not None and search.session_id and search.turn is not None:
-            await events.begin_turn(search.session_id, search.turn)
-        await self.memory.publish_recall(search, outcome.recall)
+            return []
+        return self.memory.recall_events(search, outcome.recall)
+
+    async def announce_unsent(self, request: CallModelInput, outcome: TurnStartOutcome) -> None:
+        """Publish the turn's ``turn_started`` and :meth:`recall_events` for a call that
+        was not sent (it publishes no step events: the step's next call would announce
+        its attempt discarded)."""
+        events = self.recall_events(request, outcome)
+        log_ = self.memory.events if self.memory is not None else None
+        if events and log_ is not None:
+            await log_.begin_turn(request.session_id, request.turn)
+            await log_.publish_quietly(events)
 
     async def _recall(self, search: SearchMemoriesInput, *, announce: bool = True) -> tuple[SearchMemoriesResult | None, str | None]:
         assert self.memory is not None

@@ -51,8 +51,8 @@ class Memory:
             raise self.error
         return self.result
 
-    async def publish_recall(self, inp: SearchMemoriesInput, result: SearchMemoriesResult) -> None:
-        self.published.append(result)
+    def recall_events(self, inp: SearchMemoriesInput, result: SearchMemoriesResult) -> list[Any]:
+        return [result]
 
 
 def _tools() -> ToolActivities:
@@ -95,7 +95,7 @@ async def _call(tools: ToolActivities, memory: Memory | None, *, budget: int = 4
     )
     starter = TurnStartActivities(tools, memory)  # type: ignore[arg-type]
     sent, outcome = await starter.prepare(request, request)
-    await starter.announce(request, outcome, turn_started=not outcome.sent)
+    memory.published.extend(e for e in starter.recall_events(request, outcome))
     return sent, outcome
 
 
