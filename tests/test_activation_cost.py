@@ -162,3 +162,97 @@ def test_every_payload_type_is_built_at_import_never_lazily_inside_an_activation
         and not value.__pydantic_complete__
     ]
     assert not lazy, f"built lazily on first use: {lazy} (call model_rebuild() once the types they name are defined)"
+
+
+@workflow.defn(name="BuiltinsProbe")
+class BuiltinsProbe:
+    @workflow.run
+    async def run(self) -> list[bool]:
+        import builtins
+        from datetime import datetime
+
+        stamp = workflow.now()
+        # The builtins an activation runs with are the interpreter's own (no checking
+        # wrappers), and an isinstance against a class the sandbox proxies still works.
+        return [builtins.isinstance is _ISINSTANCE, builtins.issubclass is _ISSUBCLASS, isinstance(stamp, datetime)]
+
+
+_ISINSTANCE, _ISSUBCLASS = isinstance, issubclass
+
+
+async def test_an_activation_runs_with_the_plain_isinstance_and_the_sandbox_still_refuses_nondeterminism(
+    temporal_client, settings, redis
+):
+    runner = build_worker(
+        temporal_client, settings, provider=ScriptedModel.demo(), registry=register_builtins(ToolRegistry()), redis=redis
+    ).config()["workflow_runner"]
+    queue = f"probe-{uuid.uuid4()}"
+    async with Worker(temporal_client, task_queue=queue, workflows=[BuiltinsProbe, ClockProbe], workflow_runner=runner):
+        seen = await temporal_client.execute_workflow(BuiltinsProbe.run, id=f"probe-{uuid.uuid4()}", task_queue=queue)
+        assert seen == [True, True, True]
+        # The module restrictions stay: reading the wall clock still fails the task.
+        handle = await temporal_client.start_workflow(ClockProbe.run, id=f"clock-{uuid.uuid4()}", task_queue=queue)
+        failure = await _first_task_failure(temporal_client, handle)
+    assert "RestrictedWorkflowAccessError" in failure or "datetime.datetime.now" in failure, failure
+
+
+@workflow.defn(name="ClockProbe")
+class ClockProbe:
+    @workflow.run
+    async def run(self) -> str:
+        import datetime
+
+        return datetime.datetime.now().isoformat()
+
+
+async def _first_task_failure(client: Any, handle: Any) -> str:
+    import asyncio
+
+    from temporalio.api.enums.v1 import EventType
+
+    for _ in range(200):
+        async for event in handle.fetch_history_events():
+            if event.event_type == EventType.EVENT_TYPE_WORKFLOW_TASK_FAILED:
+                await handle.terminate()
+                return event.workflow_task_failed_event_attributes.failure.message
+        await asyncio.sleep(0.05)
+    await handle.terminate()
+    return "no workflow task failed"
+
+
+def test_workflow_code_never_uses_the_builtins_the_sandbox_no_longer_checks():
+    """The sandbox's checks of ``open``, ``input`` and ``breakpoint`` cost every
+    activation (:data:`hermes.infra.activation.RESTRICTED_BUILTINS`): the workflow code,
+    and the modules it takes from the worker, are checked here instead, statically."""
+    import ast
+    from pathlib import Path
+
+    from hermes.infra.activation import RESTRICTED_BUILTINS
+
+    root = Path(__file__).resolve().parent.parent
+    files = sorted((root / "workflows").rglob("*.py"))
+    for module in PASSTHROUGH_MODULES:
+        if not module.startswith("hermes"):
+            continue
+        base = root.joinpath(*module.split("."))
+        files += sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
+    assert len(files) > 20
+    # Worker-side functions of modules the workflows share, which workflow code never
+    # reaches: loading a tiktoken encoding (ContextPlanner.counter takes a loaded one).
+    worker_side = {("hermes/content/tokens.py", "_cached_blob_ok")}
+    used = []
+    for path in files:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        relative = str(path.relative_to(root))
+        skipped = [
+            range(node.lineno, (node.end_lineno or node.lineno) + 1)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (relative, node.name) in worker_side
+        ]
+        used += [
+            f"{relative}:{node.lineno} {node.id}"
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Name) and node.id in RESTRICTED_BUILTINS and not any(node.lineno in r for r in skipped)
+        ]
+    assert not used, f"workflow code must not use {RESTRICTED_BUILTINS} (I/O, or a debugger stop): {used}"
+

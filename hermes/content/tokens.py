@@ -245,6 +245,12 @@ class TokenCounter:
         self.encoding_name = encoding_name
 
     @classmethod
+    def loaded(cls, encoding_name: str) -> TokenCounter | None:
+        """The counter for ``encoding_name`` if this process has loaded it, else None:
+        what workflow code may use (loading reads files, and a workflow does no I/O)."""
+        return cls._instances.get(encoding_name)
+
+    @classmethod
     def get(cls, encoding_name: str = DEFAULT_ENCODING) -> TokenCounter:
         """The counter for ``encoding_name`` (``"cl100k_base"`` means its offline twin).
 

@@ -65,11 +65,10 @@ class ContextPlanner:
     def counter(self, encoding: str, bounded_work: bool) -> TokenCounter | BoundedCounter:
         """The session's token counter: bounded in cost per text (``bounded_work``: runs
         with that patch), or exact (runs recorded before it). An encoding this worker
-        cannot load offline counts as ``DEFAULT_ENCODING``."""
-        try:
-            exact = TokenCounter.get(encoding or DEFAULT_ENCODING)
-        except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
-            exact = TokenCounter.get(DEFAULT_ENCODING)
+        has not loaded counts as ``DEFAULT_ENCODING``."""
+        # Loaded by the worker at its start (workflow code never loads one: file I/O); an
+        # encoding this worker has not loaded counts as the default.
+        exact = TokenCounter.loaded(encoding or DEFAULT_ENCODING) or TokenCounter.get(DEFAULT_ENCODING)
         if not bounded_work:
             return exact
         if self._bounded is None or self._bounded.counter is not exact:
