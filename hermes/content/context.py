@@ -156,6 +156,8 @@ class _Unit:
     calls and all their results), ``other`` (a system message in the transcript)."""
     messages: list[Message]
     turn: int
+    tokens: int | None = None
+    """Its messages' tokens, once :class:`_Packer` counted them."""
 
 
 def memories_message(memories: Sequence[str]) -> Message:
@@ -174,25 +176,22 @@ def _units(transcript: Sequence[Message], upto_turn: int | None) -> tuple[list[_
     eligible = 0
     pending: _Unit | None = None
     open_ids: set[str] = set()
-
-    def close() -> None:
-        nonlocal pending
-        if pending is not None and not open_ids:
-            units.append(pending)
-        pending = None  # an incomplete tool unit is never sent
-
     for m in transcript:
         if m.internal or (upto_turn is not None and m.turn <= upto_turn):
             continue
         eligible += 1
-        if m.role == "tool":
+        role = m.role
+        if role == "tool":
             if pending is not None and m.tool_call_id in open_ids:
                 open_ids.discard(m.tool_call_id)
                 pending.messages.append(m)
             # else: a result without its call before it (or a second one): never sent
             continue
-        close()
-        if m.role == "assistant" and m.tool_calls:
+        if pending is not None:
+            if not open_ids:
+                units.append(pending)
+            pending = None  # an incomplete tool unit is never sent
+        if role == "assistant" and m.tool_calls:
             pending = _Unit("tools", [m], m.turn)
             open_ids = {c.tool_call_id for c in m.tool_calls}
         elif m.role == "user":
@@ -201,7 +200,8 @@ def _units(transcript: Sequence[Message], upto_turn: int | None) -> tuple[list[_
             units.append(_Unit("answer", [m], m.turn))
         else:
             units.append(_Unit("other", [m], m.turn))
-    close()
+    if pending is not None and not open_ids:
+        units.append(pending)
     return units, eligible
 
 
@@ -343,13 +343,15 @@ class _Packer:
     ):
         self.units, self.counter, self.total, self.correction, self.budget = units, counter, total, correction, budget
         self.keep = [False] * len(units)
-        self._unit_tokens: dict[int, int] = {}
 
     def tokens_of(self, index: int) -> int:
-        t = self._unit_tokens.get(index)
+        unit = self.units[index]
+        t = unit.tokens
         if t is None:
-            t = sum(m.tokens if m.tokens is not None else self.counter.message(m) for m in self.units[index].messages)
-            self._unit_tokens[index] = t
+            t = 0
+            for m in unit.messages:
+                t += m.tokens if m.tokens is not None else self.counter.message(m)
+            unit.tokens = t
         return t
 
     def fits(self, extra: int) -> bool:
@@ -388,7 +390,9 @@ class _Packer:
                 i -= 1
             if not members:
                 continue
-            t = sum(self.tokens_of(j) for j in members)
+            t = 0
+            for j in members:
+                t += self.tokens_of(j)
             if not self.fits(t):
                 break
             self.total += t
