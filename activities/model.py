@@ -578,21 +578,18 @@ class ModelActivities:
     async def _call_model_with(self, request: CallModelInput, events: model_call_events) -> CallModelResult:
         # Heartbeats while waiting on the store and the provider: a dead worker's call
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
-        async with heartbeating():
+        async with heartbeating(), events as text:  # turn_started goes out now, before any search
             resolved = await self.resolve_context(request)
             start = None
             if request.turn_start is not None:
                 resolved, start = await self._start_turn(request, resolved)
-                if not start.sent:
-                    # Before the step's events: an unsent call leaves no attempt behind
-                    # (the step's next call would announce it discarded).
-                    if self.turn_start is not None:
-                        await self.turn_start.announce_unsent(request, start)
-                    return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
                 if self.turn_start is not None:
-                    events.then = self.turn_start.recall_events(request, start)  # with turn_started: one write
-            async with events as text:
-                return await self._completed(request, resolved, text, start)
+                    await events.publish(self.turn_start.recall_events(request, start))
+                if not start.sent:
+                    # Its attempt published no text: the step's next call has none to discard.
+                    await events.unsent()
+                    return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
+            return await self._completed(request, resolved, text, start)
 
     async def _completed(self, request: CallModelInput, resolved: CallModelInput, text: Any, start: TurnStartOutcome | None) -> CallModelResult:
         """The provider's answer to ``resolved``, checked, counted and bounded (``text``:

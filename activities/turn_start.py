@@ -119,22 +119,12 @@ class TurnStartActivities:
 
     def recall_events(self, request: CallModelInput, outcome: TurnStartOutcome) -> list[Any]:
         """The events saying what :meth:`prepare` recalled (``memories_recalled``, or the
-        search's warning; final: the session keeps the recall whatever follows). A sent
-        call publishes them with its step's start, after ``turn_started``."""
+        search's warning; final: the session keeps the recall whatever follows), which the
+        model call publishes after ``turn_started``, sent or not."""
         search = request.turn_start.recall if request.turn_start is not None else None
         if search is None or outcome.recall is None or self.memory is None:
             return []
         return self.memory.recall_events(search, outcome.recall)
-
-    async def announce_unsent(self, request: CallModelInput, outcome: TurnStartOutcome) -> None:
-        """Publish the turn's ``turn_started`` and :meth:`recall_events` for a call that
-        was not sent (it publishes no step events: the step's next call would announce
-        its attempt discarded)."""
-        events = self.recall_events(request, outcome)
-        log_ = self.memory.events if self.memory is not None else None
-        if events and log_ is not None:
-            await log_.begin_turn(request.session_id, request.turn)
-            await log_.publish_quietly(events)
 
     async def _recall(self, search: SearchMemoriesInput, *, announce: bool = True) -> tuple[SearchMemoriesResult | None, str | None]:
         assert self.memory is not None

@@ -111,27 +111,22 @@ async def test_turn_started_is_published_once_and_a_step_started_again_discards_
     assert events[1].data["text"] == "Hello wor" and events[3].data["text"] == "Hello world"
 
 
-async def test_a_first_steps_recall_goes_out_after_turn_started_in_the_same_write(redis, session_id):
-    """The recall a turn's first model call made (``then``) follows ``turn_started``, in
-    one write with it (a round trip less per turn), and precedes the step's text."""
+async def test_an_unsent_first_call_announces_its_turn_and_leaves_no_attempt_to_discard(redis, session_id):
+    """A turn's first model call publishes ``turn_started`` when it starts (before its
+    memory search), then what it recalled; one that comes back unsent (the session
+    calls again) is forgotten, so the step's next call announces no discarded attempt."""
     log = EventLog(redis)
     recalled = TurnEvent(type="memories_recalled", session_id=session_id, turn=2, data={"memories": []})
-    writes: list[int] = []
-    publish = log.publish
-
-    async def counted(events: Any) -> Any:
-        writes.append(len(list(events)))
-        return await publish(events)
-
-    log.publish = counted  # type: ignore[method-assign]
     events = model_call_events(log, session_id, 2, 0, "0.a.1")
-    events.then = [recalled]
-    async with events as text:
+    async with events:
+        assert [e.type for e in await log.read(session_id, START)] == ["turn_started"], "before the search"
+        await events.publish([recalled])
+        await events.unsent()
+    async with model_call_events(log, session_id, 2, 0, "0.b.1") as text:
         assert text is not None
         text.add("Hi")
     kinds = [e.type for e in await log.read(session_id, START)]
-    assert kinds == ["turn_started", "memories_recalled", "text_delta"]
-    assert writes[0] == 2, writes
+    assert kinds == ["turn_started", "memories_recalled", "text_delta"], kinds
 
 
 async def test_a_first_step_alone_starts_its_turn_once_in_one_write_of_markers(redis, session_id):

@@ -24,7 +24,7 @@ from hermes.models import CallModelInput, ListToolsInput, Message, TurnStartRequ
 from hermes.providers.scripted import ScriptedModel
 from hermes.tools.builtin import register_builtins
 from hermes.tools.registry import ToolRegistry
-from tests.test_memory_session import RecordingModel
+from tests.test_memory_session import RecordingModel, _said_bern
 
 ENCODING = "cl100k_base"
 
@@ -292,9 +292,6 @@ async def test_a_worker_that_ignores_the_turn_start_costs_the_first_step_its_mem
     """An older worker (a rolling deploy) does not know ``turn_start``: it answers the
     call as it was. The session says the step went without memories, and searches
     for the turn's later steps."""
-    from hermes.memory.service import open_store
-    from tests.support import eventually
-
     user = f"user-{session_id}"
     model = RecordingModel({"turns": [
         {"match": "live", "steps": [
@@ -303,13 +300,7 @@ async def test_a_worker_that_ignores_the_turn_start_costs_the_first_step_its_mem
         ]},
     ], "fallback": "Noted."})
     async with run_worker(model, memory_ready=True) as hermes:
-        await hermes.send_message(session_id, "I live in Bern.", user_id=user)
-        store = open_store(settings)
-
-        async def written() -> bool:
-            return any("Bern" in r["text"] for r in store.list(user))
-
-        await eventually(written, what="the home written", timeout_seconds=30)
+        await _said_bern(hermes, settings, session_id, user)
         real = ModelActivities._call_model_with
 
         async def older(self: ModelActivities, request: CallModelInput, events: Any) -> Any:
@@ -324,3 +315,41 @@ async def test_a_worker_that_ignores_the_turn_start_costs_the_first_step_its_mem
     assert any("The user lives in Bern." in (m.content or "") for m in turn_two[1].messages), "the later step has them"
     assert any("Bern" in m for m in result.memories)
     assert any("without its memory recall" in n for n in state.notices), state.notices
+
+
+async def test_a_turn_cancelled_while_its_first_call_searches_was_announced_and_asks_no_provider(
+    run_worker: Any, settings: Any, session_id: str, monkeypatch: Any, turns: Any,
+) -> None:
+    """``turn_started`` goes out when the first call starts, not after its search (up to
+    12 s): a live view shows the turn at once, and a turn cancelled meanwhile has one
+    (found by a break-it probe: its events were only ``turn_finished``)."""
+    from temporalio import activity
+
+    from activities.memory import MemoryActivities
+    from hermes import names
+    user = f"user-{session_id}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True) as hermes:
+        await _said_bern(hermes, settings, session_id, user)
+        real = MemoryActivities._search
+        searching = asyncio.Event()
+
+        async def slow(self: MemoryActivities, inp: Any) -> Any:
+            if activity.info().activity_type == names.CALL_MODEL and not searching.is_set():
+                searching.set()
+                await asyncio.sleep(10)
+            return await real(self, inp)
+
+        monkeypatch.setattr(MemoryActivities, "_search", slow)
+        task = turns(hermes.send_message(session_id, "Where do I live?", user_id=user))
+        await asyncio.wait_for(searching.wait(), 30)
+        started = [e.type for e in await hermes.events.read(session_id) if e.turn == 2]
+        await hermes.cancel_turn(session_id)
+        cancelled = await asyncio.wait_for(task, 60)
+        after = await hermes.send_message(session_id, "Where do I live now?", user_id=user)
+        events = await hermes.events.read(session_id)
+    assert started == ["turn_started"], "announced while the search runs"
+    assert cancelled.status == "cancelled" and not [r for r in model.requests if r.turn == 2]
+    two = [e.type for e in events if e.turn == 2]
+    assert two[0] == "turn_started" and two[-1] == "turn_finished" and "attempt_discarded" not in two, two
+    assert after.status == "completed" and any("Bern" in m for m in after.memories), after

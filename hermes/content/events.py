@@ -38,7 +38,7 @@ import json
 import logging
 import re
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
 from typing import Any, Literal
 
@@ -252,13 +252,13 @@ class EventLog:
 
         return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}", session_id=session_id)
 
-    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str, then: Sequence[TurnEvent] = ()) -> bool:
+    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
         """Note that model ``attempt`` of ``step`` starts; if another attempt of the same
         step ran before it (a retry, a step started again), publish ``attempt_discarded``
         naming that attempt, so clients drop the text it streamed. For a turn's first step
         (``step`` 0) also :meth:`begin_turn`. The markers go in one Redis round trip, the
-        events they call for (and ``then``, published after them: a turn's recall) in one
-        more, only when there are any. Best effort, like :meth:`publish_quietly`.
+        events they call for in one more, only when there are any. Best effort, like
+        :meth:`publish_quietly`.
 
         Returns:
             False if skipped (and reported)."""
@@ -284,13 +284,23 @@ class EventLog:
                         attempt=_text(previous), data={"reason": f"model step {step} started again (attempt {attempt})"},
                     )
                 )
-            events.extend(then)
             if events:
                 await self.publish(events)
             if failed is not None:
                 raise failed
 
         return await self._quietly(work, f"start of attempt {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
+
+    async def forget_step(self, session_id: str, turn: int, step: int) -> bool:
+        """Forget the attempt of ``step`` that :meth:`begin_step` noted: it published
+        nothing and was not sent (a turn's first model call that came back for the
+        session to call again), so the step's next attempt has nothing to discard. Best
+        effort, like :meth:`publish_quietly`."""
+
+        async def work() -> None:
+            await self.redis.delete(f"{stream_key(session_id)}:step:{turn}.{step}")
+
+        return await self._quietly(work, f"unsent attempt of session {session_id!r} turn {turn}", session_id=session_id)
 
     async def last_offset(self, session_id: str) -> str:
         """The offset of ``session_id``'s newest event (:data:`START` if none): reading
@@ -496,14 +506,12 @@ class model_call_events:  # noqa: N801 - used as a context manager, like context
     def __init__(self, log_: EventLog | None, session_id: str, turn: int, step: int, attempt: str):
         self._text = TextEvents(log_, session_id, turn, step, attempt) if log_ is not None else None
         self._token: contextvars.Token[TextEvents | None] | None = None
-        self.then: list[TurnEvent] = []
-        """Events published with the step's start, after its own (:meth:`EventLog.begin_step`)."""
 
     async def __aenter__(self) -> TextEvents | None:
         text = self._text
         if text is not None:
             # A publication that reports it did not land (False) is counted; None: not told.
-            if await text.log.begin_step(text.session_id, text.turn, text.step, text.attempt, self.then) is False:
+            if await text.log.begin_step(text.session_id, text.turn, text.step, text.attempt) is False:
                 text.unpublished += 1
             self._token = _current_text.set(text)
         return text
@@ -512,6 +520,19 @@ class model_call_events:  # noqa: N801 - used as a context manager, like context
     def text(self) -> TextEvents | None:
         """The call's text events (None: nothing is published)."""
         return self._text
+
+    async def publish(self, events: list[TurnEvent]) -> None:
+        """Publish ``events`` of the call (a turn's recall) after its start, counting one
+        that did not land in the call's ``unpublished``."""
+        text = self._text
+        if text is not None and events and await text.log.publish_quietly(events) is False:
+            text.unpublished += 1
+
+    async def unsent(self) -> None:
+        """The call was not sent: forget its attempt (:meth:`EventLog.forget_step`)."""
+        text = self._text
+        if text is not None:
+            await text.log.forget_step(text.session_id, text.turn, text.step)
 
     async def __aexit__(self, *exc: object) -> None:
         if self._text is not None and self._token is not None:
