@@ -155,13 +155,6 @@ def _is_small(result: CallModelResult, budget: int = SMALL_REPLY_UNITS) -> bool:
     return used <= budget
 
 
-def _counter(encoding: str) -> TokenCounter:
-    try:
-        return TokenCounter.get(encoding or DEFAULT_ENCODING)
-    except ValueError:  # an encoding this worker cannot load offline
-        return TokenCounter.get(DEFAULT_ENCODING)
-
-
 COUNT_IN_POOL_CHARS = 16_384
 """Texts at least this long are counted in the CPU pool (:mod:`hermes.infra.cpu_pool`),
 shorter ones in a thread here. Measured on a 2-core machine: cl100k counts 10,000
@@ -180,7 +173,7 @@ async def _off_loop(large: bool, fn: Callable[..., T], *args: Any) -> T:
 
 def _count_text(encoding: str, text: str) -> int:
     """Tokens of ``text`` in ``encoding`` (a CPU pool child runs it)."""
-    return _counter(encoding).text(text)
+    return TokenCounter.get_or_default(encoding).text(text)
 
 
 def _large_arguments(calls: list[Any]) -> dict[int, tuple[str, str]]:
@@ -211,7 +204,7 @@ def _counted(result: CallModelResult, encoding: str) -> CallModelResult:
     arguments may be megabytes); unchanged when the session sent no encoding."""
     if not encoding:
         return result
-    tokens = _counter(encoding).message(result.message)
+    tokens = TokenCounter.get_or_default(encoding).message(result.message)
     return result.model_copy(update={"message": result.message.model_copy(update={"tokens": tokens})})
 
 

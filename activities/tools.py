@@ -60,7 +60,7 @@ from hermes.content.previews import head_and_tail
 from hermes.infra.redis_writes import report_skipped
 from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
 from hermes.tools.registry import Tool, ToolContext, ToolRegistry
-from hermes.content.tokens import DEFAULT_ENCODING, PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
+from hermes.content.tokens import PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
 
 log = logging.getLogger("hermes.tools")
 
@@ -366,11 +366,7 @@ def schema_tokens(encoding: str, spec: ToolSpec) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _schema_tokens(encoding: str, schema_json: str) -> int:
-    try:
-        counter = TokenCounter.get(encoding or DEFAULT_ENCODING)
-    except ValueError:
-        counter = TokenCounter.get(DEFAULT_ENCODING)
-    return counter.text(schema_json) + PER_TOOL_SCHEMA_TOKENS
+    return TokenCounter.get_or_default(encoding).text(schema_json) + PER_TOOL_SCHEMA_TOKENS
 
 
 class ToolActivities:

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any
 
 from temporalio import activity
 
@@ -27,7 +26,8 @@ from activities.memory import MemoryActivities
 from activities.tools import ToolActivities
 from hermes import names
 from hermes.content.context import memories_message
-from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
+from hermes.content.events import TurnEvent
+from hermes.content.tokens import BoundedCounter, TokenCounter
 from hermes.memory.models import SearchMemoriesInput, SearchMemoriesResult
 from hermes.models import CallModelInput, TurnStartOutcome
 from hermes.sessions.turn_start import BeginTurnInput, BeginTurnResult
@@ -111,13 +111,15 @@ class TurnStartActivities:
         if not lines:
             return resolved, outcome.model_copy(update={"sent": True})
         message = memories_message(lines)
-        tokens = _counter(request.encoding).message(message)  # at most limit x max_chars characters
+        # The session's kind of counter (ContextPlanner.counter); the message is at most
+        # limit x max_chars characters.
+        tokens = BoundedCounter(TokenCounter.get_or_default(request.encoding)).message(message)
         if math.ceil((request.context_tokens + tokens) * start.correction) > start.budget or not resolved.messages:
             return resolved, outcome.model_copy(update={"why": "the memories do not fit the context as it was built"})
         messages = [resolved.messages[0], message, *resolved.messages[1:]]
         return resolved.model_copy(update={"messages": messages}), outcome.model_copy(update={"sent": True, "memories_tokens": tokens})
 
-    def recall_events(self, request: CallModelInput, outcome: TurnStartOutcome) -> list[Any]:
+    def recall_events(self, request: CallModelInput, outcome: TurnStartOutcome) -> list[TurnEvent]:
         """The events saying what :meth:`prepare` recalled (``memories_recalled``, or the
         search's warning; final: the session keeps the recall whatever follows), which the
         model call publishes after ``turn_started``, sent or not."""
@@ -136,13 +138,3 @@ class TurnStartActivities:
         except Exception as err:  # noqa: BLE001 - the session searches again
             log.warning("memory search for session %s turn %s failed: %s", search.session_id, search.turn, err)
             return None, f"{type(err).__name__}: {err}"[:300]
-
-
-def _counter(encoding: str) -> BoundedCounter:
-    """The session's counter for ``encoding`` (``ContextPlanner.counter``): the same count
-    of the memories message as the session's own context build makes."""
-    try:
-        exact = TokenCounter.get(encoding or DEFAULT_ENCODING)
-    except Exception:  # noqa: BLE001 - an encoding this worker cannot load offline
-        exact = TokenCounter.get(DEFAULT_ENCODING)
-    return BoundedCounter(exact)

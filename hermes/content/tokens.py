@@ -245,6 +245,15 @@ class TokenCounter:
         self.encoding_name = encoding_name
 
     @classmethod
+    def get_or_default(cls, encoding_name: str) -> TokenCounter:
+        """:meth:`get` of ``encoding_name`` (empty: :data:`DEFAULT_ENCODING`), or of the
+        default when this worker cannot load it offline."""
+        try:
+            return cls.get(encoding_name or DEFAULT_ENCODING)
+        except ValueError:
+            return cls.get(DEFAULT_ENCODING)
+
+    @classmethod
     def loaded(cls, encoding_name: str) -> TokenCounter | None:
         """The counter for ``encoding_name`` if this process has loaded it, else None:
         what workflow code may use (loading reads files, and a workflow does no I/O)."""

@@ -91,24 +91,33 @@ class MemoryPath:
                 return
         started = workflow.now()
         search = self._search(turn, text)
-        await self._record(turn, started, self._searched(turn, search, early))
+        try:
+            result = await self._searched(turn, search, early)
+        except FailureError as err:
+            self._not_searched(turn, err)
+            return
+        self._record(turn, started, result)
 
     async def took_recall(self, turn: int, search: SearchMemoriesInput, found: SearchMemoriesResult | None, failed: str) -> None:
         """Record the recall of the turn's first model call (``core.turn_start``): what it
         ``found``, else (it ``failed``, or was not made) a search again as a normal activity."""
         started = workflow.now()
-        await self._record(turn, started, self._again(turn, search, failed) if found is None else _given(found))
+        if found is None:
+            try:
+                found = await self._again(turn, search, failed)
+            except FailureError as err:
+                self._not_searched(turn, err)
+                return
+        self._record(turn, started, found)
 
-    async def _record(self, turn: int, started: Any, searched: Any) -> None:
-        """Keep the memories ``searched`` (an awaitable search result) finds for the turn's
-        model calls, with its warnings and trace step."""
+    def _not_searched(self, turn: int, err: FailureError) -> None:
+        self.core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
+        self.core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
+
+    def _record(self, turn: int, started: Any, result: SearchMemoriesResult) -> None:
+        """Keep the memories ``result`` found for the turn's model calls, with its
+        warnings and trace step."""
         core = self.core
-        try:
-            result = await searched
-        except FailureError as err:
-            core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
-            core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
-            return
         if result.error:
             core.warnings.append(recall_warning(result.error))  # the same text as the search's event
             core.degraded("memory", f"memories were not searched for turn {turn}: {result.error}", workflow.now())
@@ -228,7 +237,3 @@ class MemoryPath:
             except (asyncio.CancelledError, ActivityError):
                 pass
         self.extractions = []
-
-
-async def _given(result: SearchMemoriesResult) -> SearchMemoriesResult:
-    return result
