@@ -105,6 +105,11 @@ def _turn_marker(session_id: str, turn: int) -> str:
     return f"{stream_key(session_id)}:turn:{turn}"
 
 
+def _step_marker(session_id: str, turn: int, step: int) -> str:
+    """The key naming the attempt of ``turn``'s ``step`` that started last."""
+    return f"{stream_key(session_id)}:step:{turn}.{step}"
+
+
 def stream_key(session_id: str) -> str:
     """The Redis key of ``session_id``'s event stream."""
     return f"hermes:events:{session_id}"
@@ -264,7 +269,7 @@ class EventLog:
             False if skipped (and reported)."""
 
         async def work() -> None:
-            marker = f"{stream_key(session_id)}:step:{turn}.{step}"
+            marker = _step_marker(session_id, turn, step)
             pipe = self.redis.pipeline(transaction=False)
             if step == 0:
                 pipe.set(_turn_marker(session_id, turn), "1", nx=True, ex=self.marker_ttl_seconds)
@@ -298,7 +303,7 @@ class EventLog:
         effort, like :meth:`publish_quietly`."""
 
         async def work() -> None:
-            await self.redis.delete(f"{stream_key(session_id)}:step:{turn}.{step}")
+            await self.redis.delete(_step_marker(session_id, turn, step))
 
         return await self._quietly(work, f"unsent attempt of session {session_id!r} turn {turn}", session_id=session_id)
 
