@@ -25,10 +25,13 @@ from hermes.content.context import (
     BuiltContext,
     ContextOverBudget,
     ContextPolicy,
+    UnitCache,
+    _Reading,
     build_context,
 )
 from hermes.content.tokens import (
     DEFAULT_ENCODING,
+    BoundedCounter,
     TokenCounter,
     corrected,
     encoding_name_for_model,
@@ -782,3 +785,77 @@ def test_random_budgets_never_start_the_conversation_without_its_user_and_always
     assert len(notes) == (1 if out.cut else 0) and out.cut <= out.dropped
     if notes:
         assert notes[0].content.startswith(f"Note: {out.cut} earlier message(s)")
+
+
+# ---------------------------------------------------------------------------------------
+# the unit cache: builds of a growing transcript read only what was added (issue 31)
+
+
+def _built_or_refused(transcript: list[Message], s, cache: UnitCache | None, **changes) -> BuiltContext | tuple[int, int]:
+    g, summary, memories, policy, tool_tokens, correction, system_prompt = s
+    arguments = dict(
+        turn=g.turn, system_prompt=system_prompt, policy=policy, counter=COUNTER, summary=summary, memories=memories,
+        tool_tokens=tool_tokens, correction=correction, mark_cuts=True,
+    )
+    arguments.update(changes)
+    try:
+        return build_context(transcript, **arguments, unit_cache=cache)
+    except ContextOverBudget as e:
+        return e.needed, e.budget
+
+
+@settings(
+    max_examples=200, deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
+)
+@given(scenarios(), st.data())
+def test_a_cached_build_of_a_growing_transcript_equals_a_build_from_scratch(s, data):
+    """Grown a few messages at a time, with what invalidates the cache on the way (a
+    count set later, a dropped prefix, a moved summary, another counter, a new list):
+    every build with the session's cache equals one without it, field by field."""
+    g = s[0]
+    cache = UnitCache()
+    transcript: list[Message] = []
+    source = list(g.transcript)
+    other_counter = BoundedCounter(COUNTER)
+    while source or not transcript:
+        take = data.draw(st.integers(0, 3))
+        transcript.extend(source[:take])
+        del source[:take]
+        change = data.draw(st.sampled_from(["none"] * 6 + ["recount", "drop", "summary", "counter", "copy"]))
+        changes: dict = {}
+        if change == "recount" and transcript:
+            m = transcript[data.draw(st.integers(0, len(transcript) - 1))]
+            m.tokens = data.draw(st.integers(1, 60))
+        elif change == "drop" and transcript:
+            del transcript[: data.draw(st.integers(1, len(transcript)))]
+        elif change == "summary":
+            changes["summary"] = Summary(text="so far", upto_turn=data.draw(st.integers(0, g.turn)))
+        elif change == "counter":
+            changes["counter"] = other_counter
+        elif change == "copy":
+            transcript = list(transcript)
+        assert _built_or_refused(transcript, s, cache, **changes) == _built_or_refused(transcript, s, None, **changes)
+        if not source:
+            break
+
+
+def test_the_unit_cache_reads_only_the_messages_added_since_the_last_build(monkeypatch):
+    transcript = [user("first", 1), calls(1, "a"), result("a", 1), answer("one", 1)]
+    cache = UnitCache()
+    build(transcript, 1, unit_cache=cache)
+    read: list[Message] = []
+    original = _Reading.read
+
+    def counting(self, messages, upto_turn):
+        read.extend(messages)
+        return original(self, messages, upto_turn)
+
+    monkeypatch.setattr(_Reading, "read", counting)
+    transcript += [user("second", 2), calls(2, "b")]
+    build(transcript, 2, unit_cache=cache)
+    assert read == transcript[4:]
+    transcript[0].tokens = (transcript[0].tokens or 0) + 1  # a count set later: read again, whole
+    read.clear()
+    build(transcript, 2, unit_cache=cache)
+    assert read == transcript

@@ -42,7 +42,9 @@ budget.
 
 from __future__ import annotations
 
+import itertools
 import math
+import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -170,39 +172,99 @@ def summary_message(summary: Summary) -> Message:
     return Message(role="system", content=SUMMARY_TEMPLATE.format(next_turn=summary.upto_turn + 1, text=summary.text))
 
 
+class UnitCache:
+    """The units of the transcript read by the last build, kept for the next one (a
+    session's contexts are built from one growing transcript, two or more builds a turn:
+    reading it whole each time made every model call's build grow with the conversation,
+    issue 31). Pass the same cache to every build of one session's transcript; the
+    output is the same as without it.
+
+    It is used only while the transcript has just grown since the last build: the same
+    message objects in the same order, with the same ``tokens``, the same summary cut
+    (``upto_turn``) and the same counter; anything else (a dropped prefix, a new run's
+    transcript, a count set later) and the build reads the whole transcript again.
+    """
+
+    def __init__(self) -> None:
+        self._cut: int | None = None
+        self._counter: object = None
+        self._seen: list[Message] = []
+        self._tokens: list[int | None] = []
+        self._state: _Reading | None = None
+
+    def units(
+        self, transcript: Sequence[Message], upto_turn: int | None, counter: object
+    ) -> tuple[list[_Unit], int]:
+        """:func:`_units` of ``transcript``, reading only what was added since the last call."""
+        n = len(self._seen)
+        state = self._state
+        if (
+            state is None or upto_turn != self._cut or counter is not self._counter or len(transcript) < n
+            or not all(map(operator.is_, transcript[:n], self._seen))
+            or [m.tokens for m in self._seen] != self._tokens
+        ):
+            state, n = _Reading(), 0
+            self._cut, self._counter, self._seen, self._tokens, self._state = upto_turn, counter, [], [], state
+        added = transcript[n:]
+        state.read(added, upto_turn)
+        self._seen.extend(added)
+        self._tokens.extend(m.tokens for m in added)
+        return state.result()
+
+
+class _Reading:
+    """A transcript read so far into units (see :func:`_units`): resumable."""
+
+    __slots__ = ("units", "eligible", "pending", "open_ids")
+
+    def __init__(self) -> None:
+        self.units: list[_Unit] = []
+        self.eligible = 0
+        self.pending: _Unit | None = None
+        self.open_ids: set[str] = set()
+
+    def read(self, messages: Sequence[Message], upto_turn: int | None) -> None:
+        units = self.units
+        pending, open_ids, eligible = self.pending, self.open_ids, self.eligible
+        for m in messages:
+            if m.internal or (upto_turn is not None and m.turn <= upto_turn):
+                continue
+            eligible += 1
+            role = m.role
+            if role == "tool":
+                if pending is not None and m.tool_call_id in open_ids:
+                    open_ids.discard(m.tool_call_id)
+                    pending.messages.append(m)
+                # else: a result without its call before it (or a second one): never sent
+                continue
+            if pending is not None:
+                if not open_ids:
+                    units.append(pending)
+                pending = None  # an incomplete tool unit is never sent
+            if role == "assistant" and m.tool_calls:
+                pending = _Unit("tools", [m], m.turn)
+                open_ids = {c.tool_call_id for c in m.tool_calls}
+            elif m.role == "user":
+                units.append(_Unit("user", [m], m.turn))
+            elif m.role == "assistant":
+                units.append(_Unit("answer", [m], m.turn))
+            else:
+                units.append(_Unit("other", [m], m.turn))
+        self.pending, self.open_ids, self.eligible = pending, open_ids, eligible
+
+    def result(self) -> tuple[list[_Unit], int]:
+        """The units read (a new list; a complete tool unit at the end included) and the
+        count of non-internal, uncovered messages."""
+        if self.pending is not None and not self.open_ids:
+            return [*self.units, self.pending], self.eligible
+        return list(self.units), self.eligible
+
+
 def _units(transcript: Sequence[Message], upto_turn: int | None) -> tuple[list[_Unit], int]:
     """Sendable units in order, and the count of non-internal, uncovered messages."""
-    units: list[_Unit] = []
-    eligible = 0
-    pending: _Unit | None = None
-    open_ids: set[str] = set()
-    for m in transcript:
-        if m.internal or (upto_turn is not None and m.turn <= upto_turn):
-            continue
-        eligible += 1
-        role = m.role
-        if role == "tool":
-            if pending is not None and m.tool_call_id in open_ids:
-                open_ids.discard(m.tool_call_id)
-                pending.messages.append(m)
-            # else: a result without its call before it (or a second one): never sent
-            continue
-        if pending is not None:
-            if not open_ids:
-                units.append(pending)
-            pending = None  # an incomplete tool unit is never sent
-        if role == "assistant" and m.tool_calls:
-            pending = _Unit("tools", [m], m.turn)
-            open_ids = {c.tool_call_id for c in m.tool_calls}
-        elif m.role == "user":
-            units.append(_Unit("user", [m], m.turn))
-        elif m.role == "assistant":
-            units.append(_Unit("answer", [m], m.turn))
-        else:
-            units.append(_Unit("other", [m], m.turn))
-    if pending is not None and not open_ids:
-        units.append(pending)
-    return units, eligible
+    reading = _Reading()
+    reading.read(transcript, upto_turn)
+    return reading.result()
 
 
 def build_context(
@@ -217,6 +279,7 @@ def build_context(
     tool_tokens: int = 0,
     correction: float = 1.0,
     mark_cuts: bool = False,
+    unit_cache: UnitCache | None = None,
 ) -> BuiltContext:
     """Build the context for a model call (pure: same inputs, equal output).
 
@@ -240,6 +303,8 @@ def build_context(
             messages cut (:attr:`BuiltContext.cut`) are named in a cut note
             (:data:`CUT_NOTE_TEMPLATE`) after the summary; the oldest kept messages make
             room for it. False: contexts as built before issue 27 (runs recorded then).
+        unit_cache: the transcript's units as the last build read them (a session's
+            builds share one); the result is the same without it.
 
     Returns:
         The context, its uncorrected token estimate and what was left out.
@@ -256,7 +321,10 @@ def build_context(
     if summary is not None and upto_turn != summary.upto_turn:
         summary = summary.model_copy(update={"upto_turn": upto_turn})
 
-    units, eligible = _units(transcript, upto_turn)
+    if unit_cache is not None:
+        units, eligible = unit_cache.units(transcript, upto_turn, counter)
+    else:
+        units, eligible = _units(transcript, upto_turn)
     system = Message(role="system", content=system_prompt)
     packer = _Packer(units, counter, counter.message(system) + tool_tokens + REPLY_PRIMER_TOKENS, correction, budget)
 
@@ -292,10 +360,12 @@ def build_context(
     note: Message | None = None
     middle_end = min(recent_start, before_user)
     if mark_cuts:
-        total, note = _mark_cuts(
+        total, note, cut = _mark_cuts(
             units, keep, total, packer.tokens_of, lambda t: math.ceil(t * correction), budget, counter,
             summary if summary_kept else None, newest_user, middle_end,
         )
+    else:
+        cut = _cut_units(units, keep, middle_end)
     extra: list[Message] = []
     if memories_kept and memories_msg is not None:
         extra.append(memories_msg)
@@ -304,16 +374,15 @@ def build_context(
     if note is not None:
         extra.append(note)
     sent: list[Message] = []
-    for i, unit in enumerate(units):
-        if keep[i]:
-            sent.extend(unit.messages)
+    for unit in itertools.compress(units, keep):
+        sent.extend(unit.messages)
     return BuiltContext(
         messages=[system, *extra, *sent],
         tokens=total,
         budget=budget,
         dropped=eligible - len(sent),
         oldest_turn=min((m.turn for m in sent), default=None),
-        cut=sum(len(u.messages) for u in _cut_units(units, keep, middle_end)),
+        cut=sum(len(u.messages) for u in cut),
     )
 
 
@@ -379,25 +448,28 @@ class _Packer:
     def add_middle_turns(self, last: int) -> None:
         """Take whole turns (their user messages and final answers only) from unit ``last``
         back, newest first, until one does not fit."""
-        units = self.units
+        units, keep, total, correction, budget = self.units, self.keep, self.total, self.correction, self.budget
         i = last
         while i >= 0:
             group_turn = units[i].turn
             members: list[int] = []
-            while i >= 0 and units[i].turn == group_turn:
-                if units[i].kind in ("user", "answer"):
+            t = 0
+            while i >= 0:
+                unit = units[i]
+                if unit.turn != group_turn:
+                    break
+                if unit.kind == "user" or unit.kind == "answer":
                     members.append(i)
+                    t += unit.tokens if unit.tokens is not None else self.tokens_of(i)
                 i -= 1
             if not members:
                 continue
-            t = 0
-            for j in members:
-                t += self.tokens_of(j)
-            if not self.fits(t):
+            if math.ceil((total + t) * correction) > budget:
                 break
-            self.total += t
+            total += t
             for j in members:
-                self.keep[j] = True
+                keep[j] = True
+        self.total = total
 
 
 def _cut_units(units: Sequence[_Unit], keep: Sequence[bool], middle_end: int) -> list[_Unit]:
@@ -431,7 +503,7 @@ def _mark_cuts(
     summary: Summary | None,
     newest_user: int | None,
     middle_end: int,
-) -> tuple[int, Message | None]:
+) -> tuple[int, Message | None, list[_Unit]]:
     """Make the kept units start with a user message and add the cut note (see
     ``mark_cuts`` of :func:`build_context`), un-keeping the oldest kept units while the
     note does not fit.
@@ -445,7 +517,8 @@ def _mark_cuts(
             ``middle_end``: index of the first unit after the middle layer.
 
     Returns:
-        The new total (with the note) and the note (None: nothing cut).
+        The new total (with the note), the note (None: nothing cut) and the units cut
+        (:func:`_cut_units` of what is kept now).
 
     Raises:
         ContextOverBudget: the note does not fit with only the newest user message kept.
@@ -460,11 +533,11 @@ def _mark_cuts(
             total -= tokens_of(i)
         cut = _cut_units(units, keep, middle_end)
         if not cut:
-            return total, None
+            return total, None, cut
         note = _cut_note(cut, summary)
         t = counter.message(note)
         if needed(total + t) <= budget:
-            return total + t, note
+            return total + t, note, cut
         optional = [i for i, k in enumerate(keep) if k and i != newest_user]
         if not optional:
             raise ContextOverBudget(needed(total + t), budget)

@@ -16,8 +16,8 @@ import json
 from typing import Any
 
 from hermes.content.blobs import body_json, message_ref, value_ref
-from hermes.content.context import BuiltContext, ContextOverBudget, ContextPolicy, build_context
-from hermes.models import ListToolsResult, SessionConfig, Summary, ToolSpec
+from hermes.content.context import BuiltContext, ContextOverBudget, ContextPolicy, UnitCache, build_context
+from hermes.models import ListToolsResult, Message, SessionConfig, Summary, ToolSpec
 from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
 
 from workflows.session.transcript import Transcript
@@ -61,6 +61,11 @@ class ContextPlanner:
         """The context list (reference, message references) of this run's last model call:
         the base the next call's list is sent as a change to (:meth:`delta`)."""
         self._bounded: BoundedCounter | None = None
+        self._synthetic_refs: dict[tuple[str, str | None], str] = {}
+        """Reference of each synthetic part's text (see :meth:`_synthetic_ref`)."""
+        self.units = UnitCache()
+        """The transcript's units as this run's last build read them (the next build
+        reads only what was added since)."""
 
     def counter(self, encoding: str, bounded_work: bool) -> TokenCounter | BoundedCounter:
         """The session's token counter: bounded in cost per text (``bounded_work``: runs
@@ -145,6 +150,7 @@ class ContextPlanner:
                 tool_tokens=counter.tools(tools) if tool_tokens is None else tool_tokens,
                 correction=correction,
                 mark_cuts=mark_cuts,
+                unit_cache=self.units,
             )
         except ContextOverBudget as err:
             raise ContextTooLarge(str(err)) from None
@@ -162,17 +168,31 @@ class ContextPlanner:
         """One reference for the whole context of the call of ``turn`` and ``step`` (now
         the one in flight): the input's size does not grow with the context."""
         refs = []
+        by_ref = transcript.by_ref
         for m in built.messages:
-            if m.ref is not None and m.ref in transcript.by_ref:
+            if m.ref is not None and m.ref in by_ref:
                 refs.append(m.ref)
-                continue
-            ref = message_ref(m)
-            self.synthetic.setdefault(ref, body_json(m))
-            refs.append(ref)
+            else:
+                refs.append(self._synthetic_ref(m))
         context_ref = value_ref(refs)
         self.synthetic[context_ref] = json.dumps(refs)
         self.inflight = (turn, step, refs)
         return context_ref
+
+    def _synthetic_ref(self, m: Message) -> str:
+        """The reference of a context part that is not a transcript message (the system
+        prompt, memories, summary, cut note: plain system messages), its body kept in
+        ``synthetic``; hashed once per distinct text, not once per call."""
+        key = (m.role, m.content) if not (m.tool_calls or m.tool_call_id or m.name or m.reasoning) else None
+        ref = self._synthetic_refs.get(key) if key is not None else None
+        if ref is None or ref not in self.synthetic:
+            ref = message_ref(m)
+            self.synthetic[ref] = body_json(m)
+            if key is not None:
+                if len(self._synthetic_refs) > MAX_SYNTHETIC:
+                    self._synthetic_refs.clear()
+                self._synthetic_refs[key] = ref
+        return ref
 
     def inflight_refs(self, turn: int, step: int) -> list[str] | None:
         if self.inflight is None or self.inflight[:2] != (turn, step):
