@@ -432,3 +432,69 @@ async def test_a_finished_answer_is_recorded_when_the_timeout_lands_while_its_re
     retry = await asyncio.wait_for(_attempt_environment(2).run(steps.once, request, call), 20)
     assert retry.message.content == "the paid answer"
     assert len(calls) == 1, f"the provider was asked {len(calls)} times"
+
+
+class _CountingModel:
+    """A provider that streams its answer's text and counts its requests."""
+
+    name = "counting"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def complete(self, request: CallModelInput) -> CallModelResult:
+        from hermes.content.events import model_text
+
+        self.calls += 1
+        model_text(f"answer {self.calls}")
+        return CallModelResult(message=Message(role="assistant", content=f"answer {self.calls}"))
+
+
+@pytest.mark.timeout(60)
+async def test_a_steps_lease_and_its_event_markers_share_a_round_trip_and_a_used_answer_is_not_discarded(redis, monkeypatch):
+    """Issue 31: a model call's lease claim and its attempt's event markers went to Redis
+    in two round trips; they go in one. Writing the markers before the lease says
+    whether this attempt calls the provider must not change what clients see: an attempt
+    that uses the answer an earlier one recorded discards nothing (that answer's text is
+    the reply); one that calls again discards the earlier attempt's text."""
+    from redis.asyncio.client import Pipeline
+
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BlobStore
+    from hermes.content.events import START, EventLog
+
+    sent: list[list[str]] = []
+    original = Pipeline.execute
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append([str(command[0][0]).upper() for command in self.command_stack])
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+    model = _CountingModel()
+    activities = ModelActivities(model, store=BlobStore(redis))
+    log = activities.events = EventLog(redis)
+    session = f"s-{time.monotonic_ns()}"
+    request = CallModelInput(session_id=session, turn=1, step=0, messages=[Message(role="user", content="hi")])
+
+    first = await _attempt_environment(1).run(activities.call_model, request)
+    assert ["EVAL", "SET", "GETSET", "EXPIRE"] in sent, sent  # claim, turn marker, step marker: one round trip
+    again = await _attempt_environment(2).run(activities.call_model, request)
+    assert (model.calls, again.message.content) == (1, first.message.content) == (1, "answer 1")
+    kinds = [(e.type, e.attempt) for e in await log.read(session, START)]
+    assert kinds == [("turn_started", None), ("text_delta", "0.1.1")], kinds
+
+    # A new step whose first attempt left no answer (its worker died after it streamed):
+    # the next attempt asks the provider and discards the first one's text.
+    step = request.model_copy(update={"step": 1})
+    await redis.set(_step_marker_key(session, 1, 1), "1.1.1")
+    await _attempt_environment(2).run(activities.call_model, step)
+    kinds = [(e.type, e.attempt) for e in await log.read(session, START)][2:]
+    assert kinds == [("attempt_discarded", "1.1.1"), ("text_delta", "1.1.2")], kinds
+    assert model.calls == 2
+
+
+def _step_marker_key(session_id: str, turn: int, step: int) -> str:
+    from hermes.content.events import _step_marker
+
+    return _step_marker(session_id, turn, step)
