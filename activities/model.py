@@ -26,10 +26,9 @@ from temporalio.exceptions import ApplicationError
 from temporalio.service import RPCError, RPCStatusCode
 
 from activities.heartbeat import beat, heartbeating
-from activities.model_steps import ModelSteps, StepClaim
+from activities.model_steps import ModelSteps
 from hermes import names
 from hermes.infra import cpu_pool, telemetry
-from hermes.infra.connections import cancel_requests, raise_if_cancelled
 from hermes.content.blobs import (
     BODIES,
     MAX_INLINE_ARGUMENTS_BYTES,
@@ -41,7 +40,7 @@ from hermes.content.blobs import (
     tools_of_ref,
     value_ref,
 )
-from hermes.content.events import PUBLISH_TIMEOUT_SECONDS, EventLog, model_call_events
+from hermes.content.events import EventLog, model_call_events
 from hermes.errors import (
     ContextBodiesMissingError,
     ContextTooLongError,
@@ -533,10 +532,7 @@ class ModelActivities:
             # One provider request per step: an earlier attempt's recorded result, or a
             # wait on its worker while that lives (activities/model_steps.py).
             async with heartbeating():
-                events = self._text_events(request)
-                claim = self.steps.claim_of(request)
-                opened = await self._open_step(claim, events)
-                result = await self.steps.once(request, lambda: self._answer(request, events), claim=claim, opened=opened)
+                result = await self.steps.once(request, lambda: self._answer(request))
             if span is not None:
                 telemetry.set_attributes(span, telemetry.chat_result_attributes(result))
                 if not request.model and result.model:
@@ -545,33 +541,9 @@ class ModelActivities:
                     span.set_attribute("gen_ai.request.model", result.model)
             return result
 
-    async def _open_step(self, claim: StepClaim | None, events: model_call_events) -> Any:
-        """The step's lease claim and its attempt's event markers in one Redis round trip
-        (issue 31: they were two, on every model call). Returns the claim's answer for
-        :meth:`ModelSteps.once` (``events.marked`` gets the markers'); None, with nothing
-        taken, when there are not both, or the round trip failed (each then writes its
-        own, as it did alone)."""
-        text = events.text
-        redis = self.steps.source
-        if claim is None or text is None or redis is None or text.log.redis is not redis:
-            return None
-        pipe = redis.pipeline(transaction=False)
-        ModelSteps.queue_claim(pipe, claim)
-        text.log.queue_step_markers(pipe, text.session_id, text.turn, text.step, text.attempt)
-        asked = cancel_requests()
-        try:
-            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-                answers = await pipe.execute(raise_on_error=False)
-        except Exception as err:  # noqa: BLE001 - each part tries again alone
-            log.info("model step %s: its opening writes failed (%s); written one by one", claim.key, err)
-            return None
-        raise_if_cancelled(asked)  # a cancel redis-py swallowed must not reach the provider
-        events.marked = answers[1:]
-        return answers[0]
-
-    async def _answer(self, request: CallModelInput, events: model_call_events | None = None) -> CallModelResult:
+    async def _answer(self, request: CallModelInput) -> CallModelResult:
         """The provider's answer with the user's day tokens counted (once per step)."""
-        result = await self._call_model(request, events)
+        result = await self._call_model(request)
         if result.turn_start is not None and not result.turn_start.sent:
             return result  # the provider was not asked: nothing to count
         day_tokens = await usage.record_for_activity(
@@ -582,10 +554,10 @@ class ModelActivities:
             result = result.model_copy(update={"user_day_tokens": day_tokens})
         return result
 
-    async def _call_model(self, request: CallModelInput, events: model_call_events | None = None) -> CallModelResult:
+    async def _call_model(self, request: CallModelInput) -> CallModelResult:
         """:meth:`call_model` without its span; its result says when turn events of the
         call did not all reach Redis (a ``events`` degradation, issue 27)."""
-        events = events or self._text_events(request)
+        events = self._text_events(request)
         result = await self._call_model_with(request, events)
         text = events.text
         if text is not None and text.unpublished:

@@ -40,7 +40,6 @@ import logging
 import os
 import socket
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -104,16 +103,6 @@ attempt still holds it, in one round trip."""
 _HOLDER_PREFIX = f"{socket.gethostname()}:{os.getpid()}"
 
 
-@dataclass(frozen=True)
-class StepClaim:
-    """The lease an attempt of a model step takes: the step's Redis name (:func:`step_key`),
-    the attempt naming itself (worker, activity id, attempt) and the lease's TTL (ms)."""
-
-    key: str
-    holder: str
-    ttl_ms: int
-
-
 def step_key(request: CallModelInput, run_id: str) -> str:
     """The Redis name (without suffix) of ``request``'s model step in run ``run_id``.
 
@@ -174,12 +163,6 @@ class ModelSteps:
         self._client: Any = None
         self._made = False
 
-    @property
-    def source(self) -> Any:
-        """The worker's asyncio Redis client (None: none), when this worker takes leases
-        (it has a blocking twin); None otherwise."""
-        return self._source if self.client() is not None else None
-
     def client(self) -> Any:
         """The blocking Redis client, or None when there is none to be had."""
         if not self._made:
@@ -189,39 +172,13 @@ class ModelSteps:
                 log.info("model-step leases are off: the worker's Redis client has no blocking twin")
         return self._client
 
-    def claim_of(self, request: CallModelInput) -> StepClaim | None:
-        """The lease this attempt of ``request``'s model step takes, or None when it takes
-        none (not a session's step or summary, not in a regular activity, no blocking
-        Redis twin): then :meth:`once` just calls."""
-        if (request.step is None and request.purpose != "summary") or not activity.in_activity() or activity.info().is_local:
-            return None
-        if self.client() is None:
-            return None
-        info = activity.info()
-        ttl_ms = int(1000 * lease_seconds(info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None))
-        return StepClaim(step_key(request, info.workflow_run_id), f"{_HOLDER_PREFIX}/{info.activity_id}/{info.attempt}", ttl_ms)
-
-    @staticmethod
-    def queue_claim(pipe: Any, claim: StepClaim) -> None:
-        """Add the first read-or-claim of ``claim`` to ``pipe`` (a pipeline of the worker's
-        asyncio client), whose answer :meth:`once` then takes as ``opened``: the claim
-        rides in the round trip of the step's other opening writes (issue 31)."""
-        pipe.eval(_READ_OR_CLAIM, 2, f"{claim.key}:lease", f"{claim.key}:result", claim.holder, claim.ttl_ms, "1")
-
-    async def once(
-        self, request: CallModelInput, call: Callable[[], Awaitable[CallModelResult]], *,
-        claim: StepClaim | None = None, opened: Any = None,
-    ) -> CallModelResult:
+    async def once(self, request: CallModelInput, call: Callable[[], Awaitable[CallModelResult]]) -> CallModelResult:
         """``call()``'s result, or the one an earlier attempt of the same step recorded.
 
         Args:
             request: the model call (a session's step: ``step`` set, or a summary of its
                 context: ``purpose="summary"``; others just call).
             call: makes the provider request and returns the finished result.
-            claim: :meth:`claim_of` of ``request``, when the caller made it.
-            opened: the answer to that claim's first read-or-claim, when the caller sent
-                it (:meth:`queue_claim`): a list, or the exception the round trip
-                raised; None: sent here.
 
         Returns:
             The step's result.
@@ -230,14 +187,17 @@ class ModelSteps:
             Whatever ``call`` raises; ``asyncio.CancelledError`` when the attempt is
             cancelled for any reason but its heartbeat timing out.
         """
-        claim = claim or self.claim_of(request)
+        if (request.step is None and request.purpose != "summary") or not activity.in_activity() or activity.info().is_local:
+            return await call()
         redis = self.client()
-        if claim is None or redis is None:
+        if redis is None:
             return await call()
         info = activity.info()
-        key, holder, ttl_ms = claim.key, claim.holder, claim.ttl_ms
+        key = step_key(request, info.workflow_run_id)
+        holder = f"{_HOLDER_PREFIX}/{info.activity_id}/{info.attempt}"
+        ttl_ms = int(1000 * lease_seconds(info.heartbeat_timeout.total_seconds() if info.heartbeat_timeout else None))
         try:
-            recorded = await self._wait_for_others(claim, info, request, opened)
+            recorded = await self._wait_for_others(redis, key, holder, ttl_ms, info, request)
         except Exception as err:  # noqa: BLE001 - Redis down: no lease; a retry calls the provider, as before
             log.warning("model step %s: liveness not checked, no lease (%s)", key, err)
             return await call()
@@ -265,19 +225,15 @@ class ModelSteps:
             )
 
     async def _wait_for_others(
-        self, claim: StepClaim, info: activity.Info, request: CallModelInput, opened: Any = None
+        self, redis: Any, key: str, holder: str, ttl_ms: int, info: activity.Info, request: CallModelInput
     ) -> CallModelResult | None:
         """The step's recorded result, waiting for it while another attempt's lease lives;
         None once this attempt holds the lease (or the wait would eat its time: then it
         goes on without, and its renewals take the lease when the other lapses).
-        ``opened``: the first read-or-claim's answer, already asked (see :meth:`once`).
 
         Raises:
             redis.RedisError: Redis failed.
         """
-        key, holder, ttl_ms = claim.key, claim.holder, claim.ttl_ms
-        if isinstance(opened, BaseException):
-            raise opened
         loop = asyncio.get_running_loop()
         remaining = remaining_seconds(info)
         deadline = None if remaining is None else loop.time() + remaining - START_TO_CLOSE_MARGIN_SECONDS
@@ -286,15 +242,12 @@ class ModelSteps:
         while True:
             # On the event loop (the worker's asyncio client): a thread hop cost twice the
             # round trip's CPU. Renewals stay on the blocking twin, in the lease thread.
-            if opened is not None:
-                (kind, value), opened = opened, None
-            else:
-                asked = cancel_requests()
-                kind, value = await self._source.eval(
-                    _READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, read_result
-                )
-                # A cancelled attempt must not go on to the provider (a cancel redis-py swallowed too).
-                raise_if_cancelled(asked)
+            asked = cancel_requests()
+            kind, value = await self._source.eval(
+                _READ_OR_CLAIM, 2, f"{key}:lease", f"{key}:result", holder, ttl_ms, read_result
+            )
+            # A cancelled attempt must not go on to the provider (a cancel redis-py swallowed too).
+            raise_if_cancelled(asked)
             kind = _text(kind)
             if kind == "result":
                 text = encryption.open_quietly(value, what=f"model step result {key}")

@@ -99,7 +99,7 @@ KNOWN = {
     "hermes/infra/redis_keys.py": 1,   # mget(): split by slot on a cluster
     "hermes/sessions/index.py": 1,  # MULTI over the user's row and set (MULTI_KEY_OPERATIONS)
     "activities/audit.py": 1,  # MULTI over a session's hash and the index (MULTI_KEY_OPERATIONS)
-    "activities/model_steps.py": 4,  # a step's lease and result scripts (MULTI_KEY_OPERATIONS)
+    "activities/model_steps.py": 3,  # a step's lease and result scripts (MULTI_KEY_OPERATIONS)
     "hermes/content/usage.py": 1,  # one key: a user's day of token usage
     "hermes/content/blobs.py": 1,  # one key a call: a body's TTL refresh
 }
