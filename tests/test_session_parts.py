@@ -581,3 +581,23 @@ def test_the_core_carries_what_it_was_given_and_bounds_what_grows():
     core.status = "closed"
     assert core.session_status() == "closed"
     assert patches.BOUNDED_WORK in patches.ALL and len(set(patches.ALL)) == len(patches.ALL)
+
+
+def test_a_context_part_that_is_no_transcript_message_is_referenced_by_its_whole_body():
+    """The references of synthetic parts are cached by text; a part with the same text but
+    another body field (an empty name, empty reasoning: ``body_json`` keeps them) must get
+    its own body's reference, and a body trimmed from the planner comes back."""
+    from hermes.content.blobs import message_ref
+
+    planner = ContextPlanner()
+    parts = [
+        Message(role="system", content="x"),
+        Message(role="system", content="x", name=""),
+        Message(role="assistant", content="y"),
+        Message(role="assistant", content="y", reasoning=""),
+    ]
+    for m in parts * 2:
+        ref = planner._synthetic_ref(m)
+        assert ref == message_ref(m) and ref in planner.synthetic
+    planner.synthetic.clear()
+    assert planner._synthetic_ref(parts[0]) in planner.synthetic

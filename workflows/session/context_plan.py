@@ -183,7 +183,8 @@ class ContextPlanner:
         """The reference of a context part that is not a transcript message (the system
         prompt, memories, summary, cut note: plain system messages), its body kept in
         ``synthetic``; hashed once per distinct text, not once per call."""
-        key = (m.role, m.content) if not (m.tool_calls or m.tool_call_id or m.name or m.reasoning) else None
+        plain = not m.tool_calls and m.tool_call_id is None and m.name is None and m.reasoning is None
+        key = (m.role, m.content) if plain else None
         ref = self._synthetic_refs.get(key) if key is not None else None
         if ref is None or ref not in self.synthetic:
             ref = message_ref(m)
