@@ -18,6 +18,11 @@ whole result is kept by reference (:meth:`hermes.content.blobs.BlobStore.keep_ma
 store, and Redis as the fast path) and the session gets a preview naming the reference,
 which the model reads with the built-in ``read_stored_content`` tool; with no store, or
 if keeping it fails, only the preview is kept (and it says so).
+
+Why this module is long: one tool call's layers (arguments kept by reference, checks,
+the exactly-once ledger with its running lease and durable copy, result bounds, turn
+events) are one sequence over one call's state, and each failure path must answer with
+what the others did; the ledger's parts are kept beside the call they guard.
 """
 
 from __future__ import annotations
@@ -723,6 +728,7 @@ class ToolActivities:
                 )
             started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
             record: dict[str, Any] | None = None
+            lease: _Lease | None = None
             redis_ok = self.redis is not None
             if self.redis is not None:
                 try:
@@ -734,7 +740,9 @@ class ToolActivities:
                     claimed, redis_ok = True, False
                 if claimed and redis_ok:
                     # From the claim on, a later attempt waits for this one while it lives.
-                    leases.push_async_callback(_stopped, asyncio.create_task(self._hold_lease(key), name="tool-call-lease"))
+                    lease = _Lease()
+                    lease.task = asyncio.create_task(self._hold_lease(key, lease), name="tool-call-lease")
+                    leases.push_async_callback(_stopped, lease.task)
                 if not claimed:
                     # One that cannot be opened here reads as "started": outcome unknown, never run twice.
                     record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
@@ -774,12 +782,14 @@ class ToolActivities:
                     ),
                     data={"outcome": "unknown", "ledger_key": key},
                 )
-            return await self._invoke_and_record(request, tool, arguments, context, key, redis_ok)
+            return await self._invoke_and_record(request, tool, arguments, context, key, redis_ok, lease)
 
     async def _invoke_and_record(
-        self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext, key: str, redis_ok: bool
+        self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext, key: str, redis_ok: bool,
+        lease: _Lease | None = None,
     ) -> ToolResult:
-        """Run a claimed non-idempotent call and record its result ("done")."""
+        """Run a claimed non-idempotent call and record its result ("done"); ``lease``:
+        the call's running lease, given up in the same Redis round trip as the record."""
         try:
             result = to_tool_result(await with_heartbeat(tool.invoke(arguments, context)))
         except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - the tool failed; record and report
@@ -790,11 +800,12 @@ class ToolActivities:
         # Bounded before it is recorded, so that a replay returns the same decodable result.)
         result = await self.bounded(result)
         done = {"state": "done", "result": result.model_dump(mode="json")}
-        await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok)
+        await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok, lease=lease)
         return result
 
-    async def _hold_lease(self, key: str) -> None:
-        """Keep :func:`running_lease_key` alive until cancelled, then drop it."""
+    async def _hold_lease(self, key: str, held: _Lease | None = None) -> None:
+        """Keep :func:`running_lease_key` alive until cancelled, then drop it (unless the
+        record's write dropped it: ``held.by_record``)."""
         assert self.redis is not None
         lease = running_lease_key(key)
         try:
@@ -808,8 +819,9 @@ class ToolActivities:
                 raise_if_cancelled()
                 await asyncio.sleep(STARTED_LEASE_SECONDS / 5)
         finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.redis.delete(lease))
+            if held is None or not held.by_record:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self.redis.delete(lease))
 
     async def _await_earlier_attempt(self, key: str) -> dict[str, Any] | None:
         """The "done" record of an earlier attempt of this call, waited for while that
@@ -832,10 +844,14 @@ class ToolActivities:
                 raise_if_cancelled(asked)  # a cancelled attempt stops waiting (a cancel redis-py swallowed too)
                 await asyncio.sleep(_AWAIT_POLL_SECONDS)
 
-    async def _record(self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool) -> None:
+    async def _record(
+        self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool, lease: _Lease | None = None
+    ) -> None:
         """Write a ledger record to Redis and (``durable``: call key, session id) to the
         durable store. Failures are logged, not raised: the tool has run (or is reported
-        as not run), and a missing "done" record costs only an "outcome unknown" later."""
+        as not run), and a missing "done" record costs only an "outcome unknown" later.
+        ``lease``: the call's running lease, stopped first and dropped in the same round
+        trip as the Redis record (issue 31: one round trip a call less), after it."""
         text = json.dumps(record)
         if durable is not None and self.ledger is not None:
             try:
@@ -846,9 +862,40 @@ class ToolActivities:
         if redis and self.redis is not None:
             try:
                 # Sealed when encryption is on: a done record holds the tool's result.
-                await self.redis.set(key, encryption.seal(text), ex=IDEMPOTENCY_TTL_SECONDS)
+                sealed = encryption.seal(text)
+                if lease is None:
+                    await self.redis.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
+                else:
+                    await self._record_and_release(key, sealed, lease)
             except Exception as err:  # noqa: BLE001
                 log.warning("tool call %s: the Redis record not updated: %s", key, err)
+
+    async def _record_and_release(self, key: str, sealed: str, lease: _Lease) -> None:
+        """The Redis record ``sealed`` and the drop of the call's running lease, in that
+        order, in one round trip; the lease's renewals stop first. If that write fails or
+        is cancelled, the lease is still dropped (a later attempt must not wait on it)."""
+        assert self.redis is not None
+        lease.by_record = True
+        try:
+            if lease.task is not None:
+                await _stopped(lease.task)
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
+            pipe.delete(running_lease_key(key))
+            await pipe.execute()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(self.redis.delete(running_lease_key(key)))
+            raise
+
+
+class _Lease:
+    """A claimed call's running lease (:func:`running_lease_key`): the task renewing it,
+    and whether the record's write dropped it (its task then does not)."""
+
+    def __init__(self) -> None:
+        self.task: asyncio.Task[None] | None = None
+        self.by_record = False
 
 
 async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) -> ToolResult:
