@@ -1043,28 +1043,11 @@ async def test_an_exactly_once_record_nested_too_deep_is_returned_as_a_preview_w
     assert ToolResult.model_validate_json(result.model_dump_json()) == result
 
 
-@pytest.mark.timeout(60)
-async def test_a_non_idempotent_calls_record_and_the_end_of_its_lease_share_a_round_trip(redis, monkeypatch, tmp_path):
-    """Issue 31: a claimed call's "done" record and the drop of its running lease went to
-    Redis in two round trips; they go in one, record first. The record holds the result,
-    the lease is gone and stays gone (no renewal after it), and a later attempt returns
-    the record without running the tool again."""
-    import dataclasses
-    from datetime import datetime, timedelta, timezone
-
-    from redis.asyncio.client import Pipeline
-    from temporalio.testing import ActivityEnvironment
-
+def _charging_tools(redis: Any, tmp_path: Path) -> tuple[ToolActivities, RunToolInput, list[int]]:
+    """Tool activities over a real Redis and a durable ledger with one non-idempotent
+    tool, ``charge``; a call of it; the amounts it ran with."""
     from hermes.infra.durable import DurableStore
 
-    sent: list[list[str]] = []
-    original = Pipeline.execute
-
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        sent.append([str(command[0][0]).upper() for command in self.command_stack])
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Pipeline, "execute", execute)
     runs: list[int] = []
 
     def charge(amount: int) -> str:
@@ -1083,6 +1066,40 @@ async def test_a_non_idempotent_calls_record_and_the_end_of_its_lease_share_a_ro
         session_id=f"s-{uuid.uuid4()}", user_id="alice", turn=1, idempotent=False,
         tool_call=ToolCall(tool_call_id="c1", name="charge", arguments={"amount": 500}),
     )
+    return tools, request, runs
+
+
+def _pipelines(monkeypatch: Any, fail: list[str] | None = None) -> list[list[str]]:
+    """The commands of every Redis pipeline sent from now on; one made of ``fail`` raises."""
+    from redis.asyncio.client import Pipeline
+
+    sent: list[list[str]] = []
+    original = Pipeline.execute
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        commands = [str(command[0][0]).upper() for command in self.command_stack]
+        sent.append(commands)
+        if commands == fail:
+            raise ConnectionError("Redis went away mid-write")
+        return await original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+    return sent
+
+
+@pytest.mark.timeout(60)
+async def test_a_non_idempotent_calls_record_and_the_end_of_its_lease_share_a_round_trip(redis, monkeypatch, tmp_path):
+    """Issue 31: a claimed call's "done" record and the drop of its running lease went to
+    Redis in two round trips; they go in one, record first. The record holds the result,
+    the lease is gone and stays gone (no renewal after it), and a later attempt returns
+    the record without running the tool again."""
+    import dataclasses
+    from datetime import datetime, timedelta, timezone
+
+    from temporalio.testing import ActivityEnvironment
+
+    sent = _pipelines(monkeypatch)
+    tools, request, runs = _charging_tools(redis, tmp_path)
 
     def attempt(number: int) -> ActivityEnvironment:
         env = ActivityEnvironment()
@@ -1108,34 +1125,8 @@ async def test_a_non_idempotent_calls_lease_is_dropped_even_when_its_record_writ
     """The record and the lease's drop share a round trip; when that write fails, the
     call still answers with its result and its lease is dropped (a later attempt must
     not wait on the lease of a call that ended)."""
-    from redis.asyncio.client import Pipeline
-
-    from hermes.infra.durable import DurableStore
-
-    original = Pipeline.execute
-
-    async def failing(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if [str(c[0][0]).upper() for c in self.command_stack] == ["SET", "DEL"]:
-            raise ConnectionError("Redis went away mid-write")
-        return await original(self, *args, **kwargs)
-
-    monkeypatch.setattr(Pipeline, "execute", failing)
-
-    def charge(amount: int) -> str:
-        """Charge the card.
-
-        Args:
-            amount: in cents.
-        """
-        return f"charged {amount}"
-
-    registry = ToolRegistry()
-    registry.register(charge, idempotency="none")
-    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 30.0, durable=DurableStore(tmp_path))
-    request = RunToolInput(
-        session_id=f"s-{uuid.uuid4()}", user_id="alice", turn=1, idempotent=False,
-        tool_call=ToolCall(tool_call_id="c1", name="charge", arguments={"amount": 7}),
-    )
+    _pipelines(monkeypatch, fail=["SET", "DEL"])
+    tools, request, _ = _charging_tools(redis, tmp_path)
     result = await tools.run_tool(request)
-    assert result.ok and result.data == "charged 7"
+    assert result.ok and result.data == "charged 500"
     assert not await redis.exists(running_lease_key(idempotency_key(request.call_key)))
