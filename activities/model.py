@@ -40,7 +40,7 @@ from hermes.content.blobs import (
     tools_of_ref,
     value_ref,
 )
-from hermes.content.events import EventLog, model_call_events
+from hermes.content.events import PUBLISH_TIMEOUT_SECONDS, EventLog, model_call_events
 from hermes.errors import (
     ContextBodiesMissingError,
     ContextTooLongError,
@@ -315,9 +315,10 @@ class ModelActivities:
             BODIES.put(request.bodies)  # the call, most likely on this worker, reads them from memory
         return stored
 
-    async def from_store(self, refs: list[str], inline: dict[str, str]) -> dict[str, str]:
+    async def from_store(self, refs: list[str], inline: dict[str, str], puts: dict[str, str] | None = None) -> dict[str, str]:
         """Texts of ``refs``: from ``inline``, then the content store (Redis, then the
-        durable store); never from the session.
+        durable store); never from the session. ``inline`` is then written to the store
+        (the next call reads it there), or added to ``puts`` for the caller to write.
 
         Raises:
             ApplicationError: ``ContextBodiesMissingError`` (not retried): one is in
@@ -341,16 +342,21 @@ class ModelActivities:
                 await self.store.touch(list(cached))  # hot bodies keep their Redis TTL
             except Exception as err:  # noqa: BLE001 - a TTL refresh only
                 log.debug("content TTL not refreshed: %s", err)
-        if inline and self.store.redis is not None and await self._store_put(inline):
-            BODIES.put(inline)  # the next call finds them (here, from memory)
+        if inline and self.store.redis is not None:
+            if puts is not None:
+                puts.update(inline)
+            elif await self._store_put(inline):
+                BODIES.put(inline)  # the next call finds them (here, from memory)
         missing = [r for r in rest if r not in found]
         if missing:
             raise _bodies_missing(missing, "")
         return found
 
-    async def _texts(self, request: CallModelInput | SummarizeInput, refs: list[str]) -> dict[str, str]:
+    async def _texts(
+        self, request: CallModelInput | SummarizeInput, refs: list[str], puts: dict[str, str] | None = None
+    ) -> dict[str, str]:
         if request.bodies_stored:
-            return await self.from_store(refs, request.bodies)
+            return await self.from_store(refs, request.bodies, puts)
         return await self.resolve(request.session_id, refs)
 
     async def resolve(self, session_id: str, refs: list[str], *, keep_extra: bool = False) -> dict[str, str]:
@@ -381,15 +387,16 @@ class ModelActivities:
             )
         return found
 
-    async def resolve_context(self, request: CallModelInput) -> CallModelInput:
-        """``request`` with ``messages`` and ``tools`` filled from its references."""
+    async def resolve_context(self, request: CallModelInput, puts: dict[str, str] | None = None) -> CallModelInput:
+        """``request`` with ``messages`` and ``tools`` filled from its references (the
+        bodies it carries inline written to the store, or added to ``puts``)."""
         message_refs = list(request.message_refs)
         if request.context_ref and request.bodies_stored and request.context_base:
             message_refs = await self._changed_context(request)
             # Stored with the call's new bodies, in one write: the next call's base.
             request = request.model_copy(update={"bodies": {**request.bodies, request.context_ref: json.dumps(message_refs)}})
         elif request.context_ref and request.bodies_stored:
-            listed = await self.from_store([request.context_ref], request.bodies)
+            listed = await self.from_store([request.context_ref], request.bodies, puts)
             message_refs = json.loads(listed[request.context_ref])
         elif request.context_ref:
             try:
@@ -400,7 +407,7 @@ class ModelActivities:
         refs = message_refs + ([request.tools_ref] if request.tools_ref else [])
         if not refs:
             return request
-        texts = await self._texts(request, refs)
+        texts = await self._texts(request, refs, puts)
         messages = await self._with_whole_arguments(messages_of_refs(message_refs, texts)) or request.messages
         tools = request.tools
         if request.tools_ref:
@@ -571,18 +578,59 @@ class ModelActivities:
     async def _call_model_with(self, request: CallModelInput, events: model_call_events) -> CallModelResult:
         # Heartbeats while waiting on the store and the provider: a dead worker's call
         # is retried after the heartbeat timeout (seconds), not the start-to-close one.
-        async with heartbeating(), events as text:  # turn_started goes out now, before any search
-            resolved = await self.resolve_context(request)
-            start = None
-            if request.turn_start is not None:
-                resolved, start = await self._start_turn(request, resolved)
-                if self.turn_start is not None:
-                    await events.publish(self.turn_start.recall_events(request, start))
-                if not start.sent:
-                    # Its attempt published no text: the step's next call has none to discard.
-                    await events.unsent()
-                    return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
-            return await self._completed(request, resolved, text, start)
+        async with heartbeating():
+            puts: dict[str, str] = {}
+            resolved = await self.resolve_context(request, puts)
+            await self._begin(events, puts)
+            async with events as text:  # turn_started goes out now, before any search
+                return await self._answered(request, resolved, events, text)
+
+    async def _begin(self, events: model_call_events, puts: dict[str, str]) -> None:
+        """Write the bodies the call carried inline (``puts``: the next call reads them
+        in the store) and its attempt's step markers (:meth:`EventLog.queue_step_markers`)
+        in one Redis round trip (issue 31: they were two on every model call); the events
+        the markers call for go out when ``events`` is entered. Bodies that did not land
+        are written again on their own (reported if they still do not); markers that did
+        not are reported, never written again (a late answer may have written them)."""
+        text, redis = events.text, self.store.redis
+        if not puts or redis is None:
+            return
+        if text is None or text.log.redis is not redis:
+            if await self._store_put(puts):
+                BODIES.put(puts)
+            return
+        pipe = redis.pipeline(transaction=False)
+        text.log.queue_step_markers(pipe, text.session_id, text.turn, text.step, text.attempt)
+        marks = len(pipe)
+        self.store.queue_puts(pipe, puts)
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
+                answers = await pipe.execute(raise_on_error=False)
+        except Exception as err:  # noqa: BLE001 - each part as said above
+            events.marked = err
+            answers = None
+        else:
+            events.marked = answers[:marks]
+        if answers is not None and not any(isinstance(a, Exception) for a in answers[marks:]):
+            self.store.put_done(puts)
+            BODIES.put(puts)
+        elif await self._store_put(puts):
+            BODIES.put(puts)
+
+    async def _answered(
+        self, request: CallModelInput, resolved: CallModelInput, events: model_call_events, text: Any
+    ) -> CallModelResult:
+        """The rest of :meth:`_call_model_with`, once the attempt's events have begun."""
+        start = None
+        if request.turn_start is not None:
+            resolved, start = await self._start_turn(request, resolved)
+            if self.turn_start is not None:
+                await events.publish(self.turn_start.recall_events(request, start))
+            if not start.sent:
+                # Its attempt published no text: the step's next call has none to discard.
+                await events.unsent()
+                return CallModelResult(message=Message(role="assistant", content=""), turn_start=start)
+        return await self._completed(request, resolved, text, start)
 
     async def _completed(self, request: CallModelInput, resolved: CallModelInput, text: Any, start: TurnStartOutcome | None) -> CallModelResult:
         """The provider's answer to ``resolved``, checked, counted and bounded (``text``:

@@ -106,7 +106,7 @@ class _EventsNotLanding(EventLog):
     async def begin_turn(self, session_id: str, turn: int) -> bool:  # type: ignore[override]
         return False
 
-    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str, then: Any = ()) -> bool:  # type: ignore[override]
+    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str, **_: Any) -> bool:  # type: ignore[override]
         return False
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from hermes.client import HermesClient
 from hermes.content.events import (
+    PUBLISH_TIMEOUT_SECONDS,
     START,
     EventLog,
     TurnEvent,
@@ -327,3 +328,80 @@ async def test_a_slow_tool_call_shows_as_started_while_it_runs_and_a_fast_ones_e
     assert await kinds("slow") == ["tool_call_started", "tool_call_finished"]
     assert fast.code == 0 and await kinds("fast") == ["tool_call_started", "tool_call_finished"]
 
+
+
+def _inline_call(session_id: str, text: str) -> Any:
+    """A session's first model call whose context (one user message) rides inline."""
+    import json
+
+    from hermes.content.blobs import body_json, message_ref, value_ref
+    from hermes.models import CallModelInput, Message
+
+    user = Message(role="user", content=text, turn=1)
+    refs = [message_ref(user)]
+    context = value_ref(refs)
+    return CallModelInput(
+        session_id=session_id, turn=1, step=0, context_ref=context, bodies_stored=True,
+        bodies={context: json.dumps(refs), refs[0]: body_json(user)},
+    )
+
+
+def _pipelines(monkeypatch: Any, *, slow: float = 0.0) -> list[list[str]]:
+    """The commands of every Redis pipeline sent from now on; with ``slow``, the first one
+    that holds a step marker answers only after ``slow`` seconds (its writes land)."""
+    from redis.asyncio.client import Pipeline
+
+    sent: list[list[str]] = []
+    original = Pipeline.execute
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        commands = [str(c[0][0]).upper() for c in self.command_stack]
+        sent.append(commands)
+        answers = await original(self, *args, **kwargs)
+        if slow and "GETSET" in commands and sum("GETSET" in c for c in sent) == 1:
+            await asyncio.sleep(slow)
+        return answers
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+    return sent
+
+
+async def test_a_model_calls_inline_bodies_and_its_step_markers_share_a_round_trip(redis, session_id, monkeypatch):
+    """Issue 31: a model call wrote the bodies it carried inline and its attempt's step
+    markers in two round trips; they go in one, and the events and bodies are as before."""
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BODIES
+    from hermes.content.blobs import BlobStore
+
+    sent = _pipelines(monkeypatch)
+    activities = ModelActivities(ScriptedModel.from_dict({"turns": [{"match": ".", "steps": [{"reply": "Hi."}]}]}), store=BlobStore(redis))
+    log = activities.events = EventLog(redis)
+    request = _inline_call(session_id, "hello")
+    BODIES.clear()
+    result = await activities.call_model(request)
+    assert result.message.content == "Hi." and result.degraded == []
+    assert ["SET", "GETSET", "EXPIRE", "SET", "SET"] in sent, sent
+    assert await BlobStore(redis).get_many(list(request.bodies)) == request.bodies
+    assert [e.type for e in await log.read(session_id, START)] == ["turn_started", "text_delta"]
+
+
+async def test_step_markers_whose_round_trip_answered_late_are_reported_not_written_again(redis, session_id, monkeypatch):
+    """The shared round trip answered after its bound: its writes landed, so writing the
+    markers again would find them taken and publish nothing, silently. The events are
+    reported as not published instead (the result says so), and the bodies are written
+    again on their own."""
+    from activities.model import ModelActivities
+    from hermes.content.blobs import BODIES
+    from hermes.content.blobs import BlobStore
+
+    sent = _pipelines(monkeypatch, slow=PUBLISH_TIMEOUT_SECONDS + 0.5)
+    activities = ModelActivities(ScriptedModel.from_dict({"turns": [{"match": ".", "steps": [{"reply": "Hi."}]}]}), store=BlobStore(redis))
+    activities.events = EventLog(redis)
+    request = _inline_call(session_id, "hello")
+    BODIES.clear()
+    result = await activities.call_model(request)
+    assert result.message.content == "Hi."
+    [degraded] = result.degraded
+    assert degraded.kind == "events" and "were not published" in degraded.detail
+    assert sum("GETSET" in c for c in sent) == 1, "the markers were written again"
+    assert await BlobStore(redis).get_many(list(request.bodies)) == request.bodies

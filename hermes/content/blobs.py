@@ -370,12 +370,22 @@ class BlobStore:
         """
         if self.redis is None or not items:
             return
-        ttl = self.ttl_seconds if expire else None
         pipe = self.redis.pipeline(transaction=False)
+        self.queue_puts(pipe, items, expire=expire)
+        await pipe.execute()
+        self.put_done(items, expire=expire)
+
+    def queue_puts(self, pipe: Any, items: dict[str, str], *, expire: bool = True) -> None:
+        """Add :meth:`put_many`'s writes of ``items`` to ``pipe`` (a non-transactional
+        pipeline of :attr:`redis`, sent by the caller with its other commands; one answer
+        per item); once they all landed, call :meth:`put_done`."""
+        ttl = self.ttl_seconds if expire else None
         for ref, text in items.items():
             # With encryption on, Redis holds the bodies sealed like history does (issue 17).
             pipe.set(BLOB_KEY.format(ref=ref), encryption.seal(text), ex=ttl)
-        await pipe.execute()
+
+    def put_done(self, items: dict[str, str], *, expire: bool = True) -> None:
+        """Note that ``items`` were just written (:meth:`queue_puts`)."""
         if expire:
             # Written with the whole TTL just now: the next read need not refresh it.
             self._refreshed_now(list(items))

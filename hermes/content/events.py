@@ -257,44 +257,69 @@ class EventLog:
 
         return await self._quietly(work, f"turn_started of session {session_id!r} turn {turn}", session_id=session_id)
 
-    async def begin_step(self, session_id: str, turn: int, step: int, attempt: str) -> bool:
+    async def begin_step(
+        self, session_id: str, turn: int, step: int, attempt: str, *, marked: list[Any] | BaseException | None = None
+    ) -> bool:
         """Note that model ``attempt`` of ``step`` starts; if another attempt of the same
         step ran before it (a retry, a step started again), publish ``attempt_discarded``
         naming that attempt, so clients drop the text it streamed. For a turn's first step
         (``step`` 0) also :meth:`begin_turn`. The markers go in one Redis round trip, the
         events they call for in one more, only when there are any. Best effort, like
-        :meth:`publish_quietly`.
+        :meth:`publish_quietly`. ``marked``: the markers' answers, when the caller sent
+        them with other writes (:meth:`queue_step_markers`; only the events remain), or
+        what that round trip raised (reported; the markers are not written again: a late
+        answer may have written them).
 
         Returns:
             False if skipped (and reported)."""
 
         async def work() -> None:
-            marker = _step_marker(session_id, turn, step)
-            pipe = self.redis.pipeline(transaction=False)
-            if step == 0:
-                pipe.set(_turn_marker(session_id, turn), "1", nx=True, ex=self.marker_ttl_seconds)
-            pipe.getset(marker, attempt)
-            pipe.expire(marker, self.marker_ttl_seconds)
-            # Each answer on its own: a turn marker set while the step marker failed still
-            # publishes turn_started (no later call would: the marker is taken).
-            answers = await pipe.execute(raise_on_error=False)
-            started = step == 0 and answers[0] is True
-            events = [TurnEvent(type="turn_started", session_id=session_id, turn=turn)] if started else []
-            previous = answers[-2]
-            failed = next((a for a in answers if isinstance(a, Exception)), None)
-            if previous is not None and not isinstance(previous, Exception) and _text(previous) != attempt:
-                events.append(
-                    TurnEvent(
-                        type="attempt_discarded", session_id=session_id, turn=turn, step=step,
-                        attempt=_text(previous), data={"reason": f"model step {step} started again (attempt {attempt})"},
-                    )
-                )
-            if events:
-                await self.publish(events)
-            if failed is not None:
-                raise failed
+            answers = marked
+            if isinstance(answers, BaseException):
+                raise answers
+            if answers is None:
+                pipe = self.redis.pipeline(transaction=False)
+                self.queue_step_markers(pipe, session_id, turn, step, attempt)
+                answers = await pipe.execute(raise_on_error=False)
+            await self.step_marked(answers, session_id, turn, step, attempt)
 
         return await self._quietly(work, f"start of attempt {attempt} of session {session_id!r} turn {turn}", session_id=session_id)
+
+    def queue_step_markers(self, pipe: Any, session_id: str, turn: int, step: int, attempt: str) -> None:
+        """Add :meth:`begin_step`'s marker writes to ``pipe`` (a non-transactional pipeline
+        of :attr:`redis`; a caller may send other commands in the same round trip), whose
+        answers go to :meth:`step_marked`."""
+        marker = _step_marker(session_id, turn, step)
+        if step == 0:
+            pipe.set(_turn_marker(session_id, turn), "1", nx=True, ex=self.marker_ttl_seconds)
+        pipe.getset(marker, attempt)
+        pipe.expire(marker, self.marker_ttl_seconds)
+
+    async def step_marked(self, answers: list[Any], session_id: str, turn: int, step: int, attempt: str) -> None:
+        """Publish what the answers of :meth:`queue_step_markers` call for: ``turn_started``
+        when the turn marker was taken, ``attempt_discarded`` when another attempt of the
+        step started before this one.
+
+        Raises:
+            redis.RedisError: a marker write failed (after the events it allowed are out).
+        """
+        # Each answer on its own: a turn marker set while the step marker failed still
+        # publishes turn_started (no later call would: the marker is taken).
+        started = step == 0 and answers[0] is True
+        events = [TurnEvent(type="turn_started", session_id=session_id, turn=turn)] if started else []
+        previous = answers[-2]
+        failed = next((a for a in answers if isinstance(a, Exception)), None)
+        if previous is not None and not isinstance(previous, Exception) and _text(previous) != attempt:
+            events.append(
+                TurnEvent(
+                    type="attempt_discarded", session_id=session_id, turn=turn, step=step,
+                    attempt=_text(previous), data={"reason": f"model step {step} started again (attempt {attempt})"},
+                )
+            )
+        if events:
+            await self.publish(events)
+        if failed is not None:
+            raise failed
 
     async def forget_step(self, session_id: str, turn: int, step: int) -> bool:
         """Forget the attempt of ``step`` that :meth:`begin_step` noted: it published
@@ -511,12 +536,16 @@ class model_call_events:  # noqa: N801 - used as a context manager, like context
     def __init__(self, log_: EventLog | None, session_id: str, turn: int, step: int, attempt: str):
         self._text = TextEvents(log_, session_id, turn, step, attempt) if log_ is not None else None
         self._token: contextvars.Token[TextEvents | None] | None = None
+        self.marked: list[Any] | BaseException | None = None
+        """The answers of this attempt's step markers when the caller already wrote them
+        (:meth:`EventLog.queue_step_markers`, in one round trip with its other writes), or
+        what that round trip raised; None: :meth:`EventLog.begin_step` writes them on entry."""
 
     async def __aenter__(self) -> TextEvents | None:
         text = self._text
         if text is not None:
             # A publication that reports it did not land (False) is counted; None: not told.
-            if await text.log.begin_step(text.session_id, text.turn, text.step, text.attempt) is False:
+            if await text.log.begin_step(text.session_id, text.turn, text.step, text.attempt, marked=self.marked) is False:
                 text.unpublished += 1
             self._token = _current_text.set(text)
         return text
