@@ -232,6 +232,40 @@ def provider_retry_delay(retry_after_seconds: float | None) -> timedelta:
     return timedelta(seconds=min(PROVIDER_RETRY_MAX_SECONDS, PROVIDER_RETRY_FIRST_SECONDS * 2 ** (attempt - 1)))
 
 
+_BODIES_WHAT = "message bodies (the session sends them again)"
+"""How a skipped write of a model call's bodies is reported."""
+
+
+async def _begin_call(store: BlobStore, events: model_call_events, puts: dict[str, str]) -> None:
+    """Write the bodies a model call carried inline (``puts``: the next call reads them in
+    ``store``) and its attempt's step markers (:meth:`EventLog.queue_step_markers`) in one
+    Redis round trip (issue 31: they were two on every model call); the events the markers
+    call for go out when ``events`` is entered. Bodies that did not land are written again
+    on their own (reported if they still do not); markers that did not are reported, never
+    written again (a late answer may have written them)."""
+    text, redis = events.text, store.redis
+    if not puts or redis is None:
+        return
+    if text is not None and text.log.redis is redis:
+        pipe = redis.pipeline(transaction=False)
+        text.log.queue_step_markers(pipe, text.session_id, text.turn, text.step, text.attempt)
+        marks = len(pipe)
+        store.queue_puts(pipe, puts)
+        try:
+            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
+                answers = await pipe.execute(raise_on_error=False)
+        except Exception as err:  # noqa: BLE001 - each part as said above
+            events.marked = err
+        else:
+            events.marked = answers[:marks]
+            if not any(isinstance(a, Exception) for a in answers[marks:]):
+                store.put_done(puts)
+                BODIES.put(puts)  # the next call finds them (here, from memory)
+                return
+    if await store.cache_or_report(puts, _BODIES_WHAT):
+        BODIES.put(puts)
+
+
 class ModelActivities:
     """Holds the provider, the content store and the Temporal client (for the
     ``get_message_bodies`` query); ``call_model`` and ``summarize_context`` are
@@ -263,7 +297,7 @@ class ModelActivities:
     async def _store_put(self, items: dict[str, str]) -> bool:
         # A cache (the session writes a missing body again): never fails the call, but a
         # write that does not land is reported, not skipped silently.
-        return await self.store.cache_or_report(items, "message bodies (the session sends them again)")
+        return await self.store.cache_or_report(items, _BODIES_WHAT)
 
     async def _ask_session(self, session_id: str, query: str, args: list[Any], result_type: Any) -> Any:
         """The session's answer to ``query``: transient failures (a query that timed out,
@@ -581,41 +615,9 @@ class ModelActivities:
         async with heartbeating():
             puts: dict[str, str] = {}
             resolved = await self.resolve_context(request, puts)
-            await self._begin(events, puts)
+            await _begin_call(self.store, events, puts)
             async with events as text:  # turn_started goes out now, before any search
                 return await self._answered(request, resolved, events, text)
-
-    async def _begin(self, events: model_call_events, puts: dict[str, str]) -> None:
-        """Write the bodies the call carried inline (``puts``: the next call reads them
-        in the store) and its attempt's step markers (:meth:`EventLog.queue_step_markers`)
-        in one Redis round trip (issue 31: they were two on every model call); the events
-        the markers call for go out when ``events`` is entered. Bodies that did not land
-        are written again on their own (reported if they still do not); markers that did
-        not are reported, never written again (a late answer may have written them)."""
-        text, redis = events.text, self.store.redis
-        if not puts or redis is None:
-            return
-        if text is None or text.log.redis is not redis:
-            if await self._store_put(puts):
-                BODIES.put(puts)
-            return
-        pipe = redis.pipeline(transaction=False)
-        text.log.queue_step_markers(pipe, text.session_id, text.turn, text.step, text.attempt)
-        marks = len(pipe)
-        self.store.queue_puts(pipe, puts)
-        try:
-            async with asyncio.timeout(PUBLISH_TIMEOUT_SECONDS):
-                answers = await pipe.execute(raise_on_error=False)
-        except Exception as err:  # noqa: BLE001 - each part as said above
-            events.marked = err
-            answers = None
-        else:
-            events.marked = answers[:marks]
-        if answers is not None and not any(isinstance(a, Exception) for a in answers[marks:]):
-            self.store.put_done(puts)
-            BODIES.put(puts)
-        elif await self._store_put(puts):
-            BODIES.put(puts)
 
     async def _answered(
         self, request: CallModelInput, resolved: CallModelInput, events: model_call_events, text: Any

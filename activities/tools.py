@@ -766,6 +766,11 @@ class ToolActivities:
                 # result, not "unknown". (A claim of ours the durable store contradicts has
                 # no earlier lease to wait for: Redis lost them both.)
                 record = await self._await_earlier_attempt(key) or record
+            if record is not None and record.get("state") != "done" and self.ledger is not None:
+                # Redis kept the claim only (the result's write failed or was cut): the
+                # durable copy may hold the result its holder wrote.
+                with contextlib.suppress(DurableStoreError):
+                    record = await self.ledger.done(request.call_key) or record
             if record is not None:
                 if record.get("state") == "done":
                     await self._record(key, record, durable=None, redis=redis_ok)
@@ -866,27 +871,9 @@ class ToolActivities:
                 if lease is None:
                     await self.redis.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
                 else:
-                    await self._record_and_release(key, sealed, lease)
+                    await _record_and_release(self.redis, key, sealed, lease)
             except Exception as err:  # noqa: BLE001
                 log.warning("tool call %s: the Redis record not updated: %s", key, err)
-
-    async def _record_and_release(self, key: str, sealed: str, lease: _Lease) -> None:
-        """The Redis record ``sealed`` and the drop of the call's running lease, in that
-        order, in one round trip; the lease's renewals stop first. If that write fails or
-        is cancelled, the lease is still dropped (a later attempt must not wait on it)."""
-        assert self.redis is not None
-        lease.by_record = True
-        try:
-            if lease.task is not None:
-                await _stopped(lease.task)
-            pipe = self.redis.pipeline(transaction=False)
-            pipe.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
-            pipe.delete(running_lease_key(key))
-            await pipe.execute()
-        except BaseException:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.redis.delete(running_lease_key(key)))
-            raise
 
 
 class _Lease:
@@ -896,6 +883,25 @@ class _Lease:
     def __init__(self) -> None:
         self.task: asyncio.Task[None] | None = None
         self.by_record = False
+
+
+async def _record_and_release(redis: Any, key: str, sealed: str, lease: _Lease) -> None:
+    """The Redis record ``sealed`` of call ``key`` and the drop of its running lease, in
+    that order, in one round trip (issue 31); the lease's renewals stop first. If that
+    write fails or is cancelled, the lease is still dropped (a later attempt must not wait
+    on it)."""
+    lease.by_record = True
+    try:
+        if lease.task is not None:
+            await _stopped(lease.task)
+        pipe = redis.pipeline(transaction=False)
+        pipe.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
+        pipe.delete(running_lease_key(key))
+        await pipe.execute()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.shield(redis.delete(running_lease_key(key)))
+        raise
 
 
 async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) -> ToolResult:

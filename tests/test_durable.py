@@ -328,6 +328,11 @@ async def test_claims_racing_for_one_call_grant_it_once_and_the_rest_read_its_re
     assert outcomes.count(None) == 1
     assert all(o == json.loads(STARTED) for o in outcomes if o is not None), "a claim is never read half written"
     assert await ledger.claim("s:c:1:race", "s", STARTED) == {"state": "done", "result": {"code": 0}}
+    # Reading the result never claims: a call claimed without one, or never claimed, has none.
+    assert await ledger.done("s:c:1:race") == {"state": "done", "result": {"code": 0}}
+    assert await ledger.claim("s:c:1:other", "s", STARTED) is None
+    assert await ledger.done("s:c:1:other") is None and await ledger.done("s:c:1:never") is None
+    assert await ledger.claim("s:c:1:never", "s", STARTED) is None, "done() claimed the call"
 
 
 async def test_on_object_storage_the_ledger_is_the_lancedb_tables(s3_server: Any, monkeypatch: pytest.MonkeyPatch):
@@ -347,6 +352,7 @@ async def test_on_object_storage_the_ledger_is_the_lancedb_tables(s3_server: Any
         await ledger.finish("s:c:1:t", "s", json.dumps({"state": "done"}))
 
         assert await ledger.claim("s:c:1:t", "s", STARTED) == {"state": "done"}
+        assert await ledger.done("s:c:1:t") == {"state": "done"} and await ledger.done("s:c:1:none") is None
         assert set(await durable.get(TOOL_CALLS, ["s:c:1:t"])) == set(await durable.get(TOOL_RESULTS, ["s:c:1:t"])) == {"s:c:1:t"}
     finally:
         get_settings.cache_clear()

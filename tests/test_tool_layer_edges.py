@@ -1121,12 +1121,19 @@ async def test_a_non_idempotent_calls_record_and_the_end_of_its_lease_share_a_ro
 
 
 @pytest.mark.timeout(60)
-async def test_a_non_idempotent_calls_lease_is_dropped_even_when_its_record_write_fails(redis, monkeypatch, tmp_path):
+async def test_a_non_idempotent_calls_lease_is_dropped_even_when_its_record_write_fails_and_a_retry_gets_its_result(
+    redis, monkeypatch, tmp_path
+):
     """The record and the lease's drop share a round trip; when that write fails, the
     call still answers with its result and its lease is dropped (a later attempt must
-    not wait on the lease of a call that ended)."""
+    not wait on the lease of a call that ended), and a retry gets the result."""
     _pipelines(monkeypatch, fail=["SET", "DEL"])
-    tools, request, _ = _charging_tools(redis, tmp_path)
+    tools, request, runs = _charging_tools(redis, tmp_path)
     result = await tools.run_tool(request)
     assert result.ok and result.data == "charged 500"
     assert not await redis.exists(running_lease_key(idempotency_key(request.call_key)))
+    # Redis kept the claim only ("started"); the durable ledger has the result its holder
+    # wrote: a retry answers with it, not "outcome unknown" (issue 31: a retried tool was
+    # reported "outcome unknown" though it ran; found by a break-it helper).
+    again = await tools.run_tool(request)
+    assert (again.code, again.data, runs) == (ToolResultCode.OK, "charged 500", [500])

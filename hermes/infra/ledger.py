@@ -92,6 +92,21 @@ class CallLedger:
             return legacy or None
         return found
 
+    async def done(self, key: str) -> dict[str, Any] | None:
+        """The result record (``{"state": "done", ...}``) of call ``key`` if its claim's
+        holder wrote one, else None; never claims.
+
+        Raises:
+            DurableStoreError: the records could not be read.
+        """
+        if self._directory is None:
+            found = await self._lance_record(key)
+        else:
+            found = await self._io(self._read_files, key)
+            if (found is None or found.get("state") != "done") and self._legacy_tables():
+                found = await self._lance_record(key)
+        return found if found and found.get("state") == "done" else None
+
     async def finish(self, key: str, owner: str, value: str) -> None:
         """Record the result ``value`` of call ``key``, claimed by this caller (only the
         claim's holder writes it, so nothing is overwritten).
