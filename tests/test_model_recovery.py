@@ -55,6 +55,7 @@ from hermes.client import HermesClient
 from hermes.memory.models import ConversationExcerpt, ExtractMemoriesInput
 from hermes.models import CallModelInput, CallModelResult, Message, SessionConfig, SummarizeInput
 from hermes.infra.stack import free_port
+from tests.support import eventually
 from tests.test_replay import replayer
 from workflows.session import calls
 from tests.test_crash import kill_group, worker_log
@@ -624,8 +625,16 @@ async def test_a_model_call_asks_its_session_again_until_it_answers_and_then_get
     back = asyncio.Event()
     done = asyncio.Event()
 
+    def asked_again() -> bool:
+        return any("asking again" in r.getMessage() for r in caplog.records)
+
+    async def a_query_found_no_worker() -> bool:
+        return asked_again()
+
     async def worker_back_later() -> None:
-        await asyncio.sleep(4)
+        # Back once a query found no worker (not after a fixed time: on a loaded machine
+        # the call's first query could be sent after a worker was already back).
+        await eventually(a_query_found_no_worker, what="a query that found no worker", timeout_seconds=45)
         async with run_worker(script):
             back.set()
             await done.wait()
@@ -638,7 +647,7 @@ async def test_a_model_call_asks_its_session_again_until_it_answers_and_then_get
         await returning
     assert back.is_set()
     assert result.message.content == "reply to what the session alone keeps"
-    assert any("asking again" in r.getMessage() for r in caplog.records), "the first queries found no worker"
+    assert asked_again(), "the first queries found no worker"
 
 
 async def test_a_model_call_does_not_wait_on_a_session_that_does_not_exist(temporal_client, monkeypatch):
