@@ -246,6 +246,7 @@ async def _begin_call(store: BlobStore, events: model_call_events, puts: dict[st
     text, redis = events.text, store.redis
     if not puts or redis is None:
         return
+    stored = False
     if text is not None and text.log.redis is redis:
         pipe = redis.pipeline(transaction=False)
         text.log.queue_step_markers(pipe, text.session_id, text.turn, text.step, text.attempt)
@@ -258,12 +259,11 @@ async def _begin_call(store: BlobStore, events: model_call_events, puts: dict[st
             events.marked = err
         else:
             events.marked = answers[:marks]
-            if not any(isinstance(a, Exception) for a in answers[marks:]):
+            stored = not any(isinstance(a, Exception) for a in answers[marks:])
+            if stored:
                 store.put_done(puts)
-                BODIES.put(puts)  # the next call finds them (here, from memory)
-                return
-    if await store.cache_or_report(puts, _BODIES_WHAT):
-        BODIES.put(puts)
+    if stored or await store.cache_or_report(puts, _BODIES_WHAT):
+        BODIES.put(puts)  # the next call finds them (here, from memory)
 
 
 class ModelActivities:

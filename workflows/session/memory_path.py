@@ -8,6 +8,7 @@ by :mod:`workflows.session.memory_hooks`; the triggers by :mod:`hermes.memory.ru
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from datetime import timedelta
 from typing import Any
 
@@ -90,29 +91,28 @@ class MemoryPath:
             if core.cfg.memory_max_injected == 0:
                 return
         started = workflow.now()
-        search = self._search(turn, text)
-        try:
-            result = await self._searched(turn, search, early)
-        except FailureError as err:
-            self._not_searched(turn, err)
-            return
-        self._record(turn, started, result)
+        result = await self._or_noted(turn, self._searched(turn, self._search(turn, text), early))
+        if result is not None:
+            self._record(turn, started, result)
 
     async def took_recall(self, turn: int, search: SearchMemoriesInput, found: SearchMemoriesResult | None, failed: str) -> None:
         """Record the recall of the turn's first model call (``core.turn_start``): what it
         ``found``, else (it ``failed``, or was not made) a search again as a normal activity."""
         started = workflow.now()
         if found is None:
-            try:
-                found = await self._again(turn, search, failed)
-            except FailureError as err:
-                self._not_searched(turn, err)
-                return
-        self._record(turn, started, found)
+            found = await self._or_noted(turn, self._again(turn, search, failed))
+        if found is not None:
+            self._record(turn, started, found)
 
-    def _not_searched(self, turn: int, err: FailureError) -> None:
-        self.core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
-        self.core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
+    async def _or_noted(self, turn: int, searching: Awaitable[SearchMemoriesResult]) -> SearchMemoriesResult | None:
+        """``searching``'s result; None when its activity failed, which the turn's warnings
+        and the session's degradations then say."""
+        try:
+            return await searching
+        except FailureError as err:
+            self.core.warnings.append(f"Long-term memory was not available for this message ({failure_text(err)}).")
+            self.core.degraded("memory", f"memories were not searched for turn {turn}: {failure_text(err)}", workflow.now())
+            return None
 
     def _record(self, turn: int, started: Any, result: SearchMemoriesResult) -> None:
         """Keep the memories ``result`` found for the turn's model calls, with its
