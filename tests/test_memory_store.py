@@ -442,6 +442,57 @@ def test_with_equal_similarity_the_more_important_and_the_more_recent_memory_ran
     assert [m.memory_id for m in found] == [old.candidate_id, new.candidate_id]
 
 
+def _fragments(store: MemoryStore) -> int:
+    return int(store.table.stats()["fragment_stats"]["num_fragments"])
+
+
+@on_local_and_s3
+def test_a_store_optimizes_its_table_every_20_commits_so_small_fragments_do_not_pile_up(store: MemoryStore) -> None:
+    # Each commit leaves a fragment every later read and merge opens (issue 31: a one-row
+    # write cost 150 ms of CPU at 50 fragments); writes and hit flushes both count.
+    for i in range(25):
+        store.write([cand(f"u{i % 5}", f"The user's locker number {i} is on floor {i + 3}.", turn=i)], now=T0)
+    for _ in range(20):
+        store.record_hits([f"mem_unknown"], now=T0 + DAY)  # a commit even when no row matched
+    assert store.commits == 45
+    assert _fragments(store) <= 6  # optimized after the 20th and the 40th commit
+    assert sum(store.count(f"u{u}") for u in range(5)) == 25  # every row still there, found
+    assert [m.text for m in store.search("u3", "locker number 13", now=T0 + DAY)][:1] == [
+        "The user's locker number 13 is on floor 16."]
+
+
+def test_writes_and_hit_counts_racing_the_optimizations_lose_nothing(tmp_path: Path, use: Any) -> None:
+    store = MemoryStore(tmp_path / "m", use)
+    first = cand("h", "The user's cat is called Miso.")
+    store.write([first], now=T0)
+    errors: list[BaseException] = []
+
+    def writes(user: str) -> None:
+        try:
+            for i in range(15):
+                store.write([cand(user, f"The user's parcel {i} arrives on day {i + 1}.", turn=i)], now=T0)
+        except BaseException as err:  # noqa: BLE001 - reported below
+            errors.append(err)
+
+    def hits() -> None:
+        try:
+            for _ in range(15):
+                store.record_hits([first.candidate_id], now=T0 + DAY)
+        except BaseException as err:  # noqa: BLE001
+            errors.append(err)
+
+    threads = [threading.Thread(target=writes, args=("w1",)), threading.Thread(target=writes, args=("w2",)),
+               threading.Thread(target=hits)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert errors == []
+    assert store.commits == 46 and _fragments(store) < 46 - 20  # optimized at least once meanwhile
+    assert store.count("w1") == store.count("w2") == 15
+    assert {r["memory_id"]: r["hit_count"] for r in store.list("h")} == {first.candidate_id: 15}
+
+
 @on_local_and_s3
 def test_record_hits_counts_each_use_and_its_time(store: MemoryStore) -> None:
     a, b = cand("u1", "The user's cat is called Miso."), cand("u1", "The user works at ACME.", turn=2)

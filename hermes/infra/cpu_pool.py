@@ -66,11 +66,40 @@ def _start_method() -> str:
     return "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
 
 
+MATH_THREADS_ENV = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS")
+"""What native math libraries read for their own thread count when they load."""
+
+
+def single_threaded_math() -> None:
+    """Hold this process's native math libraries (numpy's OpenBLAS, any OpenMP runtime)
+    to one thread each: the ones loaded already, through ``threadpoolctl``, and the ones
+    loaded later, through their environment variables.
+
+    A pool child is one of ``cpu_workers`` processes sized to the machine: running in
+    parallel is the pool's job. A child whose BLAS also starts a thread per core competes
+    with the worker's event loop for the same cores, and OpenBLAS's idle threads
+    busy-wait: one query embedding here cost 1.85 ms of CPU single-threaded, 2.6 ms with
+    OpenBLAS's two threads on an idle 2-core machine and 5.5 ms with one busy process
+    beside it (issue 31: the CPU per turn that grew with load).
+    """
+    for name in MATH_THREADS_ENV:
+        os.environ[name] = "1"
+    import numpy  # noqa: F401 - loads its BLAS, so the limit below reaches it
+    from threadpoolctl import threadpool_limits
+
+    threadpool_limits(limits=1)
+
+
 def _init_child(warmers: tuple[tuple[Callable[..., Any], tuple[Any, ...]], ...]) -> None:
     """A child's start: Ctrl-C is the parent's to handle (the worker stops gracefully and
-    ends the pool), then the warmers, each failure logged (a child whose initializer
-    raises breaks the executor, which would be made again and break again)."""
+    ends the pool), its math libraries on one thread (:func:`single_threaded_math`), then
+    the warmers, each failure logged (a child whose initializer raises breaks the
+    executor, which would be made again and break again)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        single_threaded_math()
+    except Exception:  # noqa: BLE001 - a child with more threads still gives right answers
+        log.warning("CPU pool child %d: could not limit its math libraries to one thread", os.getpid(), exc_info=True)
     for fn, args in warmers:
         try:
             fn(*args)

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from hermes.infra import lance
 from hermes.memory import crosslingual, people, relevance
 from hermes.memory.models import (
     MemoryKind,
@@ -322,9 +323,11 @@ class MemoryReads:
         if not ids:
             return 0
         now = _utc(now) or datetime.now(timezone.utc)
-        result = self.table.update(
+        # A conflict (a concurrent commit, an optimize) committed nothing: safe to run again.
+        result = lance.retry_conflicts(lambda: self.table.update(
             where="memory_id IN (" + ", ".join(sql_str(m) for m in ids) + ")",
             values_sql={"hit_count": "hit_count + 1", "last_hit_at": sql_time(now), "version": "version + 1"},
-        )
-        self.commits += 1
+        ))
+        self._committed()
+        self.optimize_if_due()
         return int(getattr(result, "rows_updated", 0) or 0)

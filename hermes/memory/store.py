@@ -108,6 +108,8 @@ class MemoryStore(MemoryTables, MemoryWrites, MemoryReads, MemoryConsolidation, 
         self._db = lance.connect(self.uri, storage_options)
         self.keep_versions_seconds = keep_versions_seconds
         self.commits = 0  # made by writes and hits: a benchmark's lance_commits_per_write
+        self._commits_unoptimized = 0  # since the last optimize (tables.OPTIMIZE_EVERY_COMMITS)
+        self._optimizing = threading.Lock()
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
         self._judged_table: Any = None

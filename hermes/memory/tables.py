@@ -25,6 +25,17 @@ per-user prefilter (scalar index) leaves only that user's rows to scan.
 about 450 rows flat, IvfPq and IvfHnswSq are about as fast (vector part 15-20 ms median)
 at recall@20 1.0; for the 10,000-row user flat takes about 100 ms, IvfHnswSq about 20 ms at
 recall 1.0, and IvfPq (nprobes 32, refine 10) reaches only 0.37-0.75 recall."""
+OPTIMIZE_EVERY_COMMITS = 20
+"""Commits to the memory table by one process between two optimizations of it
+(:meth:`MemoryTables.optimize_if_due`), LanceDB's rule of thumb (``LanceTable.optimize``:
+"run optimize if you have added or modified 100,000 or more records or run more than 20
+data modification operations"). Every commit (a memory write, a flush of hit statistics:
+one a second at most) leaves a small fragment that every later read and merge of the table
+opens, and before this only consolidation (a schedule, daily) compacted them. Measured
+here: a one-row write cost 150 ms of CPU at 50 fragments and 760 ms at 200, a user's rows
+read 23 -> 105 ms; with an optimize every 8 commits 80 and 12 ms (issue 31: the memory
+table's threads were a third of a worker's CPU per turn in ``bench/overload.py``, tripling
+within one run)."""
 LANCE_INDEX_CACHE_BYTES = lance.INDEX_CACHE_BYTES
 LANCE_METADATA_CACHE_BYTES = lance.METADATA_CACHE_BYTES
 """Caps of the process's LanceDB caches (see :mod:`hermes.infra.lance`, shared with the durable
@@ -102,9 +113,35 @@ class MemoryTables:
             lance.ensure_index(self.table, "vector", IvfHnswSq(distance_type="cosine", num_partitions=partitions))
         lance.ensure_index(self.archive, "user_id", BTree())
 
+    def _committed(self) -> None:
+        """Count a commit this process made to the memory table."""
+        self.commits += 1
+        self._commits_unoptimized += 1
+
+    def optimize_if_due(self) -> bool:
+        """Optimize the memory table (compact its small fragments, fold new rows into its
+        indexes, delete versions older than ``keep_versions_seconds``) once this process
+        made :data:`OPTIMIZE_EVERY_COMMITS` commits to it since the last optimization;
+        writes wait meanwhile (no conflict of their own making), another thread already
+        optimizing is not waited for. Best effort, as :meth:`optimize`.
+
+        Returns:
+            Whether it optimized.
+        """
+        if self._commits_unoptimized < OPTIMIZE_EVERY_COMMITS or not self._optimizing.acquire(blocking=False):
+            return False
+        try:
+            self._commits_unoptimized = 0
+            with self._lock:
+                lance.optimize(self.table, self.keep_versions_seconds)
+        finally:
+            self._optimizing.release()
+        return True
+
     def optimize(self) -> None:
         """Fold new rows into the indexes, compact small fragments and delete versions
         older than ``keep_versions_seconds`` (consolidation runs it)."""
+        self._commits_unoptimized = 0
         judged = [self._judged()] if JUDGED_TABLE in self._table_names() else []
         for table in (self.table, self.archive, self._forgotten(), *judged):
             lance.optimize(table, self.keep_versions_seconds)

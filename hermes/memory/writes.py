@@ -185,6 +185,7 @@ class MemoryWrites:
                 self._confirm_inserts(user_id, plan.report)
                 if retried and plan.applied:
                     self._applied_outcomes(user_id, plan.applied, plan.report)
+                self.optimize_if_due()
                 return plan.report
             # The inserts of a conflicted plan landed (one commit): the next plan inserts
             # them again (a no-op) and redoes the changes to old rows they call for.
@@ -419,7 +420,7 @@ class MemoryWrites:
         if inserts:
             merge = merge.when_not_matched_insert_all()  # without inserts, nothing can be revived
         result = lance.retry_conflicts(lambda: merge.execute(self._table_rows(rows)))  # idempotent: conditional
-        self.commits += 1
+        self._committed()
         updated = int(result.num_updated_rows)
         if updated < len(updates) and int(result.num_inserted_rows) > 0:
             self._drop_revived(updates, int(result.version))
@@ -442,4 +443,4 @@ class MemoryWrites:
                         len(revived), revived)
             self.table.delete(" OR ".join(
                 f"(memory_id = {sql_str(m)} AND version = {int(updates[m]['version']) + 1})" for m in revived))
-            self.commits += 1
+            self._committed()
