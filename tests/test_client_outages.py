@@ -531,18 +531,46 @@ class HiddenAttempts:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._client, name)
 
-    async def execute_update_with_start_workflow(self, update: str, arg: SendMessageInput, **kwargs: Any) -> Any:
-        if asyncio.get_running_loop().time() >= self.refuse_until:
-            return await self._client.execute_update_with_start_workflow(update, arg, **kwargs)
-        start = kwargs["start_workflow_operation"]
+    def refusing(self) -> bool:
+        return asyncio.get_running_loop().time() < self.refuse_until
+
+    def refused(self, session_id: str, update: str, arg: Any) -> Exception:
+        """The refusal of one attempt (its message delivered behind the caller's back first,
+        with ``deliver``, once)."""
         if self.deliver and not self.hidden:
-            handle = self._client.get_workflow_handle(start._start_workflow_input.id)
+            handle = self._client.get_workflow_handle(session_id)
             self.hidden.append(
                 asyncio.ensure_future(handle.execute_update(update, arg, id=f"hidden-{uuid.uuid4()}", result_type=TurnResult))
             )
-        error = rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "limit on number of concurrent in-flight updates has been reached (10)")
+        return rpc(RPCStatusCode.RESOURCE_EXHAUSTED, "limit on number of concurrent in-flight updates has been reached (10)")
+
+    async def execute_update_with_start_workflow(self, update: str, arg: SendMessageInput, **kwargs: Any) -> Any:
+        if not self.refusing():
+            return await self._client.execute_update_with_start_workflow(update, arg, **kwargs)
+        start = kwargs["start_workflow_operation"]
+        error = self.refused(start._start_workflow_input.id, update, arg)
         start._workflow_handle.set_exception(error)
         raise error
+
+    def get_workflow_handle(self, workflow_id: str, **kwargs: Any) -> Any:
+        """A handle whose plain message updates (a client's message to a session it saw
+        running) are refused alike."""
+        return _RefusedMessages(self._client.get_workflow_handle(workflow_id, **kwargs), self, workflow_id)
+
+
+class _RefusedMessages:
+    """A workflow handle whose ``send_message`` updates :class:`HiddenAttempts` refuses."""
+
+    def __init__(self, handle: Any, attempts: HiddenAttempts, workflow_id: str) -> None:
+        self._handle, self._attempts, self._id = handle, attempts, workflow_id
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._handle, name)
+
+    async def execute_update(self, update: str, arg: Any = None, **kwargs: Any) -> Any:
+        if update == names.SEND_MESSAGE and self._attempts.refusing():
+            raise self._attempts.refused(self._id, update, arg)
+        return await self._handle.execute_update(update, arg, **kwargs)
 
 
 def _user_ids(transcript: list[Message]) -> list[str | None]:
@@ -768,3 +796,41 @@ async def test_in_a_flood_every_refused_message_is_absent_and_every_accepted_one
     assert all(outcomes[cid].reply == f"echo: message {cid.split('-')[1]}" for cid in taken)
     assert state.run_index >= 2  # the flood rolled over, so refusals while draining were exercised
     assert not [u for u in unretrieved if "never retrieved" in u]
+
+
+class CountingStarts:
+    """A Temporal client that counts update-with-start calls and passes everything through."""
+
+    def __init__(self, client: Client) -> None:
+        self._client = client
+        self.starts = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def execute_update_with_start_workflow(self, *args: Any, **kwargs: Any) -> Any:
+        self.starts += 1
+        return await self._client.execute_update_with_start_workflow(*args, **kwargs)
+
+
+@pytest.mark.timeout(300)
+async def test_a_message_to_a_session_the_client_saw_running_is_a_plain_update_and_an_ended_one_starts_again(
+    run_worker, session_id, temporal_client
+):
+    """Issue 31: every message was an update-with-start (about 2 ms more client CPU a turn
+    than an update); to a session this client saw take a message it is a plain update.
+    A session that ended meanwhile (terminated here) is then found by the update-with-
+    start under the same id, as for a first message: the message is taken once."""
+    async with run_worker(GatedEcho()) as hermes:
+        spy = CountingStarts(temporal_client)
+        hermes.client = spy  # type: ignore[assignment]
+        await hermes.send_message(session_id, "one", client_message_id="m-0")
+        second = await hermes.send_message(session_id, "two", client_message_id="m-1")
+        assert (spy.starts, second.reply) == (1, "echo: two")
+        again = await hermes.send_message(session_id, "two", client_message_id="m-1")  # a resend: its first reply
+        assert (again.turn, again.reply) == (second.turn, "echo: two")
+        await temporal_client.get_workflow_handle(session_id).terminate("ended behind the client's back")
+        third = await hermes.send_message(session_id, "three", client_message_id="m-2")
+        transcript = await hermes.get_transcript(session_id)
+    assert (spy.starts, third.reply) == (2, "echo: three")
+    assert _user_ids(transcript) == ["m-2"]  # a terminated session starts anew, with this message once

@@ -4,6 +4,8 @@ A message is one update-with-start under an update id that names it
 (:func:`hermes.client.messages.message_update_id`), resent under the same id after a
 transient failure or a busy refusal as :class:`hermes.client.retry.MessageRetryPolicy`
 decides; a session archived after a long idle time is started again from its snapshot.
+To a session this client saw take a message, it is first a plain update under that id
+(no start to ask for), and if that fails in any way, the update-with-start above.
 At most ``max_in_flight_per_session`` messages of one session are in flight from one
 client (:class:`SessionSlots`).
 """
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterable
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -65,6 +68,9 @@ if TYPE_CHECKING:
     from hermes.client import HermesClient
 
 
+KNOWN_RUNNING_SESSIONS = 10_000
+"""Sessions a client remembers as running (the oldest forgotten first): a message to one
+of them is a plain update, not an update-with-start (:meth:`Sender._to_running`)."""
 DEFAULT_MAX_IN_FLIGHT_PER_SESSION = 8
 """Messages of one session a client keeps in flight at once. Temporal admits at most 10
 updates in flight per workflow (the server's ``history.maxInFlightUpdates``); a refusal
@@ -133,6 +139,9 @@ class Sender(ClientPart):
     def __init__(self, hermes: HermesClient, max_in_flight_per_session: int):
         super().__init__(hermes)
         self.slots = SessionSlots(max_in_flight_per_session)
+        self.running: OrderedDict[str, None] = OrderedDict()
+        """Sessions this client saw take a message, newest last (at most
+        :data:`KNOWN_RUNNING_SESSIONS`): their next message goes as a plain update."""
 
     def signed_start(self, inp: SessionInput, sender: str | None, roles: Iterable[str] = ()) -> SessionInput:
         """``inp`` with the proof that ``sender`` (default: the session's user) starts it."""
@@ -286,6 +295,10 @@ class Sender(ClientPart):
         message; ``who``: the sender and roles each attempt's proofs vouch for."""
         loop = asyncio.get_running_loop()
         session_id, user_id, cid = session.session_id, session.user_id, message.client_message_id
+        if session_id in self.running:
+            answered = await self._to_running(session_id, message, who, message_update_id(user_id, cid))
+            if answered is not None:
+                return answered
         resume: SessionCarry | None = None
         while True:
             start = WithStartWorkflowOperation(
@@ -303,13 +316,13 @@ class Sender(ClientPart):
                 **session_start_options(user_id, session.channel),
             )
             try:
-                return await self.hermes.client.execute_update_with_start_workflow(
+                return self._ran(session_id, await self.hermes.client.execute_update_with_start_workflow(
                     names.SEND_MESSAGE,
                     self.signed(names.SEND_MESSAGE, session_id, message, *who),
                     start_workflow_operation=start,
                     id=message_update_id(user_id, cid),
                     result_type=TurnResult,
-                )
+                ))
             except asyncio.CancelledError:
                 start_answered(start)
                 raise
@@ -357,6 +370,41 @@ class Sender(ClientPart):
                 # taken after all: resend under the same id, which only waits for its reply.
                 policy.taken_after_all(loop.time())
             await asyncio.sleep(step.delay_seconds)
+
+    async def _to_running(
+        self, session_id: str, message: SendMessageInput, who: tuple[str, tuple[str, ...]], update_id: str
+    ) -> TurnResult | None:
+        """``message`` as a plain update to session ``session_id``, which this client saw
+        running (issue 31: an update-with-start costs the client about 2 ms of CPU more a
+        turn, for a start that is not needed); None, with the session forgotten, when
+        that fails in any way: the caller then sends it with start under the same update
+        id, which finds this attempt's update if the session took it (one outcome per
+        update id) and deals with an ended session as a first message does.
+
+        Raises:
+            asyncio.CancelledError: the caller was cancelled (the message may be taken).
+        """
+        try:
+            return self._ran(session_id, await self.handle(session_id).execute_update(
+                names.SEND_MESSAGE, self.signed(names.SEND_MESSAGE, session_id, message, *who),
+                id=update_id, result_type=TurnResult,
+            ))
+        except Exception as err:  # noqa: BLE001 - every failure: the full path decides
+            self.running.pop(session_id, None)
+            if being_cancelled():
+                raise asyncio.CancelledError from err
+            return None
+
+    def _ran(self, session_id: str, result: TurnResult) -> TurnResult:
+        """Note that ``session_id`` took a message (unless it closed with it); ``result``."""
+        if result.status == "closed":
+            self.running.pop(session_id, None)
+        else:
+            self.running[session_id] = None
+            self.running.move_to_end(session_id)
+            if len(self.running) > KNOWN_RUNNING_SESSIONS:
+                self.running.popitem(last=False)
+        return result
 
     async def _taken(self, session_id: str, cid: str, reason: str) -> bool:
         """Whether the session took message ``cid``, asked before it is reported busy
