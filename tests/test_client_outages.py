@@ -834,3 +834,64 @@ async def test_a_message_to_a_session_the_client_saw_running_is_a_plain_update_a
         transcript = await hermes.get_transcript(session_id)
     assert (spy.starts, third.reply) == (2, "echo: three")
     assert _user_ids(transcript) == ["m-2"]  # a terminated session starts anew, with this message once
+
+
+class PlainFake(FakeTemporal):
+    """:class:`FakeTemporal` whose handles also answer the client's plain message
+    updates, each taking the next outcome of ``plain``."""
+
+    def __init__(self, *outcomes: Any, plain: list[Any]) -> None:
+        super().__init__(*outcomes)
+        self.plain = plain
+        self.plain_calls = 0
+
+    def get_workflow_handle(self, workflow_id: str, **kw: Any) -> Any:
+        handle = super().get_workflow_handle(workflow_id, **kw)
+        fake, settle = self, handle.execute_update
+
+        async def execute_update(name: str, arg: Any, **kwargs: Any) -> Any:
+            if name != names.SEND_MESSAGE:
+                return await settle(name, arg, **kwargs)
+            fake.plain_calls += 1
+            outcome = fake.plain.pop(0)
+            if isinstance(outcome, BaseException):
+                raise outcome
+            return outcome
+
+        handle.execute_update = execute_update
+        return handle
+
+
+async def _seen_running(fake: PlainFake) -> HermesClient:
+    hermes = HermesClient(fake, retry_timeout_seconds=0.5)  # type: ignore[arg-type]
+    await hermes.send_message("s-1", "first", client_message_id="m-0")
+    return hermes
+
+
+@pytest.mark.timeout(30)
+async def test_a_plain_update_that_may_have_been_taken_is_never_followed_by_busy() -> None:
+    # A transport error after the plain update was sent: it may have been taken, so the
+    # session's later "busy" refusals (an earlier message still running) cannot mean "not
+    # taken"; the caller is told to resend under the same id (a new id could run it twice).
+    fake = PlainFake(reply(), *[refused("SessionBusyError")] * 200, plain=[rpc(RPCStatusCode.UNKNOWN, "transport error")])
+    hermes = await _seen_running(fake)
+    with pytest.raises(SessionUnavailableError) as raised:
+        await hermes.send_message("s-1", "hello", client_message_id="m-7", busy_timeout_seconds=0.1)
+    assert fake.plain_calls == 1 and raised.value.may_have_been_taken
+
+
+@pytest.mark.timeout(30)
+async def test_a_plain_update_that_may_have_been_taken_then_a_closed_session_says_it_may_have_been_taken() -> None:
+    fake = PlainFake(reply(), rpc(RPCStatusCode.ALREADY_EXISTS), plain=[rpc(RPCStatusCode.UNKNOWN, "transport error")])
+    hermes = await _seen_running(fake)
+    with pytest.raises(SessionClosedError, match="may have been taken before it closed"):
+        await hermes.send_message("s-1", "hello", client_message_id="m-9")
+
+
+@pytest.mark.timeout(30)
+async def test_a_plain_update_the_session_refused_or_failed_raises_its_error_without_a_resend() -> None:
+    fake = PlainFake(reply(), plain=[refused("SessionHaltedError", "waiting for a decision")])
+    hermes = await _seen_running(fake)
+    with pytest.raises(SessionHaltedError, match="waiting for a decision"):
+        await hermes.send_message("s-1", "hello", client_message_id="m-8")
+    assert len(fake.attempts) == 1  # the first message's start only: the refusal is the session's answer

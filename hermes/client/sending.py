@@ -296,7 +296,7 @@ class Sender(ClientPart):
         loop = asyncio.get_running_loop()
         session_id, user_id, cid = session.session_id, session.user_id, message.client_message_id
         if session_id in self.running:
-            answered = await self._to_running(session_id, message, who, message_update_id(user_id, cid))
+            answered = await self._to_running(session, message, who, policy)
             if answered is not None:
                 return answered
         resume: SessionCarry | None = None
@@ -372,27 +372,52 @@ class Sender(ClientPart):
             await asyncio.sleep(step.delay_seconds)
 
     async def _to_running(
-        self, session_id: str, message: SendMessageInput, who: tuple[str, tuple[str, ...]], update_id: str
+        self, session: SessionInput, message: SendMessageInput, who: tuple[str, tuple[str, ...]], policy: MessageRetryPolicy
     ) -> TurnResult | None:
-        """``message`` as a plain update to session ``session_id``, which this client saw
-        running (issue 31: an update-with-start costs the client about 2 ms of CPU more a
-        turn, for a start that is not needed); None, with the session forgotten, when
-        that fails in any way: the caller then sends it with start under the same update
-        id, which finds this attempt's update if the session took it (one outcome per
-        update id) and deals with an ended session as a first message does.
+        """``message`` as a plain update to ``session``, which this client saw running
+        (issue 31: an update-with-start costs the client about 2 ms of CPU more a turn,
+        for a start that is not needed), under the update id the update-with-start uses.
+
+        Returns:
+            The reply; None, with the session forgotten, when the update failed: the
+            caller then sends it with start under the same update id, which finds this
+            attempt's update if the session took it (one outcome per update id) and deals
+            with an ended or archived session as a first message does. A failure after
+            which the message may have been taken (a transport error, a timeout) is
+            counted in ``policy`` first, as any attempt's is: the resends only wait for
+            its reply, and the message is never reported busy (not taken) after it.
 
         Raises:
             asyncio.CancelledError: the caller was cancelled (the message may be taken).
+            HermesError: the session itself refused or failed the message (closed, halted,
+                forbidden, a failed turn): what a resend would be answered too.
         """
+        session_id, user_id = session.session_id, session.user_id
         try:
             return self._ran(session_id, await self.handle(session_id).execute_update(
                 names.SEND_MESSAGE, self.signed(names.SEND_MESSAGE, session_id, message, *who),
-                id=update_id, result_type=TurnResult,
+                id=message_update_id(user_id, message.client_message_id), result_type=TurnResult,
             ))
-        except Exception as err:  # noqa: BLE001 - every failure: the full path decides
+        except Exception as err:  # noqa: BLE001 - sorted below
             self.running.pop(session_id, None)
             if being_cancelled():
                 raise asyncio.CancelledError from err
+            # Not admitted=True: a RESOURCE_EXHAUSTED answer to a plain update is Temporal's
+            # refusal before admission (updates in flight); a transport error or a timeout
+            # is "transient" either way (it may have been taken).
+            kind = classify_failure(err)
+            if kind == "fatal" and isinstance(err, WorkflowUpdateFailedError):
+                documented = documented_error(err, session_id, user_id=user_id)
+                if documented is None:
+                    raise
+                raise documented from err
+            if kind == "transient":
+                loop = asyncio.get_running_loop()
+                step = policy.after_failure(kind, admitted=True, refused_by_session=False, now=loop.time())
+                if step.action == "resend":
+                    await asyncio.sleep(step.delay_seconds)
+            # Refused before it could be taken (busy), an ended run, any other refusal:
+            # not taken; the update-with-start decides.
             return None
 
     def _ran(self, session_id: str, result: TurnResult) -> TurnResult:
