@@ -184,3 +184,85 @@ def test_a_write_landed_by_another_attempt_after_the_applied_check_is_not_counte
     assert report.unchanged == 0  # read back: what the first attempt did
     assert (report.updated, report.inserted) == (first.updated, first.inserted) and (first.updated or first.inserted)
     assert len(holders(store, again.candidate_id)) == 1
+
+
+_ALL_STATUSES = ("active", "superseded", "merged", "archived", "expired")
+
+
+def _optimize_now(store: MemoryStore) -> bool:
+    """What the 20th commit of ``store``'s process does (tables.OPTIMIZE_EVERY_COMMITS)."""
+    from hermes.memory.tables import OPTIMIZE_EVERY_COMMITS
+
+    store._commits_unoptimized = OPTIMIZE_EVERY_COMMITS
+    return store.optimize_if_due()
+
+
+@pytest.mark.timeout(180)
+def test_another_process_optimizing_with_keep_zero_between_a_revival_and_its_check_leaves_no_duplicate(
+    tmp_path: Path, use: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Break-it review of issue 31: a write supersedes Bern while consolidation (another
+    # process) moves Bern to the archive, so the merge revives it, and _drop_revived reads
+    # version - 1 to find it. Another process's automatic optimize in between, with
+    # keep_versions_seconds=0 (allowed), deleted that version: Bern stayed in both tables.
+    writer = MemoryStore(tmp_path / "m", use)
+    other = MemoryStore(tmp_path / "m", use, keep_versions_seconds=0.0)
+    bern = raw_insert(writer, cand("The user lives in Bern.", subject="home_city", value="Bern"), updated_at=T0)
+    real_merge, real_drop = MemoryStore._merge, MemoryStore._drop_revived
+    moved: list[bool] = []
+    checked: list[int] = []
+
+    def merge_after_a_move(self: MemoryStore, updates: Any, inserts: Any) -> bool:
+        if self is writer and not moved and bern in updates:
+            moved.append(True)
+            row = other._rows(other.table, f"memory_id = '{bern}'", vectors=True)[0]
+            other.archive.add(other._table_rows([dict(row, status="archived")]))
+            other.table.delete(f"memory_id = '{bern}'")
+        return real_merge(self, updates, inserts)
+
+    def check_after_another_optimize(self: MemoryStore, updates: Any, version: int) -> None:
+        checked.append(version)
+        assert _optimize_now(other)
+        real_drop(self, updates, version)
+
+    monkeypatch.setattr(MemoryStore, "_merge", merge_after_a_move)
+    monkeypatch.setattr(MemoryStore, "_drop_revived", check_after_another_optimize)
+    writer.write([cand("The user moved to Zurich.", subject="home_city", value="Zurich")])
+    assert moved and checked
+    assert bern in [r["memory_id"] for r in writer.list("u1", statuses=_ALL_STATUSES, archived=True)]
+    assert bern not in [r["memory_id"] for r in writer.list("u1", statuses=_ALL_STATUSES)]
+
+
+@pytest.mark.timeout(300)
+def test_another_process_optimizing_with_keep_zero_fails_no_read_or_write_of_this_one(tmp_path: Path, use: Embedder) -> None:
+    import threading
+
+    optimizer = MemoryStore(tmp_path / "m", use, keep_versions_seconds=0.0)
+    reader = MemoryStore(tmp_path / "m", use)
+    for i in range(10):
+        raw_insert(optimizer, cand(f"The user's bike number {i} is blue."), updated_at=T0)
+    errors: list[str] = []
+    stop = threading.Event()
+
+    def reading() -> None:
+        n = 0
+        while not stop.is_set():
+            n += 1
+            for what, op in (("list", lambda: reader.list("u1")),
+                             ("write", lambda: reader.write([MemoryCandidate(
+                                 user_id="x", text=f"The user's locker {n} is on floor {n % 7}.", created_at=T0)]))):
+                try:
+                    op()
+                except Exception as err:  # noqa: BLE001 - reported below
+                    errors.append(f"{what}: {type(err).__name__}: {err}"[:200])
+
+    thread = threading.Thread(target=reading)
+    thread.start()
+    try:
+        for i in range(25):
+            optimizer.write([MemoryCandidate(user_id="o", text=f"The user's shoe number {i} is red.", created_at=T0)])
+            _optimize_now(optimizer)
+    finally:
+        stop.set()
+        thread.join(120)
+    assert errors == []

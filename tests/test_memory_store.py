@@ -461,6 +461,22 @@ def test_a_store_optimizes_its_table_every_20_commits_so_small_fragments_do_not_
         "The user's locker number 13 is on floor 16."]
 
 
+def test_an_optimization_that_fails_is_logged_and_the_write_still_lands(
+    tmp_path: Path, use: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = MemoryStore(tmp_path / "m", use)
+
+    def refuse(**_: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(store.table, "optimize", refuse)
+    monkeypatch.setattr(store, "_commits_unoptimized", 19)
+    report = store.write([cand("u1", "The user's cat is called Miso.")], now=T0)
+    assert report.inserted and store.count("u1") == 1
+    assert "not optimized (OSError: disk full)" in caplog.text
+    assert store._commits_unoptimized == 0  # the next 20 commits try again
+
+
 def test_writes_and_hit_counts_racing_the_optimizations_lose_nothing(tmp_path: Path, use: Any) -> None:
     store = MemoryStore(tmp_path / "m", use)
     first = cand("h", "The user's cat is called Miso.")

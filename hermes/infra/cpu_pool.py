@@ -75,8 +75,9 @@ def single_threaded_math() -> None:
     to one thread each: the ones loaded already, through ``threadpoolctl``, and the ones
     loaded later, through their environment variables.
 
-    A pool child is one of ``cpu_workers`` processes sized to the machine: running in
-    parallel is the pool's job. A child whose BLAS also starts a thread per core competes
+    A pool child is one of ``cpu_workers`` processes (``HERMES_CPU_WORKERS``, one by
+    default): running in parallel is the pool's job, sized by that setting. A child whose
+    BLAS also starts a thread per core competes
     with the worker's event loop for the same cores, and OpenBLAS's idle threads
     busy-wait: one query embedding here cost 1.85 ms of CPU single-threaded, 2.6 ms with
     OpenBLAS's two threads on an idle 2-core machine and 5.5 ms with one busy process

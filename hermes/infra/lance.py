@@ -22,6 +22,7 @@ written to be idempotent (``exist_ok`` tables, indexes created only when missing
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
 import time
@@ -37,6 +38,7 @@ per-user cache), so this needs little more than the tables' current versions."""
 CONFLICT_ATTEMPTS = 10
 """Tries of one conflicting step; the backoff doubles from 50 ms to 2 s (about 10 s in all)."""
 
+log = logging.getLogger("hermes.lance")
 _T = TypeVar("_T")
 _lock = threading.Lock()
 _session: Any = None
@@ -145,13 +147,21 @@ def ensure_index(table: Any, column: str, config: Any, *, name: str | None = Non
     retry_conflicts(step)
 
 
-def optimize(table: Any, keep_versions_seconds: float) -> None:
+def optimize(table: Any, keep_versions_seconds: float) -> bool:
     """Compact ``table``'s small fragments, fold new rows into its indexes and delete
     versions older than ``keep_versions_seconds`` (their files too: object storage does
-    not grow with every commit); best effort (a concurrent commit wins)."""
+    not grow with every commit); best effort (a concurrent commit wins): a failure is
+    logged as a warning naming the table, and the next optimization tries again.
+
+    Returns:
+        Whether it optimized.
+    """
     try:
         retry_conflicts(
             lambda: table.optimize(cleanup_older_than=timedelta(seconds=keep_versions_seconds)), attempts=3
         )
-    except Exception:  # noqa: BLE001 - the next consolidation tries again
-        pass
+    except Exception as err:  # noqa: BLE001 - the next optimization tries again
+        log.warning("LanceDB table %s not optimized (%s: %s); its small fragments stay until the next try",
+                    getattr(table, "name", "?"), type(err).__name__, err)
+        return False
+    return True

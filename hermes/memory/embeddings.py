@@ -182,7 +182,7 @@ class UseEmbedder:
 
     def __init__(self, threads: int = 1) -> None:
         """``threads``: BLAS threads of the forward pass. One: the model runs in the CPU
-        pool's children (:class:`PooledEmbedder`), one per core, and OpenBLAS's idle
+        pool's children (:class:`PooledEmbedder`, as many as ``HERMES_CPU_WORKERS``), and OpenBLAS's idle
         threads busy-wait; on 2 cores a query cost 1.85 ms of CPU with one thread, 2.6 ms
         with two on an idle machine and 5.5 ms with two beside one busy process (issue 31:
         the embedder's CPU per turn grew with load). More threads shorten a large batch's

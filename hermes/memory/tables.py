@@ -36,6 +36,14 @@ here: a one-row write cost 150 ms of CPU at 50 fragments and 760 ms at 200, a us
 read 23 -> 105 ms; with an optimize every 8 commits 80 and 12 ms (issue 31: the memory
 table's threads were a third of a worker's CPU per turn in ``bench/overload.py``, tripling
 within one run)."""
+AUTO_OPTIMIZE_KEEP_VERSIONS_SECONDS = 3600.0
+"""The least age of a table version an automatic optimization (:data:`OPTIMIZE_EVERY_COMMITS`)
+deletes, whatever ``keep_versions_seconds`` says: a shorter keep (``0`` saves the most
+space) still applies when consolidation optimizes, once a day, as it always did. Every 20
+commits in every process, it deleted the version a concurrent write checks out to find a
+row it revived (a row left in the table and the archive at once) and the files another
+process's query was reading ("Not found"), as LanceDB warns of ``cleanup_older_than=0``
+(break-it review of issue 31). An hour is the default keep."""
 LANCE_INDEX_CACHE_BYTES = lance.INDEX_CACHE_BYTES
 LANCE_METADATA_CACHE_BYTES = lance.METADATA_CACHE_BYTES
 """Caps of the process's LanceDB caches (see :mod:`hermes.infra.lance`, shared with the durable
@@ -121,9 +129,11 @@ class MemoryTables:
     def optimize_if_due(self) -> bool:
         """Optimize the memory table (compact its small fragments, fold new rows into its
         indexes, delete versions older than ``keep_versions_seconds``) once this process
-        made :data:`OPTIMIZE_EVERY_COMMITS` commits to it since the last optimization;
+        made :data:`OPTIMIZE_EVERY_COMMITS` commits to it since the last optimization
+        (versions younger than :data:`AUTO_OPTIMIZE_KEEP_VERSIONS_SECONDS` are kept);
         writes wait meanwhile (no conflict of their own making), another thread already
-        optimizing is not waited for. Best effort, as :meth:`optimize`.
+        optimizing is not waited for. Best effort, as :meth:`optimize` (a failure is logged;
+        the next commits count toward the next try).
 
         Returns:
             Whether it optimized.
@@ -133,10 +143,9 @@ class MemoryTables:
         try:
             self._commits_unoptimized = 0
             with self._lock:
-                lance.optimize(self.table, self.keep_versions_seconds)
+                return lance.optimize(self.table, max(self.keep_versions_seconds, AUTO_OPTIMIZE_KEEP_VERSIONS_SECONDS))
         finally:
             self._optimizing.release()
-        return True
 
     def optimize(self) -> None:
         """Fold new rows into the indexes, compact small fragments and delete versions
