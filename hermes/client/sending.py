@@ -5,7 +5,9 @@ A message is one update-with-start under an update id that names it
 transient failure or a busy refusal as :class:`hermes.client.retry.MessageRetryPolicy`
 decides; a session archived after a long idle time is started again from its snapshot.
 To a session this client saw take a message, it is first a plain update under that id
-(no start to ask for), and if that fails in any way, the update-with-start above.
+(no start to ask for); the session's own refusal or failure of it is raised as a resend's
+would be, and after any other failure the update-with-start above follows (a failure
+after which it may have been taken counted in the retry policy first).
 At most ``max_in_flight_per_session`` messages of one session are in flight from one
 client (:class:`SessionSlots`).
 """
