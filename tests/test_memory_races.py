@@ -191,9 +191,11 @@ _ALL_STATUSES = ("active", "superseded", "merged", "archived", "expired")
 
 def _optimize_now(store: MemoryStore) -> bool:
     """What the 20th commit of ``store``'s process does (tables.OPTIMIZE_EVERY_COMMITS)."""
+    from hermes.memory.store import MEMORY_TABLE
     from hermes.memory.tables import OPTIMIZE_EVERY_COMMITS
 
-    store._commits_unoptimized = OPTIMIZE_EVERY_COMMITS
+    for _ in range(OPTIMIZE_EVERY_COMMITS - store._unoptimized.count(MEMORY_TABLE)):
+        store._unoptimized.committed(MEMORY_TABLE)
     return store.optimize_if_due()
 
 

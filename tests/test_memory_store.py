@@ -470,11 +470,12 @@ def test_an_optimization_that_fails_is_logged_and_the_write_still_lands(
         raise OSError("disk full")
 
     monkeypatch.setattr(store.table, "optimize", refuse)
-    monkeypatch.setattr(store, "_commits_unoptimized", 19)
+    for _ in range(19):
+        store._unoptimized.committed(MEMORY_TABLE)
     report = store.write([cand("u1", "The user's cat is called Miso.")], now=T0)
     assert report.inserted and store.count("u1") == 1
     assert "not optimized (OSError: disk full)" in caplog.text
-    assert store._commits_unoptimized == 0  # the next 20 commits try again
+    assert store._unoptimized.count(MEMORY_TABLE) == 0  # the next 20 commits try again
 
 
 def test_writes_and_hit_counts_racing_the_optimizations_lose_nothing(tmp_path: Path, use: Any) -> None:

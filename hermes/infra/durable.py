@@ -142,8 +142,7 @@ class DurableStore:
         self._db: Any = None
         self._tables: dict[str, Any] = {}
         self._lock = threading.Lock()
-        self._writes: dict[str, int] = {}
-        self._compacting: set[str] = set()
+        self._commits = lance.CommitCounter(COMPACT_EVERY_WRITES)
         self._background: set[asyncio.Task[Any]] = set()
 
     def __repr__(self) -> str:
@@ -311,16 +310,10 @@ class DurableStore:
     # ------------------------------------------------------------ upkeep
 
     def _wrote(self, table: str) -> None:
-        with self._lock:
-            self._writes[table] = self._writes.get(table, 0) + 1
+        self._commits.committed(table)
 
     def _maybe_compact(self) -> None:
-        with self._lock:
-            due = [t for t, n in self._writes.items() if n >= COMPACT_EVERY_WRITES and t not in self._compacting]
-            for table in due:
-                self._writes[table] = 0
-                self._compacting.add(table)
-        for table in due:
+        for table in self._commits.due():
             task = asyncio.get_running_loop().create_task(asyncio.to_thread(self._compact, table))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
@@ -339,7 +332,7 @@ class DurableStore:
         except Exception as err:  # noqa: BLE001 - upkeep: the next round tries again
             log.warning("durable store %s (%s): compaction failed: %s", self.uri, table, err)
         finally:
-            self._compacting.discard(table)
+            self._commits.done(table)
 
 
 def _unique(records: Sequence[Record]) -> list[Record]:

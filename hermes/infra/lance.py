@@ -147,6 +147,55 @@ def ensure_index(table: Any, column: str, config: Any, *, name: str | None = Non
     retry_conflicts(step)
 
 
+class CommitCounter:
+    """Commits this process made to each table since its last optimization, and the
+    tables being optimized now: every ``every`` commits a table is due, and one caller
+    takes it (:meth:`due`) while the others go on without waiting. Each commit leaves a
+    small fragment that every later read and merge opens (LanceDB's ``optimize``: "run
+    more than 20 data modification operations"), so the durable store and the memory
+    store both optimize their tables this way between scheduled upkeep.
+
+    Args:
+        every: commits to one table that make it due (>= 1).
+    """
+
+    def __init__(self, every: int) -> None:
+        self.every = every
+        self._counts: dict[str, int] = {}
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+
+    def committed(self, table: str) -> None:
+        """Count a commit to ``table``."""
+        with self._lock:
+            self._counts[table] = self._counts.get(table, 0) + 1
+
+    def count(self, table: str) -> int:
+        """Commits to ``table`` since its last optimization was taken (or :meth:`reset`)."""
+        with self._lock:
+            return self._counts.get(table, 0)
+
+    def reset(self, table: str) -> None:
+        """``table`` was just optimized by other means: count from zero."""
+        with self._lock:
+            self._counts[table] = 0
+
+    def due(self) -> list[str]:
+        """The tables due and not being optimized: now counted from zero and marked being
+        optimized, each until :meth:`done`."""
+        with self._lock:
+            due = [t for t, n in self._counts.items() if n >= self.every and t not in self._busy]
+            for table in due:
+                self._counts[table] = 0
+                self._busy.add(table)
+        return due
+
+    def done(self, table: str) -> None:
+        """The optimization :meth:`due` gave out for ``table`` is over (however it ended)."""
+        with self._lock:
+            self._busy.discard(table)
+
+
 def optimize(table: Any, keep_versions_seconds: float) -> bool:
     """Compact ``table``'s small fragments, fold new rows into its indexes and delete
     versions older than ``keep_versions_seconds`` (their files too: object storage does

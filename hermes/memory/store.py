@@ -58,7 +58,7 @@ from hermes.memory.judge import assess
 from hermes.memory.judging import MemoryJudging
 from hermes.memory.reads import MemoryReads
 from hermes.memory.schema import ARCHIVE_TABLE, MEMORY_TABLE, _REEMBED_SUFFIX, _schema
-from hermes.memory.tables import VECTOR_INDEX_MIN_ROWS, MemoryTables, _finish_reembed
+from hermes.memory.tables import OPTIMIZE_EVERY_COMMITS, VECTOR_INDEX_MIN_ROWS, MemoryTables, _finish_reembed
 from hermes.memory.writes import MemoryWrites
 
 # The names this module held before it became a facade: callers, tests and benchmarks
@@ -108,8 +108,7 @@ class MemoryStore(MemoryTables, MemoryWrites, MemoryReads, MemoryConsolidation, 
         self._db = lance.connect(self.uri, storage_options)
         self.keep_versions_seconds = keep_versions_seconds
         self.commits = 0  # made by writes and hits: a benchmark's lance_commits_per_write
-        self._commits_unoptimized = 0  # since the last optimize (tables.OPTIMIZE_EVERY_COMMITS)
-        self._optimizing = threading.Lock()
+        self._unoptimized = lance.CommitCounter(OPTIMIZE_EVERY_COMMITS)  # MemoryTables.optimize_if_due
         self._lock = threading.Lock()
         self._forgotten_table: Any = None
         self._judged_table: Any = None

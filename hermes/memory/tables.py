@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from hermes.infra import lance
 from hermes.memory.schema import (
-    JUDGED_TABLE, _JUDGED_SCHEMA, _META_MODEL, _REEMBED_SUFFIX, EmbeddingModelMismatch, _schema,
+    JUDGED_TABLE, MEMORY_TABLE, _JUDGED_SCHEMA, _META_MODEL, _REEMBED_SUFFIX, EmbeddingModelMismatch, _schema,
     _utc, check_id, sql_str, sql_time,
 )
 
@@ -124,7 +124,7 @@ class MemoryTables:
     def _committed(self) -> None:
         """Count a commit this process made to the memory table."""
         self.commits += 1
-        self._commits_unoptimized += 1
+        self._unoptimized.committed(MEMORY_TABLE)
 
     def optimize_if_due(self) -> bool:
         """Optimize the memory table (compact its small fragments, fold new rows into its
@@ -138,19 +138,18 @@ class MemoryTables:
         Returns:
             Whether it optimized.
         """
-        if self._commits_unoptimized < OPTIMIZE_EVERY_COMMITS or not self._optimizing.acquire(blocking=False):
+        if MEMORY_TABLE not in self._unoptimized.due():
             return False
         try:
-            self._commits_unoptimized = 0
             with self._lock:
                 return lance.optimize(self.table, max(self.keep_versions_seconds, AUTO_OPTIMIZE_KEEP_VERSIONS_SECONDS))
         finally:
-            self._optimizing.release()
+            self._unoptimized.done(MEMORY_TABLE)
 
     def optimize(self) -> None:
         """Fold new rows into the indexes, compact small fragments and delete versions
         older than ``keep_versions_seconds`` (consolidation runs it)."""
-        self._commits_unoptimized = 0
+        self._unoptimized.reset(MEMORY_TABLE)
         judged = [self._judged()] if JUDGED_TABLE in self._table_names() else []
         for table in (self.table, self.archive, self._forgotten(), *judged):
             lance.optimize(table, self.keep_versions_seconds)
