@@ -418,3 +418,31 @@ async def test_rows_are_selected_by_their_exact_owner_and_a_retried_write_change
     assert set(await store.get(NOTES, ["k1", "k2", "it's missing"])) == {"k1", "k2"}
     with pytest.raises(DurableStoreError, match="NUL"):
         await store.list(NOTES, owner="a\x00b")
+
+
+def test_a_claim_file_is_flushed_by_its_directory_before_the_tool_may_run(tmp_path: Path, monkeypatch) -> None:
+    """A claim's *name* is what stops a second run: the ledger flushed the claim's
+    contents but not the directory that names it, so a power loss could lose the claim of
+    a tool that ran. Each claim flushes its folder (and a new folder's parent) after the
+    link; a result is written without a flush (a lost one reads as the claim: unknown)."""
+    import os as real_os
+
+    import hermes.infra.ledger as ledger_module
+
+    flushed: list[str] = []
+
+    def fsync(fd: int) -> None:
+        flushed.append(real_os.readlink(f"/proc/self/fd/{fd}"))
+
+    monkeypatch.setattr(ledger_module.os, "fsync", fsync)
+    ledger = CallLedger(DurableStore(tmp_path))
+    claim, result = ledger._paths("s:c1")
+    assert ledger._claim_file("s:c1", "s", STARTED) is None
+    assert claim.exists() and flushed == [str(claim.parent.parent), str(claim.parent)]
+    flushed.clear()
+    ledger._write_result("s:c1", "s", json.dumps({"state": "done"}))
+    assert result.exists() and flushed == []
+    assert ledger._claim_file("s:c1", "s", STARTED) == {"state": "done"}  # refused: the result answers
+    other, _ = ledger._paths("s:c2")
+    if other.parent == claim.parent:  # same folder: already flushed into its parent
+        assert ledger._claim_file("s:c2", "s", STARTED) is None and flushed == [str(claim.parent)]

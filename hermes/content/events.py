@@ -578,20 +578,25 @@ class DelayedEvent:
     """An event published ``delay_seconds`` from now unless the work it announces ends
     first (``publish``: makes the publishing coroutine; None: nothing to publish), e.g. a
     tool call's ``tool_call_started``: :meth:`settle` tells whether it got out, so that a
-    fast call's two events go out in one write, in order, and a slow one shows as running."""
+    fast call's two events go out in one write, in order, and a slow one shows as running.
+
+    A timer of the event loop until it is due (no task: a fast call, the usual one, costs
+    one timer set and cancelled; issue 31); the publishing task is made when it is."""
 
     def __init__(self, publish: Callable[[], Awaitable[Any]] | None, delay_seconds: float) -> None:
-        self._publishing = False
-        self._task = asyncio.get_running_loop().create_task(self._later(publish, delay_seconds)) if publish is not None else None
+        self._publish = publish
+        self._task: asyncio.Future[Any] | None = None
+        self._timer = asyncio.get_running_loop().call_later(delay_seconds, self._due) if publish is not None else None
 
-    async def _later(self, publish: Callable[[], Awaitable[Any]], delay_seconds: float) -> None:
-        await asyncio.sleep(delay_seconds)
-        self._publishing = True  # from here on never cancelled: an event is not half sent
-        await publish()
+    def _due(self) -> None:
+        # From here on never cancelled: an event is not half sent.
+        self._timer = None
+        assert self._publish is not None
+        self._task = asyncio.ensure_future(self._publish())
 
     async def settle(self) -> bool:
         """True once the event is out; False (and it never will be) if it was not due yet."""
-        if self._task is None or not self._publishing:
+        if self._task is None:
             self.cancel()
             return False
         await asyncio.gather(self._task, return_exceptions=True)
@@ -599,5 +604,6 @@ class DelayedEvent:
 
     def cancel(self) -> None:
         """Drop the event unless it is being sent."""
-        if self._task is not None and not self._publishing:
-            self._task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

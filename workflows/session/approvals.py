@@ -103,7 +103,7 @@ class ApprovalBook:
                 f"{call.name} ({call.tool_call_id}) may or may not have run: {result.message[:300]} "
                 "It will not be run again unless a human approves."
             )
-        if result.ok:
+        if result.ok and self.unknown:  # (the fingerprint hashes the arguments: only when one is kept)
             self.unknown.pop(fingerprint(call), None)
         return None
 
