@@ -438,7 +438,8 @@ def test_a_claim_file_is_flushed_by_its_directory_before_the_tool_may_run(tmp_pa
     ledger = CallLedger(DurableStore(tmp_path))
     claim, result = ledger._paths("s:c1")
     assert ledger._claim_file("s:c1", "s", STARTED) is None
-    assert claim.exists() and flushed == [str(claim.parent.parent), str(claim.parent)]
+    ledger_dir = claim.parent.parent
+    assert claim.exists() and flushed == [str(ledger_dir.parent), str(ledger_dir), str(claim.parent)]
     flushed.clear()
     ledger._write_result("s:c1", "s", json.dumps({"state": "done"}))
     assert result.exists() and flushed == []
@@ -446,3 +447,18 @@ def test_a_claim_file_is_flushed_by_its_directory_before_the_tool_may_run(tmp_pa
     other, _ = ledger._paths("s:c2")
     if other.parent == claim.parent:  # same folder: already flushed into its parent
         assert ledger._claim_file("s:c2", "s", STARTED) is None and flushed == [str(claim.parent)]
+
+
+def test_a_ledger_whose_folders_were_removed_while_it_ran_makes_them_again(tmp_path: Path) -> None:
+    """The ledger remembers the folders it made; one removed meanwhile (a data directory
+    cleared under a running worker) is made again, not a failed claim."""
+    import shutil
+
+    ledger = CallLedger(DurableStore(tmp_path))
+    assert ledger._claim_file("s:c1", "s", STARTED) is None
+    shutil.rmtree(tmp_path / "hermes_tool_ledger")
+    assert ledger._claim_file("s:c1", "s", STARTED) is None  # a new claim: the old one is gone
+    ledger._write_result("s:c1", "s", json.dumps({"state": "done"}))
+    shutil.rmtree(tmp_path / "hermes_tool_ledger")
+    ledger._write_result("s:c1", "s", json.dumps({"state": "done"}))
+    assert ledger._read_files("s:c1") == {"state": "done"}

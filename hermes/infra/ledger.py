@@ -42,6 +42,7 @@ report the tool as not run and never confirms what was not kept.
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import json
 import os
@@ -60,10 +61,15 @@ _STARTED_UNREADABLE = {"state": "started"}
 
 
 def _flush_directory(folder: Path) -> None:
-    """``fsync`` the directory ``folder``: the names created in it are on disk."""
+    """``fsync`` the directory ``folder``: the names created in it are on disk. A
+    filesystem that cannot flush a directory (``EINVAL``, ``ENOTSUP``: some network and
+    FUSE filesystems) is left to its own ordering, as SQLite does."""
     fd = os.open(folder, os.O_RDONLY)
     try:
         os.fsync(fd)
+    except OSError as err:
+        if err.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP):
+            raise
     finally:
         os.close(fd)
 
@@ -151,7 +157,6 @@ class CallLedger:
 
     def _claim_file(self, key: str, owner: str, value: str) -> dict[str, Any] | None:
         claim, _ = self._paths(key)
-        self._folder(claim.parent)
         written = self._written(claim, key, owner, value)
         try:
             os.link(written, claim)  # atomic, and fails if the claim exists: insert-if-absent
@@ -163,23 +168,33 @@ class CallLedger:
         return None
 
     def _folder(self, folder: Path) -> None:
-        """Create ``folder`` (a record folder under the ledger directory) if needed; a new
-        one is flushed into its parent, so that a claim flushed into it survives with it."""
-        if folder in self._folders:
-            return
+        """Create ``folder`` (a record folder under the ledger directory) and the ledger
+        directory if needed; each one made is flushed into its parent, so that a claim
+        flushed into it survives with it. Remembered once made (see :meth:`_written`)."""
         if not folder.is_dir():
-            folder.parent.mkdir(parents=True, exist_ok=True)
-            folder.mkdir(exist_ok=True)
-            _flush_directory(folder.parent)
+            for made in (folder.parent, folder):
+                if not made.is_dir():
+                    made.mkdir(parents=True, exist_ok=True)
+                    _flush_directory(made.parent)
         self._folders.add(folder)
 
     def _written(self, beside: Path, key: str, owner: str, value: str) -> Path:
         """A new temporary file next to ``beside`` holding the record (not flushed: the
-        caller flushes the directory once the record has its name)."""
+        caller flushes the directory once the record has its name); its folder is made
+        first (:meth:`_folder`), and again when it was removed meanwhile."""
         temporary = beside.with_name(f".{beside.name}.{uuid.uuid4().hex}")
+        body = self._body(key, owner, value)
+        if beside.parent not in self._folders:
+            self._folder(beside.parent)
         try:
-            with open(temporary, "xb") as out:
-                out.write(self._body(key, owner, value))
+            try:
+                out = open(temporary, "xb")
+            except FileNotFoundError:  # its folder was removed (a data directory cleared)
+                self._folders.discard(beside.parent)
+                self._folder(beside.parent)
+                out = open(temporary, "xb")
+            with out:
+                out.write(body)
         except BaseException:
             temporary.unlink(missing_ok=True)
             raise
@@ -187,7 +202,6 @@ class CallLedger:
 
     def _write_result(self, key: str, owner: str, value: str) -> None:
         _, result = self._paths(key)
-        self._folder(result.parent)
         written = self._written(result, key, owner, value)
         try:
             os.replace(written, result)
