@@ -733,16 +733,16 @@ class ToolActivities:
             redis_ok = self.redis is not None
             if self.redis is not None:
                 try:
-                    claimed, leased = await _claim_with_lease(self.redis, key, encryption.seal(started))
+                    claimed = await self.redis.set(key, encryption.seal(started), nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
                 except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
                     if self.ledger is None:
                         raise
                     log.warning("tool call %s: Redis unavailable (%s); claimed in the durable ledger alone", key, err)
-                    claimed, leased, redis_ok = True, False, False
+                    claimed, redis_ok = True, False
                 if claimed and redis_ok:
                     # From the claim on, a later attempt waits for this one while it lives.
                     lease = _Lease()
-                    lease.task = asyncio.create_task(self._hold_lease(key, lease, set_now=not leased), name="tool-call-lease")
+                    lease.task = asyncio.create_task(self._hold_lease(key, lease), name="tool-call-lease")
                     leases.push_async_callback(_stopped, lease.task)
                 if not claimed:
                     # One that cannot be opened here reads as "started": outcome unknown, never run twice.
@@ -809,14 +809,12 @@ class ToolActivities:
         await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok, lease=lease)
         return result
 
-    async def _hold_lease(self, key: str, held: _Lease | None = None, *, set_now: bool = True) -> None:
+    async def _hold_lease(self, key: str, held: _Lease | None = None) -> None:
         """Keep :func:`running_lease_key` alive until cancelled, then drop it (unless the
-        record's write dropped it: ``held.by_record``); ``set_now``: False once the claim set it."""
+        record's write dropped it: ``held.by_record``)."""
         assert self.redis is not None
         lease = running_lease_key(key)
         try:
-            if not set_now:
-                await asyncio.sleep(STARTED_LEASE_SECONDS / 5)
             while True:
                 try:
                     await self.redis.set(lease, "1", px=int(STARTED_LEASE_SECONDS * 1000))
@@ -886,27 +884,6 @@ class _Lease:
     def __init__(self) -> None:
         self.task: asyncio.Task[None] | None = None
         self.by_record = False
-
-
-async def _claim_with_lease(redis: Any, key: str, sealed: str) -> tuple[bool, bool]:
-    """Claim call ``key`` (``SET NX`` of its record ``sealed``) and set its running lease
-    if no attempt holds one, in one round trip (issue 31: one a call less).
-
-    Returns:
-        (whether the claim was granted, whether this round trip set the lease). A lease set
-        for a claim not granted (no earlier attempt holds one: its worker is gone) is dropped
-        here at once, so this attempt never waits on it; a lease found for a granted claim
-        (Redis lost the record, not the lease) is the caller's to set again.
-    """
-    pipe = redis.pipeline(transaction=False)
-    pipe.set(key, sealed, nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
-    pipe.set(running_lease_key(key), "1", nx=True, px=int(STARTED_LEASE_SECONDS * 1000))
-    claimed, leased = await pipe.execute()
-    if leased and not claimed:
-        with contextlib.suppress(Exception):  # (left, this attempt waits on it until it lapses)
-            await redis.delete(running_lease_key(key))
-        leased = False
-    return bool(claimed), bool(leased)
 
 
 async def _record_and_release(redis: Any, key: str, sealed: str, lease: _Lease) -> None:

@@ -449,6 +449,44 @@ def test_a_claim_file_is_flushed_by_its_directory_before_the_tool_may_run(tmp_pa
         assert ledger._claim_file("s:c2", "s", STARTED) is None and flushed == [str(claim.parent)]
 
 
+def test_a_folder_made_before_is_flushed_into_its_parent_the_first_time_a_process_uses_it(tmp_path: Path, monkeypatch) -> None:
+    """A folder whose maker died (or failed) before flushing it into its parent is flushed
+    by the next process that claims in it (found by a break-it review)."""
+    import os as real_os
+
+    import hermes.infra.ledger as ledger_module
+
+    claim, _ = CallLedger(DurableStore(tmp_path))._paths("s:c1")
+    claim.parent.mkdir(parents=True)  # made, never flushed
+    flushed: list[str] = []
+    monkeypatch.setattr(ledger_module.os, "fsync", lambda fd: flushed.append(real_os.readlink(f"/proc/self/fd/{fd}")))
+    assert CallLedger(DurableStore(tmp_path))._claim_file("s:c1", "s", STARTED) is None
+    assert flushed == [str(claim.parent.parent.parent), str(claim.parent.parent), str(claim.parent)]
+
+
+def test_a_claim_whose_folder_cannot_be_flushed_is_not_left_behind(tmp_path: Path, monkeypatch) -> None:
+    """The claim is linked before its folder is flushed: when the flush fails, the call is
+    reported as not run, so the claim is removed (left, a later attempt would say the tool
+    may have run; found by a break-it review)."""
+    import errno as errnos
+
+    import hermes.infra.ledger as ledger_module
+
+    ledger = CallLedger(DurableStore(tmp_path))
+    claim, _ = ledger._paths("s:c1")
+    ledger._folder(claim.parent)
+
+    def fsync(fd: int) -> None:
+        raise OSError(errnos.EIO, "I/O error")
+
+    monkeypatch.setattr(ledger_module.os, "fsync", fsync)
+    with pytest.raises(OSError):
+        ledger._claim_file("s:c1", "s", STARTED)
+    assert not claim.exists()
+    monkeypatch.undo()
+    assert ledger._claim_file("s:c1", "s", STARTED) is None and claim.exists()
+
+
 def test_a_ledger_whose_folders_were_removed_while_it_ran_makes_them_again(tmp_path: Path) -> None:
     """The ledger remembers the folders it made; one removed meanwhile (a data directory
     cleared under a running worker) is made again, not a failed claim."""

@@ -405,3 +405,29 @@ async def test_step_markers_whose_round_trip_answered_late_are_reported_not_writ
     assert degraded.kind == "events" and "were not published" in degraded.detail
     assert sum("GETSET" in c for c in sent) == 1, "the markers were written again"
     assert await BlobStore(redis).get_many(list(request.bodies)) == request.bodies
+
+
+@pytest.mark.timeout(30)
+async def test_a_delayed_event_being_sent_is_sent_whole_when_its_settle_is_cancelled() -> None:
+    """Cancelling the wait in ``DelayedEvent.settle`` (the attempt cancelled while its
+    started event is on its way) used to cancel the publishing itself: an event half sent
+    (found by a break-it review)."""
+    from hermes.content.events import DelayedEvent
+
+    sent: list[str] = []
+    release = asyncio.Event()
+
+    async def publish() -> None:
+        await release.wait()
+        sent.append("tool_call_started")
+
+    event = DelayedEvent(publish, 0.01)
+    await asyncio.sleep(0.05)  # due: being sent
+    waiter = asyncio.ensure_future(event.settle())
+    await asyncio.sleep(0.01)
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    release.set()
+    await asyncio.sleep(0.05)
+    assert sent == ["tool_call_started"]

@@ -595,11 +595,15 @@ class DelayedEvent:
         self._task = asyncio.ensure_future(self._publish())
 
     async def settle(self) -> bool:
-        """True once the event is out; False (and it never will be) if it was not due yet."""
+        """True once the event is out; False (and it never will be) if it was not due yet.
+        A caller cancelled while the event is being sent stops waiting; the event is still
+        sent whole (``asyncio.wait`` never cancels what it waits on)."""
         if self._task is None:
             self.cancel()
             return False
-        await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.wait({self._task})
+        if not self._task.cancelled():
+            self._task.exception()  # retrieved: publishing is best effort and already reported
         return True
 
     def cancel(self) -> None:

@@ -164,18 +164,23 @@ class CallLedger:
             return self._read_files(key) or dict(_STARTED_UNREADABLE)
         finally:
             written.unlink(missing_ok=True)
-        _flush_directory(claim.parent)  # the claim's name is on disk before the tool runs
+        try:
+            _flush_directory(claim.parent)  # the claim's name is on disk before the tool runs
+        except OSError:
+            # Not kept: the tool is reported as not run, so no claim may say it started.
+            claim.unlink(missing_ok=True)
+            raise
         return None
 
     def _folder(self, folder: Path) -> None:
         """Create ``folder`` (a record folder under the ledger directory) and the ledger
-        directory if needed; each one made is flushed into its parent, so that a claim
-        flushed into it survives with it. Remembered once made (see :meth:`_written`)."""
-        if not folder.is_dir():
-            for made in (folder.parent, folder):
-                if not made.is_dir():
-                    made.mkdir(parents=True, exist_ok=True)
-                    _flush_directory(made.parent)
+        directory if needed, and flush each into its parent, so that a claim flushed into
+        it survives with it: the first time this process uses the folder, whoever made it
+        (a maker that died or failed before its flush, or another thread still flushing).
+        Remembered once flushed (see :meth:`_written`)."""
+        for each in (folder.parent, folder):
+            each.mkdir(parents=True, exist_ok=True)
+            _flush_directory(each.parent)
         self._folders.add(folder)
 
     def _written(self, beside: Path, key: str, owner: str, value: str) -> Path:
