@@ -444,9 +444,12 @@ def test_a_claim_file_is_flushed_by_its_directory_before_the_tool_may_run(tmp_pa
     ledger._write_result("s:c1", "s", json.dumps({"state": "done"}))
     assert result.exists() and flushed == []
     assert ledger._claim_file("s:c1", "s", STARTED) == {"state": "done"}  # refused: the result answers
-    other, _ = ledger._paths("s:c2")
-    if other.parent == claim.parent:  # same folder: already flushed into its parent
-        assert ledger._claim_file("s:c2", "s", STARTED) is None and flushed == [str(claim.parent)]
+    other_key = next(f"s:c{i}" for i in range(2, 1000) if ledger._paths(f"s:c{i}")[0].parent != claim.parent)
+    other, _ = ledger._paths(other_key)
+    flushed.clear()
+    assert ledger._claim_file(other_key, "s", STARTED) is None
+    # A new folder: flushed into the ledger directory, which is not flushed into the store's again.
+    assert flushed == [str(ledger_dir), str(other.parent)]
 
 
 def test_a_folder_made_before_is_flushed_into_its_parent_the_first_time_a_process_uses_it(tmp_path: Path, monkeypatch) -> None:

@@ -86,7 +86,8 @@ class CallLedger:
         self.durable = durable
         self._directory = None if "://" in durable.uri else Path(durable.uri)
         self._folders: set[Path] = set()
-        """The record folders known to exist (and flushed into their parent) in this process."""
+        """The ledger directory and record folders known to exist (and flushed into their
+        parent) in this process."""
 
     @property
     def uses_files(self) -> bool:
@@ -177,11 +178,13 @@ class CallLedger:
         directory if needed, and flush each into its parent, so that a claim flushed into
         it survives with it: the first time this process uses the folder, whoever made it
         (a maker that died or failed before its flush, or another thread still flushing).
-        Remembered once flushed (see :meth:`_written`)."""
+        Each is remembered once flushed (see :meth:`_written`): the ledger directory is
+        flushed into the store's once a process, not once for each of its 256 folders."""
         for each in (folder.parent, folder):
-            each.mkdir(parents=True, exist_ok=True)
-            _flush_directory(each.parent)
-        self._folders.add(folder)
+            if each not in self._folders:
+                each.mkdir(parents=True, exist_ok=True)
+                _flush_directory(each.parent)
+                self._folders.add(each)
 
     def _written(self, beside: Path, key: str, owner: str, value: str) -> Path:
         """A new temporary file next to ``beside`` holding the record (not flushed: the
@@ -195,7 +198,7 @@ class CallLedger:
             try:
                 out = open(temporary, "xb")
             except FileNotFoundError:  # its folder was removed (a data directory cleared)
-                self._folders.discard(beside.parent)
+                self._folders.difference_update((beside.parent, beside.parent.parent))
                 self._folder(beside.parent)
                 out = open(temporary, "xb")
             with out:
