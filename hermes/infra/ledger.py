@@ -56,6 +56,10 @@ from hermes.infra.durable import TOOL_CALLS, TOOL_RESULTS, DurableStore, Durable
 LEDGER_DIR = "hermes_tool_ledger"
 """The directory, inside a directory store's URI, that holds the claim and result files."""
 
+_RECORD_FOLDERS = 256
+"""Record folders under the ledger directory: a record's folder is the first two hex
+digits of its key's SHA-256, so that no directory holds more than a 256th of the records."""
+
 _STARTED_UNREADABLE = {"state": "started"}
 """What a claim file that exists but cannot be parsed (a disk fault) says."""
 
@@ -174,17 +178,26 @@ class CallLedger:
         return None
 
     def _folder(self, folder: Path) -> None:
-        """Create ``folder`` (a record folder under the ledger directory) and the ledger
-        directory if needed, and flush each into its parent, so that a claim flushed into
-        it survives with it: the first time this process uses the folder, whoever made it
-        (a maker that died or failed before its flush, or another thread still flushing).
-        Each is remembered once flushed (see :meth:`_written`): the ledger directory is
-        flushed into the store's once a process, not once for each of its 256 folders."""
-        for each in (folder.parent, folder):
-            if each not in self._folders:
-                each.mkdir(parents=True, exist_ok=True)
-                _flush_directory(each.parent)
-                self._folders.add(each)
+        """Create ``folder`` (a record folder under the ledger directory), the ledger
+        directory and the ledger directory's other record folders where missing, and flush
+        each level into its parent, so that a claim flushed into its folder survives with
+        it: the first time this process uses them, whoever made them (a maker that died or
+        failed before its flush, or another thread still flushing). All
+        :data:`_RECORD_FOLDERS` record folders are made at once and flushed with one
+        ``fsync`` of the ledger directory (one a process, where one a folder was a second
+        ``fsync`` for each of the first few hundred claims, issue 31); each is remembered
+        (see :meth:`_written`)."""
+        ledger = folder.parent
+        if ledger not in self._folders:
+            ledger.mkdir(parents=True, exist_ok=True)
+            _flush_directory(ledger.parent)
+            self._folders.add(ledger)
+        if folder not in self._folders:
+            made = {ledger / f"{index:02x}" for index in range(_RECORD_FOLDERS)} | {folder}
+            for each in made:
+                each.mkdir(exist_ok=True)
+            _flush_directory(ledger)
+            self._folders.update(made)
 
     def _written(self, beside: Path, key: str, owner: str, value: str) -> Path:
         """A new temporary file next to ``beside`` holding the record (not flushed: the
