@@ -40,6 +40,7 @@ from pydantic_core import to_jsonable_python
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from activities.call_lease import RunningLease, claim_call
 from activities.heartbeat import heartbeating, with_heartbeat
 from activities.model_steps import remaining_seconds
 from hermes import names
@@ -71,13 +72,6 @@ log = logging.getLogger("hermes.tools")
 
 IDEMPOTENCY_TTL_SECONDS = 30 * 24 * 3600
 
-STARTED_LEASE_SECONDS = 10.0
-"""How long a non-idempotent tool call's "running" lease lives without renewal (seconds;
-renewed every fifth of it while the call runs). A later attempt of the same call that
-finds the call started waits for its result while this lease lives: a worker whose
-heartbeats were late (a starved event loop) is busy, not dead, and its call is finishing.
-Only when the lease lapses is the outcome reported unknown (issue 31)."""
-
 STARTED_EVENT_DELAY_SECONDS = 0.25
 """How long a tool call runs before its ``tool_call_started`` turn event is published
 (seconds): a call done sooner publishes ``started`` and ``finished`` in one Redis write
@@ -108,12 +102,6 @@ TRUNCATED_PREVIEW_CHARS = 4000
 def idempotency_key(call_key: str) -> str:
     """Redis key of the exactly-once record of one tool call (see ``RunToolInput.call_key``)."""
     return f"hermes:toolcall:{call_key}"
-
-
-def running_lease_key(key: str) -> str:
-    """Redis key of the lease a running attempt of the call with record ``key`` holds
-    (:data:`STARTED_LEASE_SECONDS`)."""
-    return "hermes:toolcall-running:" + key.removeprefix("hermes:toolcall:")
 
 
 def _result_size(result: ToolResult) -> tuple[str | None, int]:
@@ -652,17 +640,20 @@ class ToolActivities:
                 (lambda: events.publish_quietly([tool_event(request, "tool_call_started")])) if events is not None else None,
                 STARTED_EVENT_DELAY_SECONDS,
             )
+            finished = _FinishedEvents(events, request, announced, started) if events is not None else None
             try:
-                result = await self.bounded(await self._run_tool(request))
+                result = await self.bounded(await self._run_tool(request, finished))
             except Exception as err:
                 # An attempt Temporal may retry: said, so a client does not wait on it.
                 failed = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"this attempt failed ({type(err).__name__}); it may be retried")
-                await self._publish_finished(request, announced, failed, time.monotonic() - started, retrying=True)
+                if finished is None or not finished.sent:  # (else its end was published with its record)
+                    await self._publish_finished(request, announced, failed, time.monotonic() - started, retrying=True)
                 raise
             except BaseException:
                 announced.cancel()
                 raise
-            await self._publish_finished(request, announced, result, time.monotonic() - started)
+            if finished is None or not finished.sent:  # (sent with the call's ledger record)
+                await self._publish_finished(request, announced, result, time.monotonic() - started)
             return result
 
     async def _publish_finished(
@@ -677,8 +668,9 @@ class ToolActivities:
         events.append(tool_event(request, "tool_call_finished", result, seconds, retrying=retrying))
         await self.events.publish_quietly(events)
 
-    async def _run_tool(self, request: RunToolInput) -> ToolResult:
-        """:meth:`run_tool` before :meth:`bounded`."""
+    async def _run_tool(self, request: RunToolInput, finished: _FinishedEvents | None = None) -> ToolResult:
+        """:meth:`run_tool` before :meth:`bounded`; ``finished``: the call's last turn
+        events, for a non-idempotent call to send with its ledger record."""
         prepared = await self._prepare(request)
         if isinstance(prepared, ToolResult):
             return prepared
@@ -697,19 +689,24 @@ class ToolActivities:
                     f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__, next_retry_delay=delay
                 ) from err
             return to_tool_result(value)
-        return await self._run_at_most_once(request, tool, arguments, context)
+        return await self._run_at_most_once(request, tool, arguments, context, finished)
 
-    async def _run_at_most_once(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
+    async def _run_at_most_once(
+        self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext, finished: _FinishedEvents | None = None
+    ) -> ToolResult:
         """:meth:`_claim_and_run`, carried to its end when Temporal ends the attempt for a
         late heartbeat (see :func:`_finish_unless_cancelled`): from its claim on, a call
         that stopped halfway would be "outcome unknown" for ever."""
-        work = asyncio.create_task(self._claim_and_run(request, tool, arguments, context))
+        work = asyncio.create_task(self._claim_and_run(request, tool, arguments, context, finished))
         return await _finish_unless_cancelled(work, f"{tool.name} ({idempotency_key(request.call_key)})")
 
-    async def _claim_and_run(self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext) -> ToolResult:
+    async def _claim_and_run(
+        self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext, finished: _FinishedEvents | None = None
+    ) -> ToolResult:
         """Run a non-idempotent tool at most once per ``request.call_key``.
 
-        The claim is a Redis ``SET NX`` (atomic across concurrent attempts) and a durable
+        The claim is a Redis ``SET NX`` (atomic across concurrent attempts; with the
+        attempt's running lease, :func:`~activities.call_lease.claim_call`) and a durable
         record (inserted only if absent). A claim that Redis grants but the durable store
         already holds means Redis lost the record (flushed, evicted): the durable one
         decides, and the tool is not run again. While Redis is unreachable the durable
@@ -729,24 +726,26 @@ class ToolActivities:
                 )
             started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
             record: dict[str, Any] | None = None
-            lease: _Lease | None = None
-            redis_ok = self.redis is not None
+            lease: RunningLease | None = None
+            redis_ok = claimed = self.redis is not None
             if self.redis is not None:
                 try:
-                    claimed = await self.redis.set(key, encryption.seal(started), nx=True, ex=IDEMPOTENCY_TTL_SECONDS)
+                    claimed, lease, raw = await claim_call(self.redis, key, encryption.seal(started), IDEMPOTENCY_TTL_SECONDS)
                 except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
                     if self.ledger is None:
                         raise
                     log.warning("tool call %s: Redis unavailable (%s); claimed in the durable ledger alone", key, err)
                     claimed, redis_ok = True, False
-                if claimed and redis_ok:
-                    # From the claim on, a later attempt waits for this one while it lives.
-                    lease = _Lease()
-                    lease.task = asyncio.create_task(self._hold_lease(key, lease), name="tool-call-lease")
-                    leases.push_async_callback(_stopped, lease.task)
+                if claimed and lease is not None:
+                    # From the claim on, a later attempt waits for this one while it lives
+                    # (a lease another attempt left behind is taken over at once).
+                    lease.start(at_once=not lease.taken)
+                    leases.push_async_callback(lease.stop)
+                elif lease is not None and lease.taken:
+                    await lease.drop()  # no attempt held it: the earlier one ended or died
                 if not claimed:
                     # One that cannot be opened here reads as "started": outcome unknown, never run twice.
-                    record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
+                    record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
             if record is None and self.ledger is not None:
                 try:
                     record = await self.ledger.claim(request.call_key, request.session_id, started)
@@ -761,12 +760,12 @@ class ToolActivities:
                     # So that a retried attempt answers the same, never runs it.
                     await self._record(key, {"state": "done", "result": result.model_dump(mode="json")}, durable=None, redis=redis_ok)
                     return result
-            if record is not None and record.get("state") == "started" and redis_ok and not claimed:
+            if record is not None and record.get("state") == "started" and lease is not None and not claimed:
                 # An earlier attempt that claimed the call in Redis and still holds its lease
                 # runs on a live worker (Temporal timed it out for a late heartbeat): its
                 # result, not "unknown". (A claim of ours the durable store contradicts has
                 # no earlier lease to wait for: Redis lost them both.)
-                record = await self._await_earlier_attempt(key) or record
+                record = await self._await_earlier_attempt(key, lease) or record
             if record is not None and record.get("state") != "done" and self.ledger is not None:
                 # Redis kept the claim only (the result's write failed or was cut): the
                 # durable copy may hold the result its holder wrote.
@@ -788,14 +787,15 @@ class ToolActivities:
                     ),
                     data={"outcome": "unknown", "ledger_key": key},
                 )
-            return await self._invoke_and_record(request, tool, arguments, context, key, redis_ok, lease)
+            return await self._invoke_and_record(request, tool, arguments, context, key, redis_ok, lease, finished)
 
     async def _invoke_and_record(
         self, request: RunToolInput, tool: Tool, arguments: Any, context: ToolContext, key: str, redis_ok: bool,
-        lease: _Lease | None = None,
+        lease: RunningLease | None = None, finished: _FinishedEvents | None = None,
     ) -> ToolResult:
         """Run a claimed non-idempotent call and record its result ("done"); ``lease``:
-        the call's running lease, given up in the same Redis round trip as the record."""
+        the call's running lease, given up in the same Redis round trip as the record,
+        which also carries the call's ``finished`` turn events."""
         try:
             result = to_tool_result(await with_heartbeat(tool.invoke(arguments, context)))
         except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - the tool failed; record and report
@@ -806,33 +806,18 @@ class ToolActivities:
         # Bounded before it is recorded, so that a replay returns the same decodable result.)
         result = await self.bounded(result)
         done = {"state": "done", "result": result.model_dump(mode="json")}
-        await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok, lease=lease)
+        if finished is not None and lease is not None and redis_ok:
+            await finished.settle(result)
+        else:
+            finished = None
+        await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok, lease=lease, finished=finished)
         return result
 
-    async def _hold_lease(self, key: str, held: _Lease | None = None) -> None:
-        """Keep :func:`running_lease_key` alive until cancelled, then drop it (unless the
-        record's write dropped it: ``held.by_record``)."""
-        assert self.redis is not None
-        lease = running_lease_key(key)
-        try:
-            while True:
-                try:
-                    await self.redis.set(lease, "1", px=int(STARTED_LEASE_SECONDS * 1000))
-                except Exception as err:  # noqa: BLE001 - a lapsed lease costs only an "outcome unknown"
-                    log.warning("tool call %s: its running lease not renewed: %s", key, err)
-                # Only a cancel ends this loop; one redis-py swallowed would renew the lease,
-                # and hold the call's end, for as long as the worker lives.
-                raise_if_cancelled()
-                await asyncio.sleep(STARTED_LEASE_SECONDS / 5)
-        finally:
-            if held is None or not held.by_record:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self.redis.delete(lease))
-
-    async def _await_earlier_attempt(self, key: str) -> dict[str, Any] | None:
+    async def _await_earlier_attempt(self, key: str, lease: RunningLease) -> dict[str, Any] | None:
         """The "done" record of an earlier attempt of this call, waited for while that
-        attempt holds its lease (heartbeating meanwhile); None once the lease lapsed with
-        no result (its worker is gone) or Redis cannot tell."""
+        attempt holds its lease (heartbeating meanwhile; ``lease``: this attempt's, whose
+        token is never waited on); None once the lease lapsed with no result (its worker
+        is gone) or Redis cannot tell."""
         assert self.redis is not None
         async with heartbeating():
             while True:
@@ -842,7 +827,7 @@ class ToolActivities:
                     record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
                     if record.get("state") == "done":
                         return record
-                    if record.get("state") != "started" or not await self.redis.exists(running_lease_key(key)):
+                    if record.get("state") != "started" or not await lease.held_by_another():
                         return None
                 except Exception as err:  # noqa: BLE001 - no answer: the caller reports what it has
                     log.warning("tool call %s: cannot wait for its earlier attempt: %s", key, err)
@@ -851,13 +836,15 @@ class ToolActivities:
                 await asyncio.sleep(_AWAIT_POLL_SECONDS)
 
     async def _record(
-        self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool, lease: _Lease | None = None
+        self, key: str, record: dict[str, Any], *, durable: tuple[str, str] | None, redis: bool,
+        lease: RunningLease | None = None, finished: _FinishedEvents | None = None,
     ) -> None:
         """Write a ledger record to Redis and (``durable``: call key, session id) to the
         durable store. Failures are logged, not raised: the tool has run (or is reported
         as not run), and a missing "done" record costs only an "outcome unknown" later.
         ``lease``: the call's running lease, stopped first and dropped in the same round
-        trip as the Redis record (issue 31: one round trip a call less), after it."""
+        trip as the Redis record, after it, with the call's ``finished`` turn events after
+        them (issue 31: two round trips a call less)."""
         text = json.dumps(record)
         if durable is not None and self.ledger is not None:
             try:
@@ -872,37 +859,72 @@ class ToolActivities:
                 if lease is None:
                     await self.redis.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
                 else:
-                    await _record_and_release(self.redis, key, sealed, lease)
+                    await _record_and_release(self.redis, key, sealed, lease, finished)
             except Exception as err:  # noqa: BLE001
                 log.warning("tool call %s: the Redis record not updated: %s", key, err)
 
 
-class _Lease:
-    """A claimed call's running lease (:func:`running_lease_key`): the task renewing it,
-    and whether the record's write dropped it (its task then does not)."""
+class _FinishedEvents:
+    """The turn events that end one tool call (``tool_call_finished``, and
+    ``tool_call_started`` when its delayed publish has not gone out), for a non-idempotent
+    call to send in the round trip of its ledger record (:func:`_record_and_release`);
+    :attr:`sent` once queued there, so :meth:`ToolActivities.run_tool` does not publish
+    them again."""
 
-    def __init__(self) -> None:
-        self.task: asyncio.Task[None] | None = None
-        self.by_record = False
+    def __init__(self, log_: EventLog, request: RunToolInput, announced: DelayedEvent, started: float) -> None:
+        self.log = log_
+        self.request = request
+        self.announced = announced
+        self.started = started
+        self.events: list[TurnEvent] = []
+        self.sent = False
+
+    async def settle(self, result: ToolResult) -> None:
+        """Wait for a ``tool_call_started`` already being published (it goes first), then
+        make the events that say the call ended with ``result``."""
+        started_out = await self.announced.settle()
+        self.events = [] if started_out else [tool_event(self.request, "tool_call_started")]
+        self.events.append(tool_event(self.request, "tool_call_finished", result, time.monotonic() - self.started))
+
+    def queue(self, pipe: Any) -> int:
+        """Queue the events on ``pipe``; returns how many commands that took."""
+        self.sent = True
+        return self.log.queue(pipe, self.events)
 
 
-async def _record_and_release(redis: Any, key: str, sealed: str, lease: _Lease) -> None:
-    """The Redis record ``sealed`` of call ``key`` and the drop of its running lease, in
-    that order, in one round trip (issue 31); the lease's renewals stop first. If that
-    write fails or is cancelled, the lease is still dropped (a later attempt must not wait
-    on it)."""
+async def _record_and_release(
+    redis: Any, key: str, sealed: str, lease: RunningLease, finished: _FinishedEvents | None = None
+) -> None:
+    """The Redis record ``sealed`` of call ``key``, the drop of its running lease and the
+    call's ``finished`` turn events, in that order, in one round trip (issue 31); the
+    lease's renewals stop first. If the lease's drop fails or is cancelled, it is dropped
+    again (a later attempt must not wait on it); events that do not land are reported and
+    dropped (best effort, as every turn event).
+
+    Raises:
+        redis.RedisError: the record was not written.
+    """
     lease.by_record = True
     try:
-        if lease.task is not None:
-            await _stopped(lease.task)
+        await lease.stop()
         pipe = redis.pipeline(transaction=False)
         pipe.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
-        pipe.delete(running_lease_key(key))
-        await pipe.execute()
-    except BaseException:
-        with contextlib.suppress(Exception):
-            await asyncio.shield(redis.delete(running_lease_key(key)))
+        pipe.delete(lease.key)
+        if finished is not None and finished.events:
+            finished.queue(pipe)
+        answers = await pipe.execute(raise_on_error=False)
+    except BaseException as err:
+        await lease.drop()
+        if finished is not None and finished.sent:
+            EventLog.report_unpublished(finished.events, err if isinstance(err, Exception) else "cancelled")
         raise
+    if isinstance(answers[1], Exception):
+        await lease.drop()
+    failed = next((a for a in answers[2:] if isinstance(a, Exception)), None)
+    if failed is not None and finished is not None:
+        EventLog.report_unpublished(finished.events, failed)
+    if isinstance(answers[0], Exception):
+        raise answers[0]
 
 
 async def _finish_unless_cancelled(work: asyncio.Task[ToolResult], what: str) -> ToolResult:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from activities.tools import ToolActivities, running_lease_key
+from activities.call_lease import RunningLease, running_lease_key
 from hermes.content.events import START, EventLog, TurnEvent
 from hermes.sessions.live_view import TurnFollower, TurnView
 from tests.support import eventually
@@ -78,11 +78,10 @@ LEASE_ROUNDS = 600
 
 async def test_a_running_lease_cancelled_at_any_moment_stops_renewing_and_is_dropped(redis, session_id):
     rng = random.Random(31)
-    tools = type("Tools", (), {"redis": redis})()
     hung = []
     for i in range(LEASE_ROUNDS):
         key = f"hermes:toolcall:{session_id}:{i}"
-        task = asyncio.ensure_future(ToolActivities._hold_lease(tools, key))  # type: ignore[arg-type]
+        task = asyncio.ensure_future(RunningLease(redis, key).hold())
         await asyncio.sleep(rng.uniform(0.0, 0.002))
         task.cancel()
         done, _ = await asyncio.wait({task}, timeout=3.0)

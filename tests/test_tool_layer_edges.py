@@ -51,9 +51,9 @@ from activities.tools import (
     ToolActivities,
     cap_result,
     idempotency_key,
-    running_lease_key,
     to_tool_result,
 )
+from activities.call_lease import STARTED_LEASE_SECONDS, running_lease_key
 from tests.support import eventually
 
 T = TypeVar("T")
@@ -1145,8 +1145,6 @@ async def test_an_attempt_refused_the_claim_with_no_lease_held_reports_the_outco
     (its worker died), never waits on a lease (STARTED_LEASE_SECONDS), leaves none behind,
     and does not run the tool again (a break-it review of a claim-and-lease pipeline, not
     kept, found one that waited on its own lease)."""
-    from activities.tools import STARTED_LEASE_SECONDS
-
     tools, request, runs = _charging_tools(redis, tmp_path)
     key = idempotency_key(request.call_key)
     await redis.set(key, json.dumps({"state": "started", "attempt": 1, "tool": "charge"}))

@@ -45,7 +45,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from hermes.infra.connections import cancel_requests, raise_if_cancelled
-from hermes.infra.redis_writes import write_or_report
+from hermes.infra.redis_writes import report_skipped, write_or_report
 from hermes.security import encryption
 
 log = logging.getLogger("hermes.events")
@@ -204,6 +204,16 @@ class EventLog:
         if not events:
             return []
         pipe = self.redis.pipeline(transaction=False)
+        self.queue(pipe, events)
+        answers = await pipe.execute()
+        return [_text(a) for a in answers[: len(events)]]
+
+    def queue(self, pipe: Any, events: list[TurnEvent]) -> int:
+        """Queue on ``pipe`` (a ``transaction=False`` pipeline that may carry other
+        writes) the commands that publish ``events``, in order: one ``XADD`` each, then
+        one ``EXPIRE`` per stream. Returns how many commands were queued: the first
+        ``len(events)`` of their answers are the events' offsets. A writer that sends
+        them with its own write reports a failure with :meth:`report_unpublished`."""
         keys: dict[str, None] = {}
         for event in events:
             key = stream_key(event.session_id)
@@ -213,8 +223,18 @@ class EventLog:
             pipe.xadd(key, {"e": body}, maxlen=self.max_events, approximate=True)
         for key in keys:  # once per stream, after its events
             pipe.expire(key, self.ttl_seconds)
-        answers = await pipe.execute()
-        return [_text(a) for a in answers[: len(events)]]
+        return len(events) + len(keys)
+
+    @staticmethod
+    def report_unpublished(events: list[TurnEvent], err: BaseException | str) -> None:
+        """Report ``events`` queued by :meth:`queue` that did not land, as
+        :meth:`publish_quietly` does (a warning, the ``hermes.redis.writes_skipped``
+        metric); they are dropped."""
+        sessions = {e.session_id for e in events}
+        report_skipped(
+            "turn_events", _describe(events), err, items=len(events),
+            session_id=next(iter(sessions)) if len(sessions) == 1 else None,
+        )
 
     async def publish_quietly(self, events: Iterable[TurnEvent]) -> bool:
         """:meth:`publish` within :data:`PUBLISH_TIMEOUT_SECONDS` (a wait for a free pool

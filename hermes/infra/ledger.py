@@ -9,20 +9,21 @@ tool is not run again.
 Where it is kept depends on the durable store's URI (``HERMES_MEMORY_URI``):
 
 * **A directory** (the default ``<data_dir>/memory``, or a filesystem every worker host
-  mounts): one file per claim under ``<uri>/hermes_tool_ledger/``, written to a temporary
-  file and hard-linked to its name (``link`` fails when the name exists: an atomic
-  insert-if-absent on POSIX filesystems and NFS, and a reader never sees a claim half
-  written), then the directory is flushed to disk (``fsync``) before the tool runs: the
-  claim's *name* survives a power loss, which is what keeps the tool from running twice
-  (a claim whose contents did not reach the disk reads as ``started``: outcome unknown).
-  The result is written the same way and renamed into place, not flushed: it is also in
-  Redis and in the activity's completion, and a result lost with the machine reads as the
-  claim (outcome unknown, never run again), the safe side.
-  One ``fsync`` a call, about 0.2 ms of CPU on a 2-core machine, against 0.4 ms for the
-  two file flushes of the version before (which did not flush the directory, so a claim
-  could vanish in a power loss), about 7 ms for a LanceDB ``merge_insert`` claim and 3 ms
-  for the result's append (issue 31: the ledger was two thirds of a non-idempotent call's
-  CPU).
+  mounts): one file per claim under ``<uri>/hermes_tool_ledger/``, created only if absent
+  (``open(..., O_CREAT | O_EXCL)``: an atomic insert-if-absent on POSIX filesystems and
+  NFS v3 and later), then the directory is flushed to disk (``fsync``) before the tool
+  runs: the claim's *name* survives a power loss, which is what keeps the tool from
+  running twice. A claim read before its contents are written, or whose contents did not
+  reach the disk, reads as ``started`` (outcome unknown, never run twice), which is all a
+  claim ever says. The result is written the same way beside it, not flushed: it is also
+  in Redis and in the activity's completion, and a result lost or cut short with the
+  machine reads as the claim (outcome unknown, never run again), the safe side.
+  One ``fsync`` and two file creations a call, about 0.3 ms of CPU on a 2-core machine,
+  against 0.4 ms for the two file flushes of the version before (which did not flush the
+  directory, so a claim could vanish in a power loss) and a little more for the
+  temporary files then linked or renamed into place that it wrote until issue 31;
+  about 7 ms for a LanceDB ``merge_insert`` claim and 3 ms for the result's append
+  (issue 31: the ledger was two thirds of a non-idempotent call's CPU).
 * **Any other LanceDB URI** (``s3://``, ``gs://``, ...): the durable store's tables
   ``hermes_tool_calls`` (claims, :meth:`DurableStore.insert`) and ``hermes_tool_results``
   (results, :meth:`DurableStore.append`).
@@ -162,13 +163,10 @@ class CallLedger:
 
     def _claim_file(self, key: str, owner: str, value: str) -> dict[str, Any] | None:
         claim, _ = self._paths(key)
-        written = self._written(claim, key, owner, value)
         try:
-            os.link(written, claim)  # atomic, and fails if the claim exists: insert-if-absent
+            self._create(claim, self._body(key, owner, value))  # O_EXCL: insert-if-absent
         except FileExistsError:
             return self._read_files(key) or dict(_STARTED_UNREADABLE)
-        finally:
-            written.unlink(missing_ok=True)
         try:
             _flush_directory(claim.parent)  # the claim's name is on disk before the tool runs
         except OSError:
@@ -199,30 +197,44 @@ class CallLedger:
             _flush_directory(ledger)
             self._folders.update(made)
 
-    def _written(self, beside: Path, key: str, owner: str, value: str) -> Path:
-        """A new temporary file next to ``beside`` holding the record (not flushed: the
-        caller flushes the directory once the record has its name); its folder is made
-        first (:meth:`_folder`), and again when it was removed meanwhile."""
-        temporary = beside.with_name(f".{beside.name}.{uuid.uuid4().hex}")
-        body = self._body(key, owner, value)
-        if beside.parent not in self._folders:
-            self._folder(beside.parent)
+    def _create(self, path: Path, body: bytes) -> None:
+        """Create ``path`` holding ``body`` (not flushed), only if absent (``O_EXCL``: atomic
+        on POSIX filesystems and NFS v3 and later); its folder is made first
+        (:meth:`_folder`), and again when it was removed meanwhile. A file this call
+        created and could not fill is removed.
+
+        Raises:
+            FileExistsError: ``path`` exists (nothing was written).
+            OSError: it could not be created or written.
+        """
+        if path.parent not in self._folders:
+            self._folder(path.parent)
         try:
-            try:
-                out = open(temporary, "xb")
-            except FileNotFoundError:  # its folder was removed (a data directory cleared)
-                self._folders.difference_update((beside.parent, beside.parent.parent))
-                self._folder(beside.parent)
-                out = open(temporary, "xb")
+            out = open(path, "xb")
+        except FileNotFoundError:  # its folder was removed (a data directory cleared)
+            self._folders.difference_update((path.parent, path.parent.parent))
+            self._folder(path.parent)
+            out = open(path, "xb")
+        try:
             with out:
                 out.write(body)
         except BaseException:
-            temporary.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
             raise
+
+    def _written(self, beside: Path, key: str, owner: str, value: str) -> Path:
+        """A new temporary file next to ``beside`` holding the record (see :meth:`_create`)."""
+        temporary = beside.with_name(f".{beside.name}.{uuid.uuid4().hex}")
+        self._create(temporary, self._body(key, owner, value))
         return temporary
 
     def _write_result(self, key: str, owner: str, value: str) -> None:
         _, result = self._paths(key)
+        try:
+            self._create(result, self._body(key, owner, value))
+            return
+        except FileExistsError:
+            pass  # written before (a legacy record copied): replaced whole, never truncated in place
         written = self._written(result, key, owner, value)
         try:
             os.replace(written, result)

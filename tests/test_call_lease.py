@@ -1,0 +1,167 @@
+"""A non-idempotent tool call's claim, running lease and record in Redis (issue 31: two
+round trips a call, not four), against a real Redis and a durable ledger on disk: the
+call still runs once, a later attempt still waits for a live earlier one, and the turn
+events still land in order."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from activities.call_lease import STARTED_LEASE_SECONDS, RunningLease, claim_call, running_lease_key
+from activities.tools import ToolActivities, idempotency_key
+from hermes.content.events import EventLog
+from hermes.infra.durable import DurableStore
+from hermes.models import RunToolInput, ToolCall, ToolResultCode
+from hermes.tools.registry import ToolRegistry
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _tools(redis: Any, tmp_path: Path, charge: Any) -> tuple[ToolActivities, RunToolInput]:
+    registry = ToolRegistry()
+    registry.register(charge, idempotency="none")
+    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 30.0, durable=DurableStore(tmp_path))
+    tools.events = EventLog(redis)
+    request = RunToolInput(
+        session_id=f"s-{uuid.uuid4()}", user_id="alice", turn=1, idempotent=False,
+        tool_call=ToolCall(tool_call_id="c1", name="charge", arguments={"amount": 500}),
+    )
+    return tools, request
+
+
+def _round_trips(monkeypatch: Any) -> list[list[str]]:
+    """Every Redis round trip from now on: a pipeline's commands, or one command."""
+    from redis.asyncio.client import Pipeline, Redis
+
+    sent: list[list[str]] = []
+    pipeline_execute, execute_command = Pipeline.execute, Redis.execute_command
+
+    async def run_pipeline(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append([str(command[0][0]).upper() for command in self.command_stack])
+        return await pipeline_execute(self, *args, **kwargs)
+
+    async def run_command(self: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append([str(args[0]).upper()])
+        return await execute_command(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", run_pipeline)
+    monkeypatch.setattr(Redis, "execute_command", run_command)
+    return sent
+
+
+async def test_a_fast_call_takes_two_round_trips_and_its_events_ride_with_its_record(redis, monkeypatch, tmp_path):
+    """Claim, lease and a read of the record in one round trip; the result's record, the
+    lease's drop and the turn events in the other. The events land in order and say what
+    the call returned; the lease is gone; a later attempt answers from the record."""
+    runs: list[int] = []
+
+    def charge(amount: int) -> str:
+        """Charge the card.
+
+        Args:
+            amount: in cents.
+        """
+        runs.append(amount)
+        return f"charged {amount}"
+
+    tools, request = _tools(redis, tmp_path, charge)
+    sent = _round_trips(monkeypatch)
+    result = await tools.run_tool(request)
+    assert result.ok and result.data == "charged 500"
+    assert sent == [["SET", "SET", "GET"], ["SET", "DEL", "XADD", "XADD", "EXPIRE"]], sent
+    events = await EventLog(redis).read(request.session_id)
+    assert [e.type for e in events] == ["tool_call_started", "tool_call_finished"]
+    assert (events[1].data["ok"], events[1].data["data"]) == (True, json.dumps("charged 500"))
+    key = idempotency_key(request.call_key)
+    assert not await redis.exists(running_lease_key(key))
+    assert json.loads(await redis.get(key))["state"] == "done"
+    again = await tools.run_tool(request)
+    assert (again.data, runs) == ("charged 500", [500])
+
+
+async def test_a_later_attempt_waits_for_the_live_attempt_holding_the_lease_and_gets_its_result(redis, tmp_path):
+    """Temporal gave up on attempt 1 (a late heartbeat) and started attempt 2 while 1 still
+    runs: 2's claim is refused, 1 holds the lease it took with its claim, so 2 waits and
+    answers with 1's result; the tool ran once."""
+    runs: list[int] = []
+    release = asyncio.Event()
+
+    async def charge(amount: int) -> str:
+        """Charge the card.
+
+        Args:
+            amount: in cents.
+        """
+        runs.append(amount)
+        await release.wait()
+        return f"charged {amount}"
+
+    tools, request = _tools(redis, tmp_path, charge)
+    first = asyncio.ensure_future(tools.run_tool(request))
+    while not runs:
+        await asyncio.sleep(0.01)
+    second = asyncio.ensure_future(tools.run_tool(request))
+    await asyncio.sleep(0.5)
+    assert not second.done(), "the later attempt did not wait for the live one"
+    release.set()
+    one, two = await asyncio.wait_for(asyncio.gather(first, second), 10)
+    assert (one.data, two.data, runs) == ("charged 500", "charged 500", [500])
+    assert not await redis.exists(running_lease_key(idempotency_key(request.call_key)))
+
+
+async def test_a_claim_granted_beside_a_lease_left_behind_takes_the_lease_over(redis, tmp_path):
+    """A lease with no record (Redis lost the record, kept the lease): the new holder of
+    the claim takes the lease over at once, so a later attempt waits on the live call,
+    and its end drops it."""
+    seen: list[Any] = []
+
+    async def charge(amount: int) -> str:
+        """Charge the card.
+
+        Args:
+            amount: in cents.
+        """
+        await asyncio.sleep(0.2)
+        seen.append(await redis.get(lease))
+        return f"charged {amount}"
+
+    tools, request = _tools(redis, tmp_path, charge)
+    lease = running_lease_key(idempotency_key(request.call_key))
+    await redis.set(lease, "someone-else", px=int(STARTED_LEASE_SECONDS * 1000))
+    result = await tools.run_tool(request)
+    assert result.ok and len(seen) == 1
+    assert seen[0] not in (None, b"someone-else", "someone-else")
+    assert not await redis.exists(lease)
+
+
+async def test_an_attempt_refused_the_claim_never_waits_on_the_lease_it_took_even_if_its_drop_failed(redis):
+    """A refused attempt that took the lease (no one held it) drops it; if that drop is
+    lost, it still never waits on its own token."""
+    key = f"hermes:toolcall:s-{uuid.uuid4()}:c1"
+    await redis.set(key, json.dumps({"state": "started"}))
+    claimed, lease, record = await claim_call(redis, key, json.dumps({"state": "started"}), 60)
+    assert (claimed, lease.taken) == (False, True) and json.loads(record)["state"] == "started"
+    assert not await lease.held_by_another()  # its own token
+    other = RunningLease(redis, key)
+    assert await other.held_by_another()
+    await lease.drop()
+    assert not await other.held_by_another() and not await redis.exists(lease.key)
+
+
+async def test_a_lease_done_sooner_than_its_first_renewal_sets_no_task_and_a_stop_drops_it(redis):
+    """Renewals start a fifth of STARTED_LEASE_SECONDS after the claim: a call done sooner
+    costs no renewal task; stopping drops the lease the claim set."""
+    key = f"hermes:toolcall:s-{uuid.uuid4()}:c1"
+    claimed, lease, _ = await claim_call(redis, key, json.dumps({"state": "started"}), 60)
+    assert claimed and lease.taken
+    lease.start()
+    assert lease._task is None and lease._timer is not None
+    assert await redis.get(lease.key) in (lease.token, lease.token.encode())
+    await lease.stop()
+    assert not await redis.exists(lease.key) and lease._timer is None
