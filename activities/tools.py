@@ -33,6 +33,7 @@ import functools
 import json
 import logging
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
@@ -65,7 +66,7 @@ from hermes.models import (
 from hermes.content.previews import head_and_tail
 from hermes.infra.redis_writes import report_skipped
 from hermes.tools.arguments import MAX_NESTING, _nesting, argument_descriptions
-from hermes.tools.registry import Tool, ToolContext, ToolRegistry
+from hermes.tools.registry import FunctionTool, Tool, ToolContext, ToolRegistry, run_in_tool_thread
 from hermes.content.tokens import PER_TOOL_SCHEMA_TOKENS, TokenCounter, schema_json
 
 log = logging.getLogger("hermes.tools")
@@ -727,7 +728,7 @@ class ToolActivities:
             started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
             record: dict[str, Any] | None = None
             lease: RunningLease | None = None
-            redis_ok = claimed = self.redis is not None
+            redis_ok, claimed = self.redis is not None, False
             if self.redis is not None:
                 try:
                     claimed, lease, raw = await claim_call(self.redis, key, encryption.seal(started), IDEMPOTENCY_TTL_SECONDS)
@@ -747,8 +748,14 @@ class ToolActivities:
                     # One that cannot be opened here reads as "started": outcome unknown, never run twice.
                     record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
             if record is None and self.ledger is not None:
+                ran = _InThread(fallback=True)
                 try:
-                    record = await self.ledger.claim(request.call_key, request.session_id, started)
+                    # A synchronous tool: claimed, run and recorded in one hop to a thread.
+                    call = tool.sync_call(arguments, context) if isinstance(tool, FunctionTool) else None
+                    if call is not None:
+                        ran = await with_heartbeat(run_in_tool_thread(
+                            functools.partial(_claim_and_call, self.ledger, request, started, call, self.max_result_bytes)))
+                    record = await self.ledger.claim(request.call_key, request.session_id, started) if ran.fallback else ran.record
                     if record is not None:
                         log.warning("tool call %s: Redis had no record, the durable ledger had one", key)
                 except DurableStoreError as err:
@@ -760,6 +767,8 @@ class ToolActivities:
                     # So that a retried attempt answers the same, never runs it.
                     await self._record(key, {"state": "done", "result": result.model_dump(mode="json")}, durable=None, redis=redis_ok)
                     return result
+                if ran.result is not None:  # it ran (outside the try: a tool that ran is never "not run")
+                    return await self._record_result(request, key, redis_ok, lease, finished, ran.result, written=ran.written)
             if record is not None and record.get("state") == "started" and lease is not None and not claimed:
                 # An earlier attempt that claimed the call in Redis and still holds its lease
                 # runs on a live worker (Temporal timed it out for a late heartbeat): its
@@ -802,15 +811,24 @@ class ToolActivities:
             # (KeyboardInterrupt / SystemExit raised by tool code, not by this process:
             # recorded as the tool's failure, never left looking like a crashed worker.)
             result = failure_result(err)
-        # (Outside the try: storing a large result never turns a done call into a failure.
-        # Bounded before it is recorded, so that a replay returns the same decodable result.)
-        result = await self.bounded(result)
+        return await self._record_result(request, key, redis_ok, lease, finished, result)
+
+    async def _record_result(
+        self, request: RunToolInput, key: str, redis_ok: bool, lease: RunningLease | None, finished: _FinishedEvents | None,
+        result: ToolResult, *, written: bool = False,
+    ) -> ToolResult:
+        """Record a claimed call's ``result`` (see :meth:`_invoke_and_record`); ``written``:
+        already bounded and in the durable ledger (:func:`_claim_and_call`)."""
+        # (Outside the tool's try: storing a large result never turns a done call into a
+        # failure. Bounded before it is recorded, so that a replay returns the same result.)
+        result = result if written else await self.bounded(result)
         done = {"state": "done", "result": result.model_dump(mode="json")}
         if finished is not None and lease is not None and redis_ok:
             await finished.settle(result)
         else:
             finished = None
-        await self._record(key, done, durable=(request.call_key, request.session_id), redis=redis_ok, lease=lease, finished=finished)
+        durable = None if written else (request.call_key, request.session_id)
+        await self._record(key, done, durable=durable, redis=redis_ok, lease=lease, finished=finished)
         return result
 
     async def _await_earlier_attempt(self, key: str, lease: RunningLease) -> dict[str, Any] | None:
@@ -862,6 +880,47 @@ class ToolActivities:
                     await _record_and_release(self.redis, key, sealed, lease, finished)
             except Exception as err:  # noqa: BLE001
                 log.warning("tool call %s: the Redis record not updated: %s", key, err)
+
+
+@dataclass
+class _InThread:
+    """What :func:`_claim_and_call` did: nothing (``fallback``: claim on the event loop);
+    found the call's ``record`` (claimed before); or ran it: its ``result``, and whether
+    that result is ``written`` to the durable ledger."""
+
+    fallback: bool = False
+    record: dict[str, Any] | None = None
+    result: ToolResult | None = None
+    written: bool = False
+
+
+def _claim_and_call(ledger: CallLedger, request: RunToolInput, started: str, call: Any, max_result_bytes: int) -> _InThread:
+    """In a thread of synchronous tools: the durable claim of a non-idempotent call, the
+    call of its synchronous tool if the claim was granted, and its result's durable
+    record when it needs no content store (within ``max_result_bytes``: as
+    :meth:`ToolActivities.bounded` leaves it). One hop to a thread, not three (issue 31).
+
+    Raises:
+        DurableStoreError: the claim could not be kept (the tool did not run).
+    """
+    if not ledger.claims_without_io_wait():
+        return _InThread(fallback=True)
+    found = ledger.claim_in_thread(request.call_key, request.session_id, started)
+    if found is not None:
+        return _InThread(record=found)
+    try:
+        result = shallow_result(to_tool_result(call()))
+    except (Exception, KeyboardInterrupt, SystemExit) as err:  # noqa: BLE001 - as in _invoke_and_record
+        result = failure_result(err)
+    size = _result_size(result)[1]
+    if not 0 <= size <= max_result_bytes:
+        return _InThread(result=result)  # bounded, and recorded, on the event loop
+    try:
+        ledger.finish_in_thread(request.call_key, request.session_id, json.dumps({"state": "done", "result": result.model_dump(mode="json")}))
+    except DurableStoreError as err:
+        log.warning("tool call %s: the durable record not updated: %s", request.call_key, err)
+        return _InThread(result=result)  # tried again with the Redis record
+    return _InThread(result=result, written=True)
 
 
 class _FinishedEvents:

@@ -35,6 +35,21 @@ def _tools(redis: Any, tmp_path: Path, charge: Any) -> tuple[ToolActivities, Run
     return tools, request
 
 
+def _charging(runs: list[int]) -> Any:
+    """A synchronous ``charge`` tool that notes each amount it runs with in ``runs``."""
+
+    def charge(amount: int) -> str:
+        """Charge the card.
+
+        Args:
+            amount: in cents.
+        """
+        runs.append(amount)
+        return f"charged {amount}"
+
+    return charge
+
+
 def _round_trips(monkeypatch: Any) -> list[list[str]]:
     """Every Redis round trip from now on: a pipeline's commands, or one command."""
     from redis.asyncio.client import Pipeline, Redis
@@ -60,17 +75,7 @@ async def test_a_fast_call_takes_two_round_trips_and_its_events_ride_with_its_re
     lease's drop and the turn events in the other. The events land in order and say what
     the call returned; the lease is gone; a later attempt answers from the record."""
     runs: list[int] = []
-
-    def charge(amount: int) -> str:
-        """Charge the card.
-
-        Args:
-            amount: in cents.
-        """
-        runs.append(amount)
-        return f"charged {amount}"
-
-    tools, request = _tools(redis, tmp_path, charge)
+    tools, request = _tools(redis, tmp_path, _charging(runs))
     sent = _round_trips(monkeypatch)
     result = await tools.run_tool(request)
     assert result.ok and result.data == "charged 500"
@@ -165,3 +170,54 @@ async def test_a_lease_done_sooner_than_its_first_renewal_sets_no_task_and_a_sto
     assert await redis.get(lease.key) in (lease.token, lease.token.encode())
     await lease.stop()
     assert not await redis.exists(lease.key) and lease._timer is None
+
+
+async def test_a_synchronous_tool_is_claimed_run_and_recorded_in_one_hop_to_a_thread(redis, monkeypatch, tmp_path):
+    """The durable claim, the tool and its result's durable record go to a thread once,
+    not three times; the record is on disk before the call returns, and a later attempt,
+    even with Redis flushed, answers from it without running the tool again."""
+    runs: list[int] = []
+    tools, request = _tools(redis, tmp_path, _charging(runs))
+    loop = asyncio.get_running_loop()
+    jobs: list[Any] = []
+    run_in_executor = type(loop).run_in_executor
+
+    def counted(self: Any, executor: Any, fn: Any, *args: Any) -> Any:
+        jobs.append(fn)
+        return run_in_executor(self, executor, fn, *args)
+
+    monkeypatch.setattr(type(loop), "run_in_executor", counted)
+    result = await tools.run_tool(request)
+    monkeypatch.undo()
+    assert result.ok and len(jobs) == 1, jobs
+    assert tools.ledger is not None
+    assert (await tools.ledger.done(request.call_key))["result"]["data"] == "charged 500"
+    await redis.flushdb()
+    again = await tools.run_tool(request)
+    assert (again.data, runs) == ("charged 500", [500])
+
+
+async def test_a_synchronous_tools_large_result_is_kept_by_reference_and_recorded_as_the_session_got_it(redis, tmp_path):
+    """A result over ``max_result_bytes`` needs the content store (on the event loop): it
+    is cut to a preview there and that preview is what the ledger records, so a later
+    attempt answers the same."""
+    runs: list[int] = []
+
+    def report(rows: int) -> list[str]:
+        """Build a report.
+
+        Args:
+            rows: how many rows.
+        """
+        runs.append(rows)
+        return [f"row {i} " + "x" * 100 for i in range(rows)]
+
+    tools, request = _tools(redis, tmp_path, report)
+    request = request.model_copy(update={"tool_call": ToolCall(tool_call_id="c1", name="report", arguments={"rows": 2000})})
+    result = await tools.run_tool(request)
+    assert result.ok and len(result.model_dump_json()) <= tools.max_result_bytes + 1000
+    recorded = await tools.ledger.done(request.call_key)
+    assert recorded is not None and recorded["result"] == result.model_dump(mode="json")
+    await redis.flushdb()
+    again = await tools.run_tool(request)
+    assert again == result and runs == [2000]

@@ -259,12 +259,42 @@ class CallLedger:
         return None
 
     async def _io(self, fn: Any, *args: Any) -> Any:
+        return await asyncio.to_thread(self._checked, fn, *args)
+
+    def _checked(self, fn: Any, *args: Any) -> Any:
         try:
-            return await asyncio.to_thread(fn, *args)
+            return fn(*args)
         except OSError as err:
             raise DurableStoreError(
                 f"durable store {self.durable.uri} ({LEDGER_DIR}): {fn.__name__.strip('_')} failed: {type(err).__name__}: {err}"
             ) from err
+
+    # ------------------------------------------------------------ in a thread
+
+    def claims_without_io_wait(self) -> bool:
+        """Whether :meth:`claim_in_thread` and :meth:`finish_in_thread` can stand for
+        :meth:`claim` and :meth:`finish`: records are files and no ledger tables of an
+        earlier version are left to consult (blocking I/O: call it from a thread)."""
+        return self._directory is not None and not self._legacy_tables()
+
+    def claim_in_thread(self, key: str, owner: str, value: str) -> dict[str, Any] | None:
+        """:meth:`claim`, blocking, for a caller already in a thread (issue 31: the claim,
+        a synchronous tool and its result's record in one hop to a thread, not three);
+        only where :meth:`claims_without_io_wait`.
+
+        Raises:
+            DurableStoreError: the claim could not be written or read.
+        """
+        return self._checked(self._claim_file, key, owner, value)
+
+    def finish_in_thread(self, key: str, owner: str, value: str) -> None:
+        """:meth:`finish`, blocking, for a caller already in a thread (see
+        :meth:`claim_in_thread`).
+
+        Raises:
+            DurableStoreError: the result could not be written.
+        """
+        self._checked(self._write_result, key, owner, value)
 
     # ------------------------------------------------------------ LanceDB
 

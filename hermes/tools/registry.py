@@ -33,7 +33,7 @@ import typing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, get_type_hints
+from typing import Any, TypeVar, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, create_model
 
@@ -180,14 +180,30 @@ class FunctionTool(Tool):
             raise ToolArgumentsError(self.name, args_layer.problems_from_pydantic(err)) from None
 
     async def invoke(self, arguments: Any, context: ToolContext) -> Any:
+        call = self.sync_call(arguments, context)
+        if call is None:
+            return await self.fn(**self._kwargs(arguments, context))
+        return await run_in_tool_thread(call)
+
+    def sync_call(self, arguments: Any, context: ToolContext) -> Callable[[], Any] | None:
+        """The call of a synchronous function with these arguments (validated here unless
+        already a model), to run in a thread (:func:`run_in_tool_thread`); None for a
+        coroutine function.
+
+        Raises:
+            ToolArgumentsError: ``arguments`` are not valid.
+        """
+        if inspect.iscoroutinefunction(self.fn):
+            return None
+        return functools.partial(self.fn, **self._kwargs(arguments, context))
+
+    def _kwargs(self, arguments: Any, context: ToolContext) -> dict[str, Any]:
         if not isinstance(arguments, BaseModel):
             arguments = self.validate(arguments)
         kwargs = {name: getattr(arguments, name) for name in type(arguments).model_fields}
         if self.context_parameter:
             kwargs[self.context_parameter] = context
-        if inspect.iscoroutinefunction(self.fn):
-            return await self.fn(**kwargs)
-        return await asyncio.get_running_loop().run_in_executor(_sync_tool_pool(), functools.partial(self.fn, **kwargs))
+        return kwargs
 
 
 @dataclass(kw_only=True)
@@ -206,6 +222,8 @@ class CompositeTool(Tool):
         return self.steps
 
 
+T = TypeVar("T")
+
 _SYNC_TOOL_THREADS = 128
 """Threads for synchronous tools. Python cannot stop a thread, so a sync tool that hangs
 past its timeout keeps one until it returns; the default executor (min(32, cores + 4)
@@ -215,6 +233,12 @@ threads, 6 here) would be exhausted by six of them. Threads start on demand."""
 @functools.lru_cache(maxsize=1)
 def _sync_tool_pool() -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=_SYNC_TOOL_THREADS, thread_name_prefix="hermes-tool")
+
+
+async def run_in_tool_thread(call: Callable[[], T]) -> T:
+    """Run ``call`` (a synchronous tool, with what must happen in its thread around it)
+    on the threads of synchronous tools (:data:`_SYNC_TOOL_THREADS`)."""
+    return await asyncio.get_running_loop().run_in_executor(_sync_tool_pool(), call)
 
 
 def parse_docstring(doc: str) -> tuple[str, dict[str, str], str]:
