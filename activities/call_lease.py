@@ -18,20 +18,29 @@ trips (claim, lease, record and drop, events); it takes two.
 
 Why the lease is taken only if absent and holds a token: an attempt refused the claim takes
 the lease too when no one holds it (the earlier attempt ended or died); it drops it at once
-(:meth:`RunningLease.drop`) and never waits on a lease holding its own token, so it can
-neither wait on itself nor keep another attempt waiting (both found by a break-it review of
-a pipeline that set the lease unconditionally). A live holder's lease is never overwritten.
+and never waits on a lease holding its own token, so it can neither wait on itself nor keep
+another attempt waiting (both found by a break-it review of a pipeline that set the lease
+unconditionally). A lease is only ever dropped by the attempt whose token it holds (a Lua
+compare-and-delete, one key: a refused attempt's drop never removes a live holder's lease
+written back meanwhile), and a claim whose pipeline fails or is cancelled drops the lease
+it may have set. A claim granted while *another* attempt holds the lease means Redis lost
+the record of a call that still runs (an eviction): the claim is not used, the caller waits
+for that attempt's result (``activities.tools``). The "started" record names the lease's
+token, so a claim that the Redis client sent twice (a retry after a lost answer) is still
+this attempt's.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from typing import Any
 
 from hermes.infra.connections import raise_if_cancelled
+from hermes.security import encryption
 
 log = logging.getLogger("hermes.tools")
 
@@ -49,33 +58,71 @@ def running_lease_key(key: str) -> str:
     return "hermes:toolcall-running:" + key.removeprefix("hermes:toolcall:")
 
 
+_DROP_IF_HELD = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+"""Delete the lease ``KEYS[1]`` only if it holds the token ``ARGV[1]``."""
+
+_DROP_SECONDS = 1.0
+"""The longest a claim that failed waits to drop the lease it may have set (seconds)."""
+
+
 def _text(value: Any) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
 
-async def claim_call(redis: Any, key: str, started: str, ttl_seconds: int) -> tuple[bool, RunningLease, Any]:
-    """Claim the call with record ``key`` (``started``: its sealed "started" record, kept
-    ``ttl_seconds``) and take its running lease, in one round trip.
+async def claim_call(lease: RunningLease, started: str, ttl_seconds: int) -> tuple[bool, Any]:
+    """Claim the call whose record is ``lease.record_key`` (``started``: its sealed
+    "started" record, kept ``ttl_seconds``) and take its running ``lease``, in one round
+    trip; sets :attr:`RunningLease.taken` (False: another attempt holds the lease). The
+    lease does not renew until :meth:`RunningLease.start`.
 
     Returns:
-        ``(claimed, lease, record)``: whether this attempt now holds the claim; this
-        attempt's lease (:attr:`RunningLease.taken`: whether it took it; False when another
-        attempt holds it), not yet renewing (see :meth:`RunningLease.start`); and the
-        record's raw value as Redis holds it now (the earlier attempt's when the claim was
-        refused).
+        ``(claimed, record)``: whether the record's ``SET NX`` was granted, and the
+        record's raw value as Redis holds it now (the earlier attempt's when refused).
 
     Raises:
-        redis.RedisError: Redis failed or its answer was lost. A lease set before an answer
-            was lost is nobody's: it lapses within :data:`STARTED_LEASE_SECONDS`.
+        redis.RedisError: Redis failed or its answer was lost (the lease this attempt may
+            have set is dropped first, within :data:`_DROP_SECONDS`).
     """
-    lease = RunningLease(redis, key)
-    pipe = redis.pipeline(transaction=False)
-    pipe.set(key, started, nx=True, ex=ttl_seconds)
+    pipe = lease.redis.pipeline(transaction=False)
+    pipe.set(lease.record_key, started, nx=True, ex=ttl_seconds)
     pipe.set(lease.key, lease.token, nx=True, px=int(STARTED_LEASE_SECONDS * 1000))
-    pipe.get(key)
-    claimed, taken, record = await pipe.execute()
-    lease.taken = bool(taken)
-    return bool(claimed), lease, record
+    pipe.get(lease.record_key)
+    pipe.get(lease.key)
+    try:
+        claimed, _, record, holder = await pipe.execute()
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(lease.drop(), _DROP_SECONDS)
+        raise
+    lease.taken = _text(holder) == lease.token
+    return bool(claimed), record
+
+
+async def claim_for_attempt(lease: RunningLease, started: str, ttl_seconds: int) -> dict[str, Any] | None:
+    """:func:`claim_call` for one attempt, and what its answers mean.
+
+    Args:
+        lease: the attempt's lease (of the call's record key).
+        started: the "started" record as JSON (naming ``lease.token`` as ``"lease"``).
+        ttl_seconds: how long the record is kept.
+
+    Returns:
+        None when this attempt holds the claim and the lease (not renewing yet: see
+        :meth:`RunningLease.start`); otherwise the call's record for the caller to act on:
+        the earlier attempt's (refused), or this attempt's own "started" when another
+        attempt holds the lease (Redis lost the record of a call that still runs: wait for
+        it, never run it again). A record that cannot be opened reads as ``{}``.
+
+    Raises:
+        redis.RedisError: see :func:`claim_call`.
+    """
+    claimed, raw = await claim_call(lease, encryption.seal(started), ttl_seconds)
+    record = json.loads(encryption.open_quietly(raw, what=f"tool call record {lease.record_key}") or "{}")
+    if lease.taken and (claimed or record.get("lease") == lease.token):
+        return None  # (the second: this attempt's own claim, sent twice by a client's retry)
+    if lease.taken:
+        await lease.drop()  # refused, and no attempt held the lease: the earlier one ended or died
+    return record
 
 
 class RunningLease:
@@ -90,10 +137,11 @@ class RunningLease:
 
     def __init__(self, redis: Any, key: str, token: str | None = None) -> None:
         self.redis = redis
+        self.record_key = key
         self.key = running_lease_key(key)
         self.token = token or uuid.uuid4().hex
         self.taken = False
-        """Whether this attempt set the lease (:func:`claim_call`)."""
+        """Whether the lease holds this attempt's token (:func:`claim_call`)."""
         self.by_record = False
         """Set when the result's record drops the lease in its own write (the renewals
         then stop without dropping it)."""
@@ -101,14 +149,10 @@ class RunningLease:
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
 
-    def start(self, *, at_once: bool = False) -> None:
-        """Renew the lease every fifth of :data:`STARTED_LEASE_SECONDS` from then on, the
-        first time after one fifth (``at_once``: now, for a lease another attempt took
-        first) until :meth:`stop`."""
-        if at_once:
-            self._begin()
-        else:
-            self._timer = asyncio.get_running_loop().call_later(STARTED_LEASE_SECONDS / 5, self._begin)
+    def start(self) -> None:
+        """Renew the lease every fifth of :data:`STARTED_LEASE_SECONDS`, the first time
+        one fifth from now, until :meth:`stop`."""
+        self._timer = asyncio.get_running_loop().call_later(STARTED_LEASE_SECONDS / 5, self._begin)
 
     def _begin(self) -> None:
         self._timer = None
@@ -117,7 +161,7 @@ class RunningLease:
 
     async def hold(self) -> None:
         """Set the lease now and every fifth of :data:`STARTED_LEASE_SECONDS` until
-        cancelled, then drop it (unless :attr:`by_record`)."""
+        cancelled, then drop it (unless :attr:`by_record`, or :meth:`stop` does)."""
         try:
             while True:
                 try:
@@ -129,7 +173,7 @@ class RunningLease:
                 raise_if_cancelled()
                 await asyncio.sleep(STARTED_LEASE_SECONDS / 5)
         finally:
-            if not self.by_record:
+            if not self.by_record and not self._stopped:
                 await self.drop()
 
     async def stop(self) -> None:
@@ -141,16 +185,21 @@ class RunningLease:
             self._timer = None
         if self._task is not None:
             task, self._task = self._task, None
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)  # its end drops the lease
-        elif not self.by_record:
+            task.cancel()  # (a task cancelled before its first step never runs its finally)
+            await asyncio.gather(task, return_exceptions=True)
+        if not self.by_record:
             await self.drop()
 
     async def drop(self) -> None:
-        """Delete the lease, whatever cancels the caller meanwhile; failures are ignored
-        (a lease left behind lapses within :data:`STARTED_LEASE_SECONDS`)."""
+        """Delete the lease if it holds this attempt's token, whatever cancels the caller
+        meanwhile; failures are ignored (a lease left behind lapses within
+        :data:`STARTED_LEASE_SECONDS`)."""
         with contextlib.suppress(Exception):
-            await asyncio.shield(self.redis.delete(self.key))
+            await asyncio.shield(self.redis.eval(_DROP_IF_HELD, 1, self.key, self.token))
+
+    def queue_drop(self, pipe: Any) -> None:
+        """Queue :meth:`drop`'s delete on ``pipe`` (its answer: 1 if dropped, else 0)."""
+        pipe.eval(_DROP_IF_HELD, 1, self.key, self.token)
 
     async def held_by_another(self) -> bool:
         """Whether the lease exists and holds another attempt's token.

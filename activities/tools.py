@@ -41,7 +41,7 @@ from pydantic_core import to_jsonable_python
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.call_lease import RunningLease, claim_call
+from activities.call_lease import RunningLease, claim_for_attempt
 from activities.heartbeat import heartbeating, with_heartbeat
 from activities.model_steps import remaining_seconds
 from hermes import names
@@ -725,33 +725,26 @@ class ToolActivities:
                     code=ToolResultCode.DEPENDENCY_UNAVAILABLE,
                     message="no idempotency store (Redis or the durable store) is configured; a non-idempotent tool is not run without one",
                 )
-            started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name})
+            lease = RunningLease(self.redis, key) if self.redis is not None else None
+            started = json.dumps({"state": "started", "attempt": context.attempt, "tool": tool.name, "lease": lease and lease.token})
             record: dict[str, Any] | None = None
-            lease: RunningLease | None = None
-            redis_ok, claimed = self.redis is not None, False
-            if self.redis is not None:
+            if lease is not None:
                 try:
-                    claimed, lease, raw = await claim_call(self.redis, key, encryption.seal(started), IDEMPOTENCY_TTL_SECONDS)
+                    record = await claim_for_attempt(lease, started, IDEMPOTENCY_TTL_SECONDS)
                 except Exception as err:  # noqa: BLE001 - Redis down: the durable record claims alone
                     if self.ledger is None:
                         raise
                     log.warning("tool call %s: Redis unavailable (%s); claimed in the durable ledger alone", key, err)
-                    claimed, redis_ok = True, False
-                if claimed and lease is not None:
-                    # From the claim on, a later attempt waits for this one while it lives
-                    # (a lease another attempt left behind is taken over at once).
-                    lease.start(at_once=not lease.taken)
+                    lease = None
+                if record is None and lease is not None:
+                    lease.start()  # from the claim on, a later attempt waits for this one while it lives
                     leases.push_async_callback(lease.stop)
-                elif lease is not None and lease.taken:
-                    await lease.drop()  # no attempt held it: the earlier one ended or died
-                if not claimed:
-                    # One that cannot be opened here reads as "started": outcome unknown, never run twice.
-                    record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
+            redis_ok, claimed = lease is not None, record is None
             if record is None and self.ledger is not None:
                 ran = _InThread(fallback=True)
                 try:
                     # A synchronous tool: claimed, run and recorded in one hop to a thread.
-                    call = tool.sync_call(arguments, context) if isinstance(tool, FunctionTool) else None
+                    call = tool.sync_call(arguments, context) if type(tool).invoke is FunctionTool.invoke else None
                     if call is not None:
                         ran = await with_heartbeat(run_in_tool_thread(
                             functools.partial(_claim_and_call, self.ledger, request, started, call, self.max_result_bytes)))
@@ -968,7 +961,7 @@ async def _record_and_release(
         await lease.stop()
         pipe = redis.pipeline(transaction=False)
         pipe.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
-        pipe.delete(lease.key)
+        lease.queue_drop(pipe)
         if finished is not None and finished.events:
             finished.queue(pipe)
         answers = await pipe.execute(raise_on_error=False)

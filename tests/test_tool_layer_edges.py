@@ -1112,7 +1112,7 @@ async def test_a_non_idempotent_calls_record_and_the_end_of_its_lease_share_a_ro
     first = await attempt(1).run(tools.run_tool, request)
     assert first.ok and first.data == "charged 500"
     key = idempotency_key(request.call_key)
-    assert ["SET", "DEL"] in sent, sent
+    assert ["SET", "EVAL"] in sent, sent
     assert json.loads(await redis.get(key))["state"] == "done"
     await asyncio.sleep(0.3)
     assert not await redis.exists(running_lease_key(key)), "the lease outlived its call"
@@ -1127,7 +1127,7 @@ async def test_a_non_idempotent_calls_lease_is_dropped_even_when_its_record_writ
     """The record and the lease's drop share a round trip; when that write fails, the
     call still answers with its result and its lease is dropped (a later attempt must
     not wait on the lease of a call that ended), and a retry gets the result."""
-    _pipelines(monkeypatch, fail=["SET", "DEL"])
+    _pipelines(monkeypatch, fail=["SET", "EVAL"])
     tools, request, runs = _charging_tools(redis, tmp_path)
     result = await tools.run_tool(request)
     assert result.ok and result.data == "charged 500"

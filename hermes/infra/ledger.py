@@ -113,8 +113,8 @@ class CallLedger:
             if await self.durable.insert(TOOL_CALLS, [Record(key=key, owner=owner, value=value)]):
                 return None
             return await self._lance_record(key)
-        found = await self._io(self._claim_file, key, owner, value)
-        if found is None and self._legacy_tables():
+        found, legacy = await self._io(self._claim_file_beside_legacy, key, owner, value)
+        if found is None and legacy:
             legacy = await self._lance_record(key)
             if legacy.get("state") == "done":  # so that the files answer later attempts the same
                 await self._io(self._write_result, key, owner, json.dumps(legacy))
@@ -174,6 +174,12 @@ class CallLedger:
             claim.unlink(missing_ok=True)
             raise
         return None
+
+    def _claim_file_beside_legacy(self, key: str, owner: str, value: str) -> tuple[dict[str, Any] | None, bool]:
+        """:meth:`_claim_file`, and whether ledger tables of an earlier version exist
+        (looked at first: a look that fails leaves no claim behind)."""
+        legacy = self._legacy_tables()
+        return self._claim_file(key, owner, value), legacy
 
     def _folder(self, folder: Path) -> None:
         """Create ``folder`` (a record folder under the ledger directory), the ledger
@@ -274,8 +280,12 @@ class CallLedger:
     def claims_without_io_wait(self) -> bool:
         """Whether :meth:`claim_in_thread` and :meth:`finish_in_thread` can stand for
         :meth:`claim` and :meth:`finish`: records are files and no ledger tables of an
-        earlier version are left to consult (blocking I/O: call it from a thread)."""
-        return self._directory is not None and not self._legacy_tables()
+        earlier version are left to consult (blocking I/O: call it from a thread).
+
+        Raises:
+            DurableStoreError: the directory could not be looked at.
+        """
+        return self._directory is not None and not self._checked(self._legacy_tables)
 
     def claim_in_thread(self, key: str, owner: str, value: str) -> dict[str, Any] | None:
         """:meth:`claim`, blocking, for a caller already in a thread (issue 31: the claim,

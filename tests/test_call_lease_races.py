@@ -1,0 +1,160 @@
+"""Races around a non-idempotent tool call's running lease (issue 31), each found by a
+break-it review of the two-round-trip claim (``activities/call_lease.py``) and kept as a
+test: Redis losing the record of a call that still runs, a refused attempt's drop racing
+a live holder's renewal, a claim whose answer was lost, a claim the client sent twice."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from activities.call_lease import RunningLease, running_lease_key
+from activities.tools import idempotency_key
+from hermes.models import ToolResultCode
+from tests.test_call_lease import _slow_charge, _tools
+
+pytestmark = pytest.mark.timeout(60)
+
+
+async def _started(runs: list[int]) -> None:
+    while not runs:
+        await asyncio.sleep(0.01)
+
+
+async def test_a_record_evicted_while_its_call_runs_makes_a_later_attempt_wait_for_its_result(redis, tmp_path):
+    """Redis evicted the call's record (LRU: the 30-day record is touched once, the lease
+    every 2 s) while attempt 1 runs on a live worker holding its lease. Attempt 2's claim
+    is granted but its lease is NOT taken (attempt 1 holds it): a live attempt is running.
+    It should wait for attempt 1's result, not report "outcome unknown"."""
+    runs: list[int] = []
+    release = asyncio.Event()
+    tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
+    key = idempotency_key(request.call_key)
+    first = asyncio.ensure_future(tools.run_tool(request))
+    await _started(runs)
+    assert await redis.exists(running_lease_key(key))
+    await redis.delete(key)  # evicted; the lease lives
+    second = asyncio.ensure_future(tools.run_tool(request))
+    await asyncio.sleep(0.5)
+    release.set()
+    one, two = await asyncio.wait_for(asyncio.gather(first, second), 15)
+    assert runs == [500]
+    assert one.data == "charged 500"
+    assert two.code != ToolResultCode.OUTCOME_UNKNOWN, f"live attempt 1 holds the lease, yet attempt 2 says: {two.message}"
+    assert two.data == "charged 500"
+
+
+async def test_a_record_evicted_while_its_call_runs_never_runs_it_twice_with_redis_alone(redis):
+    """Same, with Redis alone (no durable store, which the code accepts): attempt 2's
+    claim is granted but another attempt holds the running lease, so it must not run the
+    tool (a version that took the lease over ran it twice)."""
+    runs: list[int] = []
+    release = asyncio.Event()
+    tools, request = _tools(redis, None, _slow_charge(runs, release))
+    key = idempotency_key(request.call_key)
+    first = asyncio.ensure_future(tools.run_tool(request))
+    await _started(runs)
+    await redis.delete(key)  # evicted; the lease lives
+    second = asyncio.ensure_future(tools.run_tool(request))
+    await asyncio.sleep(0.5)
+    release.set()
+    await asyncio.wait_for(asyncio.gather(first, second), 15)
+    assert runs == [500], f"ran {len(runs)} times although a live attempt held the running lease"
+
+
+async def test_a_refused_attempts_drop_never_deletes_a_live_holders_renewed_lease(redis, tmp_path, monkeypatch):
+    """Attempt 1 runs; its lease lapsed for a moment (its loop starved past 10 s) and is
+    renewed right after attempt 2's claim pipeline took the (absent) lease. Attempt 2's
+    drop deletes the lease only if it holds attempt 2's token (an unconditional DEL
+    deleted attempt 1's, and attempt 2 reported "outcome unknown" for a live call)."""
+    runs: list[int] = []
+    release = asyncio.Event()
+    tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
+    key = idempotency_key(request.call_key)
+    lease_key = running_lease_key(key)
+    first = asyncio.ensure_future(tools.run_tool(request))
+    await _started(runs)
+    token_1 = (await redis.get(lease_key)).decode()
+    await redis.delete(lease_key)  # lapsed while attempt 1's loop was starved
+
+    real_drop = RunningLease.drop
+
+    async def drop(self: RunningLease) -> None:
+        if self.token != token_1:
+            # attempt 1's renewal (hold(): an unconditional SET of its token) lands now
+            await redis.set(lease_key, token_1, px=10_000)
+        await real_drop(self)
+
+    monkeypatch.setattr(RunningLease, "drop", drop)
+    second = asyncio.ensure_future(tools.run_tool(request))
+    await asyncio.sleep(0.5)
+    lease_after = await redis.get(lease_key)
+    release.set()
+    one, two = await asyncio.wait_for(asyncio.gather(first, second), 15)
+    assert runs == [500] and one.data == "charged 500"
+    assert lease_after is not None, "attempt 2 deleted the lease holding attempt 1's token"
+    assert two.code != ToolResultCode.OUTCOME_UNKNOWN, two.message
+
+
+async def test_a_claim_whose_answer_was_lost_leaves_no_lease_for_a_later_attempt_to_wait_on(redis, tmp_path, monkeypatch):
+    """The claim pipeline ran in Redis but its answer was lost: attempt 1 claims in the
+    durable ledger alone, runs and records its result there (Redis keeps "started"). The
+    lease its pipeline set is dropped, so attempt 2 answers from the durable record at
+    once (left, it waited the lease's whole 10 s on a token nobody held)."""
+    from redis.asyncio.client import Pipeline
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    runs: list[int] = []
+    release = asyncio.Event()
+    release.set()
+    tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
+    real = Pipeline.execute
+    lost = []
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answers = await real(self, *args, **kwargs)
+        if not lost:
+            lost.append(answers)
+            raise RedisConnectionError("answer lost")
+        return answers
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+    one = await tools.run_tool(request)
+    monkeypatch.setattr(Pipeline, "execute", real)
+    assert one.data == "charged 500"
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    two = await asyncio.wait_for(tools.run_tool(request), 20)
+    took = loop.time() - began
+    assert (two.data, runs) == ("charged 500", [500])
+    assert took < 2, f"attempt 2 waited {took:.1f} s on a lease nobody holds"
+
+
+async def test_a_claim_the_client_sent_twice_is_still_this_attempts_and_runs_the_tool_once(redis, tmp_path, monkeypatch):
+    """redis-py retries a pipeline after a lost connection: the claim's second sending is
+    refused by its own first. The "started" record names the attempt's lease token, so
+    the attempt still knows the claim is its own: it runs the tool once and returns its
+    result (without the token it reported "outcome unknown" for a tool that never ran)."""
+    from redis.asyncio.client import Pipeline
+
+    runs: list[int] = []
+    release = asyncio.Event()
+    release.set()
+    tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
+    real = Pipeline.execute
+    sent_twice: list[bool] = []
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not sent_twice:
+            sent_twice.append(True)
+            commands = list(self.command_stack)
+            await real(self, *args, **kwargs)  # answered, and the answer lost: sent again
+            self.command_stack.extend(commands)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+    result = await asyncio.wait_for(tools.run_tool(request), 20)
+    assert (result.code, result.data, runs) == (ToolResultCode.OK, "charged 500", [500])
+    assert not await redis.exists(running_lease_key(idempotency_key(request.call_key)))
