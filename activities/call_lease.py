@@ -22,10 +22,14 @@ and never waits on a lease holding its own token, so it can neither wait on itse
 another attempt waiting (both found by a break-it review of a pipeline that set the lease
 unconditionally). A lease is only ever dropped by the attempt whose token it holds (a Lua
 compare-and-delete, one key: a refused attempt's drop never removes a live holder's lease
-written back meanwhile), and a claim whose pipeline fails or is cancelled drops the lease
-it may have set. A claim granted while *another* attempt holds the lease means Redis lost
-the record of a call that still runs (an eviction): the claim is not used, the caller waits
-for that attempt's result (``activities.tools``). The "started" record names the lease's
+written back meanwhile), and a claim whose pipeline fails or is cancelled takes back the
+lease and the "started" record it may have set (else a retry reports a call that never ran
+as "outcome unknown"). A claim granted while *another* attempt holds the lease is either a
+race with a refused attempt that took the lease for an instant (it is looked for again,
+:data:`_LOOK_AGAIN_SECONDS`) or Redis lost the record of a call that still runs (an
+eviction): then the claim is not used, the caller waits for that attempt's result
+(``activities.tools``). On a Redis Cluster the lease is on another node than the record,
+so the record's write is answered before the lease is dropped. The "started" record names the lease's
 token, so a claim that the Redis client sent twice (a retry after a lost answer) is still
 this attempt's.
 """
@@ -61,8 +65,17 @@ def running_lease_key(key: str) -> str:
 _DROP_IF_HELD = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 """Delete the lease ``KEYS[1]`` only if it holds the token ``ARGV[1]``."""
 
-_DROP_SECONDS = 1.0
-"""The longest a claim that failed waits to drop the lease it may have set (seconds)."""
+_UNDO_SECONDS = 0.5
+"""The longest a claim that failed waits to take back what it may have set (seconds)."""
+
+_LOOK_AGAIN_SECONDS = (0.02, 0.1, 0.3)
+"""Pauses before a granted claim looks again for a free lease, when another attempt's token
+held it: a refused attempt that claimed at the same moment holds it for an instant."""
+
+
+def _retrieved(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # a best-effort write: its failure is not reported again
 
 
 def _text(value: Any) -> str | None:
@@ -91,8 +104,14 @@ async def claim_call(lease: RunningLease, started: str, ttl_seconds: int) -> tup
     try:
         claimed, _, record, holder = await pipe.execute()
     except BaseException:
+        # Redis may have run it and lost the answer: what this attempt set is taken back (its
+        # lease, and its "started" record, which would make a retry report a call that never
+        # ran as "outcome unknown"), only where it still holds this attempt's values.
+        undo = lease.redis.pipeline(transaction=False)
+        lease.queue_drop(undo)
+        undo.eval(_DROP_IF_HELD, 1, lease.record_key, started)
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(lease.drop(), _DROP_SECONDS)
+            await asyncio.wait_for(undo.execute(), _UNDO_SECONDS)
         raise
     lease.taken = _text(holder) == lease.token
     return bool(claimed), record
@@ -118,6 +137,13 @@ async def claim_for_attempt(lease: RunningLease, started: str, ttl_seconds: int)
     """
     claimed, raw = await claim_call(lease, encryption.seal(started), ttl_seconds)
     record = json.loads(encryption.open_quietly(raw, what=f"tool call record {lease.record_key}") or "{}")
+    for pause in _LOOK_AGAIN_SECONDS if claimed and not lease.taken else ():
+        # Another token holds the lease: a refused attempt's, taken for an instant (two
+        # claims at once), or a live attempt's whose record Redis lost (it renews: kept).
+        await asyncio.sleep(pause)
+        if await lease.redis.set(lease.key, lease.token, nx=True, px=int(STARTED_LEASE_SECONDS * 1000)):
+            lease.taken = True
+            break
     if lease.taken and (claimed or record.get("lease") == lease.token):
         return None  # (the second: this attempt's own claim, sent twice by a client's retry)
     if lease.taken:
@@ -194,8 +220,10 @@ class RunningLease:
         """Delete the lease if it holds this attempt's token, whatever cancels the caller
         meanwhile; failures are ignored (a lease left behind lapses within
         :data:`STARTED_LEASE_SECONDS`)."""
+        dropping = asyncio.ensure_future(self.redis.eval(_DROP_IF_HELD, 1, self.key, self.token))
+        dropping.add_done_callback(_retrieved)
         with contextlib.suppress(Exception):
-            await asyncio.shield(self.redis.eval(_DROP_IF_HELD, 1, self.key, self.token))
+            await asyncio.shield(dropping)
 
     def queue_drop(self, pipe: Any) -> None:
         """Queue :meth:`drop`'s delete on ``pipe`` (its answer: 1 if dropped, else 0)."""

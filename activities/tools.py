@@ -38,6 +38,7 @@ from datetime import timedelta
 from typing import Any
 
 from pydantic_core import to_jsonable_python
+from redis.asyncio.cluster import RedisCluster
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -838,8 +839,13 @@ class ToolActivities:
                     record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
                     if record.get("state") == "done":
                         return record
-                    if record.get("state") != "started" or not await lease.held_by_another():
+                    if record.get("state") != "started":
                         return None
+                    if not await lease.held_by_another():
+                        # Read again: its holder may have written "done" and dropped the lease
+                        # between the two reads (else "unknown" would overwrite its result).
+                        record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
+                        return record if record.get("state") == "done" else None
                 except Exception as err:  # noqa: BLE001 - no answer: the caller reports what it has
                     log.warning("tool call %s: cannot wait for its earlier attempt: %s", key, err)
                     return None
@@ -957,11 +963,15 @@ async def _record_and_release(
         redis.RedisError: the record was not written.
     """
     lease.by_record = True
+    # A cluster sends each node's part of a pipeline on its own: the lease (another slot)
+    # is dropped only once the record is written (found by a break-it review).
+    after = isinstance(redis, RedisCluster)
     try:
         await lease.stop()
         pipe = redis.pipeline(transaction=False)
         pipe.set(key, sealed, ex=IDEMPOTENCY_TTL_SECONDS)
-        lease.queue_drop(pipe)
+        if not after:
+            lease.queue_drop(pipe)
         if finished is not None and finished.events:
             finished.queue(pipe)
         answers = await pipe.execute(raise_on_error=False)
@@ -970,7 +980,9 @@ async def _record_and_release(
         if finished is not None and finished.sent:
             EventLog.report_unpublished(finished.events, err if isinstance(err, Exception) else "cancelled")
         raise
-    if isinstance(answers[1], Exception):
+    if after:
+        answers.insert(1, None)
+    if after or isinstance(answers[1], Exception):
         await lease.drop()
     failed = next((a for a in answers[2:] if isinstance(a, Exception)), None)
     if failed is not None and finished is not None:

@@ -89,6 +89,42 @@ def _round_trips(monkeypatch: Any) -> list[list[str]]:
     return sent
 
 
+def _answer_lost_once(monkeypatch: Any) -> None:
+    """The next Redis pipeline runs, and its answer is lost (a ``ConnectionError``)."""
+    from redis.asyncio.client import Pipeline
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    real = Pipeline.execute
+    lost: list[Any] = []
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        answers = await real(self, *args, **kwargs)
+        if not lost:
+            lost.append(answers)
+            raise RedisConnectionError("answer lost")
+        return answers
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+
+
+def _sent_twice_once(monkeypatch: Any) -> None:
+    """The next Redis pipeline is sent twice, as redis-py's retry after a lost answer does."""
+    from redis.asyncio.client import Pipeline
+
+    real = Pipeline.execute
+    sent_twice: list[bool] = []
+
+    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if not sent_twice:
+            sent_twice.append(True)
+            commands = list(self.command_stack)
+            await real(self, *args, **kwargs)  # answered, and the answer lost: sent again
+            self.command_stack.extend(commands)
+        return await real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Pipeline, "execute", execute)
+
+
 async def test_a_fast_call_takes_two_round_trips_and_its_events_ride_with_its_record(redis, monkeypatch, tmp_path):
     """Claim, lease and a read of the record and the lease in one round trip; the
     result's record, the lease's drop (if still this attempt's) and the turn events in the

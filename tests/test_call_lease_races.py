@@ -6,14 +6,13 @@ a live holder's renewal, a claim whose answer was lost, a claim the client sent 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
 from activities.call_lease import RunningLease, running_lease_key
 from activities.tools import idempotency_key
 from hermes.models import ToolResultCode
-from tests.test_call_lease import _slow_charge, _tools
+from tests.test_call_lease import _answer_lost_once, _sent_twice_once, _slow_charge, _tools
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -100,29 +99,16 @@ async def test_a_refused_attempts_drop_never_deletes_a_live_holders_renewed_leas
 
 async def test_a_claim_whose_answer_was_lost_leaves_no_lease_for_a_later_attempt_to_wait_on(redis, tmp_path, monkeypatch):
     """The claim pipeline ran in Redis but its answer was lost: attempt 1 claims in the
-    durable ledger alone, runs and records its result there (Redis keeps "started"). The
-    lease its pipeline set is dropped, so attempt 2 answers from the durable record at
+    durable ledger alone, runs and records its result there. The lease its pipeline set
+    is taken back, so attempt 2 answers from the durable record at
     once (left, it waited the lease's whole 10 s on a token nobody held)."""
-    from redis.asyncio.client import Pipeline
-    from redis.exceptions import ConnectionError as RedisConnectionError
-
     runs: list[int] = []
     release = asyncio.Event()
     release.set()
     tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
-    real = Pipeline.execute
-    lost = []
-
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        answers = await real(self, *args, **kwargs)
-        if not lost:
-            lost.append(answers)
-            raise RedisConnectionError("answer lost")
-        return answers
-
-    monkeypatch.setattr(Pipeline, "execute", execute)
+    _answer_lost_once(monkeypatch)
     one = await tools.run_tool(request)
-    monkeypatch.setattr(Pipeline, "execute", real)
+    monkeypatch.undo()
     assert one.data == "charged 500"
     loop = asyncio.get_running_loop()
     began = loop.time()
@@ -137,24 +123,11 @@ async def test_a_claim_the_client_sent_twice_is_still_this_attempts_and_runs_the
     refused by its own first. The "started" record names the attempt's lease token, so
     the attempt still knows the claim is its own: it runs the tool once and returns its
     result (without the token it reported "outcome unknown" for a tool that never ran)."""
-    from redis.asyncio.client import Pipeline
-
     runs: list[int] = []
     release = asyncio.Event()
     release.set()
     tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
-    real = Pipeline.execute
-    sent_twice: list[bool] = []
-
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if not sent_twice:
-            sent_twice.append(True)
-            commands = list(self.command_stack)
-            await real(self, *args, **kwargs)  # answered, and the answer lost: sent again
-            self.command_stack.extend(commands)
-        return await real(self, *args, **kwargs)
-
-    monkeypatch.setattr(Pipeline, "execute", execute)
+    _sent_twice_once(monkeypatch)
     result = await asyncio.wait_for(tools.run_tool(request), 20)
     assert (result.code, result.data, runs) == (ToolResultCode.OK, "charged 500", [500])
     assert not await redis.exists(running_lease_key(idempotency_key(request.call_key)))
