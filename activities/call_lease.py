@@ -8,30 +8,26 @@ attempt (Temporal gave up on a late heartbeat) that finds the call started waits
 result while the lease lives: a busy worker's call is finishing, only a lapsed lease means
 its worker is gone (issue 31).
 
-Round trips (issue 31, "less CPU per tool call"): :func:`claim_call` sends the claim
-(``SET NX``), the lease (``SET NX PX``, with a value of the attempt's own) and a read of the
-record in one pipeline; the lease is renewed only once a fifth of
-:data:`STARTED_LEASE_SECONDS` has passed (:class:`RunningLease`), so a call done sooner
-costs no renewal task and no round trip of its own; its end drops the lease in the same
-pipeline as the result's record (``activities.tools``). A call used to take four round
-trips (claim, lease, record and drop, events); it takes two.
+Round trips (issue 31, "less CPU per tool call"): :func:`claim_call` makes the claim
+(``SET NX`` of the record), takes the lease (``SET NX PX`` with a value of the attempt's own,
+only if the claim was granted) and reads both, in one atomic Lua script (:data:`_CLAIM`; on
+a Redis Cluster, where the two keys are in different slots, a pipeline); the lease is
+renewed only once a fifth of :data:`STARTED_LEASE_SECONDS` has passed (:class:`RunningLease`),
+so a call done sooner costs no renewal task and no round trip of its own; its end drops the
+lease in the same pipeline as the result's record (``activities.tools``). A call used to
+take four round trips (claim, lease, record and drop, events); it takes two.
 
-Why the lease is taken only if absent and holds a token: an attempt refused the claim takes
-the lease too when no one holds it (the earlier attempt ended or died); it drops it at once
-and never waits on a lease holding its own token, so it can neither wait on itself nor keep
-another attempt waiting (both found by a break-it review of a pipeline that set the lease
-unconditionally). A lease is only ever dropped by the attempt whose token it holds (a Lua
-compare-and-delete, one key: a refused attempt's drop never removes a live holder's lease
-written back meanwhile), and a claim whose pipeline fails or is cancelled takes back the
-lease and the "started" record it may have set (else a retry reports a call that never ran
-as "outcome unknown"). A claim granted while *another* attempt holds the lease is either a
-race with a refused attempt that took the lease for an instant (it is looked for again,
-:data:`_LOOK_AGAIN_SECONDS`) or Redis lost the record of a call that still runs (an
-eviction): then the claim is not used, the caller waits for that attempt's result
-(``activities.tools``). On a Redis Cluster the lease is on another node than the record,
-so the record's write is answered before the lease is dropped. The "started" record names the lease's
-token, so a claim that the Redis client sent twice (a retry after a lost answer) is still
-this attempt's.
+Tokens: a lease is only ever dropped by the attempt whose token it holds (a Lua
+compare-and-delete, one key), so a late drop never removes a live holder's lease; a claim
+whose answer was lost or that was cancelled takes back the lease and the "started" record
+it may have set (else a retry reports a call that never ran as "outcome unknown"); the
+"started" record names the lease's token, so a claim the Redis client sent twice (a retry
+after a lost answer) is still this attempt's. A claim granted while *another* attempt holds
+the lease means Redis lost the record of a call that still runs (an eviction), or, on a
+cluster, a refused attempt took the lease for an instant: the claim is not used, the caller
+waits for the lease's holder and reports the outcome unknown when it lapses (never a second
+run). On a cluster the record's write is answered before the lease is dropped. Each of these
+was found by a break-it review (``tests/test_call_lease_*.py``).
 """
 
 from __future__ import annotations
@@ -42,6 +38,8 @@ import json
 import logging
 import uuid
 from typing import Any
+
+from redis.asyncio.cluster import RedisCluster
 
 from hermes.infra.connections import raise_if_cancelled
 from hermes.security import encryption
@@ -68,9 +66,17 @@ _DROP_IF_HELD = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call
 _UNDO_SECONDS = 0.5
 """The longest a claim that failed waits to take back what it may have set (seconds)."""
 
-_LOOK_AGAIN_SECONDS = (0.02, 0.1, 0.3)
-"""Pauses before a granted claim looks again for a free lease, when another attempt's token
-held it: a refused attempt that claimed at the same moment holds it for an instant."""
+_CLAIM = """
+local claimed = redis.call('SET', KEYS[1], ARGV[1], 'NX', 'EX', ARGV[2])
+if claimed then redis.call('SET', KEYS[2], ARGV[3], 'NX', 'PX', ARGV[4]) end
+return {claimed and 1 or 0, redis.call('GET', KEYS[1]), redis.call('GET', KEYS[2])}
+"""
+"""The claim on one Redis server, atomic: the record ``KEYS[1]`` set to ``ARGV[1]`` if
+absent (kept ``ARGV[2]`` s); only if that was granted, the lease ``KEYS[2]`` set to the token
+``ARGV[3]`` if absent (kept ``ARGV[4]`` ms); then whether it was granted, the record and the
+lease's holder. A refused attempt never touches the lease, so two attempts claiming at the
+same moment cannot take the lease from each other (found by break-it reviews of a
+pipeline, whose commands another client's can interleave)."""
 
 
 def _retrieved(task: asyncio.Future[Any]) -> None:
@@ -93,16 +99,24 @@ async def claim_call(lease: RunningLease, started: str, ttl_seconds: int) -> tup
         record's raw value as Redis holds it now (the earlier attempt's when refused).
 
     Raises:
-        redis.RedisError: Redis failed or its answer was lost (the lease this attempt may
-            have set is dropped first, within :data:`_DROP_SECONDS`).
+        redis.RedisError: Redis failed or its answer was lost (the lease and the record
+            this attempt may have set are taken back first, within :data:`_UNDO_SECONDS`).
     """
-    pipe = lease.redis.pipeline(transaction=False)
-    pipe.set(lease.record_key, started, nx=True, ex=ttl_seconds)
-    pipe.set(lease.key, lease.token, nx=True, px=int(STARTED_LEASE_SECONDS * 1000))
-    pipe.get(lease.record_key)
-    pipe.get(lease.key)
+    lease_ms = int(STARTED_LEASE_SECONDS * 1000)
     try:
-        claimed, _, record, holder = await pipe.execute()
+        if isinstance(lease.redis, RedisCluster):
+            # The record and the lease are in different slots (their key names predate this):
+            # a pipeline, each node's part in order; a refused attempt may take the lease.
+            pipe = lease.redis.pipeline(transaction=False)
+            pipe.set(lease.record_key, started, nx=True, ex=ttl_seconds)
+            pipe.set(lease.key, lease.token, nx=True, px=lease_ms)
+            pipe.get(lease.record_key)
+            pipe.get(lease.key)
+            claimed, _, record, holder = await pipe.execute()
+        else:
+            claimed, record, holder = await lease.redis.eval(
+                _CLAIM, 2, lease.record_key, lease.key, started, ttl_seconds, lease.token, lease_ms
+            )
     except BaseException:
         # Redis may have run it and lost the answer: what this attempt set is taken back (its
         # lease, and its "started" record, which would make a retry report a call that never
@@ -137,17 +151,10 @@ async def claim_for_attempt(lease: RunningLease, started: str, ttl_seconds: int)
     """
     claimed, raw = await claim_call(lease, encryption.seal(started), ttl_seconds)
     record = json.loads(encryption.open_quietly(raw, what=f"tool call record {lease.record_key}") or "{}")
-    for pause in _LOOK_AGAIN_SECONDS if claimed and not lease.taken else ():
-        # Another token holds the lease: a refused attempt's, taken for an instant (two
-        # claims at once), or a live attempt's whose record Redis lost (it renews: kept).
-        await asyncio.sleep(pause)
-        if await lease.redis.set(lease.key, lease.token, nx=True, px=int(STARTED_LEASE_SECONDS * 1000)):
-            lease.taken = True
-            break
     if lease.taken and (claimed or record.get("lease") == lease.token):
         return None  # (the second: this attempt's own claim, sent twice by a client's retry)
     if lease.taken:
-        await lease.drop()  # refused, and no attempt held the lease: the earlier one ended or died
+        await lease.drop()  # (a cluster's pipeline) refused, and no attempt held the lease
     return record
 
 

@@ -90,52 +90,53 @@ def _round_trips(monkeypatch: Any) -> list[list[str]]:
 
 
 def _answer_lost_once(monkeypatch: Any) -> None:
-    """The next Redis pipeline runs, and its answer is lost (a ``ConnectionError``)."""
-    from redis.asyncio.client import Pipeline
+    """The next Redis command or pipeline runs, and its answer is lost (a ``ConnectionError``)."""
+    from redis.asyncio.client import Pipeline, Redis
     from redis.exceptions import ConnectionError as RedisConnectionError
 
-    real = Pipeline.execute
     lost: list[Any] = []
 
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
-        answers = await real(self, *args, **kwargs)
-        if not lost:
-            lost.append(answers)
-            raise RedisConnectionError("answer lost")
-        return answers
+    def losing(real: Any) -> Any:
+        async def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+            answers = await real(self, *args, **kwargs)
+            if not lost:
+                lost.append(answers)
+                raise RedisConnectionError("answer lost")
+            return answers
 
-    monkeypatch.setattr(Pipeline, "execute", execute)
+        return run
+
+    monkeypatch.setattr(Pipeline, "execute", losing(Pipeline.execute))
+    monkeypatch.setattr(Redis, "execute_command", losing(Redis.execute_command))
 
 
 def _sent_twice_once(monkeypatch: Any) -> None:
-    """The next Redis pipeline is sent twice, as redis-py's retry after a lost answer does."""
-    from redis.asyncio.client import Pipeline
+    """The next Redis command is sent twice, as redis-py's retry after a lost answer does."""
+    from redis.asyncio.client import Redis
 
-    real = Pipeline.execute
+    real = Redis.execute_command
     sent_twice: list[bool] = []
 
-    async def execute(self: Any, *args: Any, **kwargs: Any) -> Any:
+    async def execute_command(self: Any, *args: Any, **kwargs: Any) -> Any:
         if not sent_twice:
             sent_twice.append(True)
-            commands = list(self.command_stack)
             await real(self, *args, **kwargs)  # answered, and the answer lost: sent again
-            self.command_stack.extend(commands)
         return await real(self, *args, **kwargs)
 
-    monkeypatch.setattr(Pipeline, "execute", execute)
+    monkeypatch.setattr(Redis, "execute_command", execute_command)
 
 
 async def test_a_fast_call_takes_two_round_trips_and_its_events_ride_with_its_record(redis, monkeypatch, tmp_path):
-    """Claim, lease and a read of the record and the lease in one round trip; the
-    result's record, the lease's drop (if still this attempt's) and the turn events in the
-    other. The events land in order and say what
+    """Claim, lease and a read of the record and the lease in one round trip (a Lua
+    script); the result's record, the lease's drop (if still this attempt's) and the turn
+    events in the other. The events land in order and say what
     the call returned; the lease is gone; a later attempt answers from the record."""
     runs: list[int] = []
     tools, request = _tools(redis, tmp_path, _charging(runs))
     sent = _round_trips(monkeypatch)
     result = await tools.run_tool(request)
     assert result.ok and result.data == "charged 500"
-    assert sent == [["SET", "SET", "GET", "GET"], ["SET", "EVAL", "XADD", "XADD", "EXPIRE"]], sent
+    assert sent == [["EVAL"], ["SET", "EVAL", "XADD", "XADD", "EXPIRE"]], sent
     events = await EventLog(redis).read(request.session_id)
     assert [e.type for e in events] == ["tool_call_started", "tool_call_finished"]
     assert (events[1].data["ok"], events[1].data["data"]) == (True, json.dumps("charged 500"))
@@ -181,19 +182,20 @@ async def test_a_claim_granted_while_another_attempt_holds_the_lease_waits_and_n
     assert asyncio.get_running_loop().time() - began >= 0.6, "it did not wait for the lease"
 
 
-async def test_an_attempt_refused_the_claim_never_waits_on_the_lease_it_took_even_if_its_drop_failed(redis):
-    """A refused attempt that took the lease (no one held it) drops it; if that drop is
-    lost, it still never waits on its own token."""
+async def test_a_refused_claim_never_takes_the_lease_and_never_waits_on_its_own_token(redis):
+    """A refused claim leaves the lease alone (the claim is one script: the lease is taken
+    only with a granted claim), and an attempt never counts its own token as another's."""
     key = f"hermes:toolcall:s-{uuid.uuid4()}:c1"
     await redis.set(key, json.dumps({"state": "started"}))
     lease = RunningLease(redis, key)
     claimed, record = await claim_call(lease, json.dumps({"state": "started"}), 60)
-    assert (claimed, lease.taken) == (False, True) and json.loads(record)["state"] == "started"
+    assert (claimed, lease.taken) == (False, False) and json.loads(record)["state"] == "started"
+    assert not await redis.exists(lease.key)
+    await redis.set(lease.key, lease.token)
     assert not await lease.held_by_another()  # its own token
-    other = RunningLease(redis, key)
-    assert await other.held_by_another()
+    assert await RunningLease(redis, key).held_by_another()
     await lease.drop()
-    assert not await other.held_by_another() and not await redis.exists(lease.key)
+    assert not await redis.exists(lease.key)
 
 
 async def test_a_lease_done_sooner_than_its_first_renewal_sets_no_task_and_a_stop_drops_it(redis):

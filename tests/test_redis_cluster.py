@@ -102,7 +102,7 @@ KNOWN = {
     "activities/model_steps.py": 3,  # a step's lease and result scripts (MULTI_KEY_OPERATIONS)
     "hermes/content/usage.py": 1,  # one key: a user's day of token usage
     "hermes/content/blobs.py": 1,  # one key a call: a body's TTL refresh
-    "activities/call_lease.py": 3,  # one key each: a tool call's running lease or record, dropped by its holder
+    "activities/call_lease.py": 4,  # a tool call's claim (2 keys, a standalone server only), and one key each: its lease or record dropped by its holder
 }
 """Every Lua script call (``.eval``) is listed whatever its key count (a regex cannot tell
 it reliably), and the operations above that name several keys."""
