@@ -84,6 +84,13 @@ def _retrieved(task: asyncio.Future[Any]) -> None:
         task.exception()  # a best-effort write: its failure is not reported again
 
 
+def open_record(raw: Any, key: str) -> dict[str, Any]:
+    """The call record ``raw`` (as Redis returned it for ``key``: sealed or not, bytes or
+    text) as a dict; ``{}`` when missing, and when it cannot be opened (then it reads as
+    not done: outcome unknown, never run twice)."""
+    return json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
+
+
 def _text(value: Any) -> str | None:
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
 
@@ -150,7 +157,7 @@ async def claim_for_attempt(lease: RunningLease, started: str, ttl_seconds: int)
         redis.RedisError: see :func:`claim_call`.
     """
     claimed, raw = await claim_call(lease, encryption.seal(started), ttl_seconds)
-    record = json.loads(encryption.open_quietly(raw, what=f"tool call record {lease.record_key}") or "{}")
+    record = open_record(raw, lease.record_key)
     if lease.taken and (claimed or record.get("lease") == lease.token):
         return None  # (the second: this attempt's own claim, sent twice by a client's retry)
     if lease.taken:

@@ -42,7 +42,7 @@ from redis.asyncio.cluster import RedisCluster
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from activities.call_lease import RunningLease, claim_for_attempt
+from activities.call_lease import RunningLease, claim_for_attempt, open_record
 from activities.heartbeat import heartbeating, with_heartbeat
 from activities.model_steps import remaining_seconds
 from hermes import names
@@ -648,27 +648,15 @@ class ToolActivities:
             except Exception as err:
                 # An attempt Temporal may retry: said, so a client does not wait on it.
                 failed = ToolResult(code=ToolResultCode.DEPENDENCY_UNAVAILABLE, message=f"this attempt failed ({type(err).__name__}); it may be retried")
-                if finished is None or not finished.sent:  # (else its end was published with its record)
-                    await self._publish_finished(request, announced, failed, time.monotonic() - started, retrying=True)
+                if finished is not None and not finished.sent:  # (else its end was published with its record)
+                    await finished.publish(failed, retrying=True)
                 raise
             except BaseException:
                 announced.cancel()
                 raise
-            if finished is None or not finished.sent:  # (sent with the call's ledger record)
-                await self._publish_finished(request, announced, result, time.monotonic() - started)
+            if finished is not None and not finished.sent:  # (else sent with the call's ledger record)
+                await finished.publish(result)
             return result
-
-    async def _publish_finished(
-        self, request: RunToolInput, announced: DelayedEvent, result: ToolResult, seconds: float, *, retrying: bool = False
-    ) -> None:
-        """Publish ``tool_call_finished``, after ``tool_call_started`` if that is out, else
-        with it in one write (a call done within :data:`STARTED_EVENT_DELAY_SECONDS`)."""
-        started_out = await announced.settle()
-        if self.events is None:
-            return
-        events = [] if started_out else [tool_event(request, "tool_call_started")]
-        events.append(tool_event(request, "tool_call_finished", result, seconds, retrying=retrying))
-        await self.events.publish_quietly(events)
 
     async def _run_tool(self, request: RunToolInput, finished: _FinishedEvents | None = None) -> ToolResult:
         """:meth:`run_tool` before :meth:`bounded`; ``finished``: the call's last turn
@@ -836,7 +824,7 @@ class ToolActivities:
                 asked = cancel_requests()  # this task may have handled a cancel before
                 try:
                     raw = await self.redis.get(key)
-                    record = json.loads(encryption.open_quietly(raw, what=f"tool call record {key}") or "{}")
+                    record = open_record(raw, key)
                     if record.get("state") == "done":
                         return record
                     if record.get("state") != "started":
@@ -844,7 +832,7 @@ class ToolActivities:
                     if not await lease.held_by_another():
                         # Read again: its holder may have written "done" and dropped the lease
                         # between the two reads (else "unknown" would overwrite its result).
-                        record = json.loads(encryption.open_quietly(await self.redis.get(key), what=f"tool call record {key}") or "{}")
+                        record = open_record(await self.redis.get(key), key)
                         return record if record.get("state") == "done" else None
                 except Exception as err:  # noqa: BLE001 - no answer: the caller reports what it has
                     log.warning("tool call %s: cannot wait for its earlier attempt: %s", key, err)
@@ -923,11 +911,12 @@ def _claim_and_call(ledger: CallLedger, request: RunToolInput, started: str, cal
 
 
 class _FinishedEvents:
-    """The turn events that end one tool call (``tool_call_finished``, and
-    ``tool_call_started`` when its delayed publish has not gone out), for a non-idempotent
-    call to send in the round trip of its ledger record (:func:`_record_and_release`);
-    :attr:`sent` once queued there, so :meth:`ToolActivities.run_tool` does not publish
-    them again."""
+    """The turn events that end one tool call: ``tool_call_finished``, after
+    ``tool_call_started`` if that is out, else with it in one write (a call done within
+    :data:`STARTED_EVENT_DELAY_SECONDS`). Published on their own (:meth:`publish`) or, for
+    a non-idempotent call, in the round trip of its ledger record
+    (:func:`_record_and_release`); :attr:`sent` once queued there, so
+    :meth:`ToolActivities.run_tool` does not publish them again."""
 
     def __init__(self, log_: EventLog, request: RunToolInput, announced: DelayedEvent, started: float) -> None:
         self.log = log_
@@ -937,12 +926,18 @@ class _FinishedEvents:
         self.events: list[TurnEvent] = []
         self.sent = False
 
-    async def settle(self, result: ToolResult) -> None:
+    async def settle(self, result: ToolResult, *, retrying: bool = False) -> None:
         """Wait for a ``tool_call_started`` already being published (it goes first), then
         make the events that say the call ended with ``result``."""
+        seconds = time.monotonic() - self.started  # the call's, not the wait for its started event
         started_out = await self.announced.settle()
         self.events = [] if started_out else [tool_event(self.request, "tool_call_started")]
-        self.events.append(tool_event(self.request, "tool_call_finished", result, time.monotonic() - self.started))
+        self.events.append(tool_event(self.request, "tool_call_finished", result, seconds, retrying=retrying))
+
+    async def publish(self, result: ToolResult, *, retrying: bool = False) -> None:
+        """:meth:`settle`, then publish the events in one write (best effort)."""
+        await self.settle(result, retrying=retrying)
+        await self.log.publish_quietly(self.events)
 
     def queue(self, pipe: Any) -> int:
         """Queue the events on ``pipe``; returns how many commands that took."""
