@@ -6,13 +6,16 @@ a live holder's renewal, a claim whose answer was lost, a claim the client sent 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from activities.call_lease import running_lease_key
 from activities.tools import idempotency_key
 from hermes.models import ToolResultCode
+from hermes.security import encryption
 from tests.test_call_lease import _answer_lost_once, _sent_twice_once, _slow_charge, _tools
+from tests.test_sealed_at_rest import KEYS
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -144,11 +147,21 @@ async def test_a_claim_whose_answer_was_lost_leaves_no_lease_for_a_later_attempt
     assert took < 2, f"attempt 2 waited {took:.1f} s on a lease nobody holds"
 
 
-async def test_a_claim_the_client_sent_twice_is_still_this_attempts_and_runs_the_tool_once(redis, tmp_path, monkeypatch):
-    """redis-py retries a pipeline after a lost connection: the claim's second sending is
-    refused by its own first. The "started" record names the attempt's lease token, so
-    the attempt still knows the claim is its own: it runs the tool once and returns its
-    result (without the token it reported "outcome unknown" for a tool that never ran)."""
+@pytest.fixture(params=[False, True], ids=["plain", "sealed at rest"])
+def at_rest(request: Any) -> Any:
+    """Records in Redis plain, then sealed (``HERMES_ENCRYPTION_KEYS``)."""
+    if request.param:
+        encryption.activate(encryption.parse_keys(KEYS, source="test", separator=","))
+    yield request.param
+    encryption.activate(None)
+
+
+async def test_a_claim_the_client_sent_twice_is_still_this_attempts_and_runs_the_tool_once(redis, tmp_path, monkeypatch, at_rest):
+    """redis-py sends a command again after a lost connection: the claim's second sending
+    is refused by its own first. The "started" record names the attempt's lease token, so
+    the attempt still knows the claim is its own (sealed or not): it runs the tool once and
+    returns its result (without the token it reported "outcome unknown" for a tool that
+    never ran)."""
     runs: list[int] = []
     release = asyncio.Event()
     release.set()
@@ -156,4 +169,6 @@ async def test_a_claim_the_client_sent_twice_is_still_this_attempts_and_runs_the
     _sent_twice_once(monkeypatch)
     result = await asyncio.wait_for(tools.run_tool(request), 20)
     assert (result.code, result.data, runs) == (ToolResultCode.OK, "charged 500", [500])
-    assert not await redis.exists(running_lease_key(idempotency_key(request.call_key)))
+    key = idempotency_key(request.call_key)
+    assert not await redis.exists(running_lease_key(key))
+    assert (b"charged" in await redis.get(key)) is not at_rest

@@ -1,5 +1,5 @@
-"""A non-idempotent tool call's claim with records sealed at rest and with a client that
-decodes responses (issue 31)."""
+"""A non-idempotent tool call's claim with a client that decodes responses (issue 31);
+records sealed at rest: ``tests/test_call_lease_races.py``."""
 
 from __future__ import annotations
 
@@ -10,31 +10,9 @@ import redis.asyncio as aioredis
 
 from activities.call_lease import running_lease_key
 from activities.tools import idempotency_key
-from hermes.models import ToolResultCode
-from hermes.security import encryption
-from tests.test_call_lease import _charging, _sent_twice_once, _slow_charge, _tools
-from tests.test_sealed_at_rest import KEYS
+from tests.test_call_lease import _slow_charge, _tools
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def sealed():
-    encryption.activate(encryption.parse_keys(KEYS, source="test", separator=","))
-    yield
-    encryption.activate(None)
-
-
-async def test_a_claim_the_client_sent_twice_runs_the_call_once_with_records_sealed_at_rest(redis, tmp_path, monkeypatch, sealed):
-    runs: list[int] = []
-    release = asyncio.Event()
-    release.set()
-    tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
-    _sent_twice_once(monkeypatch)
-    result = await asyncio.wait_for(tools.run_tool(request), 20)
-    assert (result.code, result.data, runs) == (ToolResultCode.OK, "charged 500", [500])
-    raw = await redis.get(idempotency_key(request.call_key))
-    assert b"charged" not in raw
 
 
 @pytest.mark.parametrize("with_ledger", [True, False])
