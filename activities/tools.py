@@ -365,10 +365,13 @@ def _schema_tokens(encoding: str, schema_json: str) -> int:
 
 
 def tool_event(
-    request: RunToolInput, kind: str, result: ToolResult | None = None, seconds: float = 0.0, *, retrying: bool = False
+    request: RunToolInput, kind: str, result: ToolResult | None = None, seconds: float = 0.0, *, retrying: bool = False,
+    attempt: int | None = None,
 ) -> TurnEvent:
     """A ``tool_call_started`` / ``tool_call_finished`` turn event of the call ``request``
-    (arguments and data cut to :data:`EVENT_ARGUMENTS_CHARS` characters of JSON)."""
+    (arguments and data cut to :data:`EVENT_ARGUMENTS_CHARS` characters of JSON);
+    ``attempt``: the activity's attempt (default: read from the running activity, which
+    a plain thread cannot)."""
     call = request.tool_call
     data: dict[str, Any] = {"tool_call_id": call.tool_call_id, "name": call.name}
     if result is None:
@@ -377,7 +380,7 @@ def tool_event(
         data.update(code=int(result.code), ok=result.ok, message=result.message[:EVENT_ARGUMENTS_CHARS], seconds=round(seconds, 3))
         if result.data is not None:
             data["data"] = preview_json(result.data, EVENT_ARGUMENTS_CHARS)
-    data["attempt"] = activity.info().attempt if activity.in_activity() else 1
+    data["attempt"] = attempt if attempt is not None else activity.info().attempt if activity.in_activity() else 1
     if retrying:
         data["retrying"] = True
     return TurnEvent(type=kind, session_id=request.session_id, turn=request.turn, data=data)  # type: ignore[arg-type]
@@ -660,14 +663,26 @@ class ToolActivities:
 
     async def _run_tool(self, request: RunToolInput, finished: _FinishedEvents | None = None) -> ToolResult:
         """:meth:`run_tool` before :meth:`bounded`; ``finished``: the call's last turn
-        events, for a non-idempotent call to send with its ledger record."""
+        events, for a non-idempotent call to send with its ledger record, and for a
+        synchronous idempotent one to send from its thread."""
         prepared = await self._prepare(request)
         if isinstance(prepared, ToolResult):
             return prepared
         tool, arguments, context = prepared
         if tool.idempotent:
+            # A synchronous tool's end is published from its thread when the result needs
+            # no content store (issue 31: no round trip of the event loop's for it).
+            in_thread = finished is not None and finished.log.blocking is not None and type(tool).invoke is FunctionTool.invoke
+            call = tool.sync_call(arguments, context) if in_thread else None
+            result: ToolResult | None = None
             try:
-                value = await with_heartbeat(tool.invoke(arguments, context))
+                if call is not None:
+                    assert finished is not None
+                    value, result = await with_heartbeat(
+                        run_in_tool_thread(functools.partial(_call_and_announce, call, finished, self.max_result_bytes))
+                    )
+                else:
+                    value = await with_heartbeat(tool.invoke(arguments, context))
             except ToolFailure as err:
                 return failure_result(err)
             except Exception as err:  # noqa: BLE001 - any tool failure is reported, then retried
@@ -678,7 +693,9 @@ class ToolActivities:
                 raise ApplicationError(
                     f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__, next_retry_delay=delay
                 ) from err
-            return to_tool_result(value)
+            if finished is not None and call is not None:
+                finished.report()
+            return result if result is not None else to_tool_result(value)
         return await self._run_at_most_once(request, tool, arguments, context, finished)
 
     async def _run_at_most_once(
@@ -910,6 +927,29 @@ def _claim_and_call(ledger: CallLedger, request: RunToolInput, started: str, cal
     return _InThread(result=result, written=True)
 
 
+def _call_and_announce(call: Any, finished: _FinishedEvents, max_result_bytes: int) -> tuple[Any, ToolResult | None]:
+    """In a thread of synchronous tools: an idempotent tool's ``call``, then, when its
+    result needs no content store (within ``max_result_bytes``, as
+    :meth:`ToolActivities.bounded` leaves it), the call's end events
+    (:meth:`_FinishedEvents.publish_in_thread`).
+
+    Returns:
+        ``(value, result)``: what the tool returned, and its result, or None when the loop
+        makes it (a value :func:`to_tool_result` refuses fails there as before).
+
+    Raises:
+        Exception: what the tool raised (the loop reports or retries it as before).
+    """
+    value = call()
+    try:
+        result = shallow_result(to_tool_result(value))
+    except Exception:  # noqa: BLE001 - made again on the loop, which reports it
+        return value, None
+    if 0 <= _result_size(result)[1] <= max_result_bytes:
+        finished.publish_in_thread(result)
+    return value, result
+
+
 class _FinishedEvents:
     """The turn events that end one tool call: ``tool_call_finished``, after
     ``tool_call_started`` if that is out, else with it in one write (a call done within
@@ -923,8 +963,10 @@ class _FinishedEvents:
         self.request = request
         self.announced = announced
         self.started = started
+        self.attempt = activity.info().attempt if activity.in_activity() else 1
         self.events: list[TurnEvent] = []
         self.sent = False
+        self._failed: BaseException | None = None
 
     async def settle(self, result: ToolResult, *, retrying: bool = False) -> None:
         """Wait for a ``tool_call_started`` already being published (it goes first), then
@@ -943,6 +985,30 @@ class _FinishedEvents:
         """Queue the events on ``pipe``; returns how many commands that took."""
         self.sent = True
         return self.log.queue(pipe, self.events)
+
+    def publish_in_thread(self, result: ToolResult) -> None:
+        """From the tool's thread (:func:`_call_and_announce`): unless ``tool_call_started``
+        is already out or on its way (then the loop publishes the end after it, as
+        :meth:`publish`), both events in one write (:meth:`EventLog.publish_in_thread`);
+        a failure waits for :meth:`report` on the loop."""
+        if not self.announced.take():
+            return
+        seconds = time.monotonic() - self.started
+        self.events = [
+            tool_event(self.request, "tool_call_started", attempt=self.attempt),
+            tool_event(self.request, "tool_call_finished", result, seconds, attempt=self.attempt),
+        ]
+        self.sent = True
+        self._failed = self.log.publish_in_thread(self.events)
+
+    def report(self) -> None:
+        """On the loop, after :meth:`publish_in_thread`: stop the started event's timer, and
+        report events that did not land (:meth:`EventLog.report_unpublished`)."""
+        if self.sent:
+            self.announced.cancel()
+        if self._failed is not None:
+            EventLog.report_unpublished(self.events, self._failed)
+            self._failed = None
 
 
 async def _record_and_release(

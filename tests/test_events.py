@@ -10,6 +10,7 @@ up to the reply, and the session's history is the same length with events on and
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from typing import Any
 
 import pytest
@@ -328,6 +329,118 @@ async def test_a_slow_tool_call_shows_as_started_while_it_runs_and_a_fast_ones_e
     assert await kinds("slow") == ["tool_call_started", "tool_call_finished"]
     assert fast.code == 0 and await kinds("fast") == ["tool_call_started", "tool_call_finished"]
 
+
+
+async def test_a_synchronous_tool_publishes_its_end_from_its_thread_in_order_with_its_attempt(redis, session_id):
+    # Issue 31: a synchronous idempotent tool's two events go out from its thread (no round
+    # trip of the event loop's); a slow one still shows as started while it runs, the
+    # started event never twice, and the events carry the activity's attempt.
+    import threading
+
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.tools import STARTED_EVENT_DELAY_SECONDS, ToolActivities
+    from hermes.models import RunToolInput, ToolCall
+
+    release = threading.Event()
+    threads: dict[str, str] = {}
+
+    def lookup(order_id: int) -> dict[str, int]:
+        """Look up an order."""
+        threads[str(order_id)] = threading.current_thread().name
+        if order_id == 1:
+            release.wait(30)
+        return {"order_id": order_id}
+
+    registry = ToolRegistry()
+    registry.register(lookup, idempotency="idempotent", permission="read")
+    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 15.0)
+    tools.events = log = EventLog(redis)
+    assert log.blocking is not None
+
+    def run(order_id: int, attempt: int) -> Any:
+        request = RunToolInput(
+            session_id=session_id, user_id="u", turn=1,
+            tool_call=ToolCall(tool_call_id=f"c{order_id}", name="lookup", arguments={"order_id": order_id}),
+        )
+        env = ActivityEnvironment()
+        env.info = dataclasses.replace(env.info, attempt=attempt)
+        return env.run(tools.run_tool, request)
+
+    async def events_of(call_id: str) -> list[tuple[str, int]]:
+        return [(e.type, e.data["attempt"]) for e in await log.read(session_id) if e.data.get("tool_call_id") == call_id]
+
+    slow = asyncio.create_task(run(1, 2))
+
+    async def started_shown() -> bool:
+        return await events_of("c1") == [("tool_call_started", 2)]
+
+    await eventually(started_shown, what="the slow call's started event", timeout_seconds=STARTED_EVENT_DELAY_SECONDS + 10)
+    release.set()
+    assert (await slow).code == 0
+    fast = await run(2, 3)
+    assert fast.code == 0 and fast.data == {"order_id": 2}
+    assert await events_of("c1") == [("tool_call_started", 2), ("tool_call_finished", 2)]
+    assert await events_of("c2") == [("tool_call_started", 3), ("tool_call_finished", 3)]
+    assert threads["2"].startswith("hermes-tool")
+
+
+async def test_a_synchronous_tools_end_events_that_do_not_land_are_reported_and_the_result_kept(redis, session_id):
+    # Events from the tool's thread are best effort like every turn event: a Redis that
+    # does not answer costs the events (reported: warning, metric, tally), never the result.
+    import redis as sync_redis
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.tools import ToolActivities
+    from hermes.infra.redis_writes import take_skipped
+    from hermes.models import RunToolInput, ToolCall
+
+    def lookup(order_id: int) -> dict[str, int]:
+        """Look up an order."""
+        return {"order_id": order_id}
+
+    registry = ToolRegistry()
+    registry.register(lookup, idempotency="idempotent", permission="read")
+    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 15.0)
+    tools.events = log = EventLog(redis)
+    log.blocking = sync_redis.Redis(port=_closed_port(), socket_connect_timeout=0.5, socket_timeout=0.5)
+    request = RunToolInput(
+        session_id=session_id, user_id="u", turn=1, tool_call=ToolCall(tool_call_id="c1", name="lookup", arguments={"order_id": 5})
+    )
+    take_skipped(session_id)
+    result = await ActivityEnvironment().run(tools.run_tool, request)
+    assert result.code == 0 and result.data == {"order_id": 5}
+    assert take_skipped(session_id) == {"turn_events": 2}
+    assert await log.read(session_id) == []
+
+
+def test_a_delayed_event_taken_by_a_thread_is_never_sent_and_one_being_sent_cannot_be_taken() -> None:
+    from hermes.content.events import DelayedEvent
+
+    async def scenario() -> list[bool]:
+        sent: list[str] = []
+
+        async def publish() -> None:
+            sent.append("started")
+
+        taken = DelayedEvent(publish, 0.01)
+        first = await asyncio.to_thread(taken.take)
+        again = taken.take()
+        due = DelayedEvent(publish, 0.01)
+        await asyncio.sleep(0.05)
+        late = await asyncio.to_thread(due.take)
+        await due.settle()
+        return [first, again, late, sent == ["started"], await taken.settle()]
+
+    assert asyncio.run(scenario()) == [True, False, False, True, False]
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _inline_call(session_id: str, text: str) -> Any:

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 from pathlib import Path
 
 import pytest
+from pydantic import Field
 
 from hermes.errors import ConfigError, ScriptExhaustedError, ToolArgumentsError, ToolRegistrationError
 from hermes.models import CallModelInput, Message, ToolResult, ToolResultCode
@@ -118,6 +120,67 @@ def test_arguments_are_coerced_by_pydantic():
     assert args.refundable is True
     defaults = tool.validate({"origin": "PEK", "destination": "CDG"})
     assert (defaults.passengers, defaults.refundable) == (1, False)
+
+
+def _plan_with_a_date(
+    count: int, kind: typing.Literal["fast", "slow"], when: typing.Annotated[str, Field(json_schema_extra={"format": "date"})],
+    ratio: float = 1.0, flag: bool = False, note: str | None = None, any: typing.Any = None,  # noqa: A002
+) -> dict:
+    """Plan something."""
+    return {}
+
+
+def _plan_with_a_text(
+    count: int, kind: typing.Literal["fast", "slow"], when: str,
+    ratio: float = 1.0, flag: bool = False, note: str | None = None, any: typing.Any = None,  # noqa: A002
+) -> dict:
+    """Plan something."""
+    return {}
+
+
+def _repaired_the_long_way(tool, arguments):
+    """What ``tool.validate`` returned before its fast path: :func:`coerce`, then pydantic."""
+    from pydantic import ValidationError
+
+    from hermes.tools import arguments as args_layer
+
+    try:
+        coerced = args_layer.coerce(tool.parameters_schema, args_layer.normalize_arguments(tool.name, arguments))
+        return tool.arguments_model.model_validate(coerced).model_dump()
+    except (ToolArgumentsError, ValidationError):
+        return "refused"
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"count": 3, "ratio": 0.5, "flag": True, "kind": "fast", "note": None, "when": "2024-03-05", "any": "x"},
+        {"count": 3, "ratio": 2, "flag": False, "kind": "fast", "when": "5 March 2024"},
+        {"count": "3", "ratio": "0.5", "flag": "yes", "kind": "FAST", "when": "2024/03/05"},
+        {"count": 3.0, "ratio": True, "flag": 1, "kind": "fast", "when": "2024-03-05"},
+        {"count": True, "kind": "fast", "when": "2024-03-05"},
+        {"Count": 3, "kind": "fast", "when": "2024-03-05"},
+        {"count": 3, "kind": "fast", "when": "2024-03-05", "note": "null"},
+        {"count": 3, "kind": "slow", "when": "2024-03-05", "any": 7},
+        {"count": None, "kind": "fast", "when": "2024-03-05"},
+        {"count": 3, "kind": "fast", "when": "2024-03-05", "extra": 1},
+        '{"count": 3, "kind": "fast", "when": "2024-03-05"}',
+    ],
+)
+@pytest.mark.parametrize("with_format", [True, False])
+def test_arguments_that_already_fit_skip_the_repair_walk_and_validate_to_the_same_values(arguments, with_format):
+    # The fast path (strict validation of scalars, issue 31) must give what the repair
+    # walk gives, and refuse what it refuses, for every kind of scalar a model sends.
+    registry = ToolRegistry()
+    plan = _plan_with_a_date if with_format else _plan_with_a_text
+    registry.register(plan, name="plan")
+    tool = registry.get("plan")
+    assert tool is not None and tool._plain_schema is not with_format  # a format: the walk rewrites dates
+    try:
+        fast = tool.validate(arguments).model_dump()
+    except ToolArgumentsError:
+        fast = "refused"
+    assert fast == _repaired_the_long_way(tool, arguments)
 
 
 def test_invalid_arguments_name_each_field_what_was_expected_and_what_was_received():

@@ -37,6 +37,7 @@ import contextvars
 import json
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from datetime import datetime, timezone
@@ -44,7 +45,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from hermes.infra.connections import cancel_requests, raise_if_cancelled
+from hermes.infra.connections import cancel_requests, raise_if_cancelled, sync_twin
 from hermes.infra.redis_writes import report_skipped, write_or_report
 from hermes.security import encryption
 
@@ -87,6 +88,9 @@ EVENT_ARGUMENTS_CHARS = 2_000
 (their whole values are in the transcript)."""
 PUBLISH_TIMEOUT_SECONDS = 1.0
 """The longest a publish may hold up the work it describes; then it is dropped."""
+_BLOCKING_CONNECTIONS = 16
+"""Connections of :attr:`EventLog.blocking` (a thread that finds none free within
+:data:`PUBLISH_TIMEOUT_SECONDS` drops its events, reported)."""
 START = "0-0"
 """The offset before the first event of any session."""
 
@@ -193,6 +197,9 @@ class EventLog:
         self.max_events = max_events
         self.ttl_seconds = ttl_seconds
         self.marker_ttl_seconds = min(marker_ttl_seconds, ttl_seconds)
+        self.blocking = sync_twin(redis, max_connections=_BLOCKING_CONNECTIONS, timeout_seconds=PUBLISH_TIMEOUT_SECONDS)
+        """A blocking client to the same Redis, for :meth:`publish_in_thread`; None where
+        there is none (a Redis Cluster or Sentinel client: events go through the loop)."""
 
     async def publish(self, events: Iterable[TurnEvent]) -> list[str]:
         """Append ``events`` (any sessions) in order; returns their offsets.
@@ -224,6 +231,28 @@ class EventLog:
         for key in keys:  # once per stream, after its events
             pipe.expire(key, self.ttl_seconds)
         return len(events) + len(keys)
+
+    def publish_in_thread(self, events: list[TurnEvent]) -> BaseException | None:
+        """:meth:`publish`, from a plain OS thread (a synchronous tool's, after the tool
+        returned: its end's events cost the event loop no round trip, issue 31), with
+        :attr:`blocking`, within :data:`PUBLISH_TIMEOUT_SECONDS` per command, tried once.
+
+        Returns:
+            None if published; else why not, for the caller to hand to
+            :meth:`report_unpublished` on the event loop (the tally is the loop's).
+
+        Raises:
+            RuntimeError: no :attr:`blocking` client (a programming error: check first).
+        """
+        if self.blocking is None:
+            raise RuntimeError("publish_in_thread needs a blocking client: this EventLog has none")
+        pipe = self.blocking.pipeline(transaction=False)
+        self.queue(pipe, events)
+        try:
+            pipe.execute()
+        except Exception as err:  # noqa: BLE001 - best effort: reported by the caller, dropped
+            return err
+        return None
 
     @staticmethod
     def report_unpublished(events: list[TurnEvent], err: BaseException | str) -> None:
@@ -606,13 +635,28 @@ class DelayedEvent:
     def __init__(self, publish: Callable[[], Awaitable[Any]] | None, delay_seconds: float) -> None:
         self._publish = publish
         self._task: asyncio.Future[Any] | None = None
+        self._taken = False
+        self._lock = threading.Lock()
         self._timer = asyncio.get_running_loop().call_later(delay_seconds, self._due) if publish is not None else None
 
     def _due(self) -> None:
         # From here on never cancelled: an event is not half sent.
         self._timer = None
         assert self._publish is not None
-        self._task = asyncio.ensure_future(self._publish())
+        with self._lock:
+            if self._taken:
+                return
+            self._task = asyncio.ensure_future(self._publish())
+
+    def take(self) -> bool:
+        """From any thread: True if the event was not due yet, and then it never will be
+        (the caller sends it, with what ends the work); False once it is being sent.
+        The timer is left to :meth:`cancel` (the loop's)."""
+        with self._lock:
+            if self._task is not None or self._taken or self._publish is None:
+                return False
+            self._taken = True
+            return True
 
     async def settle(self) -> bool:
         """True once the event is out; False (and it never will be) if it was not due yet.

@@ -446,7 +446,7 @@ _SYNC_TWIN_KWARGS = frozenset(
 )
 
 
-def sync_twin(client: Any) -> Any:
+def sync_twin(client: Any, *, max_connections: int = 8, timeout_seconds: float | None = None) -> Any:
     """A blocking ``redis.Redis`` to the same server as ``client``, for plain OS threads
     (a ``redis.asyncio`` client belongs to its event loop); same address, database,
     credentials, timeouts and TLS, a pool of at most 8 connections (its users are
@@ -454,6 +454,10 @@ def sync_twin(client: Any) -> Any:
 
     Args:
         client: a standalone ``redis.asyncio.Redis`` (TCP, TLS or a Unix socket).
+        max_connections: the pool's size (a thread waits for a free connection).
+        timeout_seconds: the longest a command, a connect or the wait for a free
+            connection takes (default: ``client``'s socket timeouts, and
+            :data:`REDIS_SOCKET_TIMEOUT_SECONDS` for the wait).
 
     Returns:
         The twin; None for anything else (None, a Redis Cluster or Sentinel client, a
@@ -471,6 +475,9 @@ def sync_twin(client: Any) -> Any:
     ):
         return None
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in _SYNC_TWIN_KWARGS}
+    if timeout_seconds is not None:
+        kwargs.update(socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds)
     return redis.Redis(connection_pool=redis.BlockingConnectionPool(
-        connection_class=getattr(redis.connection, name), max_connections=8, timeout=REDIS_SOCKET_TIMEOUT_SECONDS, **kwargs
+        connection_class=getattr(redis.connection, name), max_connections=max_connections,
+        timeout=REDIS_SOCKET_TIMEOUT_SECONDS if timeout_seconds is None else timeout_seconds, **kwargs
     ))
