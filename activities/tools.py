@@ -693,8 +693,8 @@ class ToolActivities:
                 raise ApplicationError(
                     f"{type(err).__name__}: {err}"[:_MAX_MESSAGE_CHARS], type=type(err).__name__, next_retry_delay=delay
                 ) from err
-            if finished is not None and call is not None:
-                finished.report()
+            if finished is not None and finished.sent:
+                finished.announced.cancel()  # (sent from the thread: the timer has no use)
             return result if result is not None else to_tool_result(value)
         return await self._run_at_most_once(request, tool, arguments, context, finished)
 
@@ -966,7 +966,7 @@ class _FinishedEvents:
         self.attempt = activity.info().attempt if activity.in_activity() else 1
         self.events: list[TurnEvent] = []
         self.sent = False
-        self._failed: BaseException | None = None
+        self._loop = asyncio.get_running_loop()
 
     async def settle(self, result: ToolResult, *, retrying: bool = False) -> None:
         """Wait for a ``tool_call_started`` already being published (it goes first), then
@@ -989,26 +989,24 @@ class _FinishedEvents:
     def publish_in_thread(self, result: ToolResult) -> None:
         """From the tool's thread (:func:`_call_and_announce`): unless ``tool_call_started``
         is already out or on its way (then the loop publishes the end after it, as
-        :meth:`publish`), both events in one write (:meth:`EventLog.publish_in_thread`);
-        a failure waits for :meth:`report` on the loop."""
+        :meth:`publish`), or the attempt was cancelled meanwhile (then nothing is), both
+        events in one write (:meth:`EventLog.publish_in_thread`). Never raises: events that
+        do not land are reported on the loop (:meth:`EventLog.report_unpublished`)."""
         if not self.announced.take():
             return
-        seconds = time.monotonic() - self.started
-        self.events = [
-            tool_event(self.request, "tool_call_started", attempt=self.attempt),
-            tool_event(self.request, "tool_call_finished", result, seconds, attempt=self.attempt),
-        ]
         self.sent = True
-        self._failed = self.log.publish_in_thread(self.events)
-
-    def report(self) -> None:
-        """On the loop, after :meth:`publish_in_thread`: stop the started event's timer, and
-        report events that did not land (:meth:`EventLog.report_unpublished`)."""
-        if self.sent:
-            self.announced.cancel()
-        if self._failed is not None:
-            EventLog.report_unpublished(self.events, self._failed)
-            self._failed = None
+        try:
+            seconds = time.monotonic() - self.started
+            self.events = [
+                tool_event(self.request, "tool_call_started", attempt=self.attempt),
+                tool_event(self.request, "tool_call_finished", result, seconds, attempt=self.attempt),
+            ]
+            failed = self.log.publish_in_thread(self.events)
+        except Exception as err:  # noqa: BLE001 - an event never fails the call it describes
+            failed = err
+        if failed is not None:
+            with contextlib.suppress(RuntimeError):  # (a closed loop: the worker is gone)
+                self._loop.call_soon_threadsafe(EventLog.report_unpublished, self.events, failed)
 
 
 async def _record_and_release(

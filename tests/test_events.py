@@ -414,6 +414,53 @@ async def test_a_synchronous_tools_end_events_that_do_not_land_are_reported_and_
     assert await log.read(session_id) == []
 
 
+async def test_a_cancelled_attempts_thread_publishes_nothing_and_an_unshowable_result_is_kept(redis, session_id):
+    # Found by a break-it review: the thread of an attempt cancelled before its started
+    # event was due still published started + finished(ok); and an event that could not be
+    # made (an integer JSON refuses) failed the call that ran, which was then retried.
+    import threading
+    import time
+
+    from temporalio.testing import ActivityEnvironment
+
+    from activities.tools import ToolActivities
+    from hermes.models import RunToolInput, ToolCall
+
+    done = threading.Event()
+    runs: list[int] = []
+
+    def lookup(order_id: int) -> dict[str, int]:
+        """Look up an order."""
+        runs.append(order_id)
+        if order_id == 1:
+            time.sleep(0.5)
+            done.set()
+        return {"order_id": order_id, "n": 10**5000}
+
+    registry = ToolRegistry()
+    registry.register(lookup, idempotency="idempotent", permission="read")
+    tools = ToolActivities(registry, redis, tier_seconds=lambda tier: 15.0)
+    tools.events = log = EventLog(redis)
+
+    def request(order_id: int) -> RunToolInput:
+        call = ToolCall(tool_call_id=f"c{order_id}", name="lookup", arguments={"order_id": order_id})
+        return RunToolInput(session_id=session_id, user_id="u", turn=1, tool_call=call)
+
+    env = ActivityEnvironment()
+    cancelled = asyncio.create_task(env.run(tools.run_tool, request(1)))
+    await asyncio.sleep(0.05)  # its started event is not due yet
+    env.cancel()
+    with pytest.raises(BaseException):
+        await cancelled
+    await asyncio.to_thread(done.wait, 5)
+    await asyncio.sleep(0.3)
+    assert [e for e in await log.read(session_id) if e.data.get("tool_call_id") == "c1"] == []
+
+    result = await ActivityEnvironment().run(tools.run_tool, request(2))
+    assert result.code == 0 and runs == [1, 2]
+    finished = [e for e in await log.read(session_id) if e.type == "tool_call_finished"]
+    assert len(finished) == 1 and "not shown" in finished[0].data["data"]
+
 def test_a_delayed_event_taken_by_a_thread_is_never_sent_and_one_being_sent_cannot_be_taken() -> None:
     from hermes.content.events import DelayedEvent
 

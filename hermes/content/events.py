@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import json
 import logging
 import re
@@ -88,9 +89,9 @@ EVENT_ARGUMENTS_CHARS = 2_000
 (their whole values are in the transcript)."""
 PUBLISH_TIMEOUT_SECONDS = 1.0
 """The longest a publish may hold up the work it describes; then it is dropped."""
-_BLOCKING_CONNECTIONS = 16
-"""Connections of :attr:`EventLog.blocking` (a thread that finds none free within
-:data:`PUBLISH_TIMEOUT_SECONDS` drops its events, reported)."""
+_BLOCKING_CONNECTIONS = 32
+"""Connections of :attr:`EventLog.blocking`, opened as needed (a thread that finds none
+free in time drops its events, reported)."""
 START = "0-0"
 """The offset before the first event of any session."""
 
@@ -131,8 +132,13 @@ def check_offset(offset: str) -> str:
 
 
 def preview_json(value: Any, limit: int) -> str:
-    """``value`` as JSON, cut to ``limit`` characters (with an ellipsis) when longer."""
-    text = json.dumps(value, ensure_ascii=False, default=str)
+    """``value`` as JSON, cut to ``limit`` characters (with an ellipsis) when longer; a
+    value JSON cannot show (an integer past Python's 4,300 digits, a cycle) as a JSON
+    string saying so: an event never fails the work it describes."""
+    try:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    except (ValueError, TypeError, RecursionError) as err:
+        text = json.dumps(f"(not shown: {type(err).__name__}: {err})"[: max(limit - 2, 0)], ensure_ascii=False)
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
@@ -197,9 +203,6 @@ class EventLog:
         self.max_events = max_events
         self.ttl_seconds = ttl_seconds
         self.marker_ttl_seconds = min(marker_ttl_seconds, ttl_seconds)
-        self.blocking = sync_twin(redis, max_connections=_BLOCKING_CONNECTIONS, timeout_seconds=PUBLISH_TIMEOUT_SECONDS)
-        """A blocking client to the same Redis, for :meth:`publish_in_thread`; None where
-        there is none (a Redis Cluster or Sentinel client: events go through the loop)."""
 
     async def publish(self, events: Iterable[TurnEvent]) -> list[str]:
         """Append ``events`` (any sessions) in order; returns their offsets.
@@ -231,6 +234,15 @@ class EventLog:
         for key in keys:  # once per stream, after its events
             pipe.expire(key, self.ttl_seconds)
         return len(events) + len(keys)
+
+    @functools.cached_property
+    def blocking(self) -> Any:
+        """A blocking client to the same Redis, for :meth:`publish_in_thread` (made on first
+        use); None where there is none (a Redis Cluster or Sentinel client: events go
+        through the loop). A connection's wait, its connect and its command each get a
+        third of :data:`PUBLISH_TIMEOUT_SECONDS`, so a publish holds a tool's thread no
+        longer than the loop's publish would hold the call."""
+        return sync_twin(self.redis, max_connections=_BLOCKING_CONNECTIONS, timeout_seconds=PUBLISH_TIMEOUT_SECONDS / 3)
 
     def publish_in_thread(self, events: list[TurnEvent]) -> BaseException | None:
         """:meth:`publish`, from a plain OS thread (a synchronous tool's, after the tool
@@ -671,7 +683,10 @@ class DelayedEvent:
         return True
 
     def cancel(self) -> None:
-        """Drop the event unless it is being sent."""
+        """Drop the event unless it is being sent; a later :meth:`take` (a thread still
+        running the work of a cancelled call) gets False."""
+        with self._lock:
+            self._taken = self._taken or self._task is None
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None

@@ -30,6 +30,7 @@ import contextlib
 import functools
 import inspect
 import re
+import types
 import typing
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -174,10 +175,11 @@ class FunctionTool(Tool):
 
     def validate(self, arguments: Any) -> BaseModel:
         arguments = args_layer.normalize_arguments(self.name, arguments)
-        if self._plain_schema and all(type(v) in _SCALARS for v in arguments.values()):
-            # Scalars that already fit (strict: no conversion) are what :func:`coerce`
-            # would return unchanged, without its walk of the schema (issue 31: the
-            # walk was a tenth of a tool call's event-loop CPU).
+        plain = self._plain_fields
+        if plain and arguments.keys() <= plain and all(type(v) in _SCALARS for v in arguments.values()):
+            # Scalars that already fit plain fields (strict: no conversion) are what
+            # :func:`coerce` would return unchanged, without its walk of the schema
+            # (issue 31: the walk was a tenth of a tool call's event-loop CPU).
             with contextlib.suppress(ValidationError):
                 return self.arguments_model.model_validate(arguments, strict=True)
         coerced = args_layer.coerce(self.parameters_schema, arguments)
@@ -187,11 +189,31 @@ class FunctionTool(Tool):
             raise ToolArgumentsError(self.name, args_layer.problems_from_pydantic(err)) from None
 
     @functools.cached_property
-    def _plain_schema(self) -> bool:
-        """Whether no part of the parameters' schema has a ``format``, the one rule of
-        :func:`~hermes.tools.arguments.coerce` that rewrites a string already of the
-        right type (a date's spelling)."""
-        return not _has_key(self.parameters_schema, "format")
+    def _plain_fields(self) -> frozenset[str]:
+        """The parameters whose valid values :func:`~hermes.tools.arguments.coerce` never
+        rewrites: typed ``str``, ``int``, ``float`` or ``bool`` (or one of them or None),
+        and described by the schema as that type and nothing else a repair reads (no
+        ``format``, ``enum``, ``const``, union or a ``type`` of its own that
+        ``json_schema_extra`` put there). Found by a break-it review: ``int | float``
+        given ``3.0`` is repaired to ``3``, an extra ``enum`` to its member's case."""
+        properties = self.parameters_schema.get("properties") or {}
+        plain: set[str] = set()
+        for name, field in self.arguments_model.model_fields.items():
+            annotation, optional = field.annotation, False
+            members = typing.get_args(annotation)
+            if typing.get_origin(annotation) in (typing.Union, types.UnionType) and len(members) == 2 and type(None) in members:
+                annotation, optional = next(m for m in members if m is not type(None)), True
+            json_type = _JSON_TYPES.get(annotation)  # type: ignore[arg-type]
+            schema = properties.get(name)
+            if json_type is None or field.alias not in (None, name) or not isinstance(schema, dict):
+                continue
+            if optional:
+                fits = schema.get("anyOf") == [{"type": json_type}, {"type": "null"}] and set(schema) <= _PLAIN_KEYWORDS | {"anyOf"}
+            else:
+                fits = schema.get("type") == json_type and set(schema) <= _PLAIN_KEYWORDS
+            if fits:
+                plain.add(name)
+        return frozenset(plain)
 
     async def invoke(self, arguments: Any, context: ToolContext) -> Any:
         call = self.sync_call(arguments, context)
@@ -245,21 +267,13 @@ threads, 6 here) would be exhausted by six of them. Threads start on demand."""
 
 
 _SCALARS = (str, int, float, bool, type(None))
-
-
-def _has_key(schema: Any, key: str) -> bool:
-    """Whether ``key`` is a key of any object in the JSON value ``schema`` (a property
-    named ``key`` counts too: a false yes only costs the fast path)."""
-    stack = [schema]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            if key in item:
-                return True
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-    return False
+_JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean"}
+_PLAIN_KEYWORDS = frozenset({
+    "type", "description", "default", "title", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+    "multipleOf", "minLength", "maxLength", "pattern",
+})
+"""Schema keywords no repair of :func:`~hermes.tools.arguments.coerce` reads for a value
+of the right type."""
 
 
 @functools.lru_cache(maxsize=1)
