@@ -247,7 +247,7 @@ class EventLog:
     def publish_in_thread(self, events: list[TurnEvent]) -> BaseException | None:
         """:meth:`publish`, from a plain OS thread (a synchronous tool's, after the tool
         returned: its end's events cost the event loop no round trip, issue 31), with
-        :attr:`blocking`, within :data:`PUBLISH_TIMEOUT_SECONDS` per command, tried once.
+        :attr:`blocking`, within :data:`PUBLISH_TIMEOUT_SECONDS` in all, tried once.
 
         Returns:
             None if published; else why not, for the caller to hand to
