@@ -69,6 +69,12 @@ def _slow_charge(runs: list[int], release: asyncio.Event) -> Any:
     return charge
 
 
+async def _started(runs: list[int]) -> None:
+    """Wait until the tool of :func:`_slow_charge` noted its run in ``runs`` (it is running)."""
+    while not runs:
+        await asyncio.sleep(0.01)
+
+
 def _round_trips(monkeypatch: Any) -> list[list[str]]:
     """Every Redis round trip from now on: a pipeline's commands, or one command."""
     from redis.asyncio.client import Pipeline, Redis
@@ -155,8 +161,7 @@ async def test_a_later_attempt_waits_for_the_live_attempt_holding_the_lease_and_
     release = asyncio.Event()
     tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
     first = asyncio.ensure_future(tools.run_tool(request))
-    while not runs:
-        await asyncio.sleep(0.01)
+    await _started(runs)
     second = asyncio.ensure_future(tools.run_tool(request))
     await asyncio.sleep(0.5)
     assert not second.done(), "the later attempt did not wait for the live one"

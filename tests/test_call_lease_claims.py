@@ -12,7 +12,7 @@ import pytest
 from activities.call_lease import RunningLease, running_lease_key
 from activities.tools import idempotency_key
 from hermes.models import ToolResultCode
-from tests.test_call_lease import _answer_lost_once, _slow_charge, _tools
+from tests.test_call_lease import _answer_lost_once, _slow_charge, _started, _tools
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -69,8 +69,7 @@ async def test_a_waiter_that_reads_the_record_just_before_the_holder_finishes_ge
     release = asyncio.Event()
     tools, request = _tools(redis, None, _slow_charge(runs, release))
     first = asyncio.ensure_future(tools.run_tool(request))
-    while not runs:
-        await asyncio.sleep(0.01)
+    await _started(runs)
     real = RunningLease.held_by_another
     polls: list[int] = []
 

@@ -9,7 +9,7 @@ import pytest
 
 from activities.call_lease import RunningLease, claim_for_attempt, running_lease_key
 from activities.tools import idempotency_key
-from tests.test_call_lease import _charging, _slow_charge, _tools
+from tests.test_call_lease import _charging, _slow_charge, _started, _tools
 from tests.test_redis_cluster import cluster_url, redis, settings  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,8 +32,7 @@ async def test_a_refused_attempt_drops_only_its_own_lease_on_the_cluster(redis, 
     release = asyncio.Event()
     tools, request = _tools(redis, tmp_path, _slow_charge(runs, release))
     first = asyncio.ensure_future(tools.run_tool(request))
-    while not runs:
-        await asyncio.sleep(0.01)
+    await _started(runs)
     key = idempotency_key(request.call_key)
     other = RunningLease(redis, key)
     record = await claim_for_attempt(other, '{"state": "started"}', 60)
@@ -75,8 +74,7 @@ async def test_on_a_cluster_the_lease_is_not_dropped_before_the_result_is_record
 
     monkeypatch.setattr(ClusterNode, "execute_pipeline", execute_pipeline)
     first = asyncio.ensure_future(tools.run_tool(request))
-    while not runs:
-        await asyncio.sleep(0.01)
+    await _started(runs)
     second = asyncio.ensure_future(tools.run_tool(request))
     await asyncio.sleep(0.5)
     release.set()

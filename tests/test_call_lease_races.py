@@ -14,15 +14,10 @@ from activities.call_lease import running_lease_key
 from activities.tools import idempotency_key
 from hermes.models import ToolResultCode
 from hermes.security import encryption
-from tests.test_call_lease import _answer_lost_once, _sent_twice_once, _slow_charge, _tools
+from tests.test_call_lease import _answer_lost_once, _sent_twice_once, _slow_charge, _started, _tools
 from tests.test_sealed_at_rest import KEYS
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def _started(runs: list[int]) -> None:
-    while not runs:
-        await asyncio.sleep(0.01)
 
 
 async def test_a_record_evicted_while_its_call_runs_makes_a_later_attempt_wait_for_its_result(redis, tmp_path):

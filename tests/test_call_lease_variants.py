@@ -10,7 +10,7 @@ import redis.asyncio as aioredis
 
 from activities.call_lease import running_lease_key
 from activities.tools import idempotency_key
-from tests.test_call_lease import _slow_charge, _tools
+from tests.test_call_lease import _slow_charge, _started, _tools
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -23,8 +23,7 @@ async def test_a_client_that_decodes_responses_runs_a_call_once_and_drops_its_le
         release = asyncio.Event()
         tools, request = _tools(client, tmp_path if with_ledger else None, _slow_charge(runs, release))
         first = asyncio.ensure_future(tools.run_tool(request))
-        while not runs:
-            await asyncio.sleep(0.01)
+        await _started(runs)
         second = asyncio.ensure_future(tools.run_tool(request))
         await asyncio.sleep(0.3)
         assert not second.done()
