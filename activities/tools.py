@@ -672,8 +672,8 @@ class ToolActivities:
         if tool.idempotent:
             # A synchronous tool's end is published from its thread when the result needs
             # no content store (issue 31: no round trip of the event loop's for it).
-            in_thread = finished is not None and finished.log.blocking is not None and type(tool).invoke is FunctionTool.invoke
-            call = tool.sync_call(arguments, context) if in_thread else None
+            in_thread = finished is not None and finished.log.blocking is not None
+            call = _sync_call(tool, arguments, context) if in_thread else None
             result: ToolResult | None = None
             try:
                 if call is not None:
@@ -750,7 +750,7 @@ class ToolActivities:
                 ran = _InThread(fallback=True)
                 try:
                     # A synchronous tool: claimed, run and recorded in one hop to a thread.
-                    call = tool.sync_call(arguments, context) if type(tool).invoke is FunctionTool.invoke else None
+                    call = _sync_call(tool, arguments, context)
                     if call is not None:
                         ran = await with_heartbeat(run_in_tool_thread(
                             functools.partial(_claim_and_call, self.ledger, request, started, call, self.max_result_bytes)))
@@ -927,6 +927,13 @@ def _claim_and_call(ledger: CallLedger, request: RunToolInput, started: str, cal
     return _InThread(result=result, written=True)
 
 
+def _sync_call(tool: Tool, arguments: Any, context: ToolContext) -> Any:
+    """The call of ``tool``'s synchronous function (:meth:`FunctionTool.sync_call`), to run in
+    a thread with what must happen there around it; None for a coroutine function and for
+    a tool whose ``invoke`` is its own (a subclass, an MCP or HTTP tool)."""
+    return tool.sync_call(arguments, context) if type(tool).invoke is FunctionTool.invoke else None  # type: ignore[attr-defined]
+
+
 def _call_and_announce(call: Any, finished: _FinishedEvents, max_result_bytes: int) -> tuple[Any, ToolResult | None]:
     """In a thread of synchronous tools: an idempotent tool's ``call``, then, when its
     result needs no content store (within ``max_result_bytes``, as
@@ -972,9 +979,14 @@ class _FinishedEvents:
         """Wait for a ``tool_call_started`` already being published (it goes first), then
         make the events that say the call ended with ``result``."""
         seconds = time.monotonic() - self.started  # the call's, not the wait for its started event
-        started_out = await self.announced.settle()
-        self.events = [] if started_out else [tool_event(self.request, "tool_call_started")]
-        self.events.append(tool_event(self.request, "tool_call_finished", result, seconds, retrying=retrying))
+        self.events = self._made(result, seconds, started=not await self.announced.settle(), retrying=retrying)
+
+    def _made(self, result: ToolResult, seconds: float, *, started: bool, retrying: bool = False) -> list[TurnEvent]:
+        """``tool_call_finished`` for ``result`` after ``seconds``, after ``tool_call_started``
+        when ``started`` (not out yet); callable from any thread (the attempt is the one
+        read on the loop)."""
+        finished = tool_event(self.request, "tool_call_finished", result, seconds, retrying=retrying, attempt=self.attempt)
+        return [tool_event(self.request, "tool_call_started", attempt=self.attempt), finished] if started else [finished]
 
     async def publish(self, result: ToolResult, *, retrying: bool = False) -> None:
         """:meth:`settle`, then publish the events in one write (best effort)."""
@@ -996,11 +1008,7 @@ class _FinishedEvents:
             return
         self.sent = True
         try:
-            seconds = time.monotonic() - self.started
-            self.events = [
-                tool_event(self.request, "tool_call_started", attempt=self.attempt),
-                tool_event(self.request, "tool_call_finished", result, seconds, attempt=self.attempt),
-            ]
+            self.events = self._made(result, time.monotonic() - self.started, started=True)
             failed = self.log.publish_in_thread(self.events)
         except Exception as err:  # noqa: BLE001 - an event never fails the call it describes
             failed = err
