@@ -24,13 +24,12 @@ chunks) also calls :func:`beat` per chunk. Outside an activity and in a local ac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import contextvars
 import itertools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from temporalio import activity
@@ -54,6 +53,12 @@ class Ticker:
     Started on first use, so a process that never registers anything has no thread.
     """
 
+    MAX_SLEEP_SECONDS = 0.25
+    """The longest the thread sleeps, with or without entries: an entry added to be due
+    later than that (every heartbeat of a timeout of 1.5 s or more) does not wake it. Four
+    wakes a second cost less than one per activity (issue 31: each activity's first entry
+    woke the sleeping thread, a thread switch and a wait for the GIL per tool call)."""
+
     def __init__(self, name: str) -> None:
         self.name = name
         self._cond = threading.Condition()
@@ -61,8 +66,8 @@ class Ticker:
         self._ids = itertools.count()
         self._thread: threading.Thread | None = None
         self._wake_at = 0.0
-        """When the thread wakes next (monotonic seconds; inf: when told): an entry due
-        later does not wake it (each wake costs a thread switch and the GIL)."""
+        """When the thread wakes next (monotonic seconds; 0: awake): an entry due later
+        does not wake it (each wake costs a thread switch and the GIL)."""
 
     def add(self, fn: Callable[[], None], interval_seconds: float, *, first_after_seconds: float = 0.0) -> int:
         """Call ``fn()`` after ``first_after_seconds`` (default: now) and then every
@@ -94,9 +99,9 @@ class Ticker:
                 for key, _ in due:
                     self._entries[key][0] = now + self._entries[key][1]
                 if not due:
-                    nearest = min((entry[0] for entry in self._entries.values()), default=None)
-                    self._wake_at = float("inf") if nearest is None else nearest
-                    self._cond.wait(None if nearest is None else nearest - now)
+                    self._wake_at = min((entry[0] for entry in self._entries.values()), default=now + self.MAX_SLEEP_SECONDS)
+                    self._wake_at = min(self._wake_at, now + self.MAX_SLEEP_SECONDS)
+                    self._cond.wait(self._wake_at - now)
                     self._wake_at = 0.0  # awake: a new entry is seen before the next wait
                     continue
             for key, fn in due:
@@ -194,8 +199,7 @@ def heartbeat_sender() -> Callable[[], None]:
     return _core_sender() or _loop_sender()
 
 
-@contextlib.asynccontextmanager
-async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[None]:
+class heartbeating:  # noqa: N801 - used as a function: ``async with heartbeating():``
     """Heartbeat from the :data:`HEARTBEATS` thread while the block runs.
 
     The first heartbeat is sent after ``interval_seconds``, then one every
@@ -210,23 +214,37 @@ async def heartbeating(interval_seconds: float | None = None) -> AsyncIterator[N
             attempt's heartbeat timeout.
 
     Raises:
-        ValueError: ``interval_seconds`` is not positive.
+        ValueError: ``interval_seconds`` is not positive (on entering the block).
+
+    (A class, not a generator-based context manager: it is entered once per activity,
+    issue 31.)
     """
-    if not _can_heartbeat() or _beating.get():
-        yield
-        return
-    if interval_seconds is None:
-        timeout = activity.info().heartbeat_timeout
-        interval_seconds = beat_interval_seconds(timeout.total_seconds() if timeout else None)
-    if interval_seconds <= 0:
-        raise ValueError(f"interval_seconds: expected a positive number of seconds, got {interval_seconds!r}")
-    key = HEARTBEATS.add(heartbeat_sender(), interval_seconds, first_after_seconds=interval_seconds)
-    token = _beating.set(True)
-    try:
-        yield
-    finally:
-        _beating.reset(token)
-        HEARTBEATS.remove(key)
+
+    __slots__ = ("_interval", "_key", "_token")
+
+    def __init__(self, interval_seconds: float | None = None) -> None:
+        self._interval = interval_seconds
+        self._key: int | None = None
+        self._token: contextvars.Token[bool] | None = None
+
+    async def __aenter__(self) -> None:
+        if not _can_heartbeat() or _beating.get():
+            return
+        interval_seconds = self._interval
+        if interval_seconds is None:
+            timeout = activity.info().heartbeat_timeout
+            interval_seconds = beat_interval_seconds(timeout.total_seconds() if timeout else None)
+        if interval_seconds <= 0:
+            raise ValueError(f"interval_seconds: expected a positive number of seconds, got {interval_seconds!r}")
+        self._key = HEARTBEATS.add(heartbeat_sender(), interval_seconds, first_after_seconds=interval_seconds)
+        self._token = _beating.set(True)
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        if self._key is not None:
+            assert self._token is not None
+            _beating.reset(self._token)
+            HEARTBEATS.remove(self._key)
+            self._key = self._token = None
 
 
 async def with_heartbeat(awaitable: Awaitable[T], interval_seconds: float | None = None) -> T:

@@ -240,6 +240,35 @@ def test_a_ticker_entry_first_runs_after_its_delay_and_one_due_now_wakes_a_sleep
         ticker.remove(key)
 
 
+def test_a_sleeping_ticker_is_woken_only_by_an_entry_due_before_it_wakes_on_its_own():
+    """Each activity adds an entry whose first beat is a sixth of its heartbeat timeout
+    away: that must not wake the ticker's thread (a thread switch and a wait for the GIL
+    per tool call, issue 31). The thread never sleeps longer than
+    ``Ticker.MAX_SLEEP_SECONDS``, so only an entry due sooner wakes it."""
+    ticker = Ticker("test-ticker-wakes")
+    notified: list[float] = []
+    real_notify = ticker._cond.notify
+
+    def counting_notify(n: int = 1) -> None:
+        notified.append(time.monotonic())
+        real_notify(n)
+
+    ticker._cond.notify = counting_notify  # type: ignore[method-assign]
+    ran = threading.Event()
+    first = ticker.add(lambda: None, 60.0, first_after_seconds=60.0)  # starts the thread
+    deadline = time.monotonic() + 10
+    while ticker._wake_at == 0.0 and time.monotonic() < deadline:  # until it sleeps
+        time.sleep(0.01)
+    assert 0.0 < ticker._wake_at <= time.monotonic() + Ticker.MAX_SLEEP_SECONDS, "it sleeps at most MAX_SLEEP_SECONDS"
+    notified.clear()
+    later = ticker.add(lambda: None, 5.0, first_after_seconds=5.0 / 6)  # a 5 s heartbeat timeout's first beat
+    assert notified == [], "an entry due after the thread's own wake-up woke it"
+    now = ticker.add(ran.set, 60.0)
+    assert len(notified) == 1 and ran.wait(10), "an entry due now is run at once"
+    for key in (first, later, now):
+        ticker.remove(key)
+
+
 class GatedModel:
     """A provider that answers once :attr:`gate` is set, noting when it was asked
     (:attr:`asked`) and whether its request was cancelled (:attr:`cancelled`)."""
