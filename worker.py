@@ -369,7 +369,7 @@ def _memory_activities(
         batch_size=settings.memory_batch_size,
         batch_seconds=settings.memory_batch_seconds,
         redis=redis,
-        heartbeat_seconds=settings.model_heartbeat_seconds,
+        heartbeat_seconds=settings.memory_heartbeat_seconds,
         judge_max_calls=settings.resolved_memory_judge_max_calls,
     )
     return activities

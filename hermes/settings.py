@@ -177,13 +177,23 @@ class Settings(BaseSettings):
     """Start-to-close timeout of one model call attempt."""
     model_max_attempts: int = 5
     model_heartbeat_seconds: float = Field(default=1.0, ge=0)
-    """Heartbeat timeout of model calls, summaries, memory extraction and memory store
-    writes: an attempt whose worker died is retried after at most this long instead of
+    """Heartbeat timeout of model calls, summaries and memory extraction (a turn's path;
+    the memory writer's store work has :attr:`memory_heartbeat_seconds`): an attempt whose
+    worker died is retried after at most this long instead of
     after ``model_timeout_seconds`` (``bench/recovery.py``: 1 s brings a crashed worker's
     turn back in 3.8-4.0 s, 2 s in 5.2 s). The worker sends a heartbeat RPC every third of
     it per running activity (``heartbeat_throttle_seconds``); a worker whose event loop
     stalls for about this long has its calls retried, and billed again. 0: no heartbeat
     timeout (e.g. while workers that do not heartbeat model calls are still serving)."""
+
+    memory_heartbeat_seconds: float = Field(default=10.0, ge=0)
+    """Heartbeat timeout of the memory writer's and the consolidation's activities (store
+    writes, the judge, forgetting a user, consolidating): off every turn's path, so a dead
+    worker's write can wait this long to be retried, and a starved worker is not taken for
+    a dead one. With the model calls' 1 s, the README demo beside sixteen CPU hogs on 2
+    cores (the event loop and the GIL held 1.6 s) had a live worker's write timed out and
+    run again (issue 31: a heartbeat timeout must mean the worker is gone). 0: none, only
+    the activities' start-to-close timeouts."""
 
     tool_modules: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Extra modules whose ``@tool`` functions are registered (comma-separated)."""

@@ -250,6 +250,11 @@ async def test_ten_candidates_are_written_at_once_in_one_activity_without_waitin
     assert len(rows) == 10 and all(r["status"] == "active" for r in rows)
     [(write, batch)] = await scheduled(temporal_client, names.memory_writer_id(user), names.WRITE_MEMORIES, WriteMemoriesInput)
     assert len(batch.candidates) == 10
+    # Off the turn's path: the memory heartbeat's margin (10 s), not the model calls' 1 s
+    # (beside sixteen CPU hogs a live worker's write was timed out and run again, issue 31).
+    beat = write.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
+    assert beat == timedelta(seconds=settings.memory_heartbeat_seconds) == timedelta(seconds=10)
+    assert settings.model_heartbeat_seconds < settings.memory_heartbeat_seconds
 
 
 TWELVE_FACTS = [

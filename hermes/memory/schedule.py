@@ -98,7 +98,7 @@ def consolidation_stamp(settings: Settings, task_queue: str) -> ScheduleStamp:
         "execution_timeout_seconds": execution.total_seconds(),
         "task_queue": task_queue,
         "archive_after_days": settings.archive_after_days,
-        "heartbeat_seconds": settings.model_heartbeat_seconds,
+        "heartbeat_seconds": settings.memory_heartbeat_seconds,
         "max_judge_calls": settings.resolved_memory_judge_max_calls,
     }
     digest = hashlib.sha256(json.dumps(made_of, sort_keys=True).encode()).hexdigest()
@@ -127,7 +127,7 @@ def _schedule(settings: Settings, task_queue: str, stamp: ScheduleStamp, schedul
             # (signed again whenever a worker writes the schedule).
             command_auth.signed(
                 ConsolidationInput(
-                    archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.model_heartbeat_seconds,
+                    archive_after_days=settings.archive_after_days, heartbeat_seconds=settings.memory_heartbeat_seconds,
                     max_judge_calls=settings.resolved_memory_judge_max_calls,
                 ),
                 names.START_CONSOLIDATION, names.CONSOLIDATION_TARGET, sender="hermes-worker", roles=["admin"],
