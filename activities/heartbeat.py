@@ -54,10 +54,12 @@ class Ticker:
     """
 
     MAX_SLEEP_SECONDS = 0.25
-    """The longest the thread sleeps, with or without entries: an entry added to be due
-    later than that (every heartbeat of a timeout of 1.5 s or more) does not wake it. Four
-    wakes a second cost less than one per activity (issue 31: each activity's first entry
-    woke the sleeping thread, a thread switch and a wait for the GIL per tool call)."""
+    """The longest the thread sleeps, with or without entries. A new entry wakes it only if
+    it is due more than half its interval before the thread wakes on its own: otherwise its
+    first call waits for that wake-up (late by at most half its interval; a heartbeat's first
+    beat, due a sixth of the timeout after the start, then comes within a quarter of it).
+    Four wakes a second cost less than one per activity (issue 31: each activity's first
+    entry woke the sleeping thread, a thread switch and a wait for the GIL per tool call)."""
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -70,8 +72,9 @@ class Ticker:
         does not wake it (each wake costs a thread switch and the GIL)."""
 
     def add(self, fn: Callable[[], None], interval_seconds: float, *, first_after_seconds: float = 0.0) -> int:
-        """Call ``fn()`` after ``first_after_seconds`` (default: now) and then every
-        ``interval_seconds`` (> 0) until :meth:`remove`.
+        """Call ``fn()`` after ``first_after_seconds`` (default: now; at most half an
+        interval later, see :attr:`MAX_SLEEP_SECONDS`) and then every ``interval_seconds``
+        (> 0) until :meth:`remove`.
 
         Returns:
             The handle to pass to :meth:`remove`.
@@ -82,7 +85,7 @@ class Ticker:
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
-            if self._entries[key][0] < self._wake_at:
+            if self._entries[key][0] + interval_seconds / 2 < self._wake_at:
                 self._cond.notify()
         return key
 
@@ -228,6 +231,8 @@ class heartbeating:  # noqa: N801 - used as a function: ``async with heartbeatin
         self._token: contextvars.Token[bool] | None = None
 
     async def __aenter__(self) -> None:
+        if self._key is not None:
+            raise RuntimeError("this heartbeating block is already entered: make a new one for each block")
         if not _can_heartbeat() or _beating.get():
             return
         interval_seconds = self._interval

@@ -186,7 +186,7 @@ class MemoryActivities:
         batch_size: int = 10,
         batch_seconds: float = 5.0,
         redis: Any = None,
-        heartbeat_seconds: float = 2.0,
+        heartbeat_seconds: float = 10.0,
         judge_max_calls: int = 0,
     ) -> None:
         self.judge_max_calls = judge_max_calls
@@ -627,7 +627,9 @@ class MemoryActivities:
         and the consolidation run it). A store failure raises (retried; verdicts already
         applied find their rows gone and change nothing)."""
         try:
-            async with self._changing(inp.user_id):
+            # Heartbeating also while the model answers (found by a break-it review: only the
+            # store calls beat, so a judge call longer than the timeout was run and paid again).
+            async with self._changing(inp.user_id), heartbeating():
                 return await judge_pairs(self.store(), self.provider, inp, run=self._run)
         except MemoryStoreError as err:
             raise ApplicationError(str(err), type=type(err).__name__) from None

@@ -24,7 +24,12 @@ def _env(name: str) -> AliasChoices:
 
 
 class Settings(BaseSettings):
-    """All of Hermes' settings. Read once per process with :func:`get_settings`."""
+    """All of Hermes' settings. Read once per process with :func:`get_settings`.
+
+    Long because: one field per setting, each with what it does and where its default comes
+    from; pydantic-settings reads them as one class, and one table is what an operator
+    looks through.
+    """
 
     model_config = SettingsConfigDict(env_prefix="HERMES_", env_file=".env", extra="ignore")
 
@@ -336,12 +341,14 @@ class Settings(BaseSettings):
     memory_consolidation_execution_timeout_seconds: float | None = Field(default=None, gt=0)
     """Execution timeout of one scheduled consolidation (its runs through continue-as-new);
     unset: 90% of ``memory_consolidation_every_seconds``."""
-    memory_consolidation_schedule_version: int = Field(default=1, ge=1)
+    memory_consolidation_schedule_version: int = Field(default=2, ge=1)
     """The version of the consolidation schedule's settings this worker has
     (:mod:`hermes.memory.schedule`). A worker writes the global schedule only when it is
     missing or was written by a lower version: raise it together with a change of the
-    interval, the timeouts, the archive age or the judge's calls, and workers still on the
-    old settings never write theirs back."""
+    interval, the timeouts (also ``memory_heartbeat_seconds``), the archive age or the
+    judge's calls, and workers still on the old settings never write theirs back. 2 since
+    ``memory_heartbeat_seconds`` (10 s) replaced the model calls' heartbeat in the schedule's
+    input: upgraded workers write it once, older ones (1) leave it alone."""
     memory_store_scope: Literal["shared", "local"] | None = None
     """Who else uses the memory store at ``memory_uri`` when it is a local path
     (:mod:`hermes.memory.location`): ``shared``, every worker mounts the same one (a network

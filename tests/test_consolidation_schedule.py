@@ -21,6 +21,7 @@ from temporalio.worker import Worker
 
 from hermes import names
 from hermes.security import command_auth
+from hermes.memory.models import ConsolidationInput
 from hermes.memory.schedule import ScheduleStamp, consolidation_stamp, ensure_consolidation_schedule, schedule_decision
 from hermes.settings import Settings
 from tests.support import eventually
@@ -58,27 +59,58 @@ async def test_workers_with_other_settings_never_flip_the_schedule_and_a_higher_
     temporal_client: Client, settings: Settings
 ) -> None:
     schedule_id = f"consolidation-{uuid.uuid4()}"
+    base = settings.memory_consolidation_schedule_version
     old = settings.model_copy(update={"memory_consolidation_every_seconds": 1800.0})
-    new = settings.model_copy(update={"memory_consolidation_every_seconds": 900.0, "memory_consolidation_schedule_version": 2})
+    new = settings.model_copy(update={"memory_consolidation_every_seconds": 900.0, "memory_consolidation_schedule_version": base + 1})
     same_version_other = old.model_copy(update={"memory_consolidation_every_seconds": 600.0})
     handle = temporal_client.get_schedule_handle(schedule_id)
     try:
         await ensure_consolidation_schedule(temporal_client, old, schedule_id=schedule_id)
         await ensure_consolidation_schedule(temporal_client, same_version_other, schedule_id=schedule_id)
-        assert await _interval_and_stamp(temporal_client, schedule_id) == (timedelta(seconds=1800), 1)
+        assert await _interval_and_stamp(temporal_client, schedule_id) == (timedelta(seconds=1800), base)
         # A rolling deploy: new and old workers start in turns; the new settings stay.
         for worker_settings in (new, old, new, old, old):
             await ensure_consolidation_schedule(temporal_client, worker_settings, schedule_id=schedule_id)
-            assert await _interval_and_stamp(temporal_client, schedule_id) == (timedelta(seconds=900), 2)
+            assert await _interval_and_stamp(temporal_client, schedule_id) == (timedelta(seconds=900), base + 1)
         await handle.pause(note="paused by an operator")
-        newest = new.model_copy(update={"memory_consolidation_every_seconds": 300.0, "memory_consolidation_schedule_version": 3})
+        newest = new.model_copy(update={"memory_consolidation_every_seconds": 300.0, "memory_consolidation_schedule_version": base + 2})
         await ensure_consolidation_schedule(temporal_client, newest, schedule_id=schedule_id)
-        assert await _interval_and_stamp(temporal_client, schedule_id) == (timedelta(seconds=300), 3)
+        assert await _interval_and_stamp(temporal_client, schedule_id) == (timedelta(seconds=300), base + 2)
         description = await handle.describe()
         assert description.schedule.state.paused  # an update does not unpause it
         action = description.schedule.action
         assert isinstance(action, ScheduleActionStartWorkflow)
         assert action.run_timeout == action.execution_timeout == timedelta(seconds=270)
+    finally:
+        await handle.delete()
+
+
+@pytest.mark.timeout(120)
+async def test_an_upgraded_worker_rewrites_the_schedule_with_the_memory_heartbeat(
+    temporal_client: Client, settings: Settings
+) -> None:
+    """The schedule's input carried the model calls' heartbeat (1 s) at version 1; a worker
+    with ``memory_heartbeat_seconds`` has the default version 2, so it writes the schedule
+    once (found by a break-it review: at the same version it only warned, and the runs
+    kept 1 s), and a worker of the previous build leaves it alone."""
+    schedule_id = f"consolidation-{uuid.uuid4()}"
+    previous_build = settings.model_copy(
+        update={"memory_heartbeat_seconds": settings.model_heartbeat_seconds, "memory_consolidation_schedule_version": 1}
+    )
+    handle = temporal_client.get_schedule_handle(schedule_id)
+
+    async def heartbeat_seconds() -> float:
+        action = (await handle.describe()).schedule.action
+        assert isinstance(action, ScheduleActionStartWorkflow)
+        [inp] = await temporal_client.data_converter.decode(action.args, [ConsolidationInput])
+        return inp.heartbeat_seconds
+
+    try:
+        await ensure_consolidation_schedule(temporal_client, previous_build, schedule_id=schedule_id)
+        assert await heartbeat_seconds() == settings.model_heartbeat_seconds
+        for worker_settings in (settings, previous_build):  # the upgrade, then an old worker restarting
+            await ensure_consolidation_schedule(temporal_client, worker_settings, schedule_id=schedule_id)
+            assert await heartbeat_seconds() == settings.memory_heartbeat_seconds == 10
     finally:
         await handle.delete()
 

@@ -257,6 +257,21 @@ async def test_ten_candidates_are_written_at_once_in_one_activity_without_waitin
     assert settings.model_heartbeat_seconds < settings.memory_heartbeat_seconds
 
 
+@pytest.mark.timeout(300)
+async def test_a_writer_started_by_the_client_also_has_the_memory_heartbeat(
+    run_worker: Any, settings: Settings, temporal_client: Client
+) -> None:
+    """``HermesClient.add_memories`` starts the writer itself (with the input's defaults):
+    its writes have the memory heartbeat too, not a model call's (found by a break-it
+    review: the defaults said 2 s)."""
+    user = new_user()
+    async with run_worker(NOTED) as hermes:
+        await hermes.add_memories(user, [candidate(user, "The user's cat is called Miso.")])
+    [(write, _)] = await scheduled(temporal_client, names.memory_writer_id(user), names.WRITE_MEMORIES, WriteMemoriesInput)
+    beat = write.activity_task_scheduled_event_attributes.heartbeat_timeout.ToTimedelta()
+    assert beat == timedelta(seconds=settings.memory_heartbeat_seconds)
+
+
 TWELVE_FACTS = [
     "The user is allergic to peanuts.", "The user drives an electric car.", "The user supports FC Basel.",
     "The user is learning Japanese.", "The user runs a marathon every spring.", "The user's laptop is a ThinkPad X1.",
@@ -592,7 +607,7 @@ async def test_the_consolidation_schedule_is_created_once_with_overlap_skipped_a
     try:
         assert await ensure_consolidation_schedule(temporal_client, settings) == names.MEMORY_CONSOLIDATION_SCHEDULE
         settings.memory_consolidation_every_seconds = 900
-        settings.memory_consolidation_schedule_version = 2  # a change of settings comes with a new version
+        settings.memory_consolidation_schedule_version += 1  # a change of settings comes with a new version
         await ensure_consolidation_schedule(temporal_client, settings)  # again: updated, not an error
         description = await handle.describe()
     finally:

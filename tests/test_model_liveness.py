@@ -217,7 +217,7 @@ def test_a_ticker_keeps_calling_while_the_calling_thread_is_busy_and_stops_when_
     assert len(calls) <= seen + 1
 
 
-def test_a_ticker_entry_first_runs_after_its_delay_and_one_due_now_wakes_a_sleeping_thread():
+def test_a_ticker_entry_first_runs_after_its_delay_and_one_due_now_runs_at_once():
     ticker = Ticker("test-ticker-delays")
     started = time.monotonic()
     ran: dict[str, float] = {}
@@ -240,11 +240,12 @@ def test_a_ticker_entry_first_runs_after_its_delay_and_one_due_now_wakes_a_sleep
         ticker.remove(key)
 
 
-def test_a_sleeping_ticker_is_woken_only_by_an_entry_due_before_it_wakes_on_its_own():
+def test_a_sleeping_ticker_is_woken_only_by_an_entry_due_well_before_it_wakes_on_its_own():
     """Each activity adds an entry whose first beat is a sixth of its heartbeat timeout
     away: that must not wake the ticker's thread (a thread switch and a wait for the GIL
     per tool call, issue 31). The thread never sleeps longer than
-    ``Ticker.MAX_SLEEP_SECONDS``, so only an entry due sooner wakes it."""
+    ``Ticker.MAX_SLEEP_SECONDS``; a new entry waits for that wake-up when it is due at most
+    half its interval before it, and wakes the thread when due sooner."""
     ticker = Ticker("test-ticker-wakes")
     notified: list[float] = []
     real_notify = ticker._cond.notify
@@ -254,18 +255,28 @@ def test_a_sleeping_ticker_is_woken_only_by_an_entry_due_before_it_wakes_on_its_
         real_notify(n)
 
     ticker._cond.notify = counting_notify  # type: ignore[method-assign]
-    ran = threading.Event()
+
+    def asleep_for(seconds: float) -> None:
+        """Wait until the thread sleeps with at least ``seconds`` to go."""
+        deadline = time.monotonic() + 10
+        while ticker._wake_at - time.monotonic() < seconds:
+            assert time.monotonic() < deadline, "the ticker's thread never slept"
+            time.sleep(0.005)
+
     first = ticker.add(lambda: None, 60.0, first_after_seconds=60.0)  # starts the thread
-    deadline = time.monotonic() + 10
-    while ticker._wake_at == 0.0 and time.monotonic() < deadline:  # until it sleeps
-        time.sleep(0.01)
-    assert 0.0 < ticker._wake_at <= time.monotonic() + Ticker.MAX_SLEEP_SECONDS, "it sleeps at most MAX_SLEEP_SECONDS"
-    notified.clear()
-    later = ticker.add(lambda: None, 5.0, first_after_seconds=5.0 / 6)  # a 5 s heartbeat timeout's first beat
-    assert notified == [], "an entry due after the thread's own wake-up woke it"
-    now = ticker.add(ran.set, 60.0)
-    assert len(notified) == 1 and ran.wait(10), "an entry due now is run at once"
-    for key in (first, later, now):
+    asleep_for(0.15)
+    assert ticker._wake_at <= time.monotonic() + Ticker.MAX_SLEEP_SECONDS, "it sleeps at most MAX_SLEEP_SECONDS"
+    beat = threading.Event()
+    added = time.monotonic()
+    beats = ticker.add(beat.set, 1.0 / 6, first_after_seconds=1.0 / 6)  # a 1 s heartbeat timeout's beats
+    assert notified == [], "a heartbeat's first beat woke the sleeping thread"
+    assert beat.wait(10) and time.monotonic() - added < 1.0, "its first beat came later than the heartbeat timeout"
+    ticker.remove(beats)
+    asleep_for(0.15)
+    soon = threading.Event()
+    now = ticker.add(soon.set, 0.02)  # due now, a short interval: it cannot wait for the thread
+    assert len(notified) == 1 and soon.wait(10)
+    for key in (first, now):
         ticker.remove(key)
 
 

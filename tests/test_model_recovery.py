@@ -133,6 +133,44 @@ async def test_a_memory_extraction_heartbeats_while_it_waits_on_the_provider():
     assert provider.seen >= 3 and result.delivered == 0  # the answer is not an extraction: nothing to deliver
 
 
+async def test_a_memory_judge_heartbeats_while_it_waits_on_the_provider(monkeypatch: pytest.MonkeyPatch):
+    """The judge's model call beats like every model call (found by a break-it review: only
+    its store calls did, so a judge call longer than the timeout was asked and paid again)."""
+    from hermes.memory.judge import JudgeMemoriesInput, JudgePair
+    from hermes.memory.store import MemoryStore
+
+    class Rows:
+        def forget_cached(self, user_id: str) -> None:
+            pass
+
+    monkeypatch.setattr(MemoryStore, "pair_texts", lambda self, pair: ("The user lives in Lyon.", "The user lives in Oslo."))
+    monkeypatch.setattr(MemoryStore, "apply_verdict", lambda self, *args, **kwargs: "kept")
+    provider = ThinkingProvider(beats=3)
+    memory = MemoryActivities(lambda: Rows(), provider=provider)  # type: ignore[arg-type, return-value]
+    request = JudgeMemoriesInput(user_id="u-beats", pairs=[JudgePair(older_id="a", newer_id="b", similarity=0.9)], max_calls=1)
+    report = await asyncio.wait_for(activity_env(provider, 0.2).run(memory.judge_memories, request), 10)
+    assert provider.seen >= 3 and report.asked == 1
+
+
+async def test_one_heartbeating_block_entered_twice_is_refused_and_the_first_keeps_beating():
+    """Each block makes its own ``heartbeating()``: entering one object again (nested) is
+    refused, and the block that holds it keeps beating."""
+    provider = ThinkingProvider(beats=10**6)
+    env = activity_env(provider, 0.3)
+
+    async def body() -> None:
+        block = heartbeating()
+        async with block:
+            with pytest.raises(RuntimeError, match="already entered"):
+                async with block:
+                    pass
+            seen = provider.seen
+            await asyncio.sleep(0.5)  # ten intervals of 0.05 s
+            assert provider.seen >= seen + 3, "the block stopped beating"
+
+    await env.run(body)
+
+
 def test_heartbeats_are_queued_four_times_per_heartbeat_timeout():
     # The SDK sends the newest queued heartbeat every 0.8 x timeout: one is always queued.
     assert beat_interval_seconds(3.0) == 0.5

@@ -235,8 +235,8 @@ class MemoryWriterInput(BaseModel):
     """Recent candidate ids (a candidate delivered twice is written once)."""
     forgotten_at: datetime | None = None
     """Candidates created before this were said before the user asked to be forgotten."""
-    heartbeat_seconds: float = Field(default=2.0, ge=0)
-    """Heartbeat timeout of the writer's store activities (``HERMES_MODEL_HEARTBEAT_SECONDS``):
+    heartbeat_seconds: float = Field(default=10.0, ge=0)
+    """Heartbeat timeout of the writer's store activities (``HERMES_MEMORY_HEARTBEAT_SECONDS``):
     a write on a dead worker is retried after this long; 0: none (start-to-close only)."""
     max_judge_calls: int = Field(default=0, ge=0)
     """Model calls of the memory judge per written batch (``HERMES_MEMORY_JUDGE_MAX_CALLS``);
@@ -349,9 +349,9 @@ class ConsolidationInput(BaseModel):
     report: ConsolidationReport = Field(default_factory=ConsolidationReport)
     """Carried across continue-as-new."""
     done_users: int = 0
-    heartbeat_seconds: float = Field(default=2.0, ge=0)
+    heartbeat_seconds: float = Field(default=10.0, ge=0)
     """Heartbeat timeout of the consolidation's store activities
-    (``HERMES_MODEL_HEARTBEAT_SECONDS``); 0: none (start-to-close only)."""
+    (``HERMES_MEMORY_HEARTBEAT_SECONDS``); 0: none (start-to-close only)."""
     max_judge_calls: int = Field(default=0, ge=0)
     """Model calls of the memory judge for the whole run (``HERMES_MEMORY_JUDGE_MAX_CALLS``);
     0: rules only. Carried across continue-as-new as what is left."""
