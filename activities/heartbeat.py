@@ -102,8 +102,7 @@ class Ticker:
                 for key, _ in due:
                     self._entries[key][0] = now + self._entries[key][1]
                 if not due:
-                    self._wake_at = min((entry[0] for entry in self._entries.values()), default=now + self.MAX_SLEEP_SECONDS)
-                    self._wake_at = min(self._wake_at, now + self.MAX_SLEEP_SECONDS)
+                    self._wake_at = min([now + self.MAX_SLEEP_SECONDS, *(entry[0] for entry in self._entries.values())])
                     self._cond.wait(self._wake_at - now)
                     self._wake_at = 0.0  # awake: a new entry is seen before the next wait
                     continue

@@ -45,6 +45,7 @@ from hermes.memory.models import (
     ExtractMemoriesInput,
     ExtractMemoriesResult,
     ForgetReport,
+    MEMORY_HEARTBEAT_SECONDS,
     MemoryBatch,
     MemoryWriterInput,
     SearchMemoriesInput,
@@ -186,7 +187,7 @@ class MemoryActivities:
         batch_size: int = 10,
         batch_seconds: float = 5.0,
         redis: Any = None,
-        heartbeat_seconds: float = 10.0,
+        heartbeat_seconds: float = MEMORY_HEARTBEAT_SECONDS,
         judge_max_calls: int = 0,
     ) -> None:
         self.judge_max_calls = judge_max_calls

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from typing_extensions import Annotated
 
 from hermes import names
+from hermes.memory.models import MEMORY_HEARTBEAT_SECONDS
 from hermes.models import ProviderProfileName
 
 
@@ -191,7 +192,7 @@ class Settings(BaseSettings):
     stalls for about this long has its calls retried, and billed again. 0: no heartbeat
     timeout (e.g. while workers that do not heartbeat model calls are still serving)."""
 
-    memory_heartbeat_seconds: float = Field(default=10.0, ge=0)
+    memory_heartbeat_seconds: float = Field(default=MEMORY_HEARTBEAT_SECONDS, ge=0)
     """Heartbeat timeout of the memory writer's and the consolidation's activities (store
     writes, the judge, forgetting a user, consolidating): off every turn's path, so a dead
     worker's write can wait this long to be retried, and a starved worker is not taken for

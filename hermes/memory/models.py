@@ -216,6 +216,11 @@ class MemoryBatch(BaseModel):
     holder of the command key vouches; a batch without a valid proof is refused."""
 
 
+MEMORY_HEARTBEAT_SECONDS = 10.0
+"""Default heartbeat timeout of the memory writer's and the consolidation's activities
+(``HERMES_MEMORY_HEARTBEAT_SECONDS``, :attr:`hermes.settings.Settings.memory_heartbeat_seconds`
+says why it is longer than a model call's)."""
+
 class MemoryWriterInput(BaseModel):
     """Start (and continue-as-new) input of a user's memory writer."""
 
@@ -235,7 +240,7 @@ class MemoryWriterInput(BaseModel):
     """Recent candidate ids (a candidate delivered twice is written once)."""
     forgotten_at: datetime | None = None
     """Candidates created before this were said before the user asked to be forgotten."""
-    heartbeat_seconds: float = Field(default=10.0, ge=0)
+    heartbeat_seconds: float = Field(default=MEMORY_HEARTBEAT_SECONDS, ge=0)
     """Heartbeat timeout of the writer's store activities (``HERMES_MEMORY_HEARTBEAT_SECONDS``):
     a write on a dead worker is retried after this long; 0: none (start-to-close only)."""
     max_judge_calls: int = Field(default=0, ge=0)
@@ -349,7 +354,7 @@ class ConsolidationInput(BaseModel):
     report: ConsolidationReport = Field(default_factory=ConsolidationReport)
     """Carried across continue-as-new."""
     done_users: int = 0
-    heartbeat_seconds: float = Field(default=10.0, ge=0)
+    heartbeat_seconds: float = Field(default=MEMORY_HEARTBEAT_SECONDS, ge=0)
     """Heartbeat timeout of the consolidation's store activities
     (``HERMES_MEMORY_HEARTBEAT_SECONDS``); 0: none (start-to-close only)."""
     max_judge_calls: int = Field(default=0, ge=0)
