@@ -322,14 +322,17 @@ async def test_claims_racing_for_one_call_grant_it_once_and_the_rest_read_its_re
     ledger = CallLedger(DurableStore(_memory_store_per_test))
     assert ledger.uses_files
 
-    outcomes = await asyncio.gather(*(ledger.claim("s:c:1:race", "s", STARTED) for _ in range(8)))
-    await ledger.finish("s:c:1:race", "s", json.dumps({"state": "done", "result": {"code": 0}}))
+    # Many rounds: a claim read between its creation and its write is a narrow window.
+    for round_ in range(40):
+        key = f"s:c:1:race{round_}"
+        outcomes = await asyncio.gather(*(ledger.claim(key, "s", STARTED) for _ in range(8)))
+        await ledger.finish(key, "s", json.dumps({"state": "done", "result": {"code": 0}}))
 
-    assert outcomes.count(None) == 1
-    assert all(o == json.loads(STARTED) for o in outcomes if o is not None), "a claim is never read half written"
-    assert await ledger.claim("s:c:1:race", "s", STARTED) == {"state": "done", "result": {"code": 0}}
+        assert outcomes.count(None) == 1
+        assert all(o == json.loads(STARTED) for o in outcomes if o is not None), "a claim is never read half written"
+    assert await ledger.claim("s:c:1:race0", "s", STARTED) == {"state": "done", "result": {"code": 0}}
     # Reading the result never claims: a call claimed without one, or never claimed, has none.
-    assert await ledger.done("s:c:1:race") == {"state": "done", "result": {"code": 0}}
+    assert await ledger.done("s:c:1:race0") == {"state": "done", "result": {"code": 0}}
     assert await ledger.claim("s:c:1:other", "s", STARTED) is None
     assert await ledger.done("s:c:1:other") is None and await ledger.done("s:c:1:never") is None
     assert await ledger.claim("s:c:1:never", "s", STARTED) is None, "done() claimed the call"

@@ -13,9 +13,10 @@ Where it is kept depends on the durable store's URI (``HERMES_MEMORY_URI``):
   (``open(..., O_CREAT | O_EXCL)``: an atomic insert-if-absent on POSIX filesystems and
   NFS v3 and later), then the directory is flushed to disk (``fsync``) before the tool
   runs: the claim's *name* survives a power loss, which is what keeps the tool from
-  running twice. A claim read before its contents are written, or whose contents did not
-  reach the disk, reads as ``started`` (outcome unknown, never run twice), which is all a
-  claim ever says. The result is written the same way beside it, not flushed: it is also
+  running twice. A record read between its creation and its write is read again for a
+  moment; one whose contents never came (its writer died between the two, or they did
+  not reach the disk) reads as ``started`` (outcome unknown, never run twice), which is
+  all a claim ever says. The result is written the same way beside it, not flushed: it is also
   in Redis and in the activity's completion, and a result lost or cut short with the
   machine reads as the claim (outcome unknown, never run again), the safe side.
   One ``fsync`` and two file creations a call, about 0.3 ms of CPU on a 2-core machine,
@@ -47,6 +48,7 @@ import errno
 import hashlib
 import json
 import os
+import time
 import uuid
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,6 +65,10 @@ digits of its key's SHA-256, so that no directory holds more than a 256th of the
 
 _STARTED_UNREADABLE = {"state": "started"}
 """What a claim file that exists but cannot be parsed (a disk fault) says."""
+
+_SETTLE_SECONDS = 0.2
+"""How long a record file that reads empty or cut short is read again before it counts as
+unparseable (its writer between creating and writing it, preempted on a loaded machine)."""
 
 
 def _flush_directory(folder: Path) -> None:
@@ -248,7 +254,24 @@ class CallLedger:
             written.unlink(missing_ok=True)
 
     def _read_files(self, key: str) -> dict[str, Any] | None:
-        """The result file's value, else the claim file's (unparseable: ``started``), else None."""
+        """The result file's value, else the claim file's (unparseable: ``started``), else None.
+
+        A file is created, then written (:meth:`_create`): one read a moment after another
+        thread or worker created it can find it empty or cut short. Such a file is read
+        again for up to :data:`_SETTLE_SECONDS` before it counts as unparseable, so that a
+        racing claim reads the claim that was granted (issue 31), not a bare ``started``.
+        """
+        deadline, pause = time.monotonic() + _SETTLE_SECONDS, 0.001
+        while True:
+            found, settled = self._read_files_once(key)
+            if settled or time.monotonic() >= deadline:
+                return found
+            time.sleep(pause)
+            pause *= 2
+
+    def _read_files_once(self, key: str) -> tuple[dict[str, Any] | None, bool]:
+        """:meth:`_read_files` without waiting, and whether every file it read parsed."""
+        settled = True
         for path in self._paths(key)[::-1]:
             try:
                 raw = path.read_bytes()
@@ -259,10 +282,11 @@ class CallLedger:
             except (ValueError, KeyError, TypeError):
                 found = None
             if isinstance(found, dict):
-                return found
+                return found, settled
+            settled = False
             if path.name.endswith(".claim.json"):
-                return dict(_STARTED_UNREADABLE)
-        return None
+                return dict(_STARTED_UNREADABLE), settled
+        return None, settled
 
     async def _io(self, fn: Any, *args: Any) -> Any:
         return await asyncio.to_thread(self._checked, fn, *args)
