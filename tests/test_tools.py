@@ -526,6 +526,40 @@ async def test_a_tool_listing_reuses_each_unchanged_tools_spec_and_sees_a_change
     assert all(a is b for a, b in zip(recounted.tools, changed.tools)), "each encoding's specs are kept apart"
 
 
+async def test_a_listings_reference_is_kept_only_while_its_specs_and_groups_are_the_same():
+    from activities import tools as tools_module
+    from activities.tools import ToolActivities
+    from hermes.content.blobs import value_ref
+    from hermes.models import ListToolsInput
+
+    def made_again(activities: ToolActivities, encoding: str) -> str:
+        """The reference hashed from scratch (what the kept one must equal)."""
+        held = [activities._spec_of(t, encoding) for t in activities.registry]
+        return value_ref([[j for _, j in held], [g.model_dump(mode="json") for g in activities.registry.groups]])
+
+    registry = register_builtins(ToolRegistry())
+    activities = ToolActivities(registry, None, tier_seconds=lambda tier: 60.0)
+    first = await activities.list_tools(ListToolsInput(encoding="cl100k_base"))
+    again = await activities.list_tools(ListToolsInput(encoding="cl100k_base", known_ref=first.ref))
+    assert first.ref == again.ref == made_again(activities, "cl100k_base") and again.unchanged
+
+    registry.add_group("files", description="Reads and writes files")  # same specs, a new group
+    grouped = await activities.list_tools(ListToolsInput(encoding="cl100k_base", known_ref=first.ref))
+    assert not grouped.unchanged and grouped.ref != first.ref and grouped.ref == made_again(activities, "cl100k_base")
+
+    registry.get("calculate").description = "Evaluates arithmetic."  # a spec made anew
+    changed = await activities.list_tools(ListToolsInput(encoding="cl100k_base", known_ref=grouped.ref))
+    assert not changed.unchanged and changed.ref == made_again(activities, "cl100k_base")
+
+    # Another worker (its own specs, equal to these) lists the same reference.
+    tools_module._LISTING_REFS._known.clear()
+    other = register_builtins(ToolRegistry())
+    other.add_group("files", description="Reads and writes files")
+    other.get("calculate").description = "Evaluates arithmetic."
+    elsewhere = await ToolActivities(other, None, tier_seconds=lambda tier: 60.0).list_tools(ListToolsInput(encoding="cl100k_base"))
+    assert elsewhere.ref == changed.ref
+
+
 async def test_a_listing_holds_no_spec_of_an_mcp_tool_listed_anew_each_time():
     from activities.tools import ToolActivities
     from hermes.models import ListToolsInput
