@@ -477,7 +477,7 @@ class ToolActivities:
             known = {g.name for g in groups}
             groups = groups + [g for g in self.mcp.groups if g.name not in known]
         specs = [spec for spec, _ in held]
-        ref = _LISTING_REFS.ref([spec_json for _, spec_json in held], [g.model_dump(mode="json") for g in groups])
+        ref = _LISTING_REFS.ref([j for _, j in held], [g.model_dump(mode="json") for g in groups], keep=self.mcp is None)
         if request is not None and request.known_ref == ref:
             return ListToolsResult(tools=[], ref=ref, unchanged=True, encoding=self.encoding, memory=self.memory, degraded=self._degraded())
         return ListToolsResult(tools=specs, groups=groups, ref=ref, encoding=self.encoding, memory=self.memory, degraded=self._degraded())
@@ -893,14 +893,17 @@ class _ListingRefs:
     listings: a listing made of the same spec objects (a registry's, held per tool by
     :meth:`ToolActivities._spec_of`) and equal groups has the reference it had, without
     hashing every schema again at every turn's start (issue 31: about 0.1 ms of a turn's
-    CPU with the built-in tools; more with many). Listings of new spec objects (an MCP
-    server's, listed anew each time) are hashed each time. One per process, on the
+    CPU with the built-in tools; more with many). Listings with an MCP server's tools (new
+    spec objects each time) are hashed each time and not kept. One per process, on the
     event loop (activities that list tools are ``async``)."""
 
     def __init__(self, size: int = 8) -> None:
         self._known: collections.deque[tuple[list[dict[str, Any]], str, str]] = collections.deque(maxlen=size)
 
-    def ref(self, specs: list[dict[str, Any]], groups: list[dict[str, Any]]) -> str:
+    def ref(self, specs: list[dict[str, Any]], groups: list[dict[str, Any]], *, keep: bool = True) -> str:
+        """The listing's reference; ``keep`` False (a listing with MCP tools): hashed, not kept."""
+        if not keep:
+            return value_ref([specs, groups])
         grouped = json.dumps(groups, sort_keys=True, separators=(",", ":"), default=str)
         for known, known_groups, ref in self._known:
             if known_groups == grouped and len(known) == len(specs) and all(map(operator.is_, known, specs)):

@@ -304,6 +304,43 @@ async def test_a_claim_file_that_cannot_be_parsed_reads_as_started_and_the_call_
     assert retried.code == ToolResultCode.OUTCOME_UNKNOWN
 
 
+async def test_an_empty_claim_left_long_ago_reads_as_started_at_once_and_a_fresh_one_is_read_again(
+    _memory_store_per_test: Path, monkeypatch: pytest.MonkeyPatch
+):
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from hermes.infra import ledger as ledger_module
+
+    slept: list[float] = []
+    clock = SimpleNamespace(time=time.time, monotonic=time.monotonic, sleep=lambda s: (slept.append(s), time.sleep(s)))
+    monkeypatch.setattr(ledger_module, "time", clock)
+    ledger = CallLedger(DurableStore(_memory_store_per_test))
+    claim, result = ledger._paths("s:c:1:empty")
+    claim.parent.mkdir(parents=True)
+
+    # Left by a writer that died between creating and writing it (a power loss): no wait.
+    claim.write_bytes(b"")
+    os.utime(claim, (time.time() - 60, time.time() - 60))
+    assert await ledger.claim("s:c:1:empty", "s", STARTED) == {"state": "started"}
+    assert await ledger.done("s:c:1:empty") is None
+    assert slept == []
+
+    # Still being written (just created): read again, for at most the settle time.
+    claim.write_bytes(json.dumps({"key": "k", "owner": "s", "at": "", "value": ""})[:10].encode())
+    assert await ledger.claim("s:c:1:empty", "s", STARTED) == {"state": "started"}
+    assert slept and sum(slept) <= ledger_module._SETTLE_SECONDS + 1e-6
+
+    # A whole claim beside a result cut short long ago: the claim, at once.
+    slept.clear()
+    claim.write_bytes(json.dumps({"key": "k", "owner": "s", "at": "", "value": STARTED}).encode())
+    result.write_bytes(b'{"key": "k", "ow')
+    os.utime(result, (time.time() - 60, time.time() - 60))
+    assert await ledger.claim("s:c:1:empty", "s", STARTED) == json.loads(STARTED)
+    assert slept == []
+
+
 async def test_a_claim_kept_in_lancedb_by_an_earlier_version_still_stops_a_second_run(redis, _memory_store_per_test: Path):
     durable = DurableStore(_memory_store_per_test)
     runs, tools = payment_tools(redis, durable)

@@ -526,7 +526,7 @@ async def test_a_tool_listing_reuses_each_unchanged_tools_spec_and_sees_a_change
     assert all(a is b for a, b in zip(recounted.tools, changed.tools)), "each encoding's specs are kept apart"
 
 
-async def test_a_listings_reference_is_kept_only_while_its_specs_and_groups_are_the_same():
+async def test_a_listings_reference_is_kept_only_while_its_specs_and_groups_are_the_same(monkeypatch: pytest.MonkeyPatch):
     from activities import tools as tools_module
     from activities.tools import ToolActivities
     from hermes.content.blobs import value_ref
@@ -550,6 +550,20 @@ async def test_a_listings_reference_is_kept_only_while_its_specs_and_groups_are_
     registry.get("calculate").description = "Evaluates arithmetic."  # a spec made anew
     changed = await activities.list_tools(ListToolsInput(encoding="cl100k_base", known_ref=grouped.ref))
     assert not changed.unchanged and changed.ref == made_again(activities, "cl100k_base")
+
+    @registry.tool
+    def shout(text: str) -> dict:
+        """Says it louder."""
+        return {"text": text.upper()}
+
+    added = await activities.list_tools(ListToolsInput(encoding="cl100k_base", known_ref=changed.ref))
+    assert not added.unchanged and added.ref == made_again(activities, "cl100k_base"), "a tool added keeps no old reference"
+    hashed: list[object] = []
+    real = tools_module.value_ref
+    monkeypatch.setattr(tools_module, "value_ref", lambda value: hashed.append(value) or real(value))
+    same = await activities.list_tools(ListToolsInput(encoding="cl100k_base", known_ref=added.ref))
+    assert same.unchanged and not hashed, "an unchanged listing was hashed again"
+    monkeypatch.undo()
 
     # Another worker (its own specs, equal to these) lists the same reference.
     tools_module._LISTING_REFS._known.clear()

@@ -67,8 +67,12 @@ _STARTED_UNREADABLE = {"state": "started"}
 """What a claim file that exists but cannot be parsed (a disk fault) says."""
 
 _SETTLE_SECONDS = 0.2
-"""How long a record file that reads empty or cut short is read again before it counts as
-unparseable (its writer between creating and writing it, preempted on a loaded machine)."""
+"""How long a record file that reads empty or cut short, and changed within
+:data:`_YOUNG_SECONDS`, is read again before it counts as unparseable (its writer between
+creating and writing it, preempted on a loaded machine)."""
+
+_YOUNG_SECONDS = 1.0
+"""A record file that changed longer ago than this is not being written any more."""
 
 
 def _flush_directory(folder: Path) -> None:
@@ -83,6 +87,17 @@ def _flush_directory(folder: Path) -> None:
             raise
     finally:
         os.close(fd)
+
+
+def _young(path: Path) -> bool:
+    """Whether ``path`` changed less than :data:`_YOUNG_SECONDS` ago (by the file's own
+    clock: a skewed one only makes the wait longer or the read the bare ``started`` it was
+    before, both safe), so that its writer may still be filling it; gone meanwhile counts
+    as young (read again)."""
+    try:
+        return time.time() - path.stat().st_mtime < _YOUNG_SECONDS
+    except FileNotFoundError:
+        return True
 
 
 class CallLedger:
@@ -257,16 +272,18 @@ class CallLedger:
         """The result file's value, else the claim file's (unparseable: ``started``), else None.
 
         A file is created, then written (:meth:`_create`): one read a moment after another
-        thread or worker created it can find it empty or cut short. Such a file is read
-        again for up to :data:`_SETTLE_SECONDS` before it counts as unparseable, so that a
-        racing claim reads the claim that was granted (issue 31), not a bare ``started``.
+        thread or worker created it can find it empty or cut short. Such a file, when it
+        changed less than :data:`_YOUNG_SECONDS` ago, is read again for up to
+        :data:`_SETTLE_SECONDS` before it counts as unparseable, so that a racing claim
+        reads the claim that was granted (issue 31), not a bare ``started``; an older one
+        (its writer died between the two, e.g. in a power loss) counts at once.
         """
         deadline, pause = time.monotonic() + _SETTLE_SECONDS, 0.001
         while True:
             found, settled = self._read_files_once(key)
             if settled or time.monotonic() >= deadline:
                 return found
-            time.sleep(pause)
+            time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
             pause *= 2
 
     def _read_files_once(self, key: str) -> tuple[dict[str, Any] | None, bool]:
@@ -283,7 +300,7 @@ class CallLedger:
                 found = None
             if isinstance(found, dict):
                 return found, settled
-            settled = False
+            settled = settled and not _young(path)
             if path.name.endswith(".claim.json"):
                 return dict(_STARTED_UNREADABLE), settled
         return None, settled
