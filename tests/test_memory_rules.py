@@ -297,7 +297,33 @@ def test_the_module_imports_only_the_standard_library_and_pydantic():
             imported |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             imported.add((node.module or "").split(".")[0])
-    assert imported <= {"__future__", "re", "unicodedata", "typing", "pydantic"}
+    assert imported <= {"__future__", "functools", "re", "unicodedata", "typing", "pydantic"}
+
+
+def test_ascii_text_is_normalized_as_the_general_way_would():
+    import random
+    import unicodedata
+
+    def general(text: str) -> str:  # the way every text took before ASCII had its own
+        text = unicodedata.normalize("NFKC", text[: rules.MAX_SCAN_CHARS * 2])[: rules.MAX_SCAN_CHARS]
+        kept = []
+        for ch in text.translate(rules._APOSTROPHES):
+            cat = unicodedata.category(ch)
+            if ch in "\n\t":
+                kept.append("\n" if ch == "\n" else " ")
+            elif cat == "Cc":
+                kept.append(" ")
+            elif cat not in rules._DROP_CATEGORIES:
+                kept.append(ch)
+        return rules._SPACES.sub(" ", "".join(kept)).strip()
+
+    pick = random.Random(31)
+    ascii_chars = [chr(i) for i in range(128)]
+    texts = ["  hi\tthere \r\n\x0bx\x7f ", "I'm fine.", "\n\n", " \x00 ", "a" * (rules.MAX_SCAN_CHARS + 7)]
+    texts += ["".join(pick.choice(ascii_chars) for _ in range(pick.choice((1, 12, 80, 400)))) for _ in range(1500)]
+    for text in texts:
+        assert rules._normalize(text) == general(text), repr(text[:60])
+    assert rules._normalize("Ｉ’m here\u200b") == general("Ｉ’m here\u200b") == "I'm here"
 
 
 HOSTILE = [

@@ -32,6 +32,7 @@ readable in one place.
 
 from __future__ import annotations
 
+import functools
 import re
 import unicodedata
 from typing import Callable, Literal
@@ -112,8 +113,20 @@ _SPACES = re.compile(r"[^\S\n]+")
 _SENTENCE_SPLIT = re.compile(r"(?<=[!?\u3002;\n\u2026])|(?<=\.)(?=\s|$)")
 
 
+_ASCII_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
+"""ASCII control characters but the newline: each becomes a space in :func:`_normalize`."""
+
+
+@functools.lru_cache(maxsize=64)
 def _normalize(text: str) -> str:
-    """NFKC (full-width to ASCII), drop control/format characters, collapse spaces."""
+    """NFKC (full-width to ASCII), drop control/format characters, collapse spaces.
+
+    Pure, so kept for the last 64 texts: a turn's message is read by the trigger check
+    and the extraction, each more than once (issue 31). ASCII text takes a short way to
+    the same result: NFKC, the quote map and the dropped categories leave it as it is,
+    and its control characters (category ``Cc``) become spaces."""
+    if text.isascii():
+        return _SPACES.sub(" ", _ASCII_CONTROLS.sub(" ", text[:MAX_SCAN_CHARS])).strip()
     text = text[: MAX_SCAN_CHARS * 2]
     text = unicodedata.normalize("NFKC", text)[:MAX_SCAN_CHARS]
     text = text.translate(_APOSTROPHES)
