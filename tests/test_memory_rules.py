@@ -326,6 +326,16 @@ def test_ascii_text_is_normalized_as_the_general_way_would():
     assert rules._normalize("Ｉ’m here\u200b") == general("Ｉ’m here\u200b") == "I'm here"
 
 
+def test_candidates_kept_for_a_text_read_again_are_new_each_time():
+    text = "I prefer dark mode and my name is Ana, I work at Acme as a data engineer."
+    first = extract_by_rules(text)
+    assert first and detect_triggers(text).preference
+    first[0].text, first[0].subject = "changed by a caller", "x"
+    again = extract_by_rules(text)
+    assert again == extract_by_rules(text) and again[0].text != "changed by a caller" and again[0].subject != "x"
+    assert again[0] is not first[0]
+
+
 HOSTILE = [
     "a" * 100_000, "@" * 100_000, "a@" * 50_000, "1" * 100_000, "1 " * 50_000, "+1 " * 30_000,
     "my name is " * 10_000, "I live in " * 10_000, "我是" * 50_000, "记住" * 50_000, "(" * 100_000,

@@ -1336,6 +1336,18 @@ def _forget_me(s: str) -> bool:
 
 
 def _extract_all(text: str, everyday: bool = True) -> list[RuleCandidate]:
+    """:func:`_extracted`, as new candidates (a caller may change its own)."""
+    return [c.model_copy(deep=True) for c in _extracted(text, everyday)]
+
+
+@functools.lru_cache(maxsize=64)
+def _extracted(text: str, everyday: bool) -> tuple[RuleCandidate, ...]:
+    """The candidates of ``text``, kept for the last 64 texts: a turn's message is read
+    by the trigger check at its start and by the extraction after its reply (issue 31)."""
+    return tuple(_extract_uncached(text, everyday))
+
+
+def _extract_uncached(text: str, everyday: bool) -> list[RuleCandidate]:
     norm = _normalize(text)
     found: list[tuple[int, RuleCandidate]] = []
     offset = 0
