@@ -98,6 +98,27 @@ def test_the_session_workflow_class_is_a_thin_shell():
 # ----------------------------------------------------------------------- payloads
 
 
+def test_message_references_are_the_ones_every_earlier_version_recorded():
+    """A message's reference is recorded in session histories and names its body in the
+    content store: it must never change for the same body (these were made by the
+    ``model_dump`` version of ``body_json``)."""
+    from hermes.content.blobs import message_ref
+
+    messages = [
+        Message(role="user", content="What is (17 + 25) * 3? 请算一下 ☃", turn=2, client_message_id="c1", tokens=9),
+        Message(role="assistant", content=None, reasoning="think", tool_calls=[
+            ToolCall(tool_call_id="t1", name="calculate", arguments={"expression": "(17+25)*3", "n": 1.5, "x": [True, None]})]),
+        Message(role="tool", content='{"code":0,"data":{"value":126}}', tool_call_id="t1", name="calculate"),
+        Message(role="assistant", content="It is 126.", internal=True),
+        Message(role="assistant", tool_calls=[
+            ToolCall(tool_call_id="t2", name="big", arguments={"kept_by_reference": True}, arguments_ref="b:abc")]),
+    ]
+    assert [message_ref(m) for m in messages] == [
+        "m:7ccce3330b3b61ffb043f570f108b545", "m:4b453b71dfe8f9c548674fd84735f0b9", "m:1e451ed3e3914bbf216c69d073f50b23",
+        "m:999e1caf603ae0c70390403489db55f6", "m:01487240c50d44999f919cc4474e96e5",
+    ]
+
+
 def test_message_bytes_counts_json_escapes_and_tool_calls():
     plain = Message(role="user", content="ab", turn=1)
     escaped = Message(role="user", content="\x00\x01", turn=1)

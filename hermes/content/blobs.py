@@ -74,8 +74,11 @@ def _digest(text: str) -> str:
 
 
 def body_json(message: Message) -> str:
-    """The body of ``message`` as canonical JSON (what its reference hashes)."""
-    body = message.model_dump(mode="json", include=set(BODY_FIELDS))
+    """The body of ``message`` as canonical JSON (what its reference hashes): its
+    :data:`BODY_FIELDS` as ``model_dump(mode="json")`` gives them (read field by field:
+    a turn hashes several messages, issue 31)."""
+    body: dict[str, Any] = {field: getattr(message, field) for field in BODY_FIELDS}
+    body["tool_calls"] = [call.model_dump(mode="json") for call in message.tool_calls]
     if message.reasoning is not None:
         # Only when set: bodies without reasoning keep the references they always had.
         body["reasoning"] = message.reasoning
