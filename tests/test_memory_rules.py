@@ -319,7 +319,9 @@ def test_ascii_text_is_normalized_as_the_general_way_would():
 
     pick = random.Random(31)
     ascii_chars = [chr(i) for i in range(128)]
-    texts = ["  hi\tthere \r\n\x0bx\x7f ", "I'm fine.", "\n\n", " \x00 ", "a" * (rules.MAX_SCAN_CHARS + 7)]
+    n = rules.MAX_SCAN_CHARS
+    texts = ["  hi\tthere \r\n\x0bx\x7f ", "I'm fine.", "\n\n", " \x00 ", "a" * (n + 7), " " * (n + 1000) + "x",
+             "\x00" * n + "x", "a " * n, "b" * (n - 1) + " c" + "é" * 10, "é" + "a " * n]
     texts += ["".join(pick.choice(ascii_chars) for _ in range(pick.choice((1, 12, 80, 400)))) for _ in range(1500)]
     for text in texts:
         assert rules._normalize(text) == general(text), repr(text[:60])

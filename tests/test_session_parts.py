@@ -112,10 +112,12 @@ def test_message_references_are_the_ones_every_earlier_version_recorded():
         Message(role="assistant", content="It is 126.", internal=True),
         Message(role="assistant", tool_calls=[
             ToolCall(tool_call_id="t2", name="big", arguments={"kept_by_reference": True}, arguments_ref="b:abc")]),
+        # What json.loads takes from a model's raw arguments: JSON mode writes these as null.
+        Message(role="assistant", tool_calls=[ToolCall(tool_call_id="t3", name="f", arguments=json.loads('{"a": NaN, "b": Infinity}'))]),
     ]
     assert [message_ref(m) for m in messages] == [
         "m:7ccce3330b3b61ffb043f570f108b545", "m:4b453b71dfe8f9c548674fd84735f0b9", "m:1e451ed3e3914bbf216c69d073f50b23",
-        "m:999e1caf603ae0c70390403489db55f6", "m:01487240c50d44999f919cc4474e96e5",
+        "m:999e1caf603ae0c70390403489db55f6", "m:01487240c50d44999f919cc4474e96e5", "m:f24f5394ef715be1bd635b1fa7e8101d",
     ]
 
 

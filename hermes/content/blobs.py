@@ -35,7 +35,7 @@ from hermes.content.previews import head_and_tail
 from hermes.infra.durable import CONTENT, DurableStore, Record
 from hermes.infra.redis_keys import mget
 from hermes.infra.redis_writes import write_or_report
-from hermes.models import Message, ToolSpec
+from hermes.models import Message, ToolCall, ToolSpec
 from hermes.security import encryption
 
 log = logging.getLogger("hermes.blobs")
@@ -75,10 +75,16 @@ def _digest(text: str) -> str:
 
 def body_json(message: Message) -> str:
     """The body of ``message`` as canonical JSON (what its reference hashes): its
-    :data:`BODY_FIELDS` as ``model_dump(mode="json")`` gives them (read field by field:
-    a turn hashes several messages, issue 31)."""
+    :data:`BODY_FIELDS` as ``model_dump(mode="json")`` gives them, read field by field for
+    a plain validated message (a turn hashes several, issue 31), by pydantic otherwise."""
     body: dict[str, Any] = {field: getattr(message, field) for field in BODY_FIELDS}
-    body["tool_calls"] = [call.model_dump(mode="json") for call in message.tool_calls]
+    calls = body["tool_calls"]
+    if type(message) is Message and type(calls) is list and all(type(c) is ToolCall for c in calls) and all(
+        value is None or type(value) is str for value in (body["role"], body["content"], body["tool_call_id"], body["name"])
+    ):
+        body["tool_calls"] = [call.model_dump(mode="json") for call in calls]
+    else:  # anything a validated Message would not hold: pydantic's own JSON of it, as always
+        body = message.model_dump(mode="json", include=set(BODY_FIELDS))
     if message.reasoning is not None:
         # Only when set: bodies without reasoning keep the references they always had.
         body["reasoning"] = message.reasoning

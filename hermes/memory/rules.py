@@ -117,14 +117,21 @@ _ASCII_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 """ASCII control characters but the newline: each becomes a space in :func:`_normalize`."""
 
 
-@functools.lru_cache(maxsize=64)
 def _normalize(text: str) -> str:
     """NFKC (full-width to ASCII), drop control/format characters, collapse spaces.
 
-    Pure, so kept for the last 64 texts: a turn's message is read by the trigger check
-    and the extraction, each more than once (issue 31). ASCII text takes a short way to
-    the same result: NFKC, the quote map and the dropped categories leave it as it is,
-    and its control characters (category ``Cc``) become spaces."""
+    Pure, so kept for the last 64 texts (by the part that is read: its first
+    ``2 x MAX_SCAN_CHARS`` characters, so that a megabyte message is neither kept nor
+    hashed whole): a turn's message is read by the trigger check and the extraction, each
+    more than once (issue 31)."""
+    return _normalized(text[: MAX_SCAN_CHARS * 2])
+
+
+@functools.lru_cache(maxsize=64)
+def _normalized(text: str) -> str:
+    """:func:`_normalize` of a text already cut. ASCII text takes a short way to the same
+    result: NFKC, the quote map and the dropped categories leave it as it is, and its
+    control characters (category ``Cc``) become spaces."""
     if text.isascii():
         return _SPACES.sub(" ", _ASCII_CONTROLS.sub(" ", text[:MAX_SCAN_CHARS])).strip()
     text = text[: MAX_SCAN_CHARS * 2]
@@ -1336,8 +1343,10 @@ def _forget_me(s: str) -> bool:
 
 
 def _extract_all(text: str, everyday: bool = True) -> list[RuleCandidate]:
-    """:func:`_extracted`, as new candidates (a caller may change its own)."""
-    return [c.model_copy(deep=True) for c in _extracted(text, everyday)]
+    """:func:`_extracted` of the part of ``text`` that is read (its first
+    ``2 x MAX_SCAN_CHARS`` characters, see :func:`_normalize`), as new candidates (a
+    caller may change its own)."""
+    return [c.model_copy(deep=True) for c in _extracted(text[: MAX_SCAN_CHARS * 2], bool(everyday))]
 
 
 @functools.lru_cache(maxsize=64)
