@@ -78,9 +78,9 @@ def body_json(message: Message) -> str:
     :data:`BODY_FIELDS` as ``model_dump(mode="json")`` gives them, read field by field for
     a plain validated message (a turn hashes several, issue 31), by pydantic otherwise."""
     body: dict[str, Any] = {field: getattr(message, field) for field in BODY_FIELDS}
-    calls = body["tool_calls"]
+    calls = body.pop("tool_calls")
     if type(message) is Message and type(calls) is list and all(type(c) is ToolCall for c in calls) and all(
-        value is None or type(value) is str for value in (body["role"], body["content"], body["tool_call_id"], body["name"])
+        value is None or type(value) is str for value in body.values()
     ):
         body["tool_calls"] = [call.model_dump(mode="json") for call in calls]
     else:  # anything a validated Message would not hold: pydantic's own JSON of it, as always

@@ -116,15 +116,19 @@ _SENTENCE_SPLIT = re.compile(r"(?<=[!?\u3002;\n\u2026])|(?<=\.)(?=\s|$)")
 _ASCII_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")
 """ASCII control characters but the newline: each becomes a space in :func:`_normalize`."""
 
+_READ_CHARS = MAX_SCAN_CHARS * 2
+"""The part of a text the rules read before NFKC (which may shorten it to
+:data:`MAX_SCAN_CHARS`): also what their caches are keyed by, so that a megabyte message
+is neither kept nor hashed whole."""
+
 
 def _normalize(text: str) -> str:
     """NFKC (full-width to ASCII), drop control/format characters, collapse spaces.
 
-    Pure, so kept for the last 64 texts (by the part that is read: its first
-    ``2 x MAX_SCAN_CHARS`` characters, so that a megabyte message is neither kept nor
-    hashed whole): a turn's message is read by the trigger check and the extraction, each
-    more than once (issue 31)."""
-    return _normalized(text[: MAX_SCAN_CHARS * 2])
+    Pure, so kept for the last 64 texts (by their first :data:`_READ_CHARS` characters):
+    a turn's message is read by the trigger check and the extraction, each more than
+    once (issue 31)."""
+    return _normalized(text[:_READ_CHARS])
 
 
 @functools.lru_cache(maxsize=64)
@@ -134,7 +138,6 @@ def _normalized(text: str) -> str:
     control characters (category ``Cc``) become spaces."""
     if text.isascii():
         return _SPACES.sub(" ", _ASCII_CONTROLS.sub(" ", text[:MAX_SCAN_CHARS])).strip()
-    text = text[: MAX_SCAN_CHARS * 2]
     text = unicodedata.normalize("NFKC", text)[:MAX_SCAN_CHARS]
     text = text.translate(_APOSTROPHES)
     out = []
@@ -1343,10 +1346,9 @@ def _forget_me(s: str) -> bool:
 
 
 def _extract_all(text: str, everyday: bool = True) -> list[RuleCandidate]:
-    """:func:`_extracted` of the part of ``text`` that is read (its first
-    ``2 x MAX_SCAN_CHARS`` characters, see :func:`_normalize`), as new candidates (a
-    caller may change its own)."""
-    return [c.model_copy(deep=True) for c in _extracted(text[: MAX_SCAN_CHARS * 2], bool(everyday))]
+    """:func:`_extracted` of the part of ``text`` that is read (:data:`_READ_CHARS`), as
+    new candidates (a caller may change its own)."""
+    return [c.model_copy(deep=True) for c in _extracted(text[:_READ_CHARS], bool(everyday))]
 
 
 @functools.lru_cache(maxsize=64)
