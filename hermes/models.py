@@ -827,6 +827,32 @@ class TraceStep(BaseModel):
     status: str = "ok"
 
 
+class ContextCarry(BaseModel):
+    """What a session run's context planner hands to the run that continues it
+    (continue-as-new only; an archived session's snapshot holds none: days later the
+    content store may have let the bodies go). Issue 31: a new run's first turn listed its
+    tools, searched the memories and wrote its whole context to the content store in three
+    local activities, each a workflow activation of its own, once a run."""
+
+    listing: ListToolsResult | None = None
+    """The run's last tool listing (tools, groups, reference; whether the worker serves
+    memory), when at most ``MAX_CARRIED_LISTING_BYTES`` of JSON: the next run's first turn
+    offers it, and its first model call checks that the worker still lists it and searches
+    the memories, as every later turn does."""
+    sent_ref: str | None = None
+    """The content reference of the last model call's context list."""
+    sent_refs: list[str] = Field(default_factory=list)
+    """That list's references: the next run's first call sends its list as a change to it."""
+    stored: list[str] = Field(default_factory=list)
+    """The references of that call (its list, messages, tool list) the run wrote to the
+    content store: the next run's first call does not write them again (a body the store
+    lost is written again once, as within a run)."""
+
+
+MAX_CARRIED_LISTING_BYTES = 64_000
+"""A larger tool listing (JSON bytes) is not carried across continue-as-new: the next run lists again."""
+
+
 class SessionCarry(BaseModel):
     """State carried across continue-as-new."""
 
@@ -880,6 +906,8 @@ class SessionCarry(BaseModel):
     user_day: str = ""
     user_day_tokens: int = 0
     """The user's tokens on ``user_day`` (UTC), as the newest model call reported them."""
+    context: ContextCarry | None = None
+    """What the context planner knew at continue-as-new (:class:`ContextCarry`)."""
 
 
 class SnapshotInput(BaseModel):

@@ -750,6 +750,48 @@ async def test_every_run_of_a_session_with_tools_and_summaries_replays_across_co
     print(f"\nreplay: {len(histories)} runs, events per run {[len(h.events) for h in histories]}")
 
 
+async def test_the_turn_before_a_roll_over_archives_before_its_reply_so_the_next_message_lands_on_the_new_run(
+    run_worker, session_id, temporal_client
+):
+    """With nothing running beside it, the turn after which the run continues as new
+    archives the summarized turns before its reply (the ``archive-at-reply`` patch): the
+    run continues as new in the workflow task that completes that message, so a message
+    sent right after it goes to the new run, not to a closing one that refuses it as busy
+    (issue 31). Every run replays."""
+    config = SessionConfig(  # no memory: no extraction runs beside the turns
+        max_updates_per_run=4, context_history_turns=1, summary_every_turns=2, context_recent_messages=2, memory_enabled=False
+    )
+    async with run_worker(ToolEveryTurn(), config=config) as hermes:
+        for turn in range(1, 10):
+            result = await hermes.send_message(session_id, f"what is {turn} times 11?")
+            assert result.reply == f"{turn} * 11 = {turn * 11}"
+        state = await hermes.get_state(session_id)
+        histories = await run_histories(temporal_client, session_id, state.chain_id)
+
+    assert len(histories) == 3, [len(h.events) for h in histories]
+    for i, history in enumerate(histories[:-1]):
+        kinds = [e.WhichOneof("attributes") for e in history.events]
+        task = max(k for k, kind in enumerate(kinds) if kind == "workflow_task_completed_event_attributes")
+        after = [kind for kind in kinds[task + 1:] if kind != "timer_canceled_event_attributes"]  # the idle timer's
+        assert after == [
+            "workflow_execution_update_completed_event_attributes", "workflow_execution_continued_as_new_event_attributes"
+        ], f"run {i}: the roll-over is not in the task that completed the last message: {kinds[-8:]}"
+        last_update = task + 1
+        archived = [
+            k for k, e in enumerate(history.events)
+            if e.HasField("activity_task_scheduled_event_attributes")
+            and e.activity_task_scheduled_event_attributes.activity_type.name == names.ARCHIVE_MESSAGES
+        ]
+        previous_update = max(k for k, kind in enumerate(kinds[:last_update]) if kind == kinds[last_update])
+        assert archived and previous_update < archived[-1] < last_update, (
+            f"run {i}: the summarized turns were not archived during the last turn ({archived}, {previous_update}, {last_update})"
+        )
+    replayer = Replayer(workflows=[SessionWorkflow], data_converter=pydantic_data_converter)
+    for i, history in enumerate(histories):
+        replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, f"run {i}: {replayed.replay_failure}"
+
+
 # ------------------------------------------------- lifecycle (time-skipping server)
 
 
@@ -808,6 +850,8 @@ async def test_a_quiet_session_turns_idle_wakes_on_a_message_and_is_archived_wit
 
     assert final.status == "archived" and final.turn_count == 2
     assert final.snapshot is not None and final.snapshot.status == "archived"
+    # Days later the content store may have let the bodies go: no planner state in a snapshot.
+    assert final.snapshot.context is None
     assert [m.content for m in final.snapshot.messages] == ["hello", "echo: hello", "still there?", "echo: still there?"]
     assert await redis.exists(SNAPSHOT_KEY.format(session_id=session_id))
     stored = await read_snapshot(redis, session_id)

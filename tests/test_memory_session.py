@@ -173,6 +173,37 @@ async def test_a_later_turn_lists_and_recalls_in_its_first_model_call_not_in_a_l
     assert turn_two.count("memories_recalled") == 1 and turn_two.index("memories_recalled") < turn_two.index("turn_finished")
 
 
+async def test_a_new_runs_first_turn_lists_recalls_and_stores_nothing_before_its_first_model_call(
+    run_worker: Any, settings: Settings, temporal_client: Any,
+) -> None:
+    """Issue 31: continue-as-new hands the run's last listing, its last context list and
+    what the content store took to the next run (``SessionCarry.context``), so the new
+    run's first turn is like any later one: no local activity before its first model call,
+    which checks the listing and searches; the provider is asked once, with the memory."""
+    from hermes import names
+    from hermes.models import SessionConfig
+    from tests.support import run_histories
+
+    user, session_id = f"user-{uuid.uuid4()}", f"s-{uuid.uuid4()}"
+    model = RecordingModel({"turns": [], "fallback": "Noted."})
+    async with run_worker(model, memory_ready=True, config=SessionConfig(max_updates_per_run=2)) as hermes:
+        await _said_bern(hermes, settings, session_id, user)
+        await hermes.send_message(session_id, "Thanks.", user_id=user)
+        result = await hermes.send_message(session_id, "Where do I live?", user_id=user)
+        state = await hermes.get_state(session_id)
+        events = await hermes.events.read(session_id)
+    histories = await run_histories(temporal_client, session_id, state.chain_id)
+    assert len(histories) == 2 and state.turn_count == 3
+    assert any("Bern" in m for m in result.memories), result.memories
+    assert "The user lives in Bern." in model.contexts()[-1]
+    assert len([r for r in model.requests if r.turn == 3 and r.purpose == "reply"]) == 1
+    kinds = local_activities(histories[1])
+    assert kinds.count(names.LIST_TOOLS) == kinds.count(names.SEARCH_MEMORIES) == kinds.count(names.BEGIN_TURN) == 0, kinds
+    assert kinds.count(names.STORE_MESSAGE_BODIES) == 0, kinds
+    turn_three = [e.type for e in events if e.turn == 3]
+    assert turn_three[0] == "turn_started" and "attempt_discarded" not in turn_three, turn_three
+
+
 def _scheduled(history: Any, activity_type: str) -> int:
     from temporalio.api.enums.v1 import EventType
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from hermes.content.blobs import body_json, message_ref, value_ref
 from hermes.content.context import BuiltContext, ContextOverBudget, ContextPolicy, UnitCache, build_context
-from hermes.models import ListToolsResult, Message, SessionConfig, Summary, ToolSpec
+from hermes.models import MAX_CARRIED_LISTING_BYTES, ContextCarry, ListToolsResult, Message, SessionConfig, Summary, ToolSpec
 from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
 
 from workflows.session.transcript import Transcript
@@ -94,6 +94,32 @@ class ContextPlanner:
 
     def known_listing(self) -> str | None:
         return self.listing[0] if self.listing else None
+
+    def handover(self, *, memory: bool, encoding: str) -> ContextCarry:
+        """What the next run takes over (:class:`ContextCarry`): the last listing (with
+        ``memory``, whether the worker serves it, and the session's ``encoding``) unless
+        it is large, the last call's context list, and which of that call's references
+        the content store took. Bounded by one context and one listing, in their order."""
+        listing = None
+        if self.listing is not None:
+            ref, specs, groups = self.listing
+            listing = ListToolsResult(tools=list(specs.values()), groups=groups, ref=ref, memory=memory, encoding=encoding)
+            if len(listing.model_dump_json()) > MAX_CARRIED_LISTING_BYTES:
+                listing = None
+        sent_ref, sent_refs = self.sent if self.sent is not None else (None, [])
+        last_call = dict.fromkeys([*([sent_ref] if sent_ref else []), *sent_refs, *self.tool_bodies])
+        stored = [ref for ref in last_call if ref in self.stored]
+        return ContextCarry(listing=listing, sent_ref=sent_ref, sent_refs=list(sent_refs), stored=stored)
+
+    def take_over(self, carried: ContextCarry) -> None:
+        """Start from what the previous run handed over (:meth:`handover`)."""
+        listing = carried.listing
+        if listing is not None and listing.ref:
+            self.listing = (listing.ref, {spec.name: spec for spec in listing.tools}, listing.groups)
+            self.tools_generation += 1
+        self.stored.update(carried.stored)
+        if carried.sent_ref is not None:
+            self.sent = (carried.sent_ref, list(carried.sent_refs))
 
     def tool_list(self, tools: list[ToolSpec], counter: TokenCounter | BoundedCounter) -> tuple[str | None, int]:
         """The content reference of the offered tool list and its tokens (computed once

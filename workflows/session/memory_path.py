@@ -216,6 +216,10 @@ class MemoryPath:
         self.extractions = [(i, t) for i, t in self.extractions if not t.done()]
         self.extractions.append((inp, asyncio.create_task(run())))
 
+    def running(self) -> bool:
+        """An extraction of this run has not finished (or not started yet)."""
+        return any(not task.done() for _, task in self.extractions)
+
     async def drain(self, *, final: bool) -> None:
         """Wait for running extractions ``EXTRACTION_GRACE`` (``EXTRACTION_GRACE_FINAL``
         when the session ends); one still running is cancelled and carried to the next run."""

@@ -120,9 +120,16 @@ run's last listing and putting the memories it finds into the context (issue 31:
 changed, the search failed or the memories do not fit, the provider is not asked and
 the session calls again with what the call found."""
 
+ARCHIVE_AT_REPLY = "archive-at-reply"
+"""The turn after which the run continues as new (nothing else running) archives the
+summarized turns before its reply, so that the run continues as new in the workflow task
+that completes the message and the next message lands on the new run; before, the
+archive ran after the reply and a message sent meanwhile was refused as busy and sent
+again with start (issue 31: CPU and latency at every roll-over of a busy session)."""
+
 ALL = (
     TOOL_LAYER_V2, STOP_ON_CLOSE, AUDIT_LOG, BOUNDED_CONTEXT, MEMORY, BOUNDED_WORK, ARCHIVE_SUMMARIZED, MODEL_REISSUE,
     IDENTITY, COMMAND_AUTH, PREVIEW_HEAD_TAIL, DEGRADATION_NOTICES, FREE_CALLS_MEANWHILE, CONTEXT_CUT_NOTE,
-    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN, INDEX_SINK, START_IN_CALL,
+    RECALL_RETRY, EVERYDAY_FACTS, CONTEXT_STORED, CONTEXT_DELTA, BEGIN_TURN, INDEX_SINK, START_IN_CALL, ARCHIVE_AT_REPLY,
 )
 """In the order the first workflow task asks for them (the order of their markers)."""

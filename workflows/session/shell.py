@@ -78,6 +78,7 @@ class SessionWorkflow:
         self._model = ModelSteps(self._s, self._memory)
         self._guard = SignalGuard(self._s, self._patched)
         self._start_refused = self._guard.start_refusal(inp)
+        self._held_figures: lifecycle.RunFigures | None = None
 
     @property
     def _cfg(self) -> SessionConfig:
@@ -145,24 +146,28 @@ class SessionWorkflow:
             await self._drain_background()
             if s.status == "closed":
                 continue  # closed while the index writes drained: close, do not roll over
-            if not await self._archive_for_carry():
+            if not await archive_for_carry(s, self._model, self._patched):
                 # Too large to carry and not archived: keep this run going (messages are
                 # taken again) and try later, not a continue-as-new the server refuses.
                 s.draining = False
                 await workflow.sleep(timedelta(seconds=60))
                 continue
             workflow.continue_as_new(
-                SessionInput(session_id=inp.session_id, user_id=inp.user_id, channel=inp.channel, config=s.cfg, carry=s.carry()),
+                SessionInput(session_id=inp.session_id, user_id=inp.user_id, channel=inp.channel, config=s.cfg, carry=s.carry(context=True)),
                 initial_versioning_behavior=calls.MOVE_TO_CURRENT_BUILD,
             )
 
     def _figures(self) -> lifecycle.RunFigures:
-        info = workflow.info()
-        return lifecycle.RunFigures(
-            updates=self._s.updates_this_run, history_length=info.get_current_history_length(),
-            history_bytes=info.get_current_history_size(), suggested=info.is_continue_as_new_suggested(),
-            live_bytes=self._s.transcript.live_bytes,
-        )
+        """The run's figures, made again only when one changed (the run loop's condition
+        reads them at every step of a turn; history grows only between activations)."""
+        info, held = workflow.info(), self._held_figures
+        length, updates, live = info.get_current_history_length(), self._s.updates_this_run, self._s.transcript.live_bytes
+        if held is None or held.history_length != length or held.updates != updates or held.live_bytes != live:
+            held = self._held_figures = lifecycle.RunFigures(
+                updates=updates, history_length=length, history_bytes=info.get_current_history_size(),
+                suggested=info.is_continue_as_new_suggested(), live_bytes=live,
+            )
+        return held
 
     def _should_roll_over(self) -> bool:
         return lifecycle.should_roll_over(
@@ -175,6 +180,11 @@ class SessionWorkflow:
 
     def _idle(self) -> bool:
         return self._s.idle(self._lock.locked())
+
+    def _quiet(self) -> bool:
+        """Nothing runs beside the turn: no memory extraction, summary or background write."""
+        summary = self._model.summary_task
+        return not self._memory.running() and (summary is None or summary.done()) and all(t.done() for t in self._background)
 
     def _lifecycle_timeout(self) -> timedelta | None:
         """Time until the session turns idle, or (idle) until it is archived (seed 000
@@ -217,7 +227,7 @@ class SessionWorkflow:
         self._memory.at_end("archive")
         await self._drain_background(final=True)
         snapshot = None
-        if await self._archive_for_carry():
+        if await archive_for_carry(self._s, self._model, self._patched):
             snapshot = s.carry()
             snapshot.status = "archived"
             try:
@@ -236,50 +246,6 @@ class SessionWorkflow:
         self._schedule_index_update()
         await self._drain_background()
         return self._state().model_copy(update={"snapshot": snapshot})
-
-    async def _archive_for_carry(self) -> bool:
-        """Make the state carried across continue-as-new fit ``max_carry_bytes``, and
-        leave out the turns the running summary covers (:meth:`Transcript.archive_cut`):
-        they go to the transcript archive in chunks of at most 1 MB, folded into the
-        summary first; if the rest is still too large, the resend cache and then the
-        trace are trimmed. Sizes are the JSON the payload will be, escapes included.
-
-        Returns:
-            False if the state is still over Temporal's payload limit (archiving failed):
-            the caller must not continue as new yet.
-        """
-        s, transcript = self._s, self._s.transcript
-        summarized = transcript.summarized_prefix(s.summary if self._patched(patches.ARCHIVE_SUMMARIZED) else None)
-        over_budget = s.carry_bytes() > s.cfg.max_carry_bytes
-        if not over_budget and not summarized:
-            return True
-        messages = transcript.messages
-        cut, sizes, starts = transcript.archive_cut(s.cfg.max_carry_bytes, over_budget, summarized)
-        if cut and self._patched(patches.BOUNDED_CONTEXT):
-            # Turns leaving the state leave the model's context too (if the summary fails
-            # they are archived anyway: the payload limit leaves no choice).
-            last = messages[cut - 1].turn
-            if last > (s.summary.upto_turn if s.summary else 0):
-                await self._model.summarize(s.turn_count, last)
-        archived_upto = 0
-        try:
-            for start, end in Transcript.chunks(sizes, cut, ARCHIVE_CHUNK_BYTES):
-                await calls.archive_messages(
-                    ArchiveMessagesInput(
-                        session_id=s.inp.session_id, chain_id=s.chain_id, first_index=transcript.archived + start,
-                        messages=messages[start:end],
-                    )
-                )
-                archived_upto = end
-        except ActivityError:
-            workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
-        transcript.drop_archived(archived_upto, sizes, starts)
-        excess = s.carry_bytes() - s.cfg.max_carry_bytes
-        while excess > 0 and s.replies.completed:
-            excess -= s.replies.evict_oldest()
-        if excess > 0:
-            del s.trace[:-50]
-        return s.carry_bytes() <= MAX_CARRY_PAYLOAD_BYTES
 
     async def _drain_background(self, *, final: bool = False) -> None:
         """Wait for the memory extractions (:meth:`MemoryPath.drain`), a running summary
@@ -541,6 +507,8 @@ class SessionWorkflow:
             except Exception:  # noqa: BLE001 - memory must never cost the user the reply
                 workflow.logger.exception("memory write path failed for turn %d", turn)
                 s.warnings.append("This message could not be considered for long-term memory (an internal error).")
+        if self._quiet() and self._should_roll_over() and self._patched(patches.ARCHIVE_AT_REPLY):
+            await archive_for_carry(s, self._model, self._patched, before_reply=True)
         return TurnResult(
             session_id=s.inp.session_id, turn=turn, reply=reply, status=status,  # type: ignore[arg-type]
             tool_calls=records, tool_groups=groups, warnings=list(s.warnings), memories=list(s.memories),
@@ -578,3 +546,61 @@ async def traced_turn(
         telemetry.set_attributes(span, telemetry.turn_result_attributes(result) if span is not None else {})
         telemetry.count_turn(result.status)
         return result
+
+
+async def archive_for_carry(
+    s: SessionCore, model: ModelSteps, patched: Callable[[str], bool], *, before_reply: bool = False
+) -> bool:
+    """Make the state carried across continue-as-new fit ``max_carry_bytes``, and
+    leave out the turns the running summary covers (:meth:`Transcript.archive_cut`):
+    they go to the transcript archive in chunks of at most 1 MB, folded into the
+    summary first; if the rest is still too large, the resend cache and then the
+    trace are trimmed. Sizes are the JSON the payload will be, escapes included.
+
+    ``before_reply``: called at the end of the turn after which the run continues as new
+    (``archive-at-reply`` patch), under the turn's lock, so that the roll-over needs no
+    activity once the turn's reply is sent: the run continues as new in the workflow
+    task that completes the message, and the next message lands on the new run instead
+    of being refused as busy while this one archives (issue 31: two refused attempts and
+    an update-with-start at every roll-over of a busy session). Only the summarized turns
+    are archived then; a state over budget (which may need a summary, a model call) is
+    left to the roll-over after the reply, as before.
+
+    Returns:
+        False if the state is still over Temporal's payload limit (archiving failed), or
+        ``before_reply`` and over budget: the caller must not continue as new yet.
+    """
+    transcript = s.transcript
+    summarized = transcript.summarized_prefix(s.summary if patched(patches.ARCHIVE_SUMMARIZED) else None)
+    over_budget = s.carry_bytes() > s.cfg.max_carry_bytes
+    if not over_budget and not summarized:
+        return True
+    if before_reply and over_budget:
+        return False
+    messages = transcript.messages
+    cut, sizes, starts = transcript.archive_cut(s.cfg.max_carry_bytes, over_budget, summarized)
+    if cut and patched(patches.BOUNDED_CONTEXT):
+        # Turns leaving the state leave the model's context too (if the summary fails
+        # they are archived anyway: the payload limit leaves no choice).
+        last = messages[cut - 1].turn
+        if last > (s.summary.upto_turn if s.summary else 0):
+            await model.summarize(s.turn_count, last)
+    archived_upto = 0
+    try:
+        for start, end in Transcript.chunks(sizes, cut, ARCHIVE_CHUNK_BYTES):
+            await calls.archive_messages(
+                ArchiveMessagesInput(
+                    session_id=s.inp.session_id, chain_id=s.chain_id, first_index=transcript.archived + start,
+                    messages=messages[start:end],
+                )
+            )
+            archived_upto = end
+    except ActivityError:
+        workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
+    transcript.drop_archived(archived_upto, sizes, starts)
+    excess = s.carry_bytes() - s.cfg.max_carry_bytes
+    while excess > 0 and s.replies.completed:
+        excess -= s.replies.evict_oldest()
+    if excess > 0:
+        del s.trace[:-50]
+    return s.carry_bytes() <= MAX_CARRY_PAYLOAD_BYTES

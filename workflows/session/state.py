@@ -91,6 +91,9 @@ class SessionCore:
         self.last_extracted_turn = carry.last_extracted_turn
         self.carried_extractions: list[ExtractMemoriesInput] = list(carry.pending_extractions)
         self.memory_served = False
+        if carry.context is not None:
+            self.planner.take_over(carry.context)
+            self.memory_served = carry.context.listing is not None and carry.context.listing.memory
         self.turn_triggers: Triggers | None = None
         self.early_recall: BeginTurnResult | None = None
         """This turn's ``begin_turn`` result, when its recall came with the listing."""
@@ -190,8 +193,9 @@ class SessionCore:
         if day and day_tokens is not None and (day > self.user_day or (day == self.user_day and day_tokens > self.user_day_tokens)):
             self.user_day, self.user_day_tokens = day, day_tokens
 
-    def carry(self) -> SessionCarry:
-        """What the next run starts from (continue-as-new input, or the archive's snapshot)."""
+    def carry(self, *, context: bool = False) -> SessionCarry:
+        """What the next run starts from (continue-as-new input, or the archive's snapshot);
+        ``context``: with what the context planner hands over (continue-as-new only)."""
         return SessionCarry(
             messages=self.transcript.messages, turn_count=self.turn_count, created_at=self.created_at,
             last_active_at=self.last_active_at, token_estimate=self.token_estimate,
@@ -206,11 +210,12 @@ class SessionCore:
             last_extracted_turn=self.last_extracted_turn, pending_extractions=self.carried_extractions,
             tokens_used=self.tokens_used, user_day=self.user_day, user_day_tokens=self.user_day_tokens,
             seen_proofs=self.gate.seen,
+            context=self.planner.handover(memory=self.memory_served, encoding=self.encoding) if context else None,
         )
 
     def carry_bytes(self) -> int:
         """Bytes of the continue-as-new input: the carry and the configuration, as JSON."""
-        return len(self.carry().model_dump_json().encode("utf-8", "surrogatepass")) + len(self.cfg.model_dump_json())
+        return len(self.carry(context=True).model_dump_json().encode("utf-8", "surrogatepass")) + len(self.cfg.model_dump_json())
 
     def index_entry(self, finished: tuple[int, str] | None = None) -> SessionIndexEntry:
         """The session index row (:meth:`SessionIndexEntry.from_state` of :meth:`state`,
