@@ -11,10 +11,10 @@ from typing import Any
 from temporalio import activity
 
 from hermes import names
-from hermes.content.events import EventLog, TurnEvent
+from hermes.content.events import PUBLISH_TIMEOUT_SECONDS, EventLog, TurnEvent
 from hermes.infra.redis_writes import report_skipped, write_or_report
 from hermes.models import SessionIndexEntry
-from hermes.sessions.index import write_entry
+from hermes.sessions.index import queue_entry, write_entry
 
 log = logging.getLogger("hermes.session_index")
 
@@ -70,6 +70,8 @@ class SessionIndexActivities:
             type="turn_finished", session_id=entry.session_id, turn=entry.finished_turn,
             data={"status": entry.finished_status, "turn_count": entry.turn_count},
         )
+        if self.redis is not None and self.events.redis is self.redis and self._skip_until <= time.monotonic():
+            return await self._write_together(entry, [finished])
         # Both report their own failures; one that raised anyway must not stop the other.
         _, written = await asyncio.gather(self.events.publish_quietly([finished]), self._write_row(entry), return_exceptions=True)
         if isinstance(written, BaseException):
@@ -77,7 +79,40 @@ class SessionIndexActivities:
             return False
         return written
 
-    async def _write_row(self, entry: SessionIndexEntry) -> bool:
+    async def _write_together(self, entry: SessionIndexEntry, events: list[TurnEvent]) -> bool:
+        """The row and ``events`` in one Redis round trip (issue 31: they were two, each
+        with a task of its own, at every turn's end). The events are tried once (``XADD``
+        is not idempotent) and reported if they did not land (or may not have); the row,
+        if its part failed, is written again on its own within what is left of
+        ``timeout_seconds`` (:meth:`_write_row`: reported, and the outage backoff)."""
+        assert self.events is not None
+        began = time.monotonic()
+        pipe = self.redis.pipeline(transaction=False)
+        rows = queue_entry(pipe, entry)
+        self.events.queue(pipe, events)
+        try:
+            async with asyncio.timeout(min(self.timeout_seconds, PUBLISH_TIMEOUT_SECONDS)):
+                answers = await pipe.execute(raise_on_error=False)
+        except Exception as err:  # noqa: BLE001 - a timeout, a lost connection: each part as said above
+            if isinstance(err, TimeoutError) and not str(err):
+                err = TimeoutError(f"timed out after {min(self.timeout_seconds, PUBLISH_TIMEOUT_SECONDS):g} s")
+            EventLog.report_unpublished(events, err)
+            return await self._write_row(entry, timeout_seconds=self.timeout_seconds - (time.monotonic() - began), earlier=err)
+        failed = next((a for a in answers[rows:] if isinstance(a, Exception)), None)
+        if failed is not None:
+            EventLog.report_unpublished(events, failed)
+        row_failed = next((a for a in answers[:rows] if isinstance(a, Exception)), None)
+        if row_failed is not None:
+            left = self.timeout_seconds - (time.monotonic() - began)
+            return await self._write_row(entry, timeout_seconds=left, earlier=row_failed)
+        return True
+
+    async def _write_row(
+        self, entry: SessionIndexEntry, *, timeout_seconds: float | None = None, earlier: BaseException | None = None
+    ) -> bool:
+        """Write the row (tried twice within ``timeout_seconds``, default the index's);
+        ``earlier``: how a first try with other writes failed (:meth:`_write_together`),
+        reported as the reason when no time is left for another."""
         if self.redis is None:
             return False
         what = f"the session index row of session {entry.session_id!r} (turn {entry.turn_count})"
@@ -87,7 +122,7 @@ class SessionIndexActivities:
                 "session_index", what, f"Redis failed a moment ago; writes resume in {left:.0f} s", session_id=entry.session_id
             )
             return False
-        failure: list[BaseException] = []
+        failure: list[BaseException] = [] if earlier is None else [earlier]
 
         async def write() -> None:
             try:
@@ -96,7 +131,10 @@ class SessionIndexActivities:
                 failure.append(err)
                 raise
 
-        if await write_or_report("session_index", what, write, timeout_seconds=self.timeout_seconds, session_id=entry.session_id):
+        timeout = self.timeout_seconds if timeout_seconds is None else timeout_seconds
+        if timeout <= 0:
+            report_skipped("session_index", what, earlier or "timed out", session_id=entry.session_id)
+        elif await write_or_report("session_index", what, write, timeout_seconds=timeout, session_id=entry.session_id):
             return True
         if not (any(_pool_busy(err) for err in failure) or _pool_full(self.redis)):
             self._skip_until = time.monotonic() + self.backoff_seconds

@@ -20,6 +20,7 @@ from hermes.content.blobs import BLOB_KEY, BlobStore
 from hermes.content.events import EventLog, TurnEvent
 from hermes.infra import telemetry
 from hermes.infra.connections import redis_client
+from hermes.infra.redis_keys import index_user_key
 from hermes.infra.redis_writes import skipped_writes, take_skipped
 from hermes.infra.stack import free_port
 from hermes.models import SessionIndexEntry
@@ -154,3 +155,66 @@ async def test_a_session_index_write_that_waited_for_a_busy_pool_is_reported_and
     assert (waited, landed) == (False, True)
     assert skipped_writes().get("session_index", 0) == before + 1
     assert [e.session_id for e in await list_entries(redis, user)] == ["busy-2"]
+
+
+def finished(session_id: str, user_id: str) -> SessionIndexEntry:
+    """A row written at a turn's end: it also publishes ``turn_finished``."""
+    return entry(session_id, user_id).model_copy(update={"finished_turn": 1, "finished_status": "completed"})
+
+
+@pytest.mark.timeout(60)
+async def test_a_turn_end_writes_its_row_and_its_event_in_one_round_trip_and_each_part_that_fails_is_reported(
+    redis_url: str, redis: Any
+) -> None:
+    """The row and ``turn_finished`` go in one pipeline (issue 31); when one part fails
+    the other still lands, the row is tried again on its own, and what did not land is
+    reported by its kind: never both dropped for one's failure, never one silently."""
+    client = redis_client(Settings(redis_url=redis_url))
+    index, reader = SessionIndexActivities(client), EventLog(redis)
+    index.events = EventLog(client)
+    user = f"end-user-{free_port()}"
+    pipelines = 0
+    make = client.pipeline
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal pipelines
+        pipelines += 1
+        return make(*args, **kwargs)
+
+    client.pipeline = counted  # type: ignore[method-assign]
+    before = skipped_writes()
+    try:
+        both = await index.update_session_index(finished("end-1", user))
+        one_trip = pipelines
+        # Another user's list is not a sorted set: the row's ZADD fails (twice), the event lands.
+        await redis.set(index_user_key(f"{user}-x"), "not a sorted set")
+        row_failed = await index.update_session_index(finished("end-2", f"{user}-x"))
+        index._skip_until = 0.0  # the backoff that failure started is not what this test reads
+        # The session's stream is not a stream: the event fails, the row lands.
+        await redis.set("hermes:events:end-3", "not a stream")
+        event_failed = await index.update_session_index(finished("end-3", user))
+    finally:
+        await client.aclose()
+    after = skipped_writes()
+    assert (both, row_failed, event_failed) == (True, False, True)
+    assert one_trip == 1, f"{one_trip} pipelines for a turn's end (one expected)"
+    assert [e.type for e in await reader.read("end-1")] == ["turn_finished"]
+    assert [e.type for e in await reader.read("end-2")] == ["turn_finished"]
+    assert after.get("session_index", 0) - before.get("session_index", 0) == 1
+    assert after.get("turn_events", 0) - before.get("turn_events", 0) == 1
+    assert sorted(e.session_id for e in await list_entries(redis, user)) == ["end-1", "end-3"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_turn_end_to_an_unreachable_redis_reports_its_event_and_its_row(metrics: InMemoryMetricReader) -> None:
+    client = redis_client(Settings(redis_url=f"redis://127.0.0.1:{free_port()}/0"))  # nothing listens there
+    index = SessionIndexActivities(client)
+    index.events = EventLog(client)
+    try:
+        first = await index.update_session_index(finished("s-end-down", "u-end-down"))
+        during_backoff = await index.update_session_index(finished("s-end-down", "u-end-down"))
+    finally:
+        await client.aclose()
+    assert (first, during_backoff) == (False, False)
+    assert skipped_metric(metrics) == {"turn_events": 2, "session_index": 2}
+    assert take_skipped("s-end-down") == {"turn_events": 2, "session_index": 2}

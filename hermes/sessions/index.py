@@ -19,13 +19,22 @@ from hermes.security import encryption
 
 
 async def write_entry(redis: Any, entry: SessionIndexEntry) -> None:
-    """Upsert one row and its place in the user's list. With encryption on
-    (:func:`hermes.security.encryption.active`) the row is sealed: its title is the session's first
-    message."""
+    """Upsert one row and its place in the user's list, atomically (``MULTI``). With
+    encryption on (:func:`hermes.security.encryption.active`) the row is sealed: its title
+    is the session's first message."""
     async with redis.pipeline(transaction=True) as pipe:
-        pipe.set(index_row_key(entry.user_id, entry.session_id), encryption.seal(entry.model_dump_json()))
-        pipe.zadd(index_user_key(entry.user_id), {entry.session_id: entry.last_active_at.timestamp()})
+        queue_entry(pipe, entry)
         await pipe.execute()
+
+
+def queue_entry(pipe: Any, entry: SessionIndexEntry) -> int:
+    """Queue :func:`write_entry`'s two writes on ``pipe`` (a pipeline of the same client;
+    non-transactional, it may carry other writes: then the row and its place land apart
+    if Redis fails between them, which the session's next write mends). Returns how many
+    commands were queued (their answers come first)."""
+    pipe.set(index_row_key(entry.user_id, entry.session_id), encryption.seal(entry.model_dump_json()))
+    pipe.zadd(index_user_key(entry.user_id), {entry.session_id: entry.last_active_at.timestamp()})
+    return 2
 
 
 async def list_entries(redis: Any, user_id: str, *, limit: int = 50) -> list[SessionIndexEntry]:
