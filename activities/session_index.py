@@ -12,6 +12,7 @@ from temporalio import activity
 
 from hermes import names
 from hermes.content.events import PUBLISH_TIMEOUT_SECONDS, EventLog, TurnEvent
+from hermes.infra.redis_keys import is_cluster
 from hermes.infra.redis_writes import report_skipped, write_or_report
 from hermes.models import SessionIndexEntry
 from hermes.sessions.index import queue_entry, write_entry
@@ -70,7 +71,10 @@ class SessionIndexActivities:
             type="turn_finished", session_id=entry.session_id, turn=entry.finished_turn,
             data={"status": entry.finished_status, "turn_count": entry.turn_count},
         )
-        if self.redis is not None and self.events.redis is self.redis and self._skip_until <= time.monotonic():
+        if (
+            self.redis is not None and self.events.redis is self.redis and not is_cluster(self.redis)
+            and self._skip_until <= time.monotonic()
+        ):
             return await self._write_together(entry, [finished])
         # Both report their own failures; one that raised anyway must not stop the other.
         _, written = await asyncio.gather(self.events.publish_quietly([finished]), self._write_row(entry), return_exceptions=True)
@@ -81,7 +85,9 @@ class SessionIndexActivities:
 
     async def _write_together(self, entry: SessionIndexEntry, events: list[TurnEvent]) -> bool:
         """The row and ``events`` in one Redis round trip (issue 31: they were two, each
-        with a task of its own, at every turn's end). The events are tried once (``XADD``
+        with a task of its own, at every turn's end); not on a Redis Cluster, where the
+        stream's node is not the row's, and one node's failure would take the other's
+        answer with it. The events are tried once (``XADD``
         is not idempotent) and reported if they did not land (or may not have); the row,
         if its part failed, is written again on its own within what is left of
         ``timeout_seconds`` (:meth:`_write_row`: reported, and the outage backoff)."""

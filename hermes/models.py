@@ -836,7 +836,7 @@ class ContextCarry(BaseModel):
 
     listing: ListToolsResult | None = None
     """The run's last tool listing (tools, groups, reference; whether the worker serves
-    memory), when at most ``MAX_CARRIED_LISTING_BYTES`` of JSON: the next run's first turn
+    memory): the next run's first turn
     offers it, and its first model call checks that the worker still lists it and searches
     the memories, as every later turn does."""
     sent_ref: str | None = None
@@ -849,8 +849,10 @@ class ContextCarry(BaseModel):
     lost is written again once, as within a run)."""
 
 
-MAX_CARRIED_LISTING_BYTES = 64_000
-"""A larger tool listing (JSON bytes) is not carried across continue-as-new: the next run lists again."""
+MAX_CARRIED_CONTEXT_BYTES = 96_000
+"""A larger :class:`ContextCarry` (JSON bytes) is not carried across continue-as-new: the next
+run lists, searches and writes its context's bodies again. With the state's own limit
+(``MAX_CARRY_PAYLOAD_BYTES``, 1.8 MB) the input stays under Temporal's 2 MB."""
 
 
 class SessionCarry(BaseModel):

@@ -33,6 +33,7 @@ from hermes.client import HermesClient
 from hermes.content.context import SUMMARY_TEMPLATE, ContextPolicy
 from hermes.errors import ModelRequestError
 from hermes.models import (
+    ArchiveMessagesInput,
     CallModelInput,
     CallModelResult,
     Message,
@@ -786,6 +787,54 @@ async def test_the_turn_before_a_roll_over_archives_before_its_reply_so_the_next
         assert archived and previous_update < archived[-1] < last_update, (
             f"run {i}: the summarized turns were not archived during the last turn ({archived}, {previous_update}, {last_update})"
         )
+    replayer = Replayer(workflows=[SessionWorkflow], data_converter=pydantic_data_converter)
+    for i, history in enumerate(histories):
+        replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)
+        assert replayed.replay_failure is None, f"run {i}: {replayed.replay_failure}"
+
+
+async def test_an_archive_that_fails_before_a_reply_is_tried_once_and_made_again_after_it_with_retries(
+    run_worker, session_id, temporal_client, monkeypatch
+):
+    """The archive before a roll-over's reply has one short attempt (a failing store must
+    not hold the reply through the retries); when it fails, the run archives after the
+    reply as before, with retries, and continues as new; no message is lost."""
+    from temporalio import activity
+
+    from activities.transcript import TranscriptActivities
+
+    real = TranscriptActivities.archive_messages
+    attempts: list[int] = []
+
+    @activity.defn(name=names.ARCHIVE_MESSAGES)
+    async def failing_first(self, request: ArchiveMessagesInput) -> int:  # noqa: ANN001 - the SDK skips an unannotated self
+        attempts.append(activity.info().attempt)
+        if len(attempts) == 1:
+            raise RuntimeError("the archive store is down (once)")
+        return await real(self, request)
+
+    monkeypatch.setattr(TranscriptActivities, "archive_messages", failing_first)
+    config = SessionConfig(
+        max_updates_per_run=4, context_history_turns=1, summary_every_turns=2, context_recent_messages=2, memory_enabled=False
+    )
+    async with run_worker(ToolEveryTurn(), config=config) as hermes:
+        for turn in range(1, 6):
+            result = await hermes.send_message(session_id, f"what is {turn} times 11?")
+            assert result.reply == f"{turn} * 11 = {turn * 11}"
+        state = await hermes.get_state(session_id)
+        transcript = await hermes.get_transcript(session_id)
+        histories = await run_histories(temporal_client, session_id, state.chain_id)
+
+    assert len(histories) == 2 and state.turn_count == 5
+    archives = [
+        e.activity_task_scheduled_event_attributes.retry_policy.maximum_attempts
+        for e in histories[0].events
+        if e.HasField("activity_task_scheduled_event_attributes")
+        and e.activity_task_scheduled_event_attributes.activity_type.name == names.ARCHIVE_MESSAGES
+    ]
+    assert archives == [1, 5], f"the early archive once, then the run's own with retries: {archives}"
+    assert attempts == [1, 1], attempts
+    assert [m.content for m in transcript if m.role == "user"] == [f"what is {k} times 11?" for k in range(1, 6)]
     replayer = Replayer(workflows=[SessionWorkflow], data_converter=pydantic_data_converter)
     for i, history in enumerate(histories):
         replayed = await replayer.replay_workflow(history, raise_on_replay_failure=False)

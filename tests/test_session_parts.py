@@ -624,3 +624,36 @@ def test_a_context_part_that_is_no_transcript_message_is_referenced_by_its_whole
         assert ref == message_ref(m) and ref in planner.synthetic
     planner.synthetic.clear()
     assert planner._synthetic_ref(parts[0]) in planner.synthetic
+
+
+def test_the_planner_hands_its_listing_and_last_context_over_to_the_next_run_within_a_size_limit():
+    """Continue-as-new carries the last listing, the last call's context list and the
+    references the content store took of that call (``ContextCarry``), in their order and
+    only those; a listing too large for the bound (non-ASCII counted in UTF-8 bytes) is
+    not carried, and the next run lists again."""
+    from hermes.models import MAX_CARRIED_CONTEXT_BYTES, ListToolsResult, ToolSpec
+
+    def listing(description: str) -> ListToolsResult:
+        tool = ToolSpec(name="calculate", description=description, parameters={"type": "object", "properties": {}})
+        return ListToolsResult(tools=[tool], ref="b:tools1", memory=True, encoding="cl100k_base")
+
+    planner = ContextPlanner()
+    planner.take_listing(listing("Evaluates arithmetic."), bounded=True)
+    planner.tool_bodies["b:toollist"] = "[]"
+    planner.sent = ("b:list", ["m:one", "m:two", "b:summary"])
+    planner.mark_stored(["b:list", "m:two", "b:toollist", "m:old-run-message", "b:summary"])
+    carried = planner.handover(memory=True, encoding="cl100k_base")
+    assert carried is not None and carried.listing is not None and carried.listing.memory
+    assert carried.sent_ref == "b:list" and carried.sent_refs == ["m:one", "m:two", "b:summary"]
+    assert carried.stored == ["b:list", "m:two", "b:summary", "b:toollist"]  # not m:old-run-message
+
+    following = ContextPlanner()
+    following.take_over(carried)
+    assert following.known_listing() == "b:tools1" and following.listing is not None
+    assert set(following.listing[1]) == {"calculate"}
+    assert following.sent == ("b:list", ["m:one", "m:two", "b:summary"]) and "m:one" not in following.stored
+
+    # 3 UTF-8 bytes a character: within the bound counted in characters, over it in bytes.
+    big = ContextPlanner()
+    big.take_listing(listing("算" * (MAX_CARRIED_CONTEXT_BYTES // 3 + 100)), bounded=True)
+    assert big.handover(memory=True, encoding="cl100k_base") is None

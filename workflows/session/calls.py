@@ -293,13 +293,19 @@ async def run_composite(request: RunToolInput, spec: ToolSpec, specs: dict[str, 
     )
 
 
-async def archive_messages(inp: ArchiveMessagesInput) -> None:
-    """Write a chunk of the transcript to the archive (by index: a retry rewrites it)."""
+EARLY_ARCHIVE_SECONDS = 10
+"""Start-to-close timeout of the one attempt of an archive made before a reply: a store
+that fails costs that reply at most this, and the run archives after it, with retries."""
+
+
+async def archive_messages(inp: ArchiveMessagesInput, *, before_reply: bool = False) -> None:
+    """Write a chunk of the transcript to the archive (by index: a retry rewrites it);
+    ``before_reply``: once, within :data:`EARLY_ARCHIVE_SECONDS` (a reply waits on it)."""
     await workflow.execute_activity(
         names.ARCHIVE_MESSAGES,
         inp,
-        start_to_close_timeout=timedelta(seconds=30),
-        retry_policy=RetryPolicy(maximum_attempts=5),
+        start_to_close_timeout=timedelta(seconds=EARLY_ARCHIVE_SECONDS if before_reply else 30),
+        retry_policy=RetryPolicy(maximum_attempts=1 if before_reply else 5),
         summary="archive transcript",
     )
 

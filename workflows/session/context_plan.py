@@ -17,7 +17,7 @@ from typing import Any
 
 from hermes.content.blobs import body_json, message_ref, value_ref
 from hermes.content.context import BuiltContext, ContextOverBudget, ContextPolicy, UnitCache, build_context
-from hermes.models import MAX_CARRIED_LISTING_BYTES, ContextCarry, ListToolsResult, Message, SessionConfig, Summary, ToolSpec
+from hermes.models import MAX_CARRIED_CONTEXT_BYTES, ContextCarry, ListToolsResult, Message, SessionConfig, Summary, ToolSpec
 from hermes.content.tokens import DEFAULT_ENCODING, BoundedCounter, TokenCounter
 
 from workflows.session.transcript import Transcript
@@ -95,21 +95,23 @@ class ContextPlanner:
     def known_listing(self) -> str | None:
         return self.listing[0] if self.listing else None
 
-    def handover(self, *, memory: bool, encoding: str) -> ContextCarry:
+    def handover(self, *, memory: bool, encoding: str) -> ContextCarry | None:
         """What the next run takes over (:class:`ContextCarry`): the last listing (with
-        ``memory``, whether the worker serves it, and the session's ``encoding``) unless
-        it is large, the last call's context list, and which of that call's references
-        the content store took. Bounded by one context and one listing, in their order."""
+        ``memory``, whether the worker serves it, and the session's ``encoding``), the last
+        call's context list, and which of that call's references the content store took,
+        in their order; None when that is over ``MAX_CARRIED_CONTEXT_BYTES`` of JSON (a
+        large listing: the next run lists again)."""
         listing = None
         if self.listing is not None:
             ref, specs, groups = self.listing
             listing = ListToolsResult(tools=list(specs.values()), groups=groups, ref=ref, memory=memory, encoding=encoding)
-            if len(listing.model_dump_json()) > MAX_CARRIED_LISTING_BYTES:
-                listing = None
         sent_ref, sent_refs = self.sent if self.sent is not None else (None, [])
         last_call = dict.fromkeys([*([sent_ref] if sent_ref else []), *sent_refs, *self.tool_bodies])
         stored = [ref for ref in last_call if ref in self.stored]
-        return ContextCarry(listing=listing, sent_ref=sent_ref, sent_refs=list(sent_refs), stored=stored)
+        carried = ContextCarry(listing=listing, sent_ref=sent_ref, sent_refs=list(sent_refs), stored=stored)
+        if len(carried.model_dump_json().encode("utf-8", "surrogatepass")) > MAX_CARRIED_CONTEXT_BYTES:
+            return None
+        return carried
 
     def take_over(self, carried: ContextCarry) -> None:
         """Start from what the previous run handed over (:meth:`handover`)."""

@@ -182,9 +182,14 @@ class SessionWorkflow:
         return self._s.idle(self._lock.locked())
 
     def _quiet(self) -> bool:
-        """Nothing runs beside the turn: no memory extraction, summary or background write."""
+        """Nothing runs beside the turn and nothing waits after it: no message queued, no
+        memory extraction, summary or background write (the run continues as new as soon
+        as the turn's handler returns)."""
         summary = self._model.summary_task
-        return not self._memory.running() and (summary is None or summary.done()) and all(t.done() for t in self._background)
+        return (
+            not self._s.queued and self._s.status != "closed" and not self._memory.running()
+            and (summary is None or summary.done()) and all(t.done() for t in self._background)
+        )
 
     def _lifecycle_timeout(self) -> timedelta | None:
         """Time until the session turns idle, or (idle) until it is archived (seed 000
@@ -434,7 +439,12 @@ class SessionWorkflow:
     # ---------------------------------------------------------- the turn
 
     async def _run_turn(self, inp: SendMessageInput) -> TurnResult:
-        return await traced_turn(self._s, inp, self._run_turn_inner)
+        result = await traced_turn(self._s, inp, self._run_turn_inner)
+        s = self._s
+        if not s.early_archive_failed and self._quiet() and self._should_roll_over() and self._patched(patches.ARCHIVE_AT_REPLY):
+            # After the turn's messages are accounted (traced_turn): the archive drops some.
+            s.early_archive_failed = not await archive_for_carry(s, self._model, self._patched, before_reply=True)
+        return result
 
     async def _run_turn_inner(self, inp: SendMessageInput) -> TurnResult:
         s = self._s
@@ -507,8 +517,6 @@ class SessionWorkflow:
             except Exception:  # noqa: BLE001 - memory must never cost the user the reply
                 workflow.logger.exception("memory write path failed for turn %d", turn)
                 s.warnings.append("This message could not be considered for long-term memory (an internal error).")
-        if self._quiet() and self._should_roll_over() and self._patched(patches.ARCHIVE_AT_REPLY):
-            await archive_for_carry(s, self._model, self._patched, before_reply=True)
         return TurnResult(
             session_id=s.inp.session_id, turn=turn, reply=reply, status=status,  # type: ignore[arg-type]
             tool_calls=records, tool_groups=groups, warnings=list(s.warnings), memories=list(s.memories),
@@ -568,7 +576,9 @@ async def archive_for_carry(
 
     Returns:
         False if the state is still over Temporal's payload limit (archiving failed), or
-        ``before_reply`` and over budget: the caller must not continue as new yet.
+        ``before_reply`` and over budget, or ``before_reply`` and the archive failed (its
+        one attempt, :data:`calls.EARLY_ARCHIVE_SECONDS`): the caller must not continue as
+        new yet (the run archives again after the reply, with retries).
     """
     transcript = s.transcript
     summarized = transcript.summarized_prefix(s.summary if patched(patches.ARCHIVE_SUMMARIZED) else None)
@@ -592,11 +602,15 @@ async def archive_for_carry(
                 ArchiveMessagesInput(
                     session_id=s.inp.session_id, chain_id=s.chain_id, first_index=transcript.archived + start,
                     messages=messages[start:end],
-                )
+                ),
+                before_reply=before_reply,
             )
             archived_upto = end
     except ActivityError:
         workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
+        if before_reply:
+            transcript.drop_archived(archived_upto, sizes, starts)
+            return False
     transcript.drop_archived(archived_upto, sizes, starts)
     excess = s.carry_bytes() - s.cfg.max_carry_bytes
     while excess > 0 and s.replies.completed:

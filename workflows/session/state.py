@@ -107,6 +107,8 @@ class SessionCore:
         self.in_flight_ids: set[str] = set()
         self.queued = self.updates_this_run = 0
         self.draining = self.cancel_requested = False
+        self.early_archive_failed = False
+        """An archive before a reply failed in this run: the next ones wait for the reply."""
         self.current_turn: int | None = None
         self.all_specs: dict[str, ToolSpec] = {}
         self.warnings: list[str] = []
@@ -214,8 +216,11 @@ class SessionCore:
         )
 
     def carry_bytes(self) -> int:
-        """Bytes of the continue-as-new input: the carry and the configuration, as JSON."""
-        return len(self.carry(context=True).model_dump_json().encode("utf-8", "surrogatepass")) + len(self.cfg.model_dump_json())
+        """Bytes of the continue-as-new input: the carry and the configuration, as JSON;
+        without the planner's context (:class:`ContextCarry`: at most
+        ``MAX_CARRIED_CONTEXT_BYTES`` more, never counted against ``max_carry_bytes``, so
+        that what a run archives and trims does not depend on it)."""
+        return len(self.carry().model_dump_json().encode("utf-8", "surrogatepass")) + len(self.cfg.model_dump_json())
 
     def index_entry(self, finished: tuple[int, str] | None = None) -> SessionIndexEntry:
         """The session index row (:meth:`SessionIndexEntry.from_state` of :meth:`state`,
