@@ -751,6 +751,20 @@ async def test_every_run_of_a_session_with_tools_and_summaries_replays_across_co
     print(f"\nreplay: {len(histories)} runs, events per run {[len(h.events) for h in histories]}")
 
 
+ROLLING = SessionConfig(  # no memory: no extraction runs beside the turns
+    max_updates_per_run=4, context_history_turns=1, summary_every_turns=2, context_recent_messages=2, memory_enabled=False
+)
+"""A run of four messages with a summary every two turns: each roll-over has summarized turns to archive."""
+
+
+async def _tool_turns(hermes: HermesClient, session_id: str, turns: int) -> tuple[SessionState, list[Message]]:
+    """``turns`` messages one after another, each answer checked; the state and transcript after them."""
+    for turn in range(1, turns + 1):
+        result = await hermes.send_message(session_id, f"what is {turn} times 11?")
+        assert result.reply == f"{turn} * 11 = {turn * 11}"
+    return await hermes.get_state(session_id), await hermes.get_transcript(session_id)
+
+
 async def test_the_turn_before_a_roll_over_archives_before_its_reply_so_the_next_message_lands_on_the_new_run(
     run_worker, session_id, temporal_client
 ):
@@ -759,14 +773,8 @@ async def test_the_turn_before_a_roll_over_archives_before_its_reply_so_the_next
     run continues as new in the workflow task that completes that message, so a message
     sent right after it goes to the new run, not to a closing one that refuses it as busy
     (issue 31). Every run replays."""
-    config = SessionConfig(  # no memory: no extraction runs beside the turns
-        max_updates_per_run=4, context_history_turns=1, summary_every_turns=2, context_recent_messages=2, memory_enabled=False
-    )
-    async with run_worker(ToolEveryTurn(), config=config) as hermes:
-        for turn in range(1, 10):
-            result = await hermes.send_message(session_id, f"what is {turn} times 11?")
-            assert result.reply == f"{turn} * 11 = {turn * 11}"
-        state = await hermes.get_state(session_id)
+    async with run_worker(ToolEveryTurn(), config=ROLLING) as hermes:
+        state, _ = await _tool_turns(hermes, session_id, 9)
         histories = await run_histories(temporal_client, session_id, state.chain_id)
 
     assert len(histories) == 3, [len(h.events) for h in histories]
@@ -814,15 +822,8 @@ async def test_an_archive_that_fails_before_a_reply_is_tried_once_and_made_again
         return await real(self, request)
 
     monkeypatch.setattr(TranscriptActivities, "archive_messages", failing_first)
-    config = SessionConfig(
-        max_updates_per_run=4, context_history_turns=1, summary_every_turns=2, context_recent_messages=2, memory_enabled=False
-    )
-    async with run_worker(ToolEveryTurn(), config=config) as hermes:
-        for turn in range(1, 6):
-            result = await hermes.send_message(session_id, f"what is {turn} times 11?")
-            assert result.reply == f"{turn} * 11 = {turn * 11}"
-        state = await hermes.get_state(session_id)
-        transcript = await hermes.get_transcript(session_id)
+    async with run_worker(ToolEveryTurn(), config=ROLLING) as hermes:
+        state, transcript = await _tool_turns(hermes, session_id, 5)
         histories = await run_histories(temporal_client, session_id, state.chain_id)
 
     assert len(histories) == 2 and state.turn_count == 5
