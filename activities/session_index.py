@@ -92,25 +92,24 @@ class SessionIndexActivities:
         if its part failed, is written again on its own within what is left of
         ``timeout_seconds`` (:meth:`_write_row`: reported, and the outage backoff)."""
         assert self.events is not None
-        began = time.monotonic()
+        deadline, wait = time.monotonic() + self.timeout_seconds, min(self.timeout_seconds, PUBLISH_TIMEOUT_SECONDS)
         pipe = self.redis.pipeline(transaction=False)
         rows = queue_entry(pipe, entry)
         self.events.queue(pipe, events)
         try:
-            async with asyncio.timeout(min(self.timeout_seconds, PUBLISH_TIMEOUT_SECONDS)):
+            async with asyncio.timeout(wait):
                 answers = await pipe.execute(raise_on_error=False)
         except Exception as err:  # noqa: BLE001 - a timeout, a lost connection: each part as said above
             if isinstance(err, TimeoutError) and not str(err):
-                err = TimeoutError(f"timed out after {min(self.timeout_seconds, PUBLISH_TIMEOUT_SECONDS):g} s")
+                err = TimeoutError(f"timed out after {wait:g} s")
             EventLog.report_unpublished(events, err)
-            return await self._write_row(entry, timeout_seconds=self.timeout_seconds - (time.monotonic() - began), earlier=err)
+            return await self._write_row(entry, timeout_seconds=deadline - time.monotonic(), earlier=err)
         failed = next((a for a in answers[rows:] if isinstance(a, Exception)), None)
         if failed is not None:
             EventLog.report_unpublished(events, failed)
         row_failed = next((a for a in answers[:rows] if isinstance(a, Exception)), None)
         if row_failed is not None:
-            left = self.timeout_seconds - (time.monotonic() - began)
-            return await self._write_row(entry, timeout_seconds=left, earlier=row_failed)
+            return await self._write_row(entry, timeout_seconds=deadline - time.monotonic(), earlier=row_failed)
         return True
 
     async def _write_row(

@@ -836,9 +836,8 @@ class ContextCarry(BaseModel):
 
     listing: ListToolsResult | None = None
     """The run's last tool listing (tools, groups, reference; whether the worker serves
-    memory): the next run's first turn
-    offers it, and its first model call checks that the worker still lists it and searches
-    the memories, as every later turn does."""
+    memory): the next run's first turn offers it, and its first model call checks that the
+    worker still lists it and searches the memories, as every later turn does."""
     sent_ref: str | None = None
     """The content reference of the last model call's context list."""
     sent_refs: list[str] = Field(default_factory=list)

@@ -595,7 +595,7 @@ async def archive_for_carry(
         last = messages[cut - 1].turn
         if last > (s.summary.upto_turn if s.summary else 0):
             await model.summarize(s.turn_count, last)
-    archived_upto = 0
+    archived_upto, failed = 0, False
     try:
         for start, end in Transcript.chunks(sizes, cut, ARCHIVE_CHUNK_BYTES):
             await calls.archive_messages(
@@ -608,10 +608,10 @@ async def archive_for_carry(
             archived_upto = end
     except ActivityError:
         workflow.logger.warning("transcript archive failed; not continuing as new yet", exc_info=True)
-        if before_reply:
-            transcript.drop_archived(archived_upto, sizes, starts)
-            return False
+        failed = True
     transcript.drop_archived(archived_upto, sizes, starts)
+    if failed and before_reply:
+        return False
     excess = s.carry_bytes() - s.cfg.max_carry_bytes
     while excess > 0 and s.replies.completed:
         excess -= s.replies.evict_oldest()
